@@ -1,0 +1,255 @@
+//! The device layer: everything ext4kit reads or writes goes through the
+//! [`Device`] trait. Regular image files, block devices, an in-memory device
+//! and a fault-injecting wrapper implement it.
+//!
+//! This is the only crate allowed to contain `unsafe` (ioctls); every such
+//! block carries a `// SAFETY:` comment.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+mod blockdev;
+mod fault;
+mod file;
+#[cfg(test)]
+mod loop_tests;
+mod mem;
+mod mounts;
+mod open;
+mod ranges;
+mod sys;
+mod sysfs;
+
+pub use blockdev::BlockDevice;
+pub use fault::{FaultControl, FaultDevice};
+pub use file::FileDevice;
+pub use mem::MemDevice;
+pub use mounts::{MountEntry, check_not_mounted, loop_devices_backed_by, mounts};
+pub use open::open_device;
+pub use sysfs::backing_sysfs_dir;
+
+/// Errors from the device layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// Opening (or inspecting) `path` failed; `source` says why (e.g.
+    /// `NotFound`, `PermissionDenied`).
+    #[error("{path}: {source}")]
+    Open { path: PathBuf, source: io::Error },
+    /// `path` (or a loop device backed by it) is mounted; `on` is the mount
+    /// point when known.
+    #[error("{path} is mounted{}", .on.as_ref().map(|m| format!(" on {m}")).unwrap_or_default())]
+    Mounted { path: PathBuf, on: Option<String> },
+    /// Exclusive open failed: the device is held by someone else (`EBUSY`
+    /// for block devices, an `flock` held by another process for files).
+    #[error("{path} is in use by another program (could not open it exclusively)")]
+    Busy { path: PathBuf },
+    /// The path is neither a regular file nor a block device.
+    #[error("{path}: not a regular file or block device")]
+    NotADevice { path: PathBuf },
+    /// A read, write, flush, zeroout or discard failed.
+    #[error("I/O error at byte {offset} ({len} bytes): {source}")]
+    Io {
+        offset: u64,
+        len: u64,
+        source: io::Error,
+    },
+    /// The access does not fit inside the device.
+    #[error("access beyond the end of the device (byte {offset}, {len} bytes, device size {size})")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    /// A mutating operation on a device that was opened read-only.
+    #[error("{path} was opened read-only")]
+    ReadOnly { path: PathBuf },
+    /// A fault injected by [`FaultDevice`].
+    #[error("injected fault: {0}")]
+    Injected(&'static str),
+    /// Anything else.
+    #[error("{0}")]
+    Other(String),
+}
+
+impl DeviceError {
+    /// Shorthand for [`DeviceError::Io`].
+    pub fn io(offset: u64, len: u64, source: io::Error) -> Self {
+        DeviceError::Io {
+            offset,
+            len,
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
+
+/// How to open a file or block device.
+///
+/// The default is read-only and not exclusive.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Open for writing. Block devices opened for writing are always opened
+    /// with `O_EXCL`; [`open_device`] refuses mounted devices when this is set.
+    pub write: bool,
+    /// Demand exclusive use: `O_EXCL` for block devices (also when read-only),
+    /// a non-blocking `flock(LOCK_EX)` for regular files. Failure to get it is
+    /// [`DeviceError::Busy`].
+    pub exclusive: bool,
+}
+
+impl OpenOptions {
+    /// Read-only, not exclusive.
+    pub fn read_only() -> Self {
+        OpenOptions {
+            write: false,
+            exclusive: false,
+        }
+    }
+
+    /// Read-write and exclusive (what a tool that modifies a filesystem wants).
+    pub fn read_write() -> Self {
+        OpenOptions {
+            write: true,
+            exclusive: true,
+        }
+    }
+}
+
+/// Check that `[offset, offset+len)` lies within a device of `size` bytes.
+pub fn check_range(offset: u64, len: u64, size: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(DeviceError::OutOfRange { offset, len, size }),
+    }
+}
+
+/// What a `discard` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiscardOutcome {
+    /// The range was discarded and now reads as zeros (hole punched, or the
+    /// device guarantees zeroes after discard).
+    Zeroed,
+    /// The range was discarded; its content is now undefined.
+    Discarded,
+    /// The device does not support discard; nothing happened.
+    Unsupported,
+}
+
+/// One device: a regular image file, a block device, memory, or a wrapper.
+///
+/// All offsets and lengths are in bytes. All methods take `&self` so that a
+/// device can be shared between threads (positional I/O needs no cursor);
+/// implementations use interior mutability where they need state.
+pub trait Device: Send + Sync {
+    /// Size of the device in bytes.
+    fn size(&self) -> u64;
+
+    /// Logical block (sector) size in bytes: 512 for files.
+    fn logical_block_size(&self) -> u32 {
+        512
+    }
+
+    /// Read exactly `buf.len()` bytes at `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+
+    /// Write all of `buf` at `offset`. Not durable until [`Device::flush`].
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
+
+    /// Make every completed write durable (fdatasync / cache flush).
+    fn flush(&self) -> Result<()>;
+
+    /// Make `[offset, offset+len)` read as zeros, preferring ways that do not
+    /// allocate storage: punch a hole in a file, BLKZEROOUT on a block
+    /// device (which may unmap on thin storage), written zeros as last resort.
+    fn zeroout(&self, offset: u64, len: u64) -> Result<()>;
+
+    /// Discard (trim) `[offset, offset+len)`: punch hole on files,
+    /// BLKDISCARD on block devices.
+    fn discard(&self, offset: u64, len: u64) -> Result<DiscardOutcome>;
+
+    /// Does a successful discard guarantee the range reads back as zeros?
+    /// (Files: yes. Block devices: what the kernel reports.)
+    fn discard_zeroes_data(&self) -> bool {
+        false
+    }
+
+    /// Ranges within `[offset, offset+len)` that are *proven* to read as
+    /// zeros without reading them (holes of a sparse file). Sorted, disjoint.
+    /// A device that cannot tell returns an empty list.
+    fn known_zero_ranges(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
+        let _ = (offset, len);
+        Ok(Vec::new())
+    }
+
+    /// Is the whole range proven to read as zeros without reading it?
+    fn is_known_zero(&self, offset: u64, len: u64) -> Result<bool> {
+        if len == 0 {
+            return Ok(true);
+        }
+        let r = self.known_zero_ranges(offset, len)?;
+        Ok(r.len() == 1 && r[0].0 <= offset && r[0].1 >= offset.saturating_add(len))
+    }
+
+    /// Bytes of storage actually allocated (st_blocks × 512 for files);
+    /// `None` when unknown.
+    fn allocated_bytes(&self) -> Option<u64> {
+        None
+    }
+
+    /// True for rotational (spinning) media, when known.
+    fn is_rotational(&self) -> Option<bool> {
+        None
+    }
+
+    /// A human-readable name (the path) for messages.
+    fn name(&self) -> String;
+}
+
+macro_rules! forward_device_impl {
+    ($($ty:ty),*) => {$(
+        impl<T: Device + ?Sized> Device for $ty {
+            fn size(&self) -> u64 {
+                (**self).size()
+            }
+            fn logical_block_size(&self) -> u32 {
+                (**self).logical_block_size()
+            }
+            fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+                (**self).read_at(buf, offset)
+            }
+            fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+                (**self).write_at(buf, offset)
+            }
+            fn flush(&self) -> Result<()> {
+                (**self).flush()
+            }
+            fn zeroout(&self, offset: u64, len: u64) -> Result<()> {
+                (**self).zeroout(offset, len)
+            }
+            fn discard(&self, offset: u64, len: u64) -> Result<DiscardOutcome> {
+                (**self).discard(offset, len)
+            }
+            fn discard_zeroes_data(&self) -> bool {
+                (**self).discard_zeroes_data()
+            }
+            fn known_zero_ranges(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
+                (**self).known_zero_ranges(offset, len)
+            }
+            fn is_known_zero(&self, offset: u64, len: u64) -> Result<bool> {
+                (**self).is_known_zero(offset, len)
+            }
+            fn allocated_bytes(&self) -> Option<u64> {
+                (**self).allocated_bytes()
+            }
+            fn is_rotational(&self) -> Option<bool> {
+                (**self).is_rotational()
+            }
+            fn name(&self) -> String {
+                (**self).name()
+            }
+        }
+    )*};
+}
+
+// Shared and boxed devices are devices too, so that e.g. a test can keep an
+// `Arc<MemDevice>` while a `FaultDevice<Arc<MemDevice>>` is handed out.
+forward_device_impl!(&T, Box<T>, Arc<T>);

@@ -1,0 +1,3 @@
+//! ext4kit library.
+pub mod mkfs;
+pub mod profile;

@@ -1,0 +1,1050 @@
+//! The geometry planner: a pure function from resolved parameters to the
+//! complete layout of a new filesystem: where every block goes and what
+//! every counter holds. No I/O happens here.
+//!
+//! It follows libext2fs's `ext2fs_initialize`, `ext2fs_allocate_tables`,
+//! and mke2fs's allocation order (root, lost+found, resize inode, journal,
+//! orphan file) so that the result is the layout mke2fs 1.47 produces.
+
+use ext4kit_format::features::{Compat, Incompat, RoCompat};
+use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT, BG_INODE_ZEROED};
+use ext4kit_format::{Features, extent::EXT_INIT_MAX_LEN};
+
+use super::blockset::BlockSet;
+
+/// Parameters after option parsing and profile resolution: every number
+/// the planner needs, nothing left to look up.
+#[derive(Clone, Debug)]
+pub struct FsParams {
+    /// Requested size in filesystem blocks (before last-group trimming).
+    pub blocks_count: u64,
+    pub block_size: u32,
+    pub inode_size: u16,
+    /// Requested inode count (`-N`, or size / inode_ratio).
+    pub inodes_count: u64,
+    pub features: Features,
+    /// log2 of the flex_bg size (0 when flex_bg is off).
+    pub log_groups_per_flex: u8,
+    /// `-g`: blocks per group (0 = default).
+    pub blocks_per_group: u32,
+    /// Reserved blocks as requested before trimming (`reserved_ratio` ×
+    /// blocks / 100).
+    pub r_blocks_count: u64,
+    /// `s_reserved_gdt_blocks` override (`-E resize=`); `None` = computed.
+    pub reserved_gdt_blocks: Option<u32>,
+    /// Journal size request in blocks (`-J size=`), `None` = default.
+    pub journal_blocks: Option<u32>,
+    /// Orphan file size in blocks, `None` = default.
+    pub orphan_file_blocks: Option<u32>,
+    /// RAID stride, in blocks (affects nothing in flex_bg table placement).
+    pub stride: u32,
+    /// `-E packed_meta_blocks`: bitmaps, tables and journal at the start.
+    pub packed_meta_blocks: bool,
+    /// Root directory owner.
+    pub root_uid: u32,
+    pub root_gid: u32,
+    /// The inode tables will read as zero (`ITABLE_ZEROED` may be claimed).
+    pub itable_zeroed: bool,
+    /// Lazy inode table init (only used blocks of each table are written).
+    pub lazy_itable_init: bool,
+}
+
+/// Errors the planner reports: all are the user's parameters being
+/// impossible, never I/O.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GeometryError {
+    #[error("filesystem too small: {0}")]
+    TooSmall(String),
+    #[error("too many inodes ({0}), raise the inode ratio (-i) or lower the count (-N)")]
+    TooManyInodes(String),
+    #[error("could not allocate {0}: the filesystem is too small or too full")]
+    NoSpace(&'static str),
+    #[error("invalid parameters: {0}")]
+    Invalid(String),
+}
+
+/// One group's final descriptor contents.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupPlan {
+    pub block_bitmap: u64,
+    pub inode_bitmap: u64,
+    pub inode_table: u64,
+    pub free_blocks: u32,
+    pub free_inodes: u32,
+    pub used_dirs: u32,
+    pub flags: u16,
+    pub itable_unused: u32,
+}
+
+/// A contiguous run of a file: logical block, physical block, length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub lblk: u32,
+    pub pblk: u64,
+    pub len: u32,
+}
+
+/// A file laid out by extents, possibly with one leaf block (depth 1).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileMap {
+    pub runs: Vec<Run>,
+    /// Leaf block holding the extents when they do not fit in the inode.
+    pub leaf: Option<u64>,
+}
+
+impl FileMap {
+    pub fn blocks(&self) -> u64 {
+        self.runs.iter().map(|r| u64::from(r.len)).sum()
+    }
+    /// Physical block of logical block `l`.
+    pub fn pblk(&self, l: u32) -> Option<u64> {
+        self.runs
+            .iter()
+            .find(|r| l >= r.lblk && l < r.lblk + r.len)
+            .map(|r| r.pblk + u64::from(l - r.lblk))
+    }
+}
+
+/// The complete plan of a new filesystem.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub block_size: u32,
+    pub blocks_count: u64,
+    pub r_blocks_count: u64,
+    pub first_data_block: u64,
+    pub blocks_per_group: u32,
+    pub group_count: u32,
+    pub inodes_per_group: u32,
+    pub inodes_count: u32,
+    pub inode_size: u16,
+    pub inode_blocks_per_group: u32,
+    pub desc_size: u16,
+    pub desc_blocks: u32,
+    pub reserved_gdt_blocks: u32,
+    pub log_groups_per_flex: u8,
+    pub features: Features,
+    pub groups: Vec<GroupPlan>,
+    /// Every used block once the filesystem is made.
+    pub used: BlockSet,
+    pub free_blocks: u64,
+    pub free_inodes: u32,
+    /// `s_overhead_clusters`.
+    pub overhead: u64,
+    pub root: FileMap,
+    pub lost_found: FileMap,
+    /// Resize inode's double-indirect block.
+    pub resize_dind: Option<u64>,
+    pub journal: Option<FileMap>,
+    pub journal_blocks: u32,
+    /// Orphan file (inode 12 when orphan_file is on).
+    pub orphan: Option<(u32, FileMap)>,
+    pub first_ino: u32,
+}
+
+/// Powers of 3, 5 and 7 test for sparse_super backups.
+fn is_power_of(mut n: u32, base: u32) -> bool {
+    if n == 0 {
+        return false;
+    }
+    while n % base == 0 {
+        n /= base;
+    }
+    n == 1
+}
+
+impl Layout {
+    /// Does group `g` hold a superblock (and GDT) backup?
+    pub fn group_has_super(&self, g: u32) -> bool {
+        has_super(&self.features, g)
+    }
+    pub fn group_first_block(&self, g: u32) -> u64 {
+        self.first_data_block + u64::from(g) * u64::from(self.blocks_per_group)
+    }
+    pub fn group_last_block(&self, g: u32) -> u64 {
+        if g + 1 == self.group_count {
+            self.blocks_count - 1
+        } else {
+            self.group_first_block(g) + u64::from(self.blocks_per_group) - 1
+        }
+    }
+    pub fn group_of_block(&self, b: u64) -> u32 {
+        ((b - self.first_data_block) / u64::from(self.blocks_per_group)) as u32
+    }
+    /// Blocks in group `g`.
+    pub fn group_blocks(&self, g: u32) -> u64 {
+        self.group_last_block(g) - self.group_first_block(g) + 1
+    }
+    /// Superblock + GDT + reserved GDT blocks at the start of group `g`.
+    pub fn super_and_gdt_blocks(&self, g: u32) -> u64 {
+        if self.group_has_super(g) {
+            1 + u64::from(self.desc_blocks) + u64::from(self.reserved_gdt_blocks)
+        } else {
+            0
+        }
+    }
+    /// Where group `g`'s superblock backup lives (first block of group;
+    /// the primary is always at byte 1024).
+    pub fn super_block_of_group(&self, g: u32) -> u64 {
+        self.group_first_block(g)
+    }
+    /// Groups holding superblock backups (not group 0).
+    pub fn backup_groups(&self) -> impl Iterator<Item = u32> + '_ {
+        BackupGroups::new(self.group_count)
+    }
+}
+
+fn has_super(features: &Features, g: u32) -> bool {
+    if g == 0 {
+        return true;
+    }
+    if features.compat.contains(Compat::SPARSE_SUPER2) {
+        return false; // not supported by this planner (rejected earlier)
+    }
+    if g <= 1 || !features.ro_compat.contains(RoCompat::SPARSE_SUPER) {
+        return true;
+    }
+    if g & 1 == 0 {
+        return false;
+    }
+    is_power_of(g, 3) || is_power_of(g, 5) || is_power_of(g, 7)
+}
+
+/// Iterates the sparse_super backup groups 1, 3, 5, 7, 9, 25, 27, ... in
+/// ascending order below `count` (all groups >= 1 without sparse_super is
+/// handled by callers through [`Layout::group_has_super`]).
+struct BackupGroups {
+    count: u32,
+    next: [u64; 3],
+    first: bool,
+}
+
+impl BackupGroups {
+    fn new(count: u32) -> Self {
+        Self {
+            count,
+            next: [3, 5, 7],
+            first: true,
+        }
+    }
+}
+
+impl Iterator for BackupGroups {
+    type Item = u32;
+    fn next(&mut self) -> Option<u32> {
+        if self.first {
+            self.first = false;
+            return (self.count > 1).then_some(1);
+        }
+        let (i, &m) = self.next.iter().enumerate().min_by_key(|(_, v)| **v)?;
+        if m >= u64::from(self.count) {
+            return None;
+        }
+        self.next[i] = m * [3, 5, 7][i];
+        Some(m as u32)
+    }
+}
+
+fn div_ceil(a: u64, b: u64) -> u64 {
+    a.div_ceil(b)
+}
+
+/// `calc_reserved_gdt_blocks` from libext2fs initialize.c.
+fn calc_reserved_gdt_blocks(
+    blocks: u64,
+    first_data: u64,
+    bpg: u32,
+    block_size: u32,
+    desc_size: u32,
+    desc_blocks: u32,
+) -> u32 {
+    let gdpb = u64::from(block_size / desc_size);
+    let max_blocks: u64 = if blocks < (1u64 << 32) / 1024 * 1024 {
+        (blocks * 1024).min(u64::from(u32::MAX))
+    } else {
+        u64::from(u32::MAX)
+    };
+    let max_blocks = if blocks > u64::from(u32::MAX) / 1024 {
+        u64::from(u32::MAX)
+    } else {
+        max_blocks
+    };
+    let rsv_groups = div_ceil(max_blocks - first_data, u64::from(bpg));
+    let mut rsv_gdb = div_ceil(rsv_groups, gdpb) as i64 - i64::from(desc_blocks);
+    let apb = i64::from(block_size / 4);
+    if rsv_gdb > apb {
+        rsv_gdb = apb;
+    }
+    rsv_gdb.max(0) as u32
+}
+
+/// Default journal size in blocks for a filesystem of `blocks` blocks
+/// (`ext2fs_default_journal_size`); `None` = too small for a journal.
+pub fn default_journal_blocks(blocks: u64) -> Option<u32> {
+    Some(match blocks {
+        b if b < 2048 => return None,
+        b if b < 32768 => 1024,
+        b if b < 256 * 1024 => 4096,
+        b if b < 512 * 1024 => 8192,
+        b if b < 4096 * 1024 => 16384,
+        b if b < 8192 * 1024 => 32768,
+        b if b < 16384 * 1024 => 65536,
+        b if b < 32768 * 1024 => 131072,
+        _ => 262144,
+    })
+}
+
+/// Default orphan file size (`ext2fs_default_orphan_file_blocks`).
+pub fn default_orphan_blocks(blocks: u64) -> u32 {
+    if blocks < 128 * 1024 {
+        32
+    } else if blocks < 2 * 1024 * 1024 {
+        (blocks / 4096) as u32
+    } else {
+        512
+    }
+}
+
+/// Mutable planning state while allocations proceed.
+struct Planner {
+    l: Layout,
+    stride: u32,
+}
+
+impl Planner {
+    fn blocks(&self) -> u64 {
+        self.l.blocks_count
+    }
+    fn fdb(&self) -> u64 {
+        self.l.first_data_block
+    }
+
+    /// `ext2fs_block_alloc_stats2(+1)` for a range.
+    fn take(&mut self, start: u64, len: u64) {
+        self.l.used.insert(start, len);
+        let mut b = start;
+        let end = start + len;
+        while b < end {
+            let g = self.l.group_of_block(b);
+            let gl = self.l.group_last_block(g);
+            let n = (gl + 1).min(end) - b;
+            let gp = &mut self.l.groups[g as usize];
+            gp.free_blocks -= n as u32;
+            gp.flags &= !BG_BLOCK_UNINIT;
+            self.l.free_blocks -= n;
+            b += n;
+        }
+    }
+
+    /// `ext2fs_new_block2` + alloc stats.
+    fn alloc_block(&mut self, goal: u64, what: &'static str) -> Result<u64, GeometryError> {
+        let b = self
+            .l
+            .used
+            .new_block(goal, self.fdb(), self.blocks())
+            .ok_or(GeometryError::NoSpace(what))?;
+        self.take(b, 1);
+        Ok(b)
+    }
+
+    /// `ext2fs_inode_alloc_stats2(+1)`.
+    fn use_inode(&mut self, ino: u32, is_dir: bool) {
+        let ipg = self.l.inodes_per_group;
+        let g = (ino - 1) / ipg;
+        let gp = &mut self.l.groups[g as usize];
+        gp.free_inodes -= 1;
+        if is_dir {
+            gp.used_dirs += 1;
+        }
+        gp.flags &= !BG_INODE_UNINIT;
+        let first_unused = ipg - gp.itable_unused + g * ipg + 1;
+        if ino >= first_unused {
+            gp.itable_unused = g * ipg + ipg - ino;
+        }
+        self.l.free_inodes -= 1;
+    }
+
+    /// Goal for a new file's first block (`ext2fs_find_inode_goal`).
+    fn inode_goal(&self, ino: u32) -> u64 {
+        let mut g = (ino - 1) / self.l.inodes_per_group;
+        if self.l.log_groups_per_flex > 0 {
+            g &= !((1u32 << self.l.log_groups_per_flex) - 1);
+        }
+        self.l.group_first_block(g)
+    }
+
+    /// Allocate `n` blocks one at a time, each at the first free block
+    /// after the previous one (how ext2fs_mkdir/expand_dir and the orphan
+    /// file's block iterator allocate), merging into runs.
+    fn alloc_sequential(
+        &mut self,
+        goal: u64,
+        n: u32,
+        what: &'static str,
+    ) -> Result<FileMap, GeometryError> {
+        let mut fm = FileMap::default();
+        let mut g = goal;
+        for i in 0..n {
+            let b = self.alloc_block(g, what)?;
+            match fm.runs.last_mut() {
+                Some(r) if r.pblk + u64::from(r.len) == b && r.len < EXT_INIT_MAX_LEN => r.len += 1,
+                _ => fm.runs.push(Run {
+                    lblk: i,
+                    pblk: b,
+                    len: 1,
+                }),
+            }
+            g = b + 1;
+        }
+        Ok(fm)
+    }
+
+    /// Pick the flex_bg table slot (`flexbg_offset` in alloc_tables.c).
+    fn flexbg_offset(&self, group: u32, start_blk: u64, rem_grp: u32, elem_size: u64) -> u64 {
+        let flexbg_size = 1u32 << self.l.log_groups_per_flex;
+        let flexbg = group / flexbg_size;
+        let mut size = u64::from(rem_grp) * elem_size;
+        let quarter = u64::from(self.l.blocks_per_group / 4);
+        if size > quarter {
+            size = quarter;
+        }
+        let (fdb, blocks) = (self.fdb(), self.blocks());
+        if start_blk != 0 && start_blk < blocks {
+            if let Some(b) =
+                self.l
+                    .used
+                    .get_free_blocks(start_blk, start_blk + size, elem_size, fdb, blocks)
+            {
+                return b;
+            }
+        }
+        let start = self.l.group_first_block(flexbg_size * flexbg);
+        let last_grp = (group | (flexbg_size - 1)).min(self.l.group_count - 1);
+        let last_blk = self.l.group_last_block(last_grp);
+        if let Some(b) = self
+            .l
+            .used
+            .get_free_blocks(start, last_blk, size, fdb, blocks)
+        {
+            return b;
+        }
+        if let Some(b) = self
+            .l
+            .used
+            .get_free_blocks(start, last_blk, elem_size, fdb, blocks)
+        {
+            return b;
+        }
+        if let Some(b) = self
+            .l
+            .used
+            .get_free_blocks(0, last_blk, elem_size, fdb, blocks)
+        {
+            return b;
+        }
+        0
+    }
+
+    /// Account a flex_bg metadata block placed in some group.
+    fn take_meta(&mut self, start: u64, len: u64, flex: bool) {
+        if flex {
+            self.take(start, len);
+        } else {
+            self.l.used.insert(start, len);
+        }
+    }
+
+    /// `ext2fs_allocate_group_table` for one group.
+    fn allocate_group_table(&mut self, group: u32) -> Result<(), GeometryError> {
+        let fdb = self.fdb();
+        let blocks = self.blocks();
+        let itb = u64::from(self.l.inode_blocks_per_group);
+        let mut group_blk = self.l.group_first_block(group);
+        let mut last_blk = self.l.group_last_block(group);
+        let flex =
+            self.l.features.incompat.contains(Incompat::FLEX_BG) && self.l.log_groups_per_flex > 0;
+        let mut flexbg_size = 0u32;
+        let mut last_grp = 0u32;
+        let mut rem_grps = 0u32;
+        let mut table_offset = 0u64;
+        if flex {
+            flexbg_size = 1 << self.l.log_groups_per_flex;
+            last_grp = (group | (flexbg_size - 1)).min(self.l.group_count - 1);
+            rem_grps = last_grp - group + 1;
+        }
+        let stride = u64::from(self.stride);
+        let mut start_blk;
+        if stride > 0 && !flex {
+            start_blk = self
+                .l
+                .used
+                .get_free_blocks(group_blk, last_blk, 1, fdb, blocks)
+                .ok_or(GeometryError::NoSpace("block bitmap"))?;
+            start_blk += itb;
+            start_blk += (stride * u64::from(group)) % (last_blk - start_blk + 1);
+            if start_blk >= last_blk {
+                start_blk = group_blk;
+            }
+        } else {
+            start_blk = group_blk;
+        }
+        if flex {
+            let mut prev_block = 0;
+            table_offset = u64::from(flexbg_size);
+            if group % flexbg_size != 0 {
+                prev_block = self.l.groups[group as usize - 1].block_bitmap + 1;
+            } else if last_grp == self.l.group_count - 1 {
+                let t = last_grp & (flexbg_size - 1);
+                table_offset = if t == 0 {
+                    u64::from(flexbg_size)
+                } else {
+                    u64::from(t) + 1
+                };
+            }
+            start_blk = self.flexbg_offset(group, prev_block, rem_grps, 1);
+            last_blk = self.l.group_last_block(last_grp);
+        }
+        // Block bitmap.
+        let bb = match self
+            .l
+            .used
+            .get_free_blocks(start_blk, last_blk, 1, fdb, blocks)
+        {
+            Some(b) => b,
+            None => self
+                .l
+                .used
+                .get_free_blocks(group_blk, last_blk, 1, fdb, blocks)
+                .ok_or(GeometryError::NoSpace("block bitmap"))?,
+        };
+        self.take_meta(bb, 1, flex);
+        self.l.groups[group as usize].block_bitmap = bb;
+        // Inode bitmap.
+        if flex {
+            let prev_block = if group % flexbg_size != 0 {
+                self.l.groups[group as usize - 1].inode_bitmap + 1
+            } else {
+                bb + table_offset
+            };
+            start_blk = self.flexbg_offset(group, prev_block, rem_grps, 1);
+            last_blk = self.l.group_last_block(last_grp);
+        }
+        let ib = match self
+            .l
+            .used
+            .get_free_blocks(start_blk, last_blk, 1, fdb, blocks)
+        {
+            Some(b) => b,
+            None => self
+                .l
+                .used
+                .get_free_blocks(group_blk, last_blk, 1, fdb, blocks)
+                .ok_or(GeometryError::NoSpace("inode bitmap"))?,
+        };
+        self.take_meta(ib, 1, flex);
+        self.l.groups[group as usize].inode_bitmap = ib;
+        // Inode table.
+        if flex {
+            let prev_block = if group % flexbg_size != 0 {
+                self.l.groups[group as usize - 1].inode_table + itb
+            } else {
+                ib + table_offset
+            };
+            group_blk = self.flexbg_offset(group, prev_block, rem_grps, itb);
+            last_blk = self.l.group_last_block(last_grp);
+        }
+        let it = self
+            .l
+            .used
+            .get_free_blocks(group_blk, last_blk, itb, fdb, blocks)
+            .ok_or(GeometryError::NoSpace("inode table"))?;
+        self.take_meta(it, itb, flex);
+        self.l.groups[group as usize].inode_table = it;
+        Ok(())
+    }
+}
+
+impl std::ops::Deref for Planner {
+    type Target = Layout;
+    fn deref(&self) -> &Layout {
+        &self.l
+    }
+}
+
+/// Build the complete layout.
+pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
+    let bs = p.block_size;
+    if !(1024..=65536).contains(&bs) || !bs.is_power_of_two() {
+        return Err(GeometryError::Invalid(format!("block size {bs}")));
+    }
+    let features = p.features;
+    let bit64 = features.incompat.contains(Incompat::BIT64);
+    let first_data_block: u64 = if bs == 1024 { 1 } else { 0 };
+    let mut bpg: u32 = if p.blocks_per_group != 0 {
+        p.blocks_per_group
+    } else {
+        bs * 8
+    };
+    let max_bpg = 8 * bs; // EXT2_MAX_BLOCKS_PER_GROUP = (1<<16 - 8) * (cluster/bs) ... capped below
+    let max_bpg = max_bpg.min(65528);
+    if bpg > max_bpg {
+        bpg = max_bpg;
+    }
+    let desc_size: u32 = if bit64 { 64 } else { 32 };
+    let isz = u32::from(p.inode_size);
+    let mut blocks = p.blocks_count;
+    let mut r_blocks = p.r_blocks_count;
+    if r_blocks >= blocks {
+        return Err(GeometryError::Invalid(
+            "reserved blocks exceed the filesystem size".into(),
+        ));
+    }
+    let mut features = features;
+    let (groups, desc_blocks, ipg, itb, rsv_gdt) = 'retry: loop {
+        let groups64 = div_ceil(blocks - first_data_block, u64::from(bpg));
+        if groups64 == 0 {
+            return Err(GeometryError::TooSmall("no block groups".into()));
+        }
+        if groups64 > u64::from(u32::MAX) {
+            return Err(GeometryError::Invalid("too many block groups".into()));
+        }
+        let groups = groups64 as u32;
+        let desc_blocks = div_ceil(groups64, u64::from(bs / desc_size)) as u32;
+        // s_inodes_count from the request (already computed by the caller).
+        let mut inodes = p.inodes_count.min(u64::from(u32::MAX));
+        if inodes < 12 {
+            inodes = 12; // EXT2_FIRST_INO + 1
+        }
+        let mut ipg = div_ceil(inodes, groups64);
+        if ipg > u64::from(bs) * 8 {
+            if bpg >= 256 {
+                bpg -= 8;
+                blocks = p.blocks_count;
+                continue 'retry;
+            }
+            return Err(GeometryError::TooManyInodes(inodes.to_string()));
+        }
+        let max_ipg = u64::from(bs) * 8; // EXT2_MAX_INODES_PER_GROUP = (1<<16) - inodes_per_block; bitmap limit smaller
+        let max_ipg = max_ipg.min(65536 - u64::from(bs / isz));
+        if ipg > max_ipg {
+            ipg = max_ipg;
+        }
+        let (ipg_final, itb) = loop {
+            let mut itb = div_ceil(ipg * u64::from(isz), u64::from(bs));
+            let mut ipg2 = itb * u64::from(bs) / u64::from(isz);
+            if ipg2 < 8 {
+                ipg2 = 8;
+            }
+            ipg2 &= !7;
+            itb = div_ceil(ipg2 * u64::from(isz), u64::from(bs));
+            if ipg2 * groups64 > u64::from(u32::MAX) {
+                ipg -= 1;
+                continue;
+            }
+            break (ipg2 as u32, itb as u32);
+        };
+        let mut rsv_gdt = if features.compat.contains(Compat::RESIZE_INODE) {
+            match p.reserved_gdt_blocks {
+                Some(r) => r,
+                None => calc_reserved_gdt_blocks(
+                    blocks,
+                    first_data_block,
+                    bpg,
+                    bs,
+                    desc_size,
+                    desc_blocks,
+                ),
+            }
+        } else {
+            0
+        };
+        if rsv_gdt > bs / 4 {
+            return Err(GeometryError::Invalid(format!(
+                "{rsv_gdt} reserved GDT blocks is more than {}",
+                bs / 4
+            )));
+        }
+        if u64::from(rsv_gdt) + u64::from(desc_blocks) > u64::from(bpg) * 3 / 4 {
+            features.incompat.insert(Incompat::META_BG);
+            features.compat.remove(Compat::RESIZE_INODE);
+            rsv_gdt = 0;
+        }
+        let mut overhead = 3 + u64::from(itb) + u64::from(rsv_gdt);
+        if features.incompat.contains(Incompat::META_BG) {
+            overhead += 1;
+        } else {
+            overhead += u64::from(desc_blocks);
+        }
+        if overhead > u64::from(bpg) {
+            return Err(GeometryError::TooManyInodes(format!(
+                "{} per group",
+                ipg_final
+            )));
+        }
+        let mut overhead = 2 + u64::from(itb);
+        if has_super(&features, groups - 1) {
+            overhead += 1 + u64::from(desc_blocks) + u64::from(rsv_gdt);
+        }
+        let rem = (blocks - first_data_block) % u64::from(bpg);
+        if groups == 1 && rem != 0 && rem < overhead {
+            return Err(GeometryError::TooSmall(format!(
+                "{blocks} blocks cannot hold the metadata of one group"
+            )));
+        }
+        if rem != 0 && rem < overhead + 50 {
+            blocks -= rem;
+            let ratio = 100.0 * p.r_blocks_count as f64 / p.blocks_count as f64;
+            r_blocks = (ratio * blocks as f64 / 100.0) as u64;
+            continue 'retry;
+        }
+        break (groups, desc_blocks, ipg_final, itb, rsv_gdt);
+    };
+    if features.incompat.contains(Incompat::META_BG) {
+        return Err(GeometryError::Invalid(
+            "meta_bg layouts are not supported yet (too many group descriptor blocks)".into(),
+        ));
+    }
+    let csum = features.has_group_csum();
+    let log_flex = if features.incompat.contains(Incompat::FLEX_BG) {
+        p.log_groups_per_flex
+    } else {
+        0
+    };
+    let mut l = Layout {
+        block_size: bs,
+        blocks_count: blocks,
+        r_blocks_count: r_blocks,
+        first_data_block,
+        blocks_per_group: bpg,
+        group_count: groups,
+        inodes_per_group: ipg,
+        inodes_count: ipg * groups,
+        inode_size: p.inode_size,
+        inode_blocks_per_group: itb,
+        desc_size: if bit64 { 64 } else { 0 },
+        desc_blocks,
+        reserved_gdt_blocks: rsv_gdt,
+        log_groups_per_flex: log_flex,
+        features,
+        groups: Vec::with_capacity(groups as usize),
+        used: BlockSet::new(),
+        free_blocks: 0,
+        free_inodes: ipg * groups,
+        overhead: 0,
+        root: FileMap::default(),
+        lost_found: FileMap::default(),
+        resize_dind: None,
+        journal: None,
+        journal_blocks: 0,
+        orphan: None,
+        first_ino: 11,
+    };
+    // Group accounting as ext2fs_initialize leaves it.
+    let mut reserved_inos = l.first_ino;
+    for g in 0..groups {
+        let mut gp = GroupPlan::default();
+        if csum {
+            if g != groups - 1 {
+                gp.flags |= BG_BLOCK_UNINIT;
+            }
+            gp.flags |= BG_INODE_UNINIT;
+            let mut n = ipg;
+            if reserved_inos > 0 {
+                if n > reserved_inos {
+                    n -= reserved_inos;
+                    reserved_inos = 0;
+                } else {
+                    reserved_inos -= n;
+                    n = 0;
+                }
+            }
+            gp.itable_unused = n;
+        }
+        // ext2fs_reserve_super_and_bgd: mark sb + gdt + reserved gdt.
+        let first = l.group_first_block(g);
+        let sb_len = l.super_and_gdt_blocks(g);
+        let mut sb_start = first;
+        let mut sb_len2 = sb_len;
+        if g == 0 && first_data_block == 1 {
+            // Block 0 of a 1 KiB filesystem is outside the groups but used.
+            l.used.insert(0, 1);
+        }
+        if g == 0 && first_data_block == 0 {
+            sb_start = 0;
+        }
+        if sb_len2 > 0 {
+            l.used.insert(sb_start, sb_len2);
+        } else {
+            sb_len2 = 0;
+        }
+        let mut free = l.group_blocks(g) - sb_len2 - 2 - u64::from(itb);
+        if log_flex > 0 {
+            free += 2 + u64::from(itb);
+        }
+        gp.free_blocks = free as u32;
+        gp.free_inodes = ipg;
+        l.free_blocks += free;
+        l.groups.push(gp);
+    }
+    let mut pl = Planner {
+        l,
+        stride: p.stride,
+    };
+    // Tables.
+    if p.packed_meta_blocks && log_flex > 0 {
+        packed_allocate_tables(&mut pl)?;
+    } else {
+        for g in 0..groups {
+            pl.allocate_group_table(g)?;
+        }
+    }
+    // Overhead as mke2fs counts it right after table allocation.
+    let mut overhead = pl.l.used.count_in(first_data_block, pl.l.blocks_count);
+    // Journal size is decided now (figure_journal_size runs on the
+    // initialized fs, before tables, but only the block count matters).
+    let has_journal = pl.l.features.compat.contains(Compat::HAS_JOURNAL);
+    let journal_blocks = if has_journal {
+        match p.journal_blocks {
+            Some(j) => Some(j),
+            None => default_journal_blocks(pl.l.blocks_count),
+        }
+    } else {
+        None
+    };
+    // Inode tables zeroed flags.
+    if !p.lazy_itable_init || p.itable_zeroed {
+        for gp in &mut pl.l.groups {
+            gp.flags |= BG_INODE_ZEROED;
+        }
+    }
+    // Root directory (inode 2), then lost+found (11).
+    pl.use_inode(2, true);
+    let goal = pl.inode_goal(2);
+    pl.l.root = pl.alloc_sequential(goal, 1, "root directory")?;
+    pl.use_inode(11, true);
+    let lpf_blocks = lost_found_blocks(bs);
+    let goal = pl.inode_goal(11);
+    pl.l.lost_found = pl.alloc_sequential(goal, lpf_blocks, "lost+found")?;
+    // Reserved inodes 3..first_ino-1, then the bad blocks inode.
+    for ino in 3..pl.l.first_ino {
+        pl.use_inode(ino, false);
+    }
+    pl.use_inode(1, false);
+    // Resize inode.
+    if pl.l.features.compat.contains(Compat::RESIZE_INODE) {
+        let sb_blk = first_data_block; // group 0's superblock block
+        let goal = sb_blk
+            + u64::from(pl.l.desc_blocks)
+            + u64::from(pl.l.reserved_gdt_blocks)
+            + 2
+            + u64::from(itb);
+        let dind = pl.alloc_block(goal, "resize inode")?;
+        pl.l.resize_dind = Some(dind);
+    }
+    // Journal.
+    match journal_blocks {
+        Some(jb) => {
+            overhead += u64::from(jb);
+            let goal = if p.packed_meta_blocks {
+                0
+            } else {
+                midpoint_journal_goal(&pl.l)
+            };
+            let fm = allocate_extent_file(&mut pl, goal, jb, "journal")?;
+            pl.l.journal = Some(fm);
+            pl.l.journal_blocks = jb;
+        }
+        None => {
+            pl.l.features.compat.remove(Compat::HAS_JOURNAL);
+            pl.l.features.compat.remove(Compat::ORPHAN_FILE);
+        }
+    }
+    overhead += first_data_block;
+    pl.l.overhead = overhead;
+    // Orphan file.
+    if pl.l.features.compat.contains(Compat::ORPHAN_FILE) {
+        let ino = first_free_inode(&pl.l);
+        pl.use_inode(ino, false);
+        let n = p
+            .orphan_file_blocks
+            .unwrap_or_else(|| default_orphan_blocks(pl.l.blocks_count));
+        let goal = pl.inode_goal(ino);
+        let fm = pl.alloc_sequential(goal, n, "orphan file")?;
+        if fm.runs.len() > 4 {
+            return Err(GeometryError::Invalid(
+                "orphan file too fragmented for this planner".into(),
+            ));
+        }
+        pl.l.orphan = Some((ino, fm));
+    }
+    Ok(pl.l)
+}
+
+fn first_free_inode(l: &Layout) -> u32 {
+    // Inodes 1..=11 are used; nothing else is allocated before the orphan file.
+    l.first_ino + 1
+}
+
+/// lost+found size in blocks: grow until >= 16 KiB and >= 2 blocks, at
+/// most 12 blocks (`create_lost_and_found`).
+pub fn lost_found_blocks(bs: u32) -> u32 {
+    let mut size = 0u32;
+    let mut n = 1u32; // the block from mkdir
+    for _ in 1..12 {
+        size += bs;
+        if size >= 16 * 1024 && size >= 2 * bs {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
+/// `get_midpoint_journal_block`.
+fn midpoint_journal_goal(l: &Layout) -> u64 {
+    let mut group = l.group_of_block((l.blocks_count - l.first_data_block) / 2);
+    let log_flex = 1u32 << l.log_groups_per_flex;
+    let start;
+    if l.log_groups_per_flex > 0 && group > log_flex {
+        group &= !(log_flex - 1);
+        while group < l.group_count && l.groups[group as usize].free_blocks == 0 {
+            group += 1;
+        }
+        if group == l.group_count {
+            group = 0;
+        }
+        start = group;
+    } else {
+        start = group.saturating_sub(1);
+    }
+    let end = if group + 1 < l.group_count {
+        group + 1
+    } else {
+        group
+    };
+    let mut best = start;
+    for i in start + 1..=end {
+        if l.groups[i as usize].free_blocks > l.groups[best as usize].free_blocks {
+            best = i;
+        }
+    }
+    l.group_first_block(best)
+}
+
+/// `ext2fs_fallocate` of a fresh extent-mapped file: contiguous free runs
+/// from `goal`, extents of at most 32768 blocks; when a fifth extent is
+/// needed the in-inode root is split into one leaf block whose goal is the
+/// block before the first extent.
+fn allocate_extent_file(
+    pl: &mut Planner,
+    goal: u64,
+    n: u32,
+    what: &'static str,
+) -> Result<FileMap, GeometryError> {
+    let mut fm = FileMap::default();
+    let mut lblk: u32 = 0;
+    let mut g = goal;
+    let (fdb, blocks) = (pl.fdb(), pl.blocks());
+    while lblk < n {
+        let start =
+            pl.l.used
+                .new_block(g, fdb, blocks)
+                .ok_or(GeometryError::NoSpace(what))?;
+        let next_used = pl.l.used.next_used(start).unwrap_or(blocks).min(blocks);
+        let len = (next_used - start).min(u64::from(n - lblk)) as u32;
+        if let Some(r) = fm.runs.last_mut() {
+            if r.pblk + u64::from(r.len) == start && r.len < EXT_INIT_MAX_LEN {
+                let add = len.min(EXT_INIT_MAX_LEN - r.len);
+                r.len += add;
+                pl.take(start, u64::from(add));
+                lblk += add;
+                g = start + u64::from(add);
+                continue;
+            }
+        }
+        if fm.runs.len() == 4 && fm.leaf.is_none() {
+            // The in-inode root is full: split it into one leaf block placed
+            // just before the first extent if that block is free.
+            let lgoal = fm.runs[0].pblk.saturating_sub(1);
+            fm.leaf = Some(pl.alloc_block(lgoal, what)?);
+            continue;
+        }
+        let add = len.min(EXT_INIT_MAX_LEN);
+        fm.runs.push(Run {
+            lblk,
+            pblk: start,
+            len: add,
+        });
+        pl.take(start, u64::from(add));
+        lblk += add;
+        g = start + u64::from(add);
+    }
+    Ok(fm)
+}
+
+/// `packed_allocate_tables` (mke2fs -E packed_meta_blocks).
+fn packed_allocate_tables(pl: &mut Planner) -> Result<(), GeometryError> {
+    let (fdb, blocks) = (pl.fdb(), pl.blocks());
+    let mut goal = pl.l.used.next_free(fdb);
+    let groups = pl.l.group_count;
+    for g in 0..groups {
+        let b =
+            pl.l.used
+                .new_block(goal, fdb, blocks)
+                .ok_or(GeometryError::NoSpace("block bitmap"))?;
+        pl.take(b, 1);
+        pl.l.groups[g as usize].block_bitmap = b;
+        goal = b;
+    }
+    for g in 0..groups {
+        let b =
+            pl.l.used
+                .new_block(goal, fdb, blocks)
+                .ok_or(GeometryError::NoSpace("inode bitmap"))?;
+        pl.take(b, 1);
+        pl.l.groups[g as usize].inode_bitmap = b;
+        goal = b;
+    }
+    let itb = u64::from(pl.l.inode_blocks_per_group);
+    for g in 0..groups {
+        let end = pl.l.used.next_used(goal).unwrap_or(blocks);
+        let b = if end - goal >= itb {
+            goal
+        } else {
+            pl.l.used
+                .get_free_blocks(goal, 0, itb, fdb, blocks)
+                .ok_or(GeometryError::NoSpace("inode table"))?
+        };
+        pl.take(b, itb);
+        pl.l.groups[g as usize].inode_table = b;
+        goal = b + itb;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backup_groups_sequence() {
+        let v: Vec<u32> = BackupGroups::new(100).collect();
+        assert_eq!(v, vec![1, 3, 5, 7, 9, 25, 27, 49, 81]);
+        let f = Features {
+            ro_compat: RoCompat::SPARSE_SUPER,
+            ..Default::default()
+        };
+        for g in 0..1000 {
+            let expect = g == 0 || BackupGroups::new(1000).any(|x| x == g);
+            assert_eq!(has_super(&f, g), expect, "group {g}");
+        }
+    }
+
+    #[test]
+    fn lost_found_sizes() {
+        assert_eq!(lost_found_blocks(4096), 4);
+        assert_eq!(lost_found_blocks(2048), 8);
+        assert_eq!(lost_found_blocks(1024), 12);
+        assert_eq!(lost_found_blocks(65536), 2);
+    }
+}

@@ -1,0 +1,101 @@
+//! `mkfs`: options → plan (pure geometry) → writer → report.
+//!
+//! [`prepare`] validates everything and plans the layout without touching
+//! the target; [`execute`] is the only step that writes.
+
+pub mod blockset;
+pub mod geometry;
+pub mod kbytes;
+pub mod options;
+pub mod writer;
+
+use ext4kit_device::{Device, DeviceError, DiscardOutcome};
+
+pub use geometry::{FsParams, GeometryError, Layout, plan};
+pub use options::{Env, MkfsOptions, OptionError, Resolved, resolve};
+pub use writer::{SuperSettings, WriteStats, Writer};
+
+/// Errors of a mkfs run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MkfsError {
+    #[error(transparent)]
+    Option(#[from] OptionError),
+    #[error(transparent)]
+    Geometry(#[from] GeometryError),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    #[error(transparent)]
+    Write(#[from] writer::WriteError),
+}
+
+/// A validated, planned format, ready to execute.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    pub resolved: Resolved,
+    pub layout: Layout,
+    pub settings: SuperSettings,
+}
+
+/// Plan the filesystem. `discard_zeroes` says whether a discard of this
+/// device is known to leave zeros (files: yes), which lets the inode
+/// tables be claimed zeroed, as mke2fs does after a successful discard.
+pub fn prepare(resolved: Resolved, discard_zeroes: bool) -> Result<Prepared, MkfsError> {
+    let zeroed = resolved.assume_prezeroed || (resolved.discard && discard_zeroes);
+    let mut params = resolved.params.clone();
+    params.itable_zeroed = zeroed;
+    if zeroed {
+        params.lazy_itable_init = true;
+    }
+    let layout = plan(&params)?;
+    let mut settings = resolved.settings.clone();
+    settings.itable_zeroed = zeroed;
+    settings.lazy_itable_init = params.lazy_itable_init;
+    settings.kbytes_written = kbytes::mke2fs_kbytes_written(&layout);
+    Ok(Prepared {
+        resolved,
+        layout,
+        settings,
+    })
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Report {
+    pub discarded: bool,
+    pub itable_zeroed: bool,
+    pub stats: WriteStats,
+}
+
+/// Write the prepared filesystem to `dev`.
+pub fn execute(dev: &dyn Device, prepared: Prepared) -> Result<Report, MkfsError> {
+    let Prepared {
+        resolved,
+        mut layout,
+        mut settings,
+    } = prepared;
+    let bs = u64::from(layout.block_size);
+    let mut report = Report::default();
+    if resolved.discard {
+        let len = (layout.blocks_count * bs).min(dev.size());
+        let outcome = match dev.discard(0, bs.min(len)) {
+            Ok(DiscardOutcome::Unsupported) | Err(_) => DiscardOutcome::Unsupported,
+            Ok(_) => dev.discard(0, len).unwrap_or(DiscardOutcome::Unsupported),
+        };
+        report.discarded = outcome != DiscardOutcome::Unsupported;
+        let zeroes = outcome == DiscardOutcome::Zeroed && dev.discard_zeroes_data();
+        if settings.itable_zeroed && !resolved.assume_prezeroed && !zeroes {
+            // The plan assumed a zeroing discard; it did not happen.
+            let p = prepare(resolved.clone(), false)?;
+            layout = p.layout;
+            settings = p.settings;
+        }
+    }
+    report.itable_zeroed = settings.itable_zeroed;
+    let w = Writer {
+        layout: &layout,
+        settings: &settings,
+    };
+    report.stats = w.write(dev)?;
+    Ok(report)
+}

@@ -1,0 +1,678 @@
+//! The mkfs writer: turns a [`Layout`] plus the superblock settings into
+//! device operations, in a crash-sensible order (old superblock area wiped
+//! first, primary superblock written last after a flush).
+//!
+//! Thin-aware: every range mke2fs would zero is zeroed only when the
+//! device cannot prove it already reads as zero, and zeroing punches holes
+//! on files, so a sparse image stays sparse.
+
+use ext4kit_device::{Device, DeviceError};
+use ext4kit_format::dir;
+use ext4kit_format::extent::{self, Extent, ExtentHeader, ExtentIndex};
+use ext4kit_format::features::{Compat, Incompat, RoCompat};
+use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT};
+use ext4kit_format::inode::{self, EXT4_EXTENTS_FL, EXTRA_ISIZE, Inode, S_IFDIR, S_IFREG};
+use ext4kit_format::jbd2::JournalSuperblock;
+use ext4kit_format::superblock::{self, Superblock};
+use ext4kit_format::{Csum, GroupDesc, orphan};
+use zerocopy::IntoBytes;
+
+use super::geometry::{FileMap, Layout};
+
+/// Superblock settings that are not geometry.
+#[derive(Clone, Debug)]
+pub struct SuperSettings {
+    pub uuid: [u8; 16],
+    pub hash_seed: [u8; 16],
+    pub now: u32,
+    pub label: [u8; 16],
+    pub last_mounted: [u8; 64],
+    pub def_hash_version: u8,
+    pub default_mount_opts: u32,
+    pub errors: u16,
+    pub creator_os: u32,
+    pub max_mnt_count: u16,
+    pub checkinterval: u32,
+    pub raid_stride: u16,
+    pub raid_stripe_width: u32,
+    pub root_uid: u32,
+    pub root_gid: u32,
+    /// Zero the whole inode tables / journal (false = lazy).
+    pub lazy_itable_init: bool,
+    pub lazy_journal_init: bool,
+    /// The tables were proven zero (discard zeroes, or the user said so).
+    pub itable_zeroed: bool,
+    /// Write `s_kbytes_written` as mke2fs would.
+    pub kbytes_written: u64,
+}
+
+/// Statistics of one run, for reports.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct WriteStats {
+    pub bytes_written: u64,
+    pub bytes_zeroed: u64,
+    pub bytes_already_zero: u64,
+    pub write_calls: u64,
+}
+
+/// Errors while writing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WriteError {
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+/// Buffers writes and coalesces adjacent ones into large `pwrite`s.
+struct Out<'a> {
+    dev: &'a dyn Device,
+    bs: u64,
+    pending_off: u64,
+    pending: Vec<u8>,
+    stats: WriteStats,
+}
+
+const MAX_PENDING: usize = 8 << 20;
+
+impl<'a> Out<'a> {
+    fn new(dev: &'a dyn Device, bs: u32) -> Self {
+        Self {
+            dev,
+            bs: u64::from(bs),
+            pending_off: 0,
+            pending: Vec::new(),
+            stats: WriteStats::default(),
+        }
+    }
+    fn write(&mut self, off: u64, data: &[u8]) -> Result<(), WriteError> {
+        if !self.pending.is_empty()
+            && self.pending_off + self.pending.len() as u64 == off
+            && self.pending.len() < MAX_PENDING
+        {
+            self.pending.extend_from_slice(data);
+            return Ok(());
+        }
+        self.flush_pending()?;
+        self.pending_off = off;
+        self.pending.extend_from_slice(data);
+        Ok(())
+    }
+    fn block(&mut self, blk: u64, data: &[u8]) -> Result<(), WriteError> {
+        self.write(blk * self.bs, data)
+    }
+    fn flush_pending(&mut self) -> Result<(), WriteError> {
+        if !self.pending.is_empty() {
+            self.dev.write_at(&self.pending, self.pending_off)?;
+            self.stats.bytes_written += self.pending.len() as u64;
+            self.stats.write_calls += 1;
+            self.pending.clear();
+        }
+        Ok(())
+    }
+    /// Make `[off, off+len)` read as zero, touching only what is not known
+    /// to be zero already.
+    fn zero(&mut self, off: u64, len: u64) -> Result<(), WriteError> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.flush_pending()?;
+        let known = self.dev.known_zero_ranges(off, len)?;
+        let mut cur = off;
+        let end = off + len;
+        let mut zero_range = |s: u64, e: u64, st: &mut WriteStats| -> Result<(), WriteError> {
+            if e > s {
+                self.dev.zeroout(s, e - s)?;
+                st.bytes_zeroed += e - s;
+            }
+            Ok(())
+        };
+        for (s, e) in known {
+            let s = s.max(off);
+            let e = e.min(end);
+            if s >= e {
+                continue;
+            }
+            zero_range(cur, s, &mut self.stats)?;
+            self.stats.bytes_already_zero += e - s;
+            cur = cur.max(e);
+        }
+        zero_range(cur, end, &mut self.stats)?;
+        Ok(())
+    }
+    fn zero_blocks(&mut self, blk: u64, n: u64) -> Result<(), WriteError> {
+        self.zero(blk * self.bs, n * self.bs)
+    }
+}
+
+/// Everything needed to write the filesystem.
+pub struct Writer<'a> {
+    pub layout: &'a Layout,
+    pub settings: &'a SuperSettings,
+}
+
+impl Writer<'_> {
+    fn csum(&self) -> Csum {
+        let l = self.layout;
+        let metadata = l.features.ro_compat.contains(RoCompat::METADATA_CSUM);
+        let seed_feature = l.features.incompat.contains(Incompat::CSUM_SEED);
+        let seed = ext4kit_format::checksum::crc32c_raw(!0, &self.settings.uuid);
+        Csum::new(
+            metadata,
+            l.features.ro_compat.contains(RoCompat::GDT_CSUM),
+            seed_feature,
+            seed,
+            self.settings.uuid,
+        )
+    }
+
+    /// The superblock as mke2fs leaves it (primary copy).
+    pub fn superblock(&self) -> Superblock {
+        let l = self.layout;
+        let s = self.settings;
+        let mut sb = Superblock::zeroed();
+        sb.s_inodes_count.set(l.inodes_count);
+        sb.set_blocks_count(l.blocks_count);
+        sb.set_r_blocks_count(l.r_blocks_count);
+        sb.set_free_blocks_count(l.free_blocks);
+        sb.s_free_inodes_count.set(l.free_inodes);
+        sb.s_first_data_block.set(l.first_data_block as u32);
+        let log = (l.block_size / 1024).trailing_zeros();
+        sb.s_log_block_size.set(log);
+        sb.s_log_cluster_size.set(log);
+        sb.s_blocks_per_group.set(l.blocks_per_group);
+        sb.s_clusters_per_group.set(l.blocks_per_group);
+        sb.s_inodes_per_group.set(l.inodes_per_group);
+        sb.s_wtime.set(s.now);
+        sb.s_max_mnt_count.set(s.max_mnt_count);
+        sb.s_magic.set(superblock::EXT4_MAGIC);
+        sb.s_state.set(superblock::STATE_VALID);
+        sb.s_errors.set(s.errors);
+        sb.s_lastcheck.set(s.now);
+        sb.s_checkinterval.set(s.checkinterval);
+        sb.s_creator_os.set(s.creator_os);
+        sb.s_rev_level.set(1);
+        sb.s_first_ino.set(l.first_ino);
+        sb.s_inode_size.set(l.inode_size);
+        sb.s_feature_compat.set(l.features.compat.bits());
+        sb.s_feature_incompat.set(l.features.incompat.bits());
+        sb.s_feature_ro_compat.set(l.features.ro_compat.bits());
+        sb.s_uuid = s.uuid;
+        sb.s_volume_name = s.label;
+        sb.s_last_mounted = s.last_mounted;
+        sb.s_reserved_gdt_blocks.set(l.reserved_gdt_blocks as u16);
+        sb.s_hash_seed = s.hash_seed;
+        sb.s_def_hash_version = s.def_hash_version;
+        sb.s_desc_size.set(l.desc_size);
+        sb.s_default_mount_opts.set(s.default_mount_opts);
+        sb.s_mkfs_time.set(s.now);
+        if l.inode_size >= 160 {
+            sb.s_min_extra_isize.set(EXTRA_ISIZE);
+            sb.s_want_extra_isize.set(EXTRA_ISIZE);
+        }
+        sb.s_flags.set(superblock::FLAG_SIGNED_HASH);
+        sb.s_raid_stride.set(s.raid_stride);
+        sb.s_raid_stripe_width.set(s.raid_stripe_width);
+        sb.s_log_groups_per_flex = l.log_groups_per_flex;
+        sb.s_kbytes_written.set(s.kbytes_written);
+        sb.s_overhead_clusters.set(l.overhead as u32);
+        if let Some(j) = &l.journal {
+            sb.s_journal_inum.set(inode::JOURNAL_INO);
+            let ino = self.journal_inode(j);
+            for (i, w) in ino.i_block.iter().enumerate() {
+                sb.s_jnl_blocks[i] = *w;
+            }
+            sb.s_jnl_blocks[15].set(ino.i_size_high.get());
+            sb.s_jnl_blocks[16].set(ino.i_size_lo.get());
+            sb.s_jnl_backup_type = 1;
+        }
+        if l.features.ro_compat.contains(RoCompat::METADATA_CSUM) {
+            sb.s_checksum_type = 1;
+        }
+        if l.features.incompat.contains(Incompat::CSUM_SEED) {
+            sb.s_checksum_seed
+                .set(ext4kit_format::checksum::crc32c_raw(!0, &s.uuid));
+        }
+        if let Some((ino, _)) = &l.orphan {
+            sb.s_orphan_file_inum.set(*ino);
+        }
+        sb.update_checksum();
+        sb
+    }
+
+    fn base_inode(&self, mode: u16, links: u16) -> Inode {
+        let now = self.settings.now;
+        let mut i = Inode::default();
+        i.i_mode.set(mode);
+        i.i_links_count.set(links);
+        i.i_atime.set(now);
+        i.i_ctime.set(now);
+        i.i_mtime.set(now);
+        if self.layout.inode_size > 128 {
+            i.i_extra_isize.set(EXTRA_ISIZE);
+            i.i_crtime.set(now);
+        }
+        i
+    }
+
+    fn extents_enabled(&self) -> bool {
+        self.layout.features.incompat.contains(Incompat::EXTENTS)
+    }
+
+    /// Fill `i_block` with an extent root (or block pointers) for `fm`.
+    fn map_file(&self, ino: &mut Inode, fm: &FileMap) {
+        let bs = u64::from(self.layout.block_size);
+        let mut blocks = fm.blocks() + u64::from(fm.leaf.is_some());
+        if !self.extents_enabled() {
+            // Direct block pointers (only small files reach here).
+            let mut n = 0;
+            for r in &fm.runs {
+                for k in 0..r.len {
+                    if n < 12 {
+                        ino.i_block[n].set((r.pblk + u64::from(k)) as u32);
+                    }
+                    n += 1;
+                }
+            }
+            ino.set_blocks_512(blocks * bs / 512);
+            return;
+        }
+        ino.i_flags.set(ino.i_flags.get() | EXT4_EXTENTS_FL);
+        let area = ino.i_block_bytes_mut();
+        if let Some(leaf) = fm.leaf {
+            let h = ExtentHeader::new(1, extent::ENTRIES_IN_INODE, 1);
+            area[..12].copy_from_slice(h.as_bytes());
+            area[12..24].copy_from_slice(ExtentIndex::new(0, leaf).as_bytes());
+        } else {
+            let h = ExtentHeader::new(fm.runs.len() as u16, extent::ENTRIES_IN_INODE, 0);
+            area[..12].copy_from_slice(h.as_bytes());
+            for (k, r) in fm.runs.iter().enumerate() {
+                let e = Extent::new(r.lblk, r.len as u16, r.pblk);
+                area[12 + 12 * k..24 + 12 * k].copy_from_slice(e.as_bytes());
+            }
+        }
+        if blocks == 0 {
+            blocks = 0;
+        }
+        ino.set_blocks_512(blocks * bs / 512);
+    }
+
+    fn journal_inode(&self, j: &FileMap) -> Inode {
+        let l = self.layout;
+        let mut i = self.base_inode(S_IFREG | 0o600, 1);
+        i.set_size(u64::from(l.journal_blocks) * u64::from(l.block_size));
+        self.map_file(&mut i, j);
+        i
+    }
+
+    /// Leaf block of a depth-1 extent tree.
+    fn leaf_block(&self, ino: u32, fm: &FileMap, csum: &Csum) -> Vec<u8> {
+        let bs = self.layout.block_size as usize;
+        let mut buf = vec![0u8; bs];
+        let max = extent::entries_per_block(bs as u32);
+        let h = ExtentHeader::new(fm.runs.len() as u16, max, 0);
+        buf[..12].copy_from_slice(h.as_bytes());
+        for (k, r) in fm.runs.iter().enumerate() {
+            let e = Extent::new(r.lblk, r.len as u16, r.pblk);
+            buf[12 + 12 * k..24 + 12 * k].copy_from_slice(e.as_bytes());
+        }
+        if csum.metadata {
+            extent::set_block_checksum(&mut buf, ino, 0, csum);
+        }
+        buf
+    }
+
+    /// Inode table block 0.. contents for the special inodes, as
+    /// `(inode number, on-disk bytes)`.
+    fn special_inodes(&self, csum: &Csum) -> Vec<(u32, Vec<u8>)> {
+        let l = self.layout;
+        let s = self.settings;
+        let isz = usize::from(l.inode_size);
+        let bs = u64::from(l.block_size);
+        let mut out: Vec<(u32, Vec<u8>)> = Vec::new();
+        let mut put = |ino: u32, i: &Inode, out: &mut Vec<(u32, Vec<u8>)>| {
+            let mut slot = vec![0u8; isz];
+            i.write_to(&mut slot, ino, csum);
+            out.push((ino, slot));
+        };
+        // Reserved inodes: zeroed with a checksum (metadata_csum only),
+        // bad-blocks inode with its times.
+        for ino in 1..l.first_ino {
+            if matches!(ino, 2 | 7 | 8) {
+                continue;
+            }
+            let mut i = Inode::default();
+            if ino == 1 {
+                i.i_atime.set(s.now);
+                i.i_ctime.set(s.now);
+                i.i_mtime.set(s.now);
+            } else if !csum.metadata {
+                continue;
+            }
+            put(ino, &i, &mut out);
+        }
+        // Root.
+        let mut root = self.base_inode(S_IFDIR | 0o755, 3);
+        root.i_uid.set(s.root_uid as u16);
+        root.l_i_uid_high.set((s.root_uid >> 16) as u16);
+        root.i_gid.set(s.root_gid as u16);
+        root.l_i_gid_high.set((s.root_gid >> 16) as u16);
+        root.set_size(bs * l.root.blocks());
+        self.map_file(&mut root, &l.root);
+        put(2, &root, &mut out);
+        // Resize inode.
+        if let Some(dind) = l.resize_dind {
+            let mut r = self.base_inode(S_IFREG | 0o600, 1);
+            let apb = bs / 4;
+            r.set_size((apb * apb + apb + 12) * bs);
+            r.i_block[13].set(dind as u32);
+            let backups = self.backup_group_list().len() as u64;
+            let blocks = 1 + u64::from(l.reserved_gdt_blocks) * (1 + backups);
+            r.set_blocks_512(blocks * bs / 512);
+            put(7, &r, &mut out);
+        }
+        if let Some(j) = &l.journal {
+            put(8, &self.journal_inode(j), &mut out);
+        }
+        // lost+found.
+        let mut lpf = self.base_inode(S_IFDIR | 0o700, 2);
+        lpf.set_size(bs * l.lost_found.blocks());
+        self.map_file(&mut lpf, &l.lost_found);
+        put(11, &lpf, &mut out);
+        if let Some((ino, fm)) = &l.orphan {
+            let mut o = self.base_inode(S_IFREG | 0o600, 1);
+            o.set_size(bs * fm.blocks());
+            self.map_file(&mut o, fm);
+            put(*ino, &o, &mut out);
+        }
+        out.sort_by_key(|(i, _)| *i);
+        out
+    }
+
+    fn backup_group_list(&self) -> Vec<u32> {
+        let l = self.layout;
+        if l.features.ro_compat.contains(RoCompat::SPARSE_SUPER) {
+            l.backup_groups().collect()
+        } else {
+            (1..l.group_count).collect()
+        }
+    }
+
+    fn dir_block(&self, entries: &[(u32, &[u8], u8)], dir_ino: u32, csum: &Csum) -> Vec<u8> {
+        let bs = self.layout.block_size as usize;
+        let mut buf = vec![0u8; bs];
+        let limit = if csum.metadata {
+            bs - dir::TAIL_SIZE
+        } else {
+            bs
+        };
+        let mut off = 0;
+        for (k, (ino, name, ft)) in entries.iter().enumerate() {
+            let rl = if k + 1 == entries.len() {
+                limit - off
+            } else {
+                dir::rec_len(name.len())
+            };
+            let ft = if self.layout.features.incompat.contains(Incompat::FILETYPE) {
+                *ft
+            } else {
+                0
+            };
+            off = dir::put_entry(&mut buf, off, *ino, rl as u16, name, ft);
+        }
+        if entries.is_empty() {
+            dir::put_entry(&mut buf, 0, 0, limit as u16, b"", 0);
+        }
+        if csum.metadata {
+            dir::put_tail(&mut buf, dir_ino, 0, csum);
+        }
+        buf
+    }
+
+    /// Write the whole filesystem.
+    pub fn write(&self, dev: &dyn Device) -> Result<WriteStats, WriteError> {
+        let l = self.layout;
+        let s = self.settings;
+        let bs = u64::from(l.block_size);
+        let csum = self.csum();
+        let mut out = Out::new(dev, l.block_size);
+
+        // 1. Wipe the old superblock area (bytes 0..4096, as mke2fs's
+        //    zap_sector does) so a half-written image is never mistaken for
+        //    the old filesystem.
+        out.zero(0, 4096)?;
+        out.flush_pending()?;
+        // 2. Zero the tail of the device (old MD RAID superblocks).
+        let rsv = 65536 / bs;
+        let mut start = l.blocks_count & !(rsv - 1);
+        if start > rsv {
+            start -= rsv;
+        }
+        if start > 0 {
+            out.zero_blocks(start, l.blocks_count - start)?;
+        }
+        // 3. Inode tables.
+        if !s.itable_zeroed {
+            let isz = u64::from(l.inode_size);
+            for (g, gp) in l.groups.iter().enumerate() {
+                let _ = g;
+                let n = if s.lazy_itable_init {
+                    (u64::from(l.inodes_per_group - gp.itable_unused) * isz).div_ceil(bs)
+                } else {
+                    u64::from(l.inode_blocks_per_group)
+                };
+                out.zero_blocks(gp.inode_table, n)?;
+            }
+        }
+        // 4. Special inodes into group 0's table.
+        let it0 = l.groups[0].inode_table;
+        let isz = u64::from(l.inode_size);
+        let specials = self.special_inodes(&csum);
+        let last_ino = specials.last().map(|(i, _)| *i).unwrap_or(1);
+        let nblocks = (u64::from(last_ino) * isz).div_ceil(bs);
+        let mut table = vec![0u8; (nblocks * bs) as usize];
+        if s.itable_zeroed || !s.lazy_itable_init || true {
+            // Blocks past what mke2fs wrote are zero on disk already.
+        }
+        for (ino, bytes) in &specials {
+            let off = (u64::from(*ino - 1) * isz) as usize;
+            table[off..off + bytes.len()].copy_from_slice(bytes);
+        }
+        out.block(it0, &table)?;
+        // 5. Directories.
+        let root_blk = self.dir_block(
+            &[
+                (2, b".", dir::FT_DIR),
+                (2, b"..", dir::FT_DIR),
+                (11, b"lost+found", dir::FT_DIR),
+            ],
+            2,
+            &csum,
+        );
+        out.block(l.root.runs[0].pblk, &root_blk)?;
+        let lpf0 = self.dir_block(
+            &[(11, b".", dir::FT_DIR), (2, b"..", dir::FT_DIR)],
+            11,
+            &csum,
+        );
+        let lpf_empty = self.dir_block(&[], 11, &csum);
+        for lb in 0..l.lost_found.blocks() as u32 {
+            if let Some(p) = l.lost_found.pblk(lb) {
+                out.block(p, if lb == 0 { &lpf0 } else { &lpf_empty })?;
+            }
+        }
+        // 6. Resize inode: DIND and primary reserved GDT blocks.
+        if let Some(dind) = l.resize_dind {
+            let apb = bs / 4;
+            let mut dbuf = vec![0u8; bs as usize];
+            let backups = self.backup_group_list();
+            let mut gbuf = vec![0u8; bs as usize];
+            for k in 0..u64::from(l.reserved_gdt_blocks) {
+                let pblk = l.first_data_block + 1 + u64::from(l.desc_blocks) + k;
+                let slot = ((u64::from(l.desc_blocks) + k) % apb) as usize;
+                dbuf[slot * 4..slot * 4 + 4].copy_from_slice(&(pblk as u32).to_le_bytes());
+                gbuf.fill(0);
+                for (n, g) in backups.iter().enumerate() {
+                    if n as u64 >= apb {
+                        break;
+                    }
+                    let b = pblk + u64::from(*g) * u64::from(l.blocks_per_group);
+                    gbuf[n * 4..n * 4 + 4].copy_from_slice(&(b as u32).to_le_bytes());
+                }
+                out.block(pblk, &gbuf)?;
+            }
+            out.block(dind, &dbuf)?;
+        }
+        // 7. Journal: leaf, superblock, and zeroing unless lazy.
+        if let Some(j) = &l.journal {
+            if let Some(leaf) = j.leaf {
+                out.block(leaf, &self.leaf_block(inode::JOURNAL_INO, j, &csum))?;
+            }
+            let mut jbuf = vec![0u8; bs as usize];
+            let jsb = JournalSuperblock::new(l.block_size, l.journal_blocks, s.uuid);
+            jbuf[..1024].copy_from_slice(jsb.as_bytes());
+            if let Some(first) = j.pblk(0) {
+                out.block(first, &jbuf)?;
+            }
+            if !s.lazy_journal_init {
+                for r in &j.runs {
+                    let (mut p, mut n) = (r.pblk, u64::from(r.len));
+                    if r.lblk == 0 {
+                        p += 1;
+                        n -= 1;
+                    }
+                    out.zero_blocks(p, n)?;
+                }
+            }
+        }
+        // 8. Orphan file blocks.
+        if let Some((ino, fm)) = &l.orphan {
+            let mut obuf = vec![0u8; bs as usize];
+            for lb in 0..fm.blocks() as u32 {
+                if let Some(p) = fm.pblk(lb) {
+                    orphan::init_block(&mut obuf, *ino, 0, p, &csum);
+                    out.block(p, &obuf)?;
+                }
+            }
+        }
+        // 9. Bitmaps, and the descriptors with their checksums.
+        let descs = self.bitmaps_and_descs(&mut out, &csum)?;
+        // 10. Backup superblocks and group descriptor tables.
+        let dsz = if l.desc_size == 0 {
+            32
+        } else {
+            usize::from(l.desc_size)
+        };
+        let mut gdt = vec![0u8; (u64::from(l.desc_blocks) * bs) as usize];
+        for (g, d) in descs.iter().enumerate() {
+            gdt[g * dsz..(g + 1) * dsz].copy_from_slice(d.on_disk(dsz));
+        }
+        let sb = self.superblock();
+        for g in self.backup_group_list() {
+            let first = l.group_first_block(g);
+            let mut b = sb.clone();
+            b.s_block_group_nr.set(g.min(65535) as u16);
+            b.s_state.set(b.s_state.get() & !superblock::STATE_VALID);
+            b.update_checksum();
+            let mut blk0 = vec![0u8; bs as usize];
+            blk0[..1024].copy_from_slice(b.as_bytes());
+            // mke2fs writes just the 1024-byte superblock at the group start.
+            out.write(first * bs, &blk0[..1024])?;
+            out.block(first + 1, &gdt)?;
+        }
+        // Primary GDT.
+        out.block(l.first_data_block + 1, &gdt)?;
+        out.flush_pending()?;
+        dev.flush()?;
+        // 11. Primary superblock last.
+        out.write(superblock::SUPERBLOCK_OFFSET, sb.as_bytes())?;
+        out.flush_pending()?;
+        dev.flush()?;
+        Ok(out.stats)
+    }
+
+    fn bitmaps_and_descs(
+        &self,
+        out: &mut Out<'_>,
+        csum: &Csum,
+    ) -> Result<Vec<GroupDesc>, WriteError> {
+        let l = self.layout;
+        let bs = l.block_size as usize;
+        let has_csum = l.features.has_group_csum();
+        let dsz = if l.desc_size == 0 {
+            32
+        } else {
+            usize::from(l.desc_size)
+        };
+        let bb_bytes = (l.blocks_per_group / 8) as usize;
+        let ib_bytes = (l.inodes_per_group as usize).div_ceil(8);
+        let mut descs = Vec::with_capacity(l.groups.len());
+        let mut bbuf = vec![0u8; bs];
+        let mut ibuf = vec![0u8; bs];
+        let used_inodes: u32 = l.orphan.as_ref().map(|(i, _)| *i).unwrap_or(l.first_ino);
+        for (g, gp) in l.groups.iter().enumerate() {
+            let g32 = g as u32;
+            let mut d = GroupDesc::default();
+            d.set_block_bitmap(gp.block_bitmap);
+            d.set_inode_bitmap(gp.inode_bitmap);
+            d.set_inode_table(gp.inode_table);
+            d.set_free_blocks(gp.free_blocks);
+            d.set_free_inodes(gp.free_inodes);
+            d.set_used_dirs(gp.used_dirs);
+            d.set_flags(gp.flags);
+            d.set_itable_unused(gp.itable_unused);
+            if !(has_csum && gp.flags & BG_BLOCK_UNINIT != 0) {
+                bbuf.fill(0xFF);
+                bbuf[..bb_bytes].fill(0);
+                let first = l.group_first_block(g32);
+                let gend = first + u64::from(l.blocks_per_group);
+                for (s, e) in l.used.ranges_in(first, gend.min(l.blocks_count)) {
+                    for b in s..e {
+                        let bit = (b - first) as usize;
+                        bbuf[bit / 8] |= 1 << (bit % 8);
+                    }
+                }
+                if g32 + 1 == l.group_count {
+                    let nbits = ((l.blocks_count - l.first_data_block)
+                        % u64::from(l.blocks_per_group)) as usize;
+                    if nbits != 0 {
+                        for bit in nbits..bs * 8 {
+                            bbuf[bit / 8] |= 1 << (bit % 8);
+                        }
+                    }
+                }
+                if csum.metadata {
+                    d.set_block_bitmap_csum(csum.bitmap(&bbuf[..bb_bytes]));
+                }
+                out.block(gp.block_bitmap, &bbuf)?;
+            }
+            if !(has_csum && gp.flags & BG_INODE_UNINIT != 0) {
+                ibuf.fill(0xFF);
+                ibuf[..ib_bytes].fill(0);
+                let first_ino = g32 * l.inodes_per_group + 1;
+                for ino in first_ino..first_ino + l.inodes_per_group {
+                    if ino <= used_inodes {
+                        let bit = (ino - first_ino) as usize;
+                        ibuf[bit / 8] |= 1 << (bit % 8);
+                    } else {
+                        break;
+                    }
+                }
+                if csum.metadata {
+                    d.set_inode_bitmap_csum(csum.bitmap(&ibuf[..ib_bytes]));
+                }
+                out.block(gp.inode_bitmap, &ibuf)?;
+            }
+            d.update_checksum(csum, g32, dsz);
+            descs.push(d);
+        }
+        Ok(descs)
+    }
+}
+
+/// Compatibility re-export for callers that only need the flags.
+pub use ext4kit_format::group_desc::BG_INODE_ZEROED as ITABLE_ZEROED;
+
+#[allow(dead_code)]
+fn _assert_types() {
+    let _ = Compat::HAS_JOURNAL;
+}
