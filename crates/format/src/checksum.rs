@@ -156,7 +156,8 @@ impl Csum {
         crc32c_raw(self.inode_seed(ino, generation), before_tail)
     }
 
-    /// Orphan-file block checksum (everything but the last 4 bytes).
+    /// Orphan-file block checksum over the entries (everything but the
+    /// 8-byte tail).
     pub fn orphan_block(&self, ino: u32, generation: u32, pblk: u64, data: &[u8]) -> u32 {
         let c = self.inode_seed(ino, generation);
         let c = crc32c_raw(c, &pblk.to_le_bytes());

@@ -8,6 +8,10 @@ pub fn init_block(buf: &mut [u8], ino: u32, generation: u32, pblk: u64, csum: &c
     buf.fill(0);
     let n = buf.len();
     buf[n - 8..n - 4].copy_from_slice(&ORPHAN_BLOCK_MAGIC.to_le_bytes());
-    let c = csum.orphan_block(ino, generation, pblk, &buf[..n - 4]);
+    if !csum.metadata {
+        return;
+    }
+    // The checksum covers the entries only, not the magic.
+    let c = csum.orphan_block(ino, generation, pblk, &buf[..n - ORPHAN_TAIL_SIZE]);
     buf[n - 4..].copy_from_slice(&c.to_le_bytes());
 }

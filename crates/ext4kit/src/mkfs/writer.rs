@@ -235,7 +235,9 @@ impl Writer<'_> {
         if let Some((ino, _)) = &l.orphan {
             sb.s_orphan_file_inum.set(*ino);
         }
-        sb.update_checksum();
+        if l.features.ro_compat.contains(RoCompat::METADATA_CSUM) {
+            sb.update_checksum();
+        }
         sb
     }
 
@@ -282,6 +284,12 @@ impl Writer<'_> {
             let h = ExtentHeader::new(1, extent::ENTRIES_IN_INODE, 1);
             area[..12].copy_from_slice(h.as_bytes());
             area[12..24].copy_from_slice(ExtentIndex::new(0, leaf).as_bytes());
+            // libext2fs moves the four in-inode extents into the new leaf
+            // and leaves the stale copies of extents 1..3 in slots 2..4.
+            for (k, r) in fm.runs.iter().enumerate().take(4).skip(1) {
+                let e = Extent::new(r.lblk, r.len as u16, r.pblk);
+                area[12 + 12 * k..24 + 12 * k].copy_from_slice(e.as_bytes());
+            }
         } else {
             let h = ExtentHeader::new(fm.runs.len() as u16, extent::ENTRIES_IN_INODE, 0);
             area[..12].copy_from_slice(h.as_bytes());
@@ -337,7 +345,10 @@ impl Writer<'_> {
         // Reserved inodes: zeroed with a checksum (metadata_csum only),
         // bad-blocks inode with its times.
         for ino in 1..l.first_ino {
-            if matches!(ino, 2 | 7 | 8) {
+            if ino == 2
+                || (ino == 7 && l.resize_dind.is_some())
+                || (ino == 8 && l.journal.is_some())
+            {
                 continue;
             }
             let mut i = Inode::default();
@@ -572,7 +583,9 @@ impl Writer<'_> {
             let mut b = sb.clone();
             b.s_block_group_nr.set(g.min(65535) as u16);
             b.s_state.set(b.s_state.get() & !superblock::STATE_VALID);
-            b.update_checksum();
+            if l.features.ro_compat.contains(RoCompat::METADATA_CSUM) {
+                b.update_checksum();
+            }
             let mut blk0 = vec![0u8; bs as usize];
             blk0[..1024].copy_from_slice(b.as_bytes());
             // mke2fs writes just the 1024-byte superblock at the group start.
