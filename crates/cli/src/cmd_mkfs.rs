@@ -121,16 +121,18 @@ fn now_from_env() -> Result<u32> {
     Ok(secs.min(u64::from(u32::MAX)) as u32)
 }
 
+/// The system page size (only used for `blocksize = -1` in mke2fs.conf
+/// and the "blocks too big" warning).
 fn page_size() -> u32 {
-    // SAFETY-free: sysconf via libc is a plain query.
-    let v = unsafe_free_page_size();
-    if v > 0 { v } else { 4096 }
-}
-
-fn unsafe_free_page_size() -> u32 {
-    // rustix/libc would need unsafe for sysconf; 4096 is right on x86_64
-    // and aarch64 default kernels, and only matters for blocksize=-1.
-    4096
+    std::fs::read_to_string("/proc/self/smaps")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("KernelPageSize:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u32>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(4096)
 }
 
 pub fn run(a: &MkfsArgs) -> Result<i32> {

@@ -21,10 +21,10 @@ impl BlockSet {
     /// Is any block of `[start, start+len)` used?
     pub fn any_used(&self, start: u64, len: u64) -> bool {
         let end = start + len;
-        if let Some((_, &e)) = self.map.range(..=start).next_back() {
-            if e > start {
-                return true;
-            }
+        if let Some((_, &e)) = self.map.range(..=start).next_back()
+            && e > start
+        {
+            return true;
         }
         self.map.range(start..end).next().is_some()
     }
@@ -40,12 +40,12 @@ impl BlockSet {
         }
         let mut s = start;
         let mut e = start + len;
-        if let Some((&ps, &pe)) = self.map.range(..=s).next_back() {
-            if pe >= s {
-                s = ps;
-                e = e.max(pe);
-                self.map.remove(&ps);
-            }
+        if let Some((&ps, &pe)) = self.map.range(..=s).next_back()
+            && pe >= s
+        {
+            s = ps;
+            e = e.max(pe);
+            self.map.remove(&ps);
         }
         while let Some((&ns, &ne)) = self.map.range(s..=e).next() {
             e = e.max(ne);
@@ -64,10 +64,10 @@ impl BlockSet {
 
     /// The first used block at or after `b`, if any.
     pub fn next_used(&self, b: u64) -> Option<u64> {
-        if let Some((_, &e)) = self.map.range(..=b).next_back() {
-            if e > b {
-                return Some(b);
-            }
+        if let Some((_, &e)) = self.map.range(..=b).next_back()
+            && e > b
+        {
+            return Some(b);
         }
         self.map.range(b..).next().map(|(&s, _)| s)
     }
@@ -188,7 +188,7 @@ mod tests {
                 loop {
                     guard += 1;
                     if guard > 10_000 { break; }
-                    if b + num - 1 >= blocks {
+                    if b + num > blocks {
                         if fin > start { break; }
                         b = 0;
                     }

@@ -147,7 +147,7 @@ fn is_power_of(mut n: u32, base: u32) -> bool {
     if n == 0 {
         return false;
     }
-    while n % base == 0 {
+    while n.is_multiple_of(base) {
         n /= base;
     }
     n == 1
@@ -409,14 +409,14 @@ impl Planner {
             size = quarter;
         }
         let (fdb, blocks) = (self.fdb(), self.blocks());
-        if start_blk != 0 && start_blk < blocks {
-            if let Some(b) =
+        if start_blk != 0
+            && start_blk < blocks
+            && let Some(b) =
                 self.l
                     .used
                     .get_free_blocks(start_blk, start_blk + size, elem_size, fdb, blocks)
-            {
-                return b;
-            }
+        {
+            return b;
         }
         let start = self.l.group_first_block(flexbg_size * flexbg);
         let last_grp = (group | (flexbg_size - 1)).min(self.l.group_count - 1);
@@ -491,7 +491,7 @@ impl Planner {
         if flex {
             let mut prev_block = 0;
             table_offset = u64::from(flexbg_size);
-            if group % flexbg_size != 0 {
+            if !group.is_multiple_of(flexbg_size) {
                 prev_block = self.l.groups[group as usize - 1].block_bitmap + 1;
             } else if last_grp == self.l.group_count - 1 {
                 let t = last_grp & (flexbg_size - 1);
@@ -521,7 +521,7 @@ impl Planner {
         self.l.groups[group as usize].block_bitmap = bb;
         // Inode bitmap.
         if flex {
-            let prev_block = if group % flexbg_size != 0 {
+            let prev_block = if !group.is_multiple_of(flexbg_size) {
                 self.l.groups[group as usize - 1].inode_bitmap + 1
             } else {
                 bb + table_offset
@@ -545,7 +545,7 @@ impl Planner {
         self.l.groups[group as usize].inode_bitmap = ib;
         // Inode table.
         if flex {
-            let prev_block = if group % flexbg_size != 0 {
+            let prev_block = if !group.is_multiple_of(flexbg_size) {
                 self.l.groups[group as usize - 1].inode_table + itb
             } else {
                 ib + table_offset
@@ -952,15 +952,16 @@ fn allocate_extent_file(
                 .ok_or(GeometryError::NoSpace(what))?;
         let next_used = pl.l.used.next_used(start).unwrap_or(blocks).min(blocks);
         let len = (next_used - start).min(u64::from(n - lblk)) as u32;
-        if let Some(r) = fm.runs.last_mut() {
-            if r.pblk + u64::from(r.len) == start && r.len < EXT_INIT_MAX_LEN {
-                let add = len.min(EXT_INIT_MAX_LEN - r.len);
-                r.len += add;
-                pl.take(start, u64::from(add));
-                lblk += add;
-                g = start + u64::from(add);
-                continue;
-            }
+        if let Some(r) = fm.runs.last_mut()
+            && r.pblk + u64::from(r.len) == start
+            && r.len < EXT_INIT_MAX_LEN
+        {
+            let add = len.min(EXT_INIT_MAX_LEN - r.len);
+            r.len += add;
+            pl.take(start, u64::from(add));
+            lblk += add;
+            g = start + u64::from(add);
+            continue;
         }
         if fm.runs.len() == 4 && fm.leaf.is_none() {
             // The in-inode root is full: split it into one leaf block placed
@@ -1046,5 +1047,168 @@ mod tests {
         assert_eq!(lost_found_blocks(2048), 8);
         assert_eq!(lost_found_blocks(1024), 12);
         assert_eq!(lost_found_blocks(65536), 2);
+    }
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ext4_features(csum: bool, flex: bool, bit64: bool, resize: bool, journal: bool) -> Features {
+        let mut f = Features::default();
+        f.compat = Compat::EXT_ATTR | Compat::DIR_INDEX;
+        if resize {
+            f.compat.insert(Compat::RESIZE_INODE);
+        }
+        if journal {
+            f.compat.insert(Compat::HAS_JOURNAL);
+        }
+        f.incompat = Incompat::FILETYPE | Incompat::EXTENTS;
+        if flex {
+            f.incompat.insert(Incompat::FLEX_BG);
+        }
+        if bit64 {
+            f.incompat.insert(Incompat::BIT64);
+        }
+        f.ro_compat = RoCompat::SPARSE_SUPER
+            | RoCompat::LARGE_FILE
+            | RoCompat::HUGE_FILE
+            | RoCompat::DIR_NLINK
+            | RoCompat::EXTRA_ISIZE;
+        if csum {
+            f.ro_compat.insert(RoCompat::METADATA_CSUM);
+        }
+        f
+    }
+
+    fn params(bytes: u64, bs: u32, ratio: u64, f: Features) -> FsParams {
+        let blocks = bytes / u64::from(bs);
+        FsParams {
+            blocks_count: blocks,
+            block_size: bs,
+            inode_size: 256,
+            inodes_count: bytes / ratio,
+            features: f,
+            log_groups_per_flex: if f.incompat.contains(Incompat::FLEX_BG) {
+                4
+            } else {
+                0
+            },
+            blocks_per_group: 0,
+            r_blocks_count: blocks / 20,
+            reserved_gdt_blocks: None,
+            journal_blocks: None,
+            orphan_file_blocks: None,
+            stride: 0,
+            packed_meta_blocks: false,
+            root_uid: 0,
+            root_gid: 0,
+            itable_zeroed: true,
+            lazy_itable_init: true,
+        }
+    }
+
+    /// Values read off `mke2fs -t ext4` (Debian config) on a 1 GiB file.
+    #[test]
+    fn one_gib_matches_mke2fs() {
+        let l = plan(&params(
+            1 << 30,
+            4096,
+            16384,
+            ext4_features(true, true, true, true, true),
+        ))
+        .expect("plan");
+        assert_eq!(l.group_count, 8);
+        assert_eq!(l.inodes_per_group, 8192);
+        assert_eq!(l.reserved_gdt_blocks, 127);
+        assert_eq!(l.groups[0].block_bitmap, 129);
+        assert_eq!(l.groups[0].inode_bitmap, 137);
+        assert_eq!(l.groups[0].inode_table, 145);
+        assert_eq!(l.root.runs[0].pblk, 4241);
+        assert_eq!(l.lost_found.runs[0].pblk, 4242);
+        assert_eq!(l.resize_dind, Some(4246));
+        assert_eq!(l.journal_blocks, 8192);
+        assert_eq!(l.journal.as_ref().map(|j| j.runs[0].pblk), Some(131072));
+        assert_eq!(l.free_blocks, 249189);
+        assert_eq!(l.free_inodes, 65525);
+    }
+
+    /// 262244 blocks: the 100-block last group is dropped (notes §1.3).
+    #[test]
+    fn short_last_group_is_trimmed() {
+        let l = plan(&params(
+            262_244 * 4096,
+            4096,
+            16384,
+            ext4_features(true, true, true, true, true),
+        ))
+        .expect("plan");
+        assert_eq!(l.blocks_count, 262_144);
+    }
+
+    #[test]
+    fn one_k_blocks_start_at_block_one() {
+        let l = plan(&params(
+            256 << 20,
+            1024,
+            4096,
+            ext4_features(true, true, true, true, true),
+        ))
+        .expect("plan");
+        assert_eq!(l.first_data_block, 1);
+        assert_eq!(l.reserved_gdt_blocks, 256);
+        // Group 15's table jumps over group 1's backup (notes §3.3).
+        assert_eq!(l.groups[15].inode_table, 8452);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Whatever the size and features, the plan is self-consistent:
+        /// counts add up, metadata lies inside the filesystem without
+        /// overlaps, and group accounting matches the used-block set.
+        #[test]
+        fn plan_is_consistent(
+            mib in 2u64..200_000,
+            bs_log in 0u32..3,
+            csum: bool, flex: bool, journal: bool, resize: bool,
+        ) {
+            let bs = 1024u32 << bs_log;
+            let f = ext4_features(csum, flex, true, resize, journal);
+            let Ok(l) = plan(&params(mib << 20, bs, 16384, f)) else { return Ok(()); };
+            prop_assert_eq!(l.inodes_count, l.inodes_per_group * l.group_count);
+            prop_assert_eq!(l.inodes_per_group % 8, 0);
+            prop_assert!(l.blocks_count <= (mib << 20) / u64::from(bs));
+            let sum_free: u64 = l.groups.iter().map(|g| u64::from(g.free_blocks)).sum();
+            prop_assert_eq!(sum_free, l.free_blocks);
+            let sum_ifree: u64 = l.groups.iter().map(|g| u64::from(g.free_inodes)).sum();
+            prop_assert_eq!(sum_ifree, u64::from(l.free_inodes));
+            for g in 0..l.group_count {
+                let first = l.group_first_block(g);
+                let last = l.group_last_block(g);
+                let used = l.used.count_in(first, last + 1);
+                prop_assert_eq!(u64::from(l.groups[g as usize].free_blocks), last + 1 - first - used, "group {}", g);
+                let gp = &l.groups[g as usize];
+                prop_assert!(gp.inode_table + u64::from(l.inode_blocks_per_group) <= l.blocks_count);
+                prop_assert!(gp.block_bitmap < l.blocks_count && gp.inode_bitmap < l.blocks_count);
+                if !flex {
+                    prop_assert!(gp.inode_table >= first && gp.inode_table + u64::from(l.inode_blocks_per_group) <= last + 1);
+                }
+                if csum {
+                    prop_assert!(gp.itable_unused <= gp.free_inodes);
+                }
+            }
+            prop_assert_eq!(l.groups[l.group_count as usize - 1].flags & BG_BLOCK_UNINIT, 0);
+            // Tables never overlap each other.
+            let mut spans: Vec<(u64, u64)> = l.groups.iter().flat_map(|g| [
+                (g.block_bitmap, g.block_bitmap + 1),
+                (g.inode_bitmap, g.inode_bitmap + 1),
+                (g.inode_table, g.inode_table + u64::from(l.inode_blocks_per_group)),
+            ]).collect();
+            spans.sort();
+            for w in spans.windows(2) {
+                prop_assert!(w[0].1 <= w[1].0, "overlap {:?}", w);
+            }
+        }
     }
 }

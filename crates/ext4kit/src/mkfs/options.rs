@@ -234,14 +234,15 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         }
         (None, None) => return err("the file does not exist and no size was specified"),
     };
-    if let (Some(n), Some(sz)) = (explicit, env.device_size) {
-        if sz > 0 && n.saturating_mul(unit) > sz {
-            return err(format!(
-                "filesystem larger than apparent device size ({} > {} bytes)",
-                n.saturating_mul(unit),
-                sz
-            ));
-        }
+    if let (Some(n), Some(sz)) = (explicit, env.device_size)
+        && sz > 0
+        && n.saturating_mul(unit) > sz
+    {
+        return err(format!(
+            "filesystem larger than apparent device size ({} > {} bytes)",
+            n.saturating_mul(unit),
+            sz
+        ));
     }
     let types = profile
         .fs_types(

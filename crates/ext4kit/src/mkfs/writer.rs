@@ -119,7 +119,7 @@ impl<'a> Out<'a> {
         let known = self.dev.known_zero_ranges(off, len)?;
         let mut cur = off;
         let end = off + len;
-        let mut zero_range = |s: u64, e: u64, st: &mut WriteStats| -> Result<(), WriteError> {
+        let zero_range = |s: u64, e: u64, st: &mut WriteStats| -> Result<(), WriteError> {
             if e > s {
                 self.dev.zeroout(s, e - s)?;
                 st.bytes_zeroed += e - s;
@@ -337,7 +337,7 @@ impl Writer<'_> {
         let isz = usize::from(l.inode_size);
         let bs = u64::from(l.block_size);
         let mut out: Vec<(u32, Vec<u8>)> = Vec::new();
-        let mut put = |ino: u32, i: &Inode, out: &mut Vec<(u32, Vec<u8>)>| {
+        let put = |ino: u32, i: &Inode, out: &mut Vec<(u32, Vec<u8>)>| {
             let mut slot = vec![0u8; isz];
             i.write_to(&mut slot, ino, csum);
             out.push((ino, slot));
@@ -481,9 +481,9 @@ impl Writer<'_> {
         let last_ino = specials.last().map(|(i, _)| *i).unwrap_or(1);
         let nblocks = (u64::from(last_ino) * isz).div_ceil(bs);
         let mut table = vec![0u8; (nblocks * bs) as usize];
-        if s.itable_zeroed || !s.lazy_itable_init || true {
-            // Blocks past what mke2fs wrote are zero on disk already.
-        }
+        // Whole blocks are written: the slots between the special inodes
+        // are zero, as mke2fs leaves them (its table blocks were zeroed or
+        // proven zero first).
         for (ino, bytes) in &specials {
             let off = (u64::from(*ino - 1) * isz) as usize;
             table[off..off + bytes.len()].copy_from_slice(bytes);
