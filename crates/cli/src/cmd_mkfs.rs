@@ -19,7 +19,7 @@ use ext4kit_device::{Device, FileDevice, OpenOptions, open_device};
     after_help = "Examples:\n  ext4kit mkfs disk.img 10G\n  ext4kit mkfs -t ext4 -L data -E lazy_itable_init=1,nodiscard /dev/sdX"
 )]
 pub struct MkfsArgs {
-    /// Filesystem type (ext4, ext3, ext2), as in mke2fs.conf.
+    /// Filesystem type (ext4, ext3, ext2), as in mke2fs.conf [default: ext4].
     #[arg(short = 't', value_name = "FS-TYPE")]
     fs_type: Option<String>,
     /// Usage types (comma-separated: news, largefile, small, ...).
@@ -147,7 +147,8 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
         (None, 512)
     };
     let opts = MkfsOptions {
-        fs_type: a.fs_type.clone(),
+        // Like mkfs.ext4: ext4 unless -t says otherwise.
+        fs_type: Some(a.fs_type.clone().unwrap_or_else(|| "ext4".to_string())),
         usage_types: a.usage_types.clone(),
         block_size: a.block_size,
         num_inodes: a.num_inodes,
@@ -167,8 +168,13 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
         errors: a.errors.clone(),
         fs_size: a.fs_size.clone(),
     };
+    let is_file = !exists
+        || std::fs::metadata(&a.device)
+            .map(|m| m.is_file())
+            .unwrap_or(false);
     let env = Env {
         device_size,
+        is_regular_file: is_file,
         logical_sector_size: sector,
         now: now_from_env()?,
         page_size: page_size(),
@@ -184,10 +190,6 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
     }
     // Would a discard of this target leave zeros? Regular files: yes
     // (holes). Block devices: only if the kernel says so.
-    let is_file = !exists
-        || std::fs::metadata(&a.device)
-            .map(|m| m.is_file())
-            .unwrap_or(false);
     let discard_zeroes = if is_file {
         true
     } else {
@@ -200,12 +202,20 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
         print_summary(a, &prepared);
         return Ok(0);
     }
-    let dev: Box<dyn Device> = if exists {
+    let needed = l.blocks_count * u64::from(l.block_size);
+    let dev: Box<dyn Device> = if exists && is_file && device_size.is_some_and(|s| s < needed) {
+        // A regular file grows to the filesystem size, as with mke2fs.
+        ext4kit_device::check_not_mounted(&a.device)?;
+        let f = FileDevice::open(&a.device, OpenOptions::read_write())
+            .with_context(|| format!("{}", a.device.display()))?;
+        f.set_len(needed)
+            .with_context(|| format!("extending {}", a.device.display()))?;
+        Box::new(f)
+    } else if exists {
         open_device(&a.device, OpenOptions::read_write())
             .with_context(|| format!("{}", a.device.display()))?
     } else {
-        let size = l.blocks_count * u64::from(l.block_size);
-        Box::new(create_image(&a.device, size)?)
+        Box::new(create_image(&a.device, needed)?)
     };
     if !a.quiet && !a.json {
         if !exists {

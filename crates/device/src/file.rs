@@ -176,6 +176,24 @@ impl Device for FileDevice {
             .map_err(|e| DeviceError::io(0, self.size(), e))
     }
 
+    /// `sync_file_range(SYNC_FILE_RANGE_WRITE)`: queue writeback of the
+    /// range and return at once.
+    fn start_writeback(&self, offset: u64, len: u64) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let (Ok(off), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Ok(());
+        };
+        // SAFETY: sync_file_range only reads its integer arguments; the fd
+        // is owned by `self.file` and open for the duration of the call.
+        let rc = unsafe {
+            libc::sync_file_range(self.file.as_raw_fd(), off, n, libc::SYNC_FILE_RANGE_WRITE)
+        };
+        if rc != 0 {
+            // A hint only: ignore failures (e.g. unsupported filesystems).
+        }
+        Ok(())
+    }
+
     /// Punches a hole (never allocates); writes zeros if the filesystem
     /// cannot punch holes.
     fn zeroout(&self, offset: u64, len: u64) -> Result<()> {

@@ -157,6 +157,14 @@ pub trait Device: Send + Sync {
     /// Make every completed write durable (fdatasync / cache flush).
     fn flush(&self) -> Result<()>;
 
+    /// Hint: start writing back `[offset, offset+len)` now, without
+    /// waiting, so that a later [`Device::flush`] has less left to do.
+    /// Durability still needs `flush`. Default: no-op.
+    fn start_writeback(&self, offset: u64, len: u64) -> Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
+
     /// Make `[offset, offset+len)` read as zeros, preferring ways that do not
     /// allocate storage: punch a hole in a file, BLKZEROOUT on a block
     /// device (which may unmap on thin storage), written zeros as last resort.
@@ -221,6 +229,9 @@ macro_rules! forward_device_impl {
             }
             fn flush(&self) -> Result<()> {
                 (**self).flush()
+            }
+            fn start_writeback(&self, offset: u64, len: u64) -> Result<()> {
+                (**self).start_writeback(offset, len)
             }
             fn zeroout(&self, offset: u64, len: u64) -> Result<()> {
                 (**self).zeroout(offset, len)

@@ -184,6 +184,9 @@ fn parse_bool_val(key: &str, v: Option<&str>) -> Result<bool, OptionError> {
 pub struct Env {
     /// Device size in bytes (`None` when the file does not exist yet).
     pub device_size: Option<u64>,
+    /// The target is a regular file (it may grow to the requested size, as
+    /// with mke2fs); block devices may not be exceeded.
+    pub is_regular_file: bool,
     pub logical_sector_size: u32,
     /// Seconds since the epoch to stamp (E2FSPROGS_FAKE_TIME etc.).
     pub now: u32,
@@ -235,7 +238,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         (None, None) => return err("the file does not exist and no size was specified"),
     };
     if let (Some(n), Some(sz)) = (explicit, env.device_size)
-        && sz > 0
+        && !env.is_regular_file
         && n.saturating_mul(unit) > sz
     {
         return err(format!(
