@@ -124,15 +124,7 @@ fn now_from_env() -> Result<u32> {
 /// The system page size (only used for `blocksize = -1` in mke2fs.conf
 /// and the "blocks too big" warning).
 fn page_size() -> u32 {
-    std::fs::read_to_string("/proc/self/smaps")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("KernelPageSize:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u32>().ok())
-        })
-        .map(|kb| kb * 1024)
-        .unwrap_or(4096)
+    ext4kit_device::page_size()
 }
 
 pub fn run(a: &MkfsArgs) -> Result<i32> {

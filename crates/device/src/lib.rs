@@ -122,6 +122,13 @@ pub fn check_range(offset: u64, len: u64, size: u64) -> Result<()> {
     }
 }
 
+/// The system's memory page size (4096 when it cannot be read).
+pub fn page_size() -> u32 {
+    // SAFETY: sysconf only reads a system constant; no pointers involved.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u32::try_from(v).ok().filter(|&p| p > 0).unwrap_or(4096)
+}
+
 /// What a `discard` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DiscardOutcome {

@@ -5,12 +5,13 @@
 //! for a 16 TiB filesystem, and the searches below mirror libext2fs's
 //! `ext2fs_get_free_blocks2` and `ext2fs_new_block2` exactly.
 
-use std::collections::BTreeMap;
-
-/// Disjoint, non-adjacent-merged used ranges `[start, end)`.
+/// Disjoint, sorted used ranges `[start, end)`, touching ranges merged.
+///
+/// A sorted vector with binary search: the planner inserts mostly in
+/// ascending order, so inserts rarely move more than a few entries.
 #[derive(Clone, Debug, Default)]
 pub struct BlockSet {
-    map: BTreeMap<u64, u64>,
+    ranges: Vec<(u64, u64)>,
 }
 
 impl BlockSet {
@@ -18,15 +19,16 @@ impl BlockSet {
         Self::default()
     }
 
+    /// Index of the first range whose end is > `b` (the range containing
+    /// `b`, or the next one after it).
+    fn first_ending_after(&self, b: u64) -> usize {
+        self.ranges.partition_point(|&(_, e)| e <= b)
+    }
+
     /// Is any block of `[start, start+len)` used?
     pub fn any_used(&self, start: u64, len: u64) -> bool {
-        let end = start + len;
-        if let Some((_, &e)) = self.map.range(..=start).next_back()
-            && e > start
-        {
-            return true;
-        }
-        self.map.range(start..end).next().is_some()
+        let i = self.first_ending_after(start);
+        self.ranges.get(i).is_some_and(|&(s, _)| s < start + len)
     }
 
     pub fn is_used(&self, b: u64) -> bool {
@@ -38,49 +40,48 @@ impl BlockSet {
         if len == 0 {
             return;
         }
-        let mut s = start;
-        let mut e = start + len;
-        if let Some((&ps, &pe)) = self.map.range(..=s).next_back()
-            && pe >= s
-        {
-            s = ps;
-            e = e.max(pe);
-            self.map.remove(&ps);
+        let (mut s, mut e) = (start, start + len);
+        // First range that ends at or after `s` (touching counts).
+        let i = self.ranges.partition_point(|&(_, re)| re < s);
+        // Ranges starting at or before `e` (touching counts) merge.
+        let mut j = i;
+        while j < self.ranges.len() && self.ranges[j].0 <= e {
+            s = s.min(self.ranges[j].0);
+            e = e.max(self.ranges[j].1);
+            j += 1;
         }
-        while let Some((&ns, &ne)) = self.map.range(s..=e).next() {
-            e = e.max(ne);
-            self.map.remove(&ns);
+        match j - i {
+            0 => self.ranges.insert(i, (s, e)),
+            1 => self.ranges[i] = (s, e),
+            _ => {
+                self.ranges[i] = (s, e);
+                self.ranges.drain(i + 1..j);
+            }
         }
-        self.map.insert(s, e);
     }
 
     /// The first free block at or after `b` (may be past the device end).
     pub fn next_free(&self, b: u64) -> u64 {
-        match self.map.range(..=b).next_back() {
-            Some((_, &e)) if e > b => e,
+        let i = self.first_ending_after(b);
+        match self.ranges.get(i) {
+            Some(&(s, e)) if s <= b => e,
             _ => b,
         }
     }
 
     /// The first used block at or after `b`, if any.
     pub fn next_used(&self, b: u64) -> Option<u64> {
-        if let Some((_, &e)) = self.map.range(..=b).next_back()
-            && e > b
-        {
-            return Some(b);
-        }
-        self.map.range(b..).next().map(|(&s, _)| s)
+        let i = self.first_ending_after(b);
+        self.ranges.get(i).map(|&(s, _)| s.max(b))
     }
 
     /// Used ranges intersecting `[start, end)`, clipped to it.
     pub fn ranges_in(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let first = match self.map.range(..=start).next_back() {
-            Some((&s, &e)) if e > start => s,
-            _ => start,
-        };
-        self.map
-            .range(first..end)
-            .map(move |(&s, &e)| (s.max(start), e.min(end)))
+        let i = self.first_ending_after(start);
+        self.ranges[i..]
+            .iter()
+            .take_while(move |&&(s, _)| s < end)
+            .map(move |&(s, e)| (s.max(start), e.min(end)))
             .filter(|(s, e)| s < e)
     }
 

@@ -73,6 +73,7 @@ struct Out<'a> {
 }
 
 const MAX_PENDING: usize = 8 << 20;
+const WRITEBACK_THRESHOLD: usize = 1 << 20;
 
 impl<'a> Out<'a> {
     fn new(dev: &'a dyn Device, bs: u32) -> Self {
@@ -103,6 +104,12 @@ impl<'a> Out<'a> {
     fn flush_pending(&mut self) -> Result<(), WriteError> {
         if !self.pending.is_empty() {
             self.dev.write_at(&self.pending, self.pending_off)?;
+            if self.pending.len() >= WRITEBACK_THRESHOLD {
+                // Let the device work on large runs while we produce the
+                // rest; the final flush then waits for less.
+                self.dev
+                    .start_writeback(self.pending_off, self.pending.len() as u64)?;
+            }
             self.stats.bytes_written += self.pending.len() as u64;
             self.stats.write_calls += 1;
             self.pending.clear();
@@ -639,18 +646,13 @@ impl Writer<'_> {
                 let first = l.group_first_block(g32);
                 let gend = first + u64::from(l.blocks_per_group);
                 for (s, e) in l.used.ranges_in(first, gend.min(l.blocks_count)) {
-                    for b in s..e {
-                        let bit = (b - first) as usize;
-                        bbuf[bit / 8] |= 1 << (bit % 8);
-                    }
+                    set_bits(&mut bbuf, (s - first) as usize, (e - first) as usize);
                 }
                 if g32 + 1 == l.group_count {
                     let nbits = ((l.blocks_count - l.first_data_block)
                         % u64::from(l.blocks_per_group)) as usize;
                     if nbits != 0 {
-                        for bit in nbits..bs * 8 {
-                            bbuf[bit / 8] |= 1 << (bit % 8);
-                        }
+                        set_bits(&mut bbuf, nbits, bs * 8);
                     }
                 }
                 if csum.metadata {
@@ -679,6 +681,24 @@ impl Writer<'_> {
             descs.push(d);
         }
         Ok(descs)
+    }
+}
+
+/// Set bits `[from, to)` of a little-endian bitmap, whole bytes at once.
+fn set_bits(buf: &mut [u8], from: usize, to: usize) {
+    let mut b = from;
+    while b < to && b % 8 != 0 {
+        buf[b / 8] |= 1 << (b % 8);
+        b += 1;
+    }
+    let full_end = to - to % 8;
+    if b < full_end {
+        buf[b / 8..full_end / 8].fill(0xFF);
+        b = full_end;
+    }
+    while b < to {
+        buf[b / 8] |= 1 << (b % 8);
+        b += 1;
     }
 }
 
