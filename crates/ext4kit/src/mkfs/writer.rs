@@ -94,6 +94,14 @@ impl<'a> Out<'a> {
             return Ok(());
         }
         self.flush_pending()?;
+        if data.len() >= WRITEBACK_THRESHOLD {
+            // Large buffers (GDT copies) go out directly, without a copy.
+            self.dev.write_at(data, off)?;
+            self.dev.start_writeback(off, data.len() as u64)?;
+            self.stats.bytes_written += data.len() as u64;
+            self.stats.write_calls += 1;
+            return Ok(());
+        }
         self.pending_off = off;
         self.pending.extend_from_slice(data);
         Ok(())
@@ -573,17 +581,8 @@ impl Writer<'_> {
             }
         }
         // 9. Bitmaps, and the descriptors with their checksums.
-        let descs = self.bitmaps_and_descs(&mut out, &csum)?;
+        let gdt = self.bitmaps_and_descs(&mut out, &csum)?;
         // 10. Backup superblocks and group descriptor tables.
-        let dsz = if l.desc_size == 0 {
-            32
-        } else {
-            usize::from(l.desc_size)
-        };
-        let mut gdt = vec![0u8; (u64::from(l.desc_blocks) * bs) as usize];
-        for (g, d) in descs.iter().enumerate() {
-            gdt[g * dsz..(g + 1) * dsz].copy_from_slice(d.on_disk(dsz));
-        }
         let sb = self.superblock();
         for g in self.backup_group_list() {
             let first = l.group_first_block(g);
@@ -610,11 +609,8 @@ impl Writer<'_> {
         Ok(out.stats)
     }
 
-    fn bitmaps_and_descs(
-        &self,
-        out: &mut Out<'_>,
-        csum: &Csum,
-    ) -> Result<Vec<GroupDesc>, WriteError> {
+    /// Write the initialized bitmaps; return the descriptor table bytes.
+    fn bitmaps_and_descs(&self, out: &mut Out<'_>, csum: &Csum) -> Result<Vec<u8>, WriteError> {
         let l = self.layout;
         let bs = l.block_size as usize;
         let has_csum = l.features.has_group_csum();
@@ -625,7 +621,7 @@ impl Writer<'_> {
         };
         let bb_bytes = (l.blocks_per_group / 8) as usize;
         let ib_bytes = (l.inodes_per_group as usize).div_ceil(8);
-        let mut descs = Vec::with_capacity(l.groups.len());
+        let mut gdt = vec![0u8; l.desc_blocks as usize * bs];
         let mut bbuf = vec![0u8; bs];
         let mut ibuf = vec![0u8; bs];
         let used_inodes: u32 = l.orphan.as_ref().map(|(i, _)| *i).unwrap_or(l.first_ino);
@@ -678,9 +674,9 @@ impl Writer<'_> {
                 out.block(gp.inode_bitmap, &ibuf)?;
             }
             d.update_checksum(csum, g32, dsz);
-            descs.push(d);
+            gdt[g * dsz..(g + 1) * dsz].copy_from_slice(d.on_disk(dsz));
         }
-        Ok(descs)
+        Ok(gdt)
     }
 }
 
