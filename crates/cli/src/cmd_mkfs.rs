@@ -132,8 +132,7 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
     let (profile, _source) = Profile::load().context("reading mke2fs.conf")?;
     let exists = a.device.exists();
     let (device_size, sector) = if exists {
-        let dev = open_device(&a.device, OpenOptions::read_only())
-            .with_context(|| format!("{}", a.device.display()))?;
+        let dev = open_device(&a.device, OpenOptions::read_only())?;
         (Some(dev.size()), dev.logical_block_size())
     } else {
         (None, 512)
@@ -177,7 +176,7 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
     let resolved = mkfs::resolve(&opts, &profile, &env)?;
     for w in &resolved.warnings {
         if !a.quiet {
-            eprintln!("warning: {w}");
+            eprintln!("ext4kit: warning: {}", w.trim_start_matches("Warning: "));
         }
     }
     // Would a discard of this target leave zeros? Regular files: yes
@@ -198,14 +197,12 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
     let dev: Box<dyn Device> = if exists && is_file && device_size.is_some_and(|s| s < needed) {
         // A regular file grows to the filesystem size, as with mke2fs.
         ext4kit_device::check_not_mounted(&a.device)?;
-        let f = FileDevice::open(&a.device, OpenOptions::read_write())
-            .with_context(|| format!("{}", a.device.display()))?;
+        let f = FileDevice::open(&a.device, OpenOptions::read_write())?;
         f.set_len(needed)
             .with_context(|| format!("extending {}", a.device.display()))?;
         Box::new(f)
     } else if exists {
-        open_device(&a.device, OpenOptions::read_write())
-            .with_context(|| format!("{}", a.device.display()))?
+        open_device(&a.device, OpenOptions::read_write())?
     } else {
         Box::new(create_image(&a.device, needed)?)
     };

@@ -3,6 +3,8 @@
 
 use clap::{Parser, Subcommand};
 
+mod cmd_info;
+mod cmd_lazyinit;
 mod cmd_mkfs;
 
 #[derive(Parser, Debug)]
@@ -20,15 +22,22 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+#[allow(clippy::large_enum_variant)]
 enum Cmd {
     /// Create an ext4 filesystem (mke2fs options).
     Mkfs(cmd_mkfs::MkfsArgs),
+    /// Zero the inode tables left for lazy init (offline ext4lazyinit).
+    Lazyinit(cmd_lazyinit::LazyinitArgs),
+    /// Show geometry and lazy-init state of an ext4 filesystem.
+    Info(cmd_info::InfoArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let res = match &cli.cmd {
         Cmd::Mkfs(a) => cmd_mkfs::run(a),
+        Cmd::Lazyinit(a) => cmd_lazyinit::run(a),
+        Cmd::Info(a) => cmd_info::run(a),
     };
     match res {
         Ok(code) => std::process::exit(code),

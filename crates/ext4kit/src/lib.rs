@@ -1,3 +1,5 @@
 //! ext4kit library.
+pub mod image;
+pub mod lazyinit;
 pub mod mkfs;
 pub mod profile;

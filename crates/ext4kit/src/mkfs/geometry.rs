@@ -85,15 +85,51 @@ pub struct Run {
     pub len: u32,
 }
 
-/// A file laid out by extents, possibly with one leaf block (depth 1).
+/// A file laid out by extents, possibly with one leaf block (depth 1), or
+/// by block pointers with indirect blocks when extents are off.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FileMap {
     pub runs: Vec<Run>,
     /// Leaf block holding the extents when they do not fit in the inode.
     pub leaf: Option<u64>,
+    /// Block-mapped layout (no extents feature).
+    pub blockmap: Option<BlockMap>,
+}
+
+/// One step of a block-mapped allocation, in the order libext2fs makes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapStep {
+    /// An indirect block; `parent` is the double-indirect block holding it.
+    Meta { block: u64, parent: Option<u64> },
+    /// A data block, with the indirect block mapping it and, below the
+    /// double-indirect level, that block too.
+    Data {
+        block: u64,
+        ind: Option<u64>,
+        dind: Option<u64>,
+    },
+}
+
+/// Pointers of a block-mapped file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BlockMap {
+    /// `i_block[0..15]`: 12 direct pointers, IND, DIND, TIND.
+    pub i_block: [u32; 15],
+    /// Every indirect block (IND, DIND, and DIND's children) with the
+    /// pointers it holds.
+    pub indirect: Vec<(u64, Vec<u32>)>,
+    pub steps: Vec<MapStep>,
 }
 
 impl FileMap {
+    /// Metadata blocks of the mapping (extent leaf or indirect blocks).
+    pub fn meta_blocks(&self) -> u64 {
+        u64::from(self.leaf.is_some())
+            + self
+                .blockmap
+                .as_ref()
+                .map_or(0, |b| b.indirect.len() as u64)
+    }
     pub fn blocks(&self) -> u64 {
         self.runs.iter().map(|r| u64::from(r.len)).sum()
     }
@@ -704,6 +740,12 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
             "meta_bg layouts are not supported yet (too many group descriptor blocks)".into(),
         ));
     }
+    if u64::from(ipg) * u64::from(groups) < 11 {
+        return Err(GeometryError::TooSmall(format!(
+            "only {} inodes fit; at least 11 are needed",
+            u64::from(ipg) * u64::from(groups)
+        )));
+    }
     let csum = features.has_group_csum();
     let log_flex = if features.incompat.contains(Incompat::FLEX_BG) {
         p.log_groups_per_flex
@@ -850,7 +892,14 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
             } else {
                 midpoint_journal_goal(&pl.l)
             };
-            let fm = allocate_extent_file(&mut pl, goal, jb, "journal")?;
+            let fm = if pl.l.features.incompat.contains(Incompat::EXTENTS) {
+                allocate_extent_file(&mut pl, goal, jb, "journal")?
+            } else {
+                // ext2fs_fallocate's slow path ignores the goal: blocks
+                // come from the inode's own group, in logical order.
+                let g = pl.inode_goal(8);
+                allocate_block_mapped(&mut pl, g, jb, "journal")?
+            };
             pl.l.journal = Some(fm);
             pl.l.journal_blocks = jb;
         }
@@ -864,13 +913,23 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
     // Orphan file.
     if pl.l.features.compat.contains(Compat::ORPHAN_FILE) {
         let ino = first_free_inode(&pl.l);
+        if ino > pl.l.inodes_count {
+            return Err(GeometryError::TooSmall(format!(
+                "no inode left for the orphan file ({} inodes)",
+                pl.l.inodes_count
+            )));
+        }
         pl.use_inode(ino, false);
         let n = p
             .orphan_file_blocks
             .unwrap_or_else(|| default_orphan_blocks(pl.l.blocks_count));
         let goal = pl.inode_goal(ino);
-        let fm = pl.alloc_sequential(goal, n, "orphan file")?;
-        if fm.runs.len() > 4 {
+        let fm = if pl.l.features.incompat.contains(Incompat::EXTENTS) {
+            pl.alloc_sequential(goal, n, "orphan file")?
+        } else {
+            allocate_block_mapped(&mut pl, 0, n, "orphan file")?
+        };
+        if fm.runs.len() > 4 && fm.blockmap.is_none() {
             return Err(GeometryError::Invalid(
                 "orphan file too fragmented for this planner".into(),
             ));
@@ -878,6 +937,104 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         pl.l.orphan = Some((ino, fm));
     }
     Ok(pl.l)
+}
+
+/// A block-mapped file allocated the way libext2fs's `ext2fs_bmap2`
+/// (BMAP_ALLOC) and block iterator do it: each block at the first free
+/// block after the previous one, every indirect block just before the
+/// first data block it maps.
+fn allocate_block_mapped(
+    pl: &mut Planner,
+    goal: u64,
+    n: u32,
+    what: &'static str,
+) -> Result<FileMap, GeometryError> {
+    let apb = u64::from(pl.l.block_size / 4);
+    let mut fm = FileMap::default();
+    let mut bm = BlockMap::default();
+    let mut last = goal;
+    let mut next = |pl: &mut Planner| -> Result<u64, GeometryError> {
+        let b = pl.alloc_block(last, what)?;
+        last = b;
+        Ok(b)
+    };
+    let mut ind: Option<(u64, usize)> = None; // current IND block, index in `indirect`
+    let mut dind: Option<(u64, usize)> = None;
+    for lblk in 0..u64::from(n) {
+        let b;
+        if lblk < 12 {
+            b = next(pl)?;
+            bm.i_block[lblk as usize] = b as u32;
+            bm.steps.push(MapStep::Data {
+                block: b,
+                ind: None,
+                dind: None,
+            });
+        } else if lblk < 12 + apb {
+            if lblk == 12 {
+                let i = next(pl)?;
+                bm.i_block[12] = i as u32;
+                bm.indirect.push((i, Vec::new()));
+                ind = Some((i, bm.indirect.len() - 1));
+                bm.steps.push(MapStep::Meta {
+                    block: i,
+                    parent: None,
+                });
+            }
+            b = next(pl)?;
+            let (i, idx) = ind.ok_or(GeometryError::NoSpace(what))?;
+            bm.indirect[idx].1.push(b as u32);
+            bm.steps.push(MapStep::Data {
+                block: b,
+                ind: Some(i),
+                dind: None,
+            });
+        } else if lblk < 12 + apb + apb * apb {
+            if lblk == 12 + apb {
+                let d = next(pl)?;
+                bm.i_block[13] = d as u32;
+                bm.indirect.push((d, Vec::new()));
+                dind = Some((d, bm.indirect.len() - 1));
+                bm.steps.push(MapStep::Meta {
+                    block: d,
+                    parent: None,
+                });
+            }
+            let (d, didx) = dind.ok_or(GeometryError::NoSpace(what))?;
+            if (lblk - 12 - apb) % apb == 0 {
+                let i = next(pl)?;
+                bm.indirect[didx].1.push(i as u32);
+                bm.indirect.push((i, Vec::new()));
+                ind = Some((i, bm.indirect.len() - 1));
+                bm.steps.push(MapStep::Meta {
+                    block: i,
+                    parent: Some(d),
+                });
+            }
+            b = next(pl)?;
+            let (i, idx) = ind.ok_or(GeometryError::NoSpace(what))?;
+            bm.indirect[idx].1.push(b as u32);
+            bm.steps.push(MapStep::Data {
+                block: b,
+                ind: Some(i),
+                dind: Some(d),
+            });
+        } else {
+            return Err(GeometryError::Invalid(format!(
+                "{what} too large for a block-mapped file"
+            )));
+        }
+        match fm.runs.last_mut() {
+            Some(r) if r.pblk + u64::from(r.len) == b => r.len += 1,
+            _ => fm.runs.push(Run {
+                lblk: lblk as u32,
+                pblk: b,
+                len: 1,
+            }),
+        }
+    }
+    fm.blockmap = Some(bm);
+    Ok(fm)
 }
 
 fn first_free_inode(l: &Layout) -> u32 {
@@ -1056,8 +1213,10 @@ mod plan_tests {
     use proptest::prelude::*;
 
     fn ext4_features(csum: bool, flex: bool, bit64: bool, resize: bool, journal: bool) -> Features {
-        let mut f = Features::default();
-        f.compat = Compat::EXT_ATTR | Compat::DIR_INDEX;
+        let mut f = Features {
+            compat: Compat::EXT_ATTR | Compat::DIR_INDEX,
+            ..Default::default()
+        };
         if resize {
             f.compat.insert(Compat::RESIZE_INODE);
         }

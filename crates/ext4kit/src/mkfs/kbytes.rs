@@ -12,7 +12,7 @@
 use ext4kit_format::features::{Incompat, RoCompat};
 use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT};
 
-use super::geometry::Layout;
+use super::geometry::{Layout, MapStep};
 
 const CACHE_SIZE: usize = 8;
 
@@ -61,6 +61,9 @@ impl Cache {
             .unwrap_or((0, &self.entries[0]));
         if self.entries[idx].dirty {
             self.evicted_dirty += 1;
+            if std::env::var_os("EXT4KIT_DEBUG_KBYTES").is_some() {
+                eprintln!("evict {}", self.entries[idx].block);
+            }
         }
         self.entries[idx] = e;
     }
@@ -123,7 +126,40 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
         c.access(iblk(7), true);
     }
     // Journal: extent inserts, leaf, inode, superblock.
-    if let Some(j) = &l.journal {
+    if let Some(j) = l.journal.as_ref().filter(|j| j.blockmap.is_some()) {
+        // ext2fs_fallocate's slow path: ext2fs_bmap2(BMAP_ALLOC) per block;
+        // every new block is zeroed through the cache, indirect blocks are
+        // read and rewritten for each pointer they gain.
+        for st in j.blockmap.iter().flat_map(|b| b.steps.iter()) {
+            match *st {
+                MapStep::Meta { block, parent } => {
+                    c.access(block, true);
+                    if let Some(d) = parent {
+                        c.access(d, true);
+                    }
+                }
+                MapStep::Data { block, ind, dind } => {
+                    if let Some(d) = dind {
+                        c.access(d, false);
+                    }
+                    if let Some(i) = ind {
+                        c.access(i, false);
+                    }
+                    c.access(block, true);
+                    if let Some(i) = ind {
+                        c.access(i, true);
+                    }
+                    // ext2fs_bmap2 writes the inode after every allocation.
+                    c.access(iblk(8), true);
+                }
+            }
+        }
+        c.access(iblk(8), true);
+        c.access(iblk(8), true);
+        if let Some(p) = j.pblk(0) {
+            c.access(p, true);
+        }
+    } else if let Some(j) = &l.journal {
         for (k, _) in j.runs.iter().enumerate() {
             match j.leaf {
                 Some(leaf) if k >= 4 => {
@@ -142,7 +178,30 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
         }
     }
     // Orphan file.
-    if let Some((ino, fm)) = &l.orphan {
+    if let Some((ino, fm)) = l.orphan.as_ref().filter(|(_, f)| f.blockmap.is_some()) {
+        // block_iterate3(BLOCK_FLAG_APPEND): an indirect block is written
+        // as zeros, read back, filled, and written again at its end.
+        c.access(iblk(*ino), true);
+        let mut open_ind: Option<u64> = None;
+        for st in fm.blockmap.iter().flat_map(|b| b.steps.iter()) {
+            match *st {
+                MapStep::Meta { block, .. } => {
+                    if let Some(i) = open_ind.take() {
+                        c.access(i, true);
+                    }
+                    c.access(block, true);
+                    c.access(block, false);
+                    open_ind = Some(block);
+                }
+                MapStep::Data { block, .. } => c.access(block, true),
+            }
+        }
+        if let Some(i) = open_ind.take() {
+            c.access(i, true);
+        }
+        c.access(iblk(*ino), true);
+        c.access(iblk(*ino), true);
+    } else if let Some((ino, fm)) = &l.orphan {
         c.access(iblk(*ino), true);
         for lb in 0..fm.blocks() as u32 {
             if let Some(p) = fm.pblk(lb) {

@@ -278,7 +278,14 @@ impl Writer<'_> {
     /// Fill `i_block` with an extent root (or block pointers) for `fm`.
     fn map_file(&self, ino: &mut Inode, fm: &FileMap) {
         let bs = u64::from(self.layout.block_size);
-        let mut blocks = fm.blocks() + u64::from(fm.leaf.is_some());
+        let mut blocks = fm.blocks() + fm.meta_blocks();
+        if let Some(bm) = &fm.blockmap {
+            for (k, p) in bm.i_block.iter().enumerate() {
+                ino.i_block[k].set(*p);
+            }
+            ino.set_blocks_512(blocks * bs / 512);
+            return;
+        }
         if !self.extents_enabled() {
             // Direct block pointers (only small files reach here).
             let mut n = 0;
@@ -548,8 +555,10 @@ impl Writer<'_> {
             }
             out.block(dind, &dbuf)?;
         }
-        // 7. Journal: leaf, superblock, and zeroing unless lazy.
+        // 7. Journal: leaf or indirect blocks, superblock, and zeroing
+        //    unless lazy.
         if let Some(j) = &l.journal {
+            self.write_indirect(&mut out, j)?;
             if let Some(leaf) = j.leaf {
                 out.block(leaf, &self.leaf_block(inode::JOURNAL_INO, j, &csum))?;
             }
@@ -572,6 +581,7 @@ impl Writer<'_> {
         }
         // 8. Orphan file blocks.
         if let Some((ino, fm)) = &l.orphan {
+            self.write_indirect(&mut out, fm)?;
             let mut obuf = vec![0u8; bs as usize];
             for lb in 0..fm.blocks() as u32 {
                 if let Some(p) = fm.pblk(lb) {
@@ -610,6 +620,22 @@ impl Writer<'_> {
     }
 
     /// Write the initialized bitmaps; return the descriptor table bytes.
+    /// Indirect blocks of a block-mapped file.
+    fn write_indirect(&self, out: &mut Out<'_>, fm: &FileMap) -> Result<(), WriteError> {
+        let Some(bm) = &fm.blockmap else {
+            return Ok(());
+        };
+        let mut buf = vec![0u8; self.layout.block_size as usize];
+        for (blk, ptrs) in &bm.indirect {
+            buf.fill(0);
+            for (k, p) in ptrs.iter().enumerate() {
+                buf[k * 4..k * 4 + 4].copy_from_slice(&p.to_le_bytes());
+            }
+            out.block(*blk, &buf)?;
+        }
+        Ok(())
+    }
+
     fn bitmaps_and_descs(&self, out: &mut Out<'_>, csum: &Csum) -> Result<Vec<u8>, WriteError> {
         let l = self.layout;
         let bs = l.block_size as usize;
@@ -683,7 +709,7 @@ impl Writer<'_> {
 /// Set bits `[from, to)` of a little-endian bitmap, whole bytes at once.
 fn set_bits(buf: &mut [u8], from: usize, to: usize) {
     let mut b = from;
-    while b < to && b % 8 != 0 {
+    while b < to && !b.is_multiple_of(8) {
         buf[b / 8] |= 1 << (b % 8);
         b += 1;
     }

@@ -1,0 +1,565 @@
+//! `ext4kit lazyinit`: zero the inode tables mke2fs left for the kernel's
+//! lazy init, offline, on image files and block devices.
+
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use ext4kit::lazyinit::engine::{Event, Observer, Options, Summary};
+use ext4kit::lazyinit::{
+    DeviceKind, Engine, Job, MonotonicClock, Pace, SysfsLoad, VerifyZero, ZeroStats,
+};
+use ext4kit_device::{Device, OpenOptions, open_device};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::json;
+
+/// Exit code when stopped by SIGINT/SIGTERM (progress is kept; rerun to
+/// resume).
+pub const EXIT_INTERRUPTED: i32 = 130;
+
+/// How to pace.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PaceMode {
+    /// Wait MULT × the measured work time after each batch of groups.
+    Fixed,
+    /// Full speed while the disk is otherwise idle, backing off up to
+    /// MAX_MULT as other I/O appears (from /sys/block/<disk>/stat).
+    Adaptive,
+}
+
+/// `--verify-zero`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerifyArg {
+    /// Read before zeroing on non-rotational block devices only.
+    Auto,
+    /// Always read first; zero only what is not zero yet.
+    Always,
+    /// Never read; zero everything that is not a hole.
+    Never,
+}
+
+impl From<VerifyArg> for VerifyZero {
+    fn from(v: VerifyArg) -> Self {
+        match v {
+            VerifyArg::Auto => VerifyZero::Auto,
+            VerifyArg::Always => VerifyZero::Always,
+            VerifyArg::Never => VerifyZero::Never,
+        }
+    }
+}
+
+/// Zero the inode tables the kernel's lazy init would zero, offline.
+///
+/// Every filesystem given is validated before anything is written to any
+/// of them. One worker serves them all, a batch of groups at a time.
+/// Progress is kept in the filesystems' own group flags: an interrupted
+/// run resumes where it stopped.
+#[derive(clap::Args, Debug)]
+pub struct LazyinitArgs {
+    /// ext4 image files or block devices (unmounted).
+    #[arg(required = true, value_name = "DEVICE")]
+    pub devices: Vec<PathBuf>,
+
+    /// After each batch, wait N × the time it took (the kernel's
+    /// init_itable=N); 0 = full speed.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub mult: u32,
+
+    /// Pacing: fixed (--mult) or adaptive (idle → full speed, load →
+    /// back off to --max-mult; --mult applies where no I/O counters exist).
+    #[arg(long, value_enum, default_value_t = PaceMode::Fixed)]
+    pub pace: PaceMode,
+
+    /// Highest multiplier of adaptive pacing.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub max_mult: u32,
+
+    /// Read table ranges before zeroing them: auto (non-rotational block
+    /// devices), always, never. Holes of image files are always skipped.
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = VerifyArg::Auto)]
+    pub verify_zero: VerifyArg,
+
+    /// Progress as JSON lines on stdout, then a summary object.
+    #[arg(long)]
+    pub json: bool,
+
+    /// No progress, no summary (errors still go to stderr).
+    #[arg(long, short)]
+    pub quiet: bool,
+
+    /// Validate and show what would be done; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Most groups committed together (default: a descriptor block's worth).
+    #[arg(long, value_name = "N", hide = true)]
+    pub max_batch_groups: Option<u32>,
+}
+
+/// Run `ext4kit lazyinit`; returns the exit code.
+pub fn run(args: &LazyinitArgs) -> anyhow::Result<i32> {
+    let stop = install_signal_handlers()?;
+    let out = Output::new(args);
+
+    // 1. Open everything (exclusively, refusing mounted devices).
+    let mut refused = 0usize;
+    let mut devs: Vec<(PathBuf, Box<dyn Device>)> = Vec::new();
+    let mut seen: HashMap<(u64, u64), PathBuf> = HashMap::new();
+    for path in &args.devices {
+        if let Some(id) = file_identity(path)
+            && let Some(first) = seen.insert(id, path.clone())
+        {
+            out.refuse(path, &format!("same device as {}", first.display()));
+            refused += 1;
+            continue;
+        }
+        let opts = if args.dry_run {
+            OpenOptions::read_only()
+        } else {
+            OpenOptions::read_write()
+        };
+        match open_device(path, opts) {
+            Ok(d) => devs.push((path.clone(), d)),
+            Err(e) => {
+                out.refuse(path, &e.to_string());
+                refused += 1;
+            }
+        }
+    }
+
+    // 2. Validate and plan every filesystem before writing to any.
+    let mut jobs: Vec<Job<'_>> = Vec::new();
+    for (path, dev) in &devs {
+        match Job::prepare(dev.as_ref()) {
+            Ok(mut job) => {
+                job.set_name(path.display().to_string());
+                let kind = DeviceKind::of_path(path);
+                job.set_read_compare(
+                    VerifyZero::from(args.verify_zero).read_compare(kind, dev.is_rotational()),
+                );
+                if args.pace == PaceMode::Adaptive {
+                    match SysfsLoad::for_path(path) {
+                        Some(l) => job.set_load_signal(Box::new(l)),
+                        None => out.note(&format!(
+                            "{}: no I/O counters for the disk beneath it; pacing at fixed x{}",
+                            path.display(),
+                            args.mult
+                        )),
+                    }
+                }
+                jobs.push(job);
+            }
+            Err(e) => {
+                out.refuse(path, &e.to_string());
+                refused += 1;
+            }
+        }
+    }
+    if refused > 0 {
+        out.note(&format!(
+            "refused {refused} of {} filesystem(s); nothing was written",
+            args.devices.len()
+        ));
+        return Ok(1);
+    }
+
+    if args.dry_run {
+        for job in &jobs {
+            out.plan(job);
+        }
+        return Ok(0);
+    }
+
+    // 3. Work.
+    let opts = Options {
+        pace: match args.pace {
+            PaceMode::Fixed => Pace::Fixed { mult: args.mult },
+            PaceMode::Adaptive => Pace::Adaptive {
+                max_mult: args.max_mult,
+                fallback_mult: args.mult,
+            },
+        },
+        max_batch_groups: args.max_batch_groups.unwrap_or(u32::MAX).max(1),
+        ..Options::default()
+    };
+    let total_pending: u64 = jobs.iter().map(|j| j.pending().len() as u64).sum();
+    let clock = MonotonicClock::new();
+    let mut progress = Progress::new(&out, total_pending);
+    let summary = Engine::new(jobs, opts, &clock)
+        .with_stop_flag(&stop)
+        .run(&mut progress);
+    progress.finish();
+    out.summary(&summary);
+
+    Ok(if summary.failed() {
+        1
+    } else if summary.stopped {
+        EXIT_INTERRUPTED
+    } else {
+        0
+    })
+}
+
+/// SIGINT and SIGTERM set the returned flag (the engine stops after the
+/// current batch); a second one terminates at once.
+fn install_signal_handlers() -> anyhow::Result<Arc<AtomicBool>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [SIGINT, SIGTERM] {
+        // Order matters: the conditional shutdown sees the flag as it was
+        // before this signal sets it.
+        signal_hook::flag::register_conditional_shutdown(sig, EXIT_INTERRUPTED, Arc::clone(&flag))
+            .context("installing signal handlers")?;
+        signal_hook::flag::register(sig, Arc::clone(&flag))
+            .context("installing signal handlers")?;
+    }
+    Ok(flag)
+}
+
+/// (st_dev, st_ino) of a file, (0, st_rdev) of a block device.
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::metadata(path).ok()?;
+    if m.file_type().is_block_device() {
+        Some((0, m.rdev()))
+    } else {
+        Some((m.dev(), m.ino()))
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Json,
+    Human { bar: bool },
+    Quiet,
+}
+
+/// Where messages go.
+struct Output {
+    mode: Mode,
+}
+
+impl Output {
+    fn new(args: &LazyinitArgs) -> Self {
+        let mode = if args.json {
+            Mode::Json
+        } else if args.quiet {
+            Mode::Quiet
+        } else {
+            Mode::Human {
+                bar: std::io::stderr().is_terminal(),
+            }
+        };
+        Output { mode }
+    }
+
+    fn json_line(&self, v: &serde_json::Value) {
+        let mut so = std::io::stdout().lock();
+        // A closed stdout must not abort the work: the flags on disk are
+        // the real record.
+        let _ = writeln!(so, "{v}");
+        let _ = so.flush();
+    }
+
+    /// A filesystem is refused: always a one-line message on stderr.
+    fn refuse(&self, path: &Path, reason: &str) {
+        let reason = reason.replace('\n', " ");
+        let shown = path.display().to_string();
+        if reason.starts_with(&shown) {
+            eprintln!("ext4kit: {reason}");
+        } else {
+            eprintln!("ext4kit: {shown}: {reason}");
+        }
+        if self.mode == Mode::Json {
+            self.json_line(&json!({
+                "event": "refused",
+                "device": path.display().to_string(),
+                "reason": reason,
+            }));
+        }
+    }
+
+    fn note(&self, msg: &str) {
+        if self.mode != Mode::Quiet {
+            eprintln!("ext4kit: {msg}");
+        }
+    }
+
+    fn plan(&self, job: &Job<'_>) {
+        let pending = job.pending().len();
+        let bytes = job.pending_bytes();
+        match self.mode {
+            Mode::Json => self.json_line(&json!({
+                "event": "plan",
+                "device": job.name(),
+                "groups_total": job.groups_total(),
+                "groups_done": job.groups_zeroed_before(),
+                "groups_pending": pending,
+                "bytes_pending": bytes,
+            })),
+            Mode::Human { .. } => println!(
+                "{}: {} of {} groups to zero, {} of inode table at most",
+                job.name(),
+                pending,
+                job.groups_total(),
+                human_bytes(bytes)
+            ),
+            Mode::Quiet => {}
+        }
+    }
+
+    fn summary(&self, s: &Summary) {
+        match self.mode {
+            Mode::Json => {
+                let devices: Vec<_> = s
+                    .jobs
+                    .iter()
+                    .map(|j| {
+                        json!({
+                            "device": j.device,
+                            "groups_total": j.groups_total,
+                            "groups_done": j.groups_done,
+                            "groups_zeroed_now": j.groups_zeroed_now,
+                            "groups_remaining": j.groups_remaining,
+                            "bytes_zeroed": j.stats.bytes_zeroed,
+                            "bytes_skipped_already_zero": j.stats.bytes_skipped_already_zero,
+                            "bytes_read": j.stats.bytes_read,
+                            "work_ms": j.work_time.as_millis() as u64,
+                            "error": j.error.as_ref().map(|e| e.to_string()),
+                        })
+                    })
+                    .collect();
+                self.json_line(&json!({
+                    "event": "summary",
+                    "complete": s.complete(),
+                    "stopped": s.stopped,
+                    "elapsed_ms": s.elapsed.as_millis() as u64,
+                    "slept_ms": s.slept.as_millis() as u64,
+                    "devices": devices,
+                }));
+                if s.stopped {
+                    eprintln!("ext4kit: interrupted; progress is saved, run again to resume");
+                }
+            }
+            Mode::Human { .. } => {
+                for j in &s.jobs {
+                    let st = &j.stats;
+                    eprintln!(
+                        "{}: {}/{} groups zeroed ({} this run): {} zeroed, {} already zero{}",
+                        j.device,
+                        j.groups_done,
+                        j.groups_total,
+                        j.groups_zeroed_now,
+                        human_bytes(st.bytes_zeroed),
+                        human_bytes(st.bytes_skipped_already_zero),
+                        if st.bytes_read > 0 {
+                            format!(", {} read to check", human_bytes(st.bytes_read))
+                        } else {
+                            String::new()
+                        }
+                    );
+                }
+                if s.stopped {
+                    eprintln!(
+                        "ext4kit: interrupted; progress is saved, run the same command again to resume"
+                    );
+                }
+            }
+            Mode::Quiet => {
+                if s.stopped {
+                    eprintln!("ext4kit: interrupted; run again to resume");
+                }
+            }
+        }
+        for j in &s.jobs {
+            if let Some(e) = &j.error {
+                eprintln!("ext4kit: {}: {e}", j.device);
+            }
+        }
+    }
+}
+
+/// The engine observer: progress bar, JSON lines, or nothing.
+struct Progress<'o> {
+    out: &'o Output,
+    bar: Option<ProgressBar>,
+    started: Instant,
+    bytes: u64,
+}
+
+impl<'o> Progress<'o> {
+    fn new(out: &'o Output, total_groups: u64) -> Self {
+        let bar = match out.mode {
+            Mode::Human { bar: true } => {
+                let b =
+                    ProgressBar::with_draw_target(Some(total_groups), ProgressDrawTarget::stderr());
+                let style = ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} groups  {msg}  ETA {eta}",
+                )
+                .map(|s| s.progress_chars("=> "))
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
+                b.set_style(style);
+                b.enable_steady_tick(Duration::from_millis(200));
+                Some(b)
+            }
+            _ => None,
+        };
+        Progress {
+            out,
+            bar,
+            started: Instant::now(),
+            bytes: 0,
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+
+    fn stats_json(v: &mut serde_json::Value, st: &ZeroStats) {
+        v["bytes_zeroed"] = st.bytes_zeroed.into();
+        v["bytes_skipped_already_zero"] = st.bytes_skipped_already_zero.into();
+        v["bytes_read"] = st.bytes_read.into();
+    }
+}
+
+impl Observer for Progress<'_> {
+    fn on_event(&mut self, ev: &Event<'_>) {
+        match self.out.mode {
+            Mode::Json => {
+                let v = match ev {
+                    Event::Started {
+                        device,
+                        groups_total,
+                        groups_done,
+                        bytes_pending,
+                        ..
+                    } => json!({
+                        "event": "start",
+                        "device": device,
+                        "groups_done": groups_done,
+                        "groups_total": groups_total,
+                        "bytes_pending": bytes_pending,
+                    }),
+                    Event::GroupDone {
+                        device,
+                        group,
+                        groups_done,
+                        groups_total,
+                        totals,
+                        ..
+                    } => {
+                        let mut v = json!({
+                            "event": "group",
+                            "device": device,
+                            "group": group,
+                            "groups_done": groups_done,
+                            "groups_total": groups_total,
+                        });
+                        Self::stats_json(&mut v, totals);
+                        v
+                    }
+                    Event::Batch {
+                        device,
+                        groups,
+                        elapsed,
+                        wait,
+                        multiplier,
+                        load,
+                        ..
+                    } => json!({
+                        "event": "batch",
+                        "device": device,
+                        "groups": groups,
+                        "work_us": elapsed.as_micros() as u64,
+                        "wait_us": wait.as_micros() as u64,
+                        "mult": (multiplier * 100.0).round() / 100.0,
+                        "load": (load * 1000.0).round() / 1000.0,
+                    }),
+                    Event::Finished { device, .. } => {
+                        json!({"event": "finished", "device": device})
+                    }
+                    Event::Failed { device, error, .. } => {
+                        json!({"event": "error", "device": device, "reason": error.to_string()})
+                    }
+                    Event::Stopped => json!({"event": "stopped"}),
+                    _ => return,
+                };
+                self.out.json_line(&v);
+            }
+            Mode::Human { bar } => match ev {
+                Event::GroupDone { device, stats, .. } => {
+                    self.bytes += stats.bytes_zeroed + stats.bytes_skipped_already_zero;
+                    if let Some(b) = &self.bar {
+                        let secs = self.started.elapsed().as_secs_f64().max(1e-3);
+                        b.set_message(format!(
+                            "{device}  {:.1} MB/s",
+                            self.bytes as f64 / secs / 1e6
+                        ));
+                        b.inc(1);
+                    }
+                }
+                Event::Failed { device, error, .. } => {
+                    let msg = format!("ext4kit: {device}: {error}");
+                    match &self.bar {
+                        Some(b) => b.println(msg),
+                        None => eprintln!("{msg}"),
+                    }
+                }
+                Event::Stopped => {
+                    let msg = "ext4kit: stopping after the current batch (signal received)";
+                    match &self.bar {
+                        Some(b) => b.println(msg),
+                        None => eprintln!("{msg}"),
+                    }
+                }
+                Event::Started {
+                    device,
+                    groups_total,
+                    groups_done,
+                    bytes_pending,
+                    ..
+                } if !bar => eprintln!(
+                    "{device}: {} of {groups_total} groups to zero ({} at most)",
+                    groups_total - groups_done,
+                    human_bytes(*bytes_pending)
+                ),
+                _ => {}
+            },
+            Mode::Quiet => {}
+        }
+    }
+}
+
+fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_are_human() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+    }
+}

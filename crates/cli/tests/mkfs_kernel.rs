@@ -1,0 +1,248 @@
+//! Filesystems made by `ext4kit mkfs` under a real kernel: attach the image
+//! to a loop device, mount it as ext4, write a few thousand files and
+//! directories, unmount, and demand a clean `e2fsck -fn`; then mount it
+//! again read-only and check that everything reads back.
+//!
+//! Needs root, loop devices and an ext4-capable kernel; otherwise every test
+//! prints why it skips. Loop devices and mounts are always released (RAII
+//! guards, also on panic).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use common::*;
+
+/// Can we attach, mount, write and unmount at all? Checked once with an
+/// image made by mke2fs, so that a failure to mount one of *ours* counts as
+/// a failure, not as a missing capability.
+fn kernel_ready() -> Result<(), String> {
+    static READY: OnceLock<Result<(), String>> = OnceLock::new();
+    READY
+        .get_or_init(|| {
+            kernel_mount_available()?;
+            for t in ["mke2fs", "e2fsck"] {
+                if !have(t) {
+                    return Err(format!("{t} not found (install e2fsprogs)"));
+                }
+            }
+            let dir = image_dir();
+            let img = dir.path().join("probe.img");
+            sparse_file(&img, 64 * MIB).map_err(|e| e.to_string())?;
+            run_ok(mke2fs(["-F", "-q", "-t", "ext4"]).arg(&img))?;
+            let lo =
+                LoopDev::attach(&img).map_err(|e| format!("cannot attach a loop device: {e}"))?;
+            let mnt = Mount::new(lo.path(), "ext4", None)
+                .map_err(|e| format!("cannot mount ext4 from a loop device: {e}"))?;
+            fs::write(mnt.path().join("probe"), b"probe").map_err(|e| e.to_string())?;
+            mnt.unmount()?;
+            Ok(())
+        })
+        .clone()
+}
+
+/// Deterministic file contents: `len` bytes derived from `seed`.
+fn content(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// Write the workload under `root`; return what each regular file (by path
+/// relative to `root`) must contain afterwards.
+fn populate(root: &Path) -> std::io::Result<BTreeMap<PathBuf, Vec<u8>>> {
+    let mut expect = BTreeMap::new();
+    let mut put = |rel: PathBuf, data: Vec<u8>| -> std::io::Result<()> {
+        let mut f = fs::File::create(root.join(&rel))?;
+        f.write_all(&data)?;
+        expect.insert(rel, data);
+        Ok(())
+    };
+    // 50 directories of 60 files, 0 to ~9 KiB each (inline data sizes,
+    // one block, several blocks), each with a nested chain of directories.
+    for d in 0..50u64 {
+        let dir = PathBuf::from(format!("dir{d:02}"));
+        fs::create_dir(root.join(&dir))?;
+        for f in 0..60u64 {
+            let len = ((d * 131 + f * 977) % 9000) as usize;
+            put(
+                dir.join(format!("file{f:02}.dat")),
+                content(d * 1000 + f, len),
+            )?;
+        }
+        let nested = dir.join("a").join("b").join("c");
+        fs::create_dir_all(root.join(&nested))?;
+        for f in 0..3u64 {
+            put(
+                nested.join(format!("n{f}")),
+                content(d * 7 + f, 100 + f as usize),
+            )?;
+        }
+    }
+    // A big directory (htree).
+    fs::create_dir(root.join("big-dir"))?;
+    for f in 0..600u64 {
+        put(
+            PathBuf::from(format!("big-dir/entry-with-a-longish-name-{f:04}")),
+            content(90_000 + f, (f % 50) as usize),
+        )?;
+    }
+    // A few larger files (~1 MiB; extents, indirect blocks without them).
+    fs::create_dir(root.join("large"))?;
+    for f in 0..4u64 {
+        put(
+            PathBuf::from(format!("large/big{f}.bin")),
+            content(70_000 + f, (1 << 20) + (f as usize) * 4099),
+        )?;
+    }
+    // Deletes, renames, links, an unlinked-while-open file.
+    for d in (0..50u64).step_by(5) {
+        for f in (0..60u64).step_by(7) {
+            let rel = PathBuf::from(format!("dir{d:02}/file{f:02}.dat"));
+            fs::remove_file(root.join(&rel))?;
+            expect.remove(&rel);
+        }
+    }
+    for d in (1..50u64).step_by(10) {
+        let from = PathBuf::from(format!("dir{d:02}/file01.dat"));
+        let to = PathBuf::from(format!("dir{:02}/moved-from-{d:02}.dat", d + 1));
+        fs::rename(root.join(&from), root.join(&to))?;
+        let data = expect.remove(&from).expect("renamed file exists");
+        expect.insert(to, data);
+    }
+    fs::remove_dir_all(root.join("dir49/a"))?;
+    expect.retain(|p, _| !p.starts_with("dir49/a"));
+    fs::hard_link(
+        root.join("dir02/file02.dat"),
+        root.join("large/hardlink.dat"),
+    )?;
+    expect.insert(
+        PathBuf::from("large/hardlink.dat"),
+        expect[Path::new("dir02/file02.dat")].clone(),
+    );
+    std::os::unix::fs::symlink("../dir03/file03.dat", root.join("large/symlink"))?;
+    {
+        let mut f = fs::File::create(root.join("orphan"))?;
+        fs::remove_file(root.join("orphan"))?;
+        f.write_all(&content(1, 200_000))?;
+        f.sync_all()?;
+    }
+    Ok(expect)
+}
+
+/// Every expected file is there with its content, and the symlink resolves.
+fn verify(root: &Path, expect: &BTreeMap<PathBuf, Vec<u8>>) -> Result<(), String> {
+    for (rel, data) in expect {
+        let got = fs::read(root.join(rel)).map_err(|e| format!("{}: {e}", rel.display()))?;
+        if &got != data {
+            return Err(format!("{}: content differs after remount", rel.display()));
+        }
+    }
+    let link = fs::read(root.join("large/symlink")).map_err(|e| format!("symlink: {e}"))?;
+    if link != expect[Path::new("dir03/file03.dat")] {
+        return Err("symlink target content differs".into());
+    }
+    if root.join("orphan").exists() {
+        return Err("the unlinked file came back".into());
+    }
+    Ok(())
+}
+
+fn kernel_case(name: &str, conf: &str, size: u64, opts: &[&str]) {
+    let test = format!("mkfs_kernel {name}");
+    if let Err(why) = kernel_ready() {
+        return skip(&test, &why);
+    }
+    let dir = image_dir();
+    let conf_path = dir.path().join("mke2fs.conf");
+    fs::write(&conf_path, conf).unwrap();
+    let img = dir.path().join("kernel.img");
+    sparse_file(&img, size).unwrap();
+    run_ok(
+        ext4kit_mkfs(["-q", "-t", "ext4"])
+            .args(opts)
+            .arg(&img)
+            .env("MKE2FS_CONFIG", &conf_path),
+    )
+    .unwrap();
+    e2fsck_clean(&img).unwrap_or_else(|e| panic!("{test}: fresh image: {e}"));
+
+    let expect = {
+        let lo = LoopDev::attach(&img).unwrap();
+        let mnt = Mount::new(lo.path(), "ext4", None)
+            .unwrap_or_else(|e| panic!("{test}: the kernel refuses to mount it: {e}"));
+        let expect = populate(mnt.path()).unwrap_or_else(|e| panic!("{test}: writing: {e}"));
+        run_ok(tool("sync").arg("-f").arg(mnt.path())).unwrap();
+        mnt.unmount().unwrap();
+        expect
+        // `lo` is detached here.
+    };
+    let summary =
+        e2fsck_clean(&img).unwrap_or_else(|e| panic!("{test}: after the kernel wrote to it: {e}"));
+    // The files did land in this filesystem (not in the mount point).
+    let used = used_inodes(&summary).unwrap_or(0);
+    assert!(
+        used as usize > expect.len(),
+        "{test}: only {used} inodes in use after writing {} files: {summary}",
+        expect.len()
+    );
+
+    let lo = LoopDev::attach(&img).unwrap();
+    let mnt = Mount::new(lo.path(), "ext4", Some("ro")).unwrap();
+    verify(mnt.path(), &expect).unwrap_or_else(|e| panic!("{test}: {e}"));
+    eprintln!(
+        "ok     {test}: {} files written, checked and fsck-clean ({summary})",
+        expect.len()
+    );
+}
+
+#[test]
+fn kernel_default_4k() {
+    kernel_case("default (4k)", DEBIAN_CONF, 512 * MIB, &[]);
+}
+
+#[test]
+fn kernel_blocksize_1024() {
+    kernel_case("-b 1024", DEBIAN_CONF, 256 * MIB, &["-b", "1024"]);
+}
+
+#[test]
+fn kernel_no_metadata_csum() {
+    kernel_case(
+        "-O ^metadata_csum",
+        DEBIAN_CONF,
+        512 * MIB,
+        &["-O", "^metadata_csum"],
+    );
+}
+
+#[test]
+fn kernel_upstream_orphan_file() {
+    kernel_case(
+        "upstream conf (orphan_file, metadata_csum_seed)",
+        UPSTREAM_CONF,
+        GIB,
+        &[],
+    );
+}
+
+#[test]
+fn kernel_no_journal() {
+    kernel_case(
+        "-O ^has_journal",
+        DEBIAN_CONF,
+        512 * MIB,
+        &["-O", "^has_journal"],
+    );
+}

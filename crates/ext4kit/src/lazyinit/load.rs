@@ -1,0 +1,111 @@
+//! The load signal of adaptive pacing: cumulative I/O counters of the disk
+//! a filesystem lives on.
+//!
+//! [`SysfsLoad`] reads `/sys/block/<disk>/stat` (see the kernel's
+//! `Documentation/block/stat.rst`): field 1 is reads completed, field 5
+//! writes completed, field 10 `io_ticks`, the milliseconds during which
+//! the disk had at least one request in flight. For an image file the disk
+//! is the one holding the filesystem the file lives on
+//! ([`ext4kit_device::backing_sysfs_dir`]); for a partition, the whole disk.
+
+use std::path::{Path, PathBuf};
+
+/// Cumulative counters of one disk at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadSample {
+    /// Requests completed so far (reads + writes).
+    pub ios: u64,
+    /// Milliseconds the disk has been busy so far.
+    pub io_ticks_ms: u64,
+}
+
+/// A source of [`LoadSample`]s. `None` means "unknown right now".
+pub trait LoadSignal: Send {
+    fn sample(&mut self) -> Option<LoadSample>;
+}
+
+/// Parse the content of a sysfs block `stat` file.
+pub fn parse_block_stat(text: &str) -> Option<LoadSample> {
+    let f: Vec<u64> = text
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    if f.len() < 11 {
+        return None;
+    }
+    Some(LoadSample {
+        ios: f[0].saturating_add(f[4]),
+        io_ticks_ms: f[9],
+    })
+}
+
+/// Counters read from a sysfs `stat` file.
+#[derive(Clone, Debug)]
+pub struct SysfsLoad {
+    stat: PathBuf,
+}
+
+impl SysfsLoad {
+    /// Read `stat_file` (it must be readable and parse now).
+    pub fn from_stat_file(stat_file: impl Into<PathBuf>) -> Option<Self> {
+        let s = SysfsLoad {
+            stat: stat_file.into(),
+        };
+        let text = std::fs::read_to_string(&s.stat).ok()?;
+        parse_block_stat(&text)?;
+        Some(s)
+    }
+
+    /// The counters of the disk beneath `path` (a block device, or any
+    /// file on a filesystem backed by one). `None` when there is no such
+    /// disk (tmpfs, overlay, network filesystems, ...).
+    pub fn for_path(path: impl AsRef<Path>) -> Option<Self> {
+        let dir = ext4kit_device::backing_sysfs_dir(path)?;
+        Self::from_stat_file(dir.join("stat"))
+    }
+
+    /// The `stat` file read.
+    pub fn stat_file(&self) -> &Path {
+        &self.stat
+    }
+}
+
+impl LoadSignal for SysfsLoad {
+    fn sample(&mut self) -> Option<LoadSample> {
+        parse_block_stat(&std::fs::read_to_string(&self.stat).ok()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat() {
+        let t = "  164916    52315 13117170    43585   412287   296578 21431448  1164386        0   491508  1213560        0        0        0        0    33620   5588\n";
+        assert_eq!(
+            parse_block_stat(t),
+            Some(LoadSample {
+                ios: 164916 + 412287,
+                io_ticks_ms: 491508
+            })
+        );
+        // Old kernels: 11 fields.
+        assert!(parse_block_stat("1 2 3 4 5 6 7 8 9 10 11").is_some());
+        assert_eq!(parse_block_stat("1 2 3"), None);
+        assert_eq!(parse_block_stat("a b c d e f g h i j k"), None);
+    }
+
+    #[test]
+    fn real_sysfs_is_best_effort() {
+        let tmp = std::env::temp_dir();
+        if let Some(mut s) = SysfsLoad::for_path(&tmp) {
+            let a = s.sample().expect("sample");
+            let b = s.sample().expect("sample");
+            assert!(b.ios >= a.ios && b.io_ticks_ms >= a.io_ticks_ms);
+        } else {
+            eprintln!("skip: no sysfs block device beneath {}", tmp.display());
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! Lazy inode-table initialization, as the kernel's `ext4lazyinit` thread
+//! does it, from user space, for unmounted filesystems.
+//!
+//! # Contract (kernel `ext4_init_inode_table`, format notes §6)
+//!
+//! * Only groups without `ITABLE_ZEROED` are touched, only on filesystems
+//!   with group-descriptor checksums (`metadata_csum` or `uninit_bg`),
+//!   since only then is `bg_itable_unused` meaningful.
+//! * In such a group, the inode table is zeroed from the first block past
+//!   the used inodes (`ceil((ipg − bg_itable_unused) / inodes_per_block)`;
+//!   the whole table with `INODE_UNINIT`) to its end. A block holding a used
+//!   inode is never touched. Groups whose counts are inconsistent are
+//!   refused (see [`plan::plan_group`]) and the whole filesystem with them,
+//!   before anything is written.
+//! * Order, per batch of groups sharing one descriptor block: the zeros are
+//!   made durable (flush), then `ITABLE_ZEROED` is set, the descriptor
+//!   checksums recomputed, the primary descriptor block written and flushed.
+//!   A crash at any point leaves a consistent filesystem: a group either
+//!   has its flag with a zeroed table, or no flag (and is redone). Backup
+//!   descriptor tables are not updated, as the kernel does not update them.
+//!
+//! # Shape
+//!
+//! The steps are separate so that the same engine can later run online
+//! (inside a FUSE mount, where descriptors live in the mount's cache):
+//!
+//! 1. **plan** ([`plan::plan_group`]): pure, descriptor → [`GroupWork`];
+//! 2. **zero** ([`zero::Zeroer::zero_range`]): one byte range, with zero
+//!    detection;
+//! 3. **commit** ([`commit_zeroed`]): flush, set the flags, write the
+//!    descriptor block, flush;
+//! 4. **pace** ([`pacing::Pacer`]): how long to wait before the next unit.
+//!
+//! [`Engine`] strings them together for any number of filesystems with a
+//! single worker: it always serves the filesystem whose next unit is due
+//! first, round-robin among equals, one batch at a time, as the kernel's
+//! single thread serves all mounts. Time comes from a [`Clock`], load from
+//! a [`LoadSignal`], both injectable; progress goes to an [`Observer`].
+//!
+//! # Batches
+//!
+//! A unit of work is a batch of consecutive pending groups whose
+//! descriptors share one descriptor block, closed after
+//! [`Options::max_batch_groups`] groups, after [`Options::max_batch_time`]
+//! of work, or when a stop is requested. The two flushes are per batch, not
+//! per group: on a sparse 1 TiB image (8192 groups, 128 descriptor blocks)
+//! that is 256 flushes instead of 16384.
+//!
+//! # Pacing
+//!
+//! HZ-free, on a monotonic nanosecond clock. Fixed pacing (the default,
+//! like the kernel's `init_itable=10`): after each unit, wait `mult ×` the
+//! EWMA of the measured unit durations. Adaptive pacing: the multiplier
+//! follows the foreign load on the disk's own counters, from 0 when idle to
+//! `max_mult` (100) under load. Details in [`pacing::Pacer`].
+//!
+//! # Zero detection
+//!
+//! Before zeroing, ranges the device proves to be zero (holes of a sparse
+//! image file) are skipped. The rest is zeroed with `Device::zeroout`,
+//! which punches holes in files (so a sparse image stays sparse, and an
+//! image full of old data gets sparser) and issues `BLKZEROOUT` on block
+//! devices (which unmaps on thin storage that supports it). Read-compare
+//! (read first, zero only non-zero runs) is chosen by [`VerifyZero`]:
+//! `auto` reads on non-rotational block devices only. For files `auto`
+//! does not read: the hole map is exact, and punching an allocated range
+//! costs no data write and frees space even if it held zeros.
+
+pub mod engine;
+pub mod load;
+pub mod pacing;
+pub mod plan;
+pub mod zero;
+
+use std::collections::VecDeque;
+
+use ext4kit_device::{Device, DeviceError};
+use ext4kit_format::group_desc::{BG_INODE_UNINIT, BG_INODE_ZEROED};
+
+use crate::image::{DescChecksum, Image, ImageError};
+
+pub use engine::{Engine, Event, JobReport, Observer, Options, Summary};
+pub use load::{LoadSample, LoadSignal, SysfsLoad};
+pub use pacing::{Clock, FakeClock, MonotonicClock, Pace, Pacer};
+pub use plan::{GroupWork, PlanError, plan_group};
+pub use zero::{DeviceKind, VerifyZero, ZeroStats, Zeroer};
+
+/// Why lazy init refused a filesystem or stopped working on it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LazyError {
+    /// The filesystem could not be opened for update.
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    /// Neither `metadata_csum` nor `uninit_bg`: `bg_itable_unused` means
+    /// nothing and mke2fs zeroed the tables itself.
+    #[error(
+        "no group descriptor checksums (neither metadata_csum nor uninit_bg): inode tables are never left for lazy init"
+    )]
+    NoGroupChecksums,
+    /// A group's counts contradict each other.
+    #[error("inconsistent group descriptor: {0}")]
+    Inconsistent(#[from] PlanError),
+    /// I/O failed while working.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+/// One filesystem to initialize: the opened image and its pending groups.
+pub struct Job<'d> {
+    name: String,
+    image: Image<'d>,
+    pending: VecDeque<GroupWork>,
+    zeroed_before: u32,
+    read_compare: bool,
+    load: Option<Box<dyn LoadSignal + 'd>>,
+}
+
+impl std::fmt::Debug for Job<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("name", &self.name)
+            .field("pending", &self.pending.len())
+            .field("zeroed_before", &self.zeroed_before)
+            .field("read_compare", &self.read_compare)
+            .field("load_signal", &self.load.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'d> Job<'d> {
+    /// Open `dev` for update and plan every group. Nothing is written.
+    /// Refuses (with the reason) anything lazy init must not touch.
+    pub fn prepare(dev: &'d dyn Device) -> Result<Self, LazyError> {
+        let image = Image::open_for_update(dev)?;
+        if image.desc_checksum() == DescChecksum::None {
+            return Err(LazyError::NoGroupChecksums);
+        }
+        let geom = image.geometry();
+        let mut pending = VecDeque::new();
+        let mut zeroed_before = 0;
+        for g in 0..geom.group_count {
+            match plan_group(geom, &image.desc(g), g)? {
+                Some(w) => pending.push_back(w),
+                None => zeroed_before += 1,
+            }
+        }
+        Ok(Job {
+            name: dev.name(),
+            image,
+            pending,
+            zeroed_before,
+            read_compare: false,
+            load: None,
+        })
+    }
+
+    /// The name used in events and reports (the device's name).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Rename (e.g. to the path the user gave).
+    pub fn set_name(&mut self, name: impl Into<String>) {
+        self.name = name.into();
+    }
+
+    /// Read ranges before zeroing them (see [`VerifyZero`]).
+    pub fn set_read_compare(&mut self, on: bool) {
+        self.read_compare = on;
+    }
+
+    /// The load signal for adaptive pacing.
+    pub fn set_load_signal(&mut self, load: Box<dyn LoadSignal + 'd>) {
+        self.load = Some(load);
+    }
+
+    /// The image.
+    pub fn image(&self) -> &Image<'d> {
+        &self.image
+    }
+
+    /// Groups still to do, in order.
+    pub fn pending(&self) -> impl ExactSizeIterator<Item = &GroupWork> {
+        self.pending.iter()
+    }
+
+    /// Number of groups in the filesystem.
+    pub fn groups_total(&self) -> u32 {
+        self.image.geometry().group_count
+    }
+
+    /// Groups that had `ITABLE_ZEROED` when prepared.
+    pub fn groups_zeroed_before(&self) -> u32 {
+        self.zeroed_before
+    }
+
+    /// Bytes of inode table still to be made zero (an upper bound of what
+    /// will be written).
+    pub fn pending_bytes(&self) -> u64 {
+        let g = self.image.geometry();
+        self.pending.iter().map(|w| w.byte_range(g).1).sum()
+    }
+}
+
+/// Step 3: make the zeroes of `groups` durable, then set their
+/// `ITABLE_ZEROED` flags and write the primary descriptor block holding
+/// them, then flush. All of `groups` must share descriptor block
+/// `desc_block`. On failure the in-memory flags are restored.
+pub fn commit_zeroed(
+    image: &mut Image<'_>,
+    desc_block: u32,
+    groups: &[u32],
+) -> Result<(), LazyError> {
+    let geom = image.geometry();
+    let range = geom.groups_in_desc_block(desc_block);
+    if let Some(&g) = groups.iter().find(|g| !range.contains(g)) {
+        return Err(LazyError::Image(ImageError::Corrupt {
+            what: "commit",
+            detail: format!("group {g} is not in descriptor block {desc_block}"),
+        }));
+    }
+    image.flush()?;
+    let old: Vec<u16> = groups.iter().map(|&g| image.desc_flags(g)).collect();
+    for &g in groups {
+        let f = image.desc_flags(g);
+        image.set_desc_flags(g, f | BG_INODE_ZEROED);
+    }
+    let r = image
+        .write_desc_block(desc_block)
+        .and_then(|()| image.flush());
+    if let Err(e) = r {
+        for (&g, &f) in groups.iter().zip(&old) {
+            image.set_desc_flags(g, f);
+        }
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+/// Lazy-init state of a filesystem, for `info`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Status {
+    /// Groups in the filesystem.
+    pub groups: u32,
+    /// Groups without `ITABLE_ZEROED`.
+    pub groups_not_zeroed: u32,
+    /// Of those, groups with `INODE_UNINIT`.
+    pub groups_inode_uninit: u32,
+    /// Bytes of inode table that lazy init would zero (for groups whose
+    /// counts are consistent).
+    pub bytes_to_zero: u64,
+    /// Groups whose counts lazy init would refuse.
+    pub groups_inconsistent: u32,
+}
+
+/// Count what lazy init has left to do on `image`.
+pub fn status(image: &Image<'_>) -> Status {
+    let g = image.geometry();
+    let mut st = Status {
+        groups: g.group_count,
+        ..Status::default()
+    };
+    for group in 0..g.group_count {
+        let d = image.desc(group);
+        if d.flags() & BG_INODE_ZEROED != 0 {
+            continue;
+        }
+        st.groups_not_zeroed += 1;
+        if d.flags() & BG_INODE_UNINIT != 0 {
+            st.groups_inode_uninit += 1;
+        }
+        match plan_group(g, &d, group) {
+            Ok(Some(w)) => st.bytes_to_zero += w.byte_range(g).1,
+            Ok(None) => {}
+            Err(_) => st.groups_inconsistent += 1,
+        }
+    }
+    st
+}
