@@ -33,6 +33,11 @@ enum Cmd {
 }
 
 fn main() {
+    // Diagnostics on stderr, off unless RUST_LOG asks (e.g. RUST_LOG=debug).
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     let res = match &cli.cmd {
         Cmd::Mkfs(a) => cmd_mkfs::run(a),

@@ -83,6 +83,7 @@ pub fn execute(dev: &dyn Device, prepared: Prepared) -> Result<Report, MkfsError
             Ok(_) => dev.discard(0, len).unwrap_or(DiscardOutcome::Unsupported),
         };
         report.discarded = outcome != DiscardOutcome::Unsupported;
+        tracing::debug!(?outcome, "discard before format");
         let zeroes = outcome == DiscardOutcome::Zeroed && dev.discard_zeroes_data();
         if settings.itable_zeroed && !resolved.assume_prezeroed && !zeroes {
             // The plan assumed a zeroing discard; it did not happen.
@@ -96,6 +97,13 @@ pub fn execute(dev: &dyn Device, prepared: Prepared) -> Result<Report, MkfsError
         layout: &layout,
         settings: &settings,
     };
+    tracing::debug!(
+        groups = layout.group_count,
+        blocks = layout.blocks_count,
+        itable_zeroed = settings.itable_zeroed,
+        "writing filesystem"
+    );
     report.stats = w.write(dev)?;
+    tracing::debug!(stats = ?report.stats, "format written");
     Ok(report)
 }
