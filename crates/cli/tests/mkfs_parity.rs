@@ -175,6 +175,15 @@ const CASES: &[Case] = &[
     case(GIB, &[]).e("lazy_itable_init=1,nodiscard"),
     case(1000 * MIB, &[]).e("lazy_itable_init=0,nodiscard"),
     case(10 * GIB, &[]).e("assume_storage_prezeroed=1"),
+    // Layout options.
+    case(GIB, &[]).e("packed_meta_blocks=1"),
+    case(GIB, &[]).e("stride=16,stripe_width=64"),
+    case(GIB, &["-O", "^flex_bg"]).e("stride=32"),
+    case(GIB, &["-g", "16384"]),
+    case(GIB, &["-e", "remount-ro", "-M", "/mnt/data"]),
+    case(GIB, &["-O", "^flex_bg,^metadata_csum,uninit_bg"]),
+    case(2 * GIB, &["-b", "2048", "-O", "^resize_inode"]),
+    case(GIB, &[]).e("orphan_file_size=1M"),
     // Other fs types and usage types.
     case(GIB, &[]).t("ext3"),
     case(100 * MIB, &["-b", "1024"]).t("ext3"),
@@ -184,6 +193,8 @@ const CASES: &[Case] = &[
     case(GIB, &["-T", "news"]),
     case(10 * GIB, &["-T", "largefile"]),
     case(GIB, &["-T", "no_such_usage"]),
+    case(GIB, &["-T", "largefile4"]),
+    case(300 * MIB, &["-T", "small"]),
 ];
 
 enum Outcome {
