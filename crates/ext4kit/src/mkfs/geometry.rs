@@ -481,6 +481,24 @@ impl Planner {
         0
     }
 
+    /// A free block from `start` to `last`, else from `group_blk` to
+    /// `last` (the two searches `ext2fs_allocate_group_table` makes for a
+    /// bitmap).
+    fn free_block_in(
+        &self,
+        start: u64,
+        group_blk: u64,
+        last: u64,
+        what: &'static str,
+    ) -> Result<u64, GeometryError> {
+        let (fdb, blocks) = (self.fdb(), self.blocks());
+        self.l
+            .used
+            .get_free_blocks(start, last, 1, fdb, blocks)
+            .or_else(|| self.l.used.get_free_blocks(group_blk, last, 1, fdb, blocks))
+            .ok_or(GeometryError::NoSpace(what))
+    }
+
     /// Account a flex_bg metadata block placed in some group.
     fn take_meta(&mut self, start: u64, len: u64, flex: bool) {
         if flex {
@@ -541,18 +559,7 @@ impl Planner {
             last_blk = self.l.group_last_block(last_grp);
         }
         // Block bitmap.
-        let bb = match self
-            .l
-            .used
-            .get_free_blocks(start_blk, last_blk, 1, fdb, blocks)
-        {
-            Some(b) => b,
-            None => self
-                .l
-                .used
-                .get_free_blocks(group_blk, last_blk, 1, fdb, blocks)
-                .ok_or(GeometryError::NoSpace("block bitmap"))?,
-        };
+        let bb = self.free_block_in(start_blk, group_blk, last_blk, "block bitmap")?;
         self.take_meta(bb, 1, flex);
         self.l.groups[group as usize].block_bitmap = bb;
         // Inode bitmap.
@@ -565,18 +572,7 @@ impl Planner {
             start_blk = self.flexbg_offset(group, prev_block, rem_grps, 1);
             last_blk = self.l.group_last_block(last_grp);
         }
-        let ib = match self
-            .l
-            .used
-            .get_free_blocks(start_blk, last_blk, 1, fdb, blocks)
-        {
-            Some(b) => b,
-            None => self
-                .l
-                .used
-                .get_free_blocks(group_blk, last_blk, 1, fdb, blocks)
-                .ok_or(GeometryError::NoSpace("inode bitmap"))?,
-        };
+        let ib = self.free_block_in(start_blk, group_blk, last_blk, "inode bitmap")?;
         self.take_meta(ib, 1, flex);
         self.l.groups[group as usize].inode_bitmap = ib;
         // Inode table.
