@@ -246,3 +246,49 @@ fn kernel_no_journal() {
         &["-O", "^has_journal"],
     );
 }
+
+/// On a block device (a loop device over a sparse file) ext4kit writes the
+/// same bytes as mke2fs does on a twin device, but allocates far less in
+/// the backing file: where mke2fs writes zeros (journal), ext4kit punches.
+#[test]
+fn block_device_format_matches_mke2fs_and_stays_thin() {
+    const TEST: &str = "block_device_format_matches_mke2fs_and_stays_thin";
+    if let Err(why) = kernel_ready() {
+        return skip(TEST, &why);
+    }
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    fs::write(&conf, DEBIAN_CONF).unwrap();
+    let (ref_img, our_img) = (dir.path().join("ref.img"), dir.path().join("ours.img"));
+    sparse_file(&ref_img, 2 * GIB).unwrap();
+    sparse_file(&our_img, 2 * GIB).unwrap();
+    let uuid = "0b7e3c52-8f1d-4a6e-9c2b-5d4f3e2a1b09";
+    let eopt = "hash_seed=7f3a9e21-4c5b-4d8e-a6f7-1b2c3d4e5f60";
+    let args = ["-F", "-q", "-t", "ext4", "-U", uuid, "-E", eopt];
+    {
+        let a = LoopDev::attach(&ref_img).unwrap();
+        let b = LoopDev::attach(&our_img).unwrap();
+        run_ok(
+            mke2fs(args)
+                .arg(a.path())
+                .env("MKE2FS_CONFIG", &conf)
+                .env("E2FSPROGS_FAKE_TIME", "1700000000"),
+        )
+        .unwrap();
+        run_ok(
+            ext4kit_mkfs(args)
+                .arg(b.path())
+                .env("MKE2FS_CONFIG", &conf)
+                .env("E2FSPROGS_FAKE_TIME", "1700000000"),
+        )
+        .unwrap();
+    }
+    sparse_equal(&ref_img, &our_img).unwrap();
+    e2fsck_clean(&our_img).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let (r, o) = (
+        fs::metadata(&ref_img).unwrap().blocks(),
+        fs::metadata(&our_img).unwrap().blocks(),
+    );
+    assert!(o < r, "ours allocates {o} sectors, mke2fs {r}");
+}
