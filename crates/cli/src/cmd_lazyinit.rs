@@ -14,6 +14,7 @@ use ext4kit::lazyinit::{
     DeviceKind, Engine, Job, MonotonicClock, Pace, SysfsLoad, VerifyZero, ZeroStats,
 };
 use ext4kit_device::{Device, OpenOptions, open_device};
+
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 
@@ -175,6 +176,7 @@ pub fn run(args: &LazyinitArgs) -> anyhow::Result<i32> {
     }
 
     // 3. Work.
+    let paced = args.mult > 0 || matches!(args.pace, PaceMode::Adaptive);
     let opts = Options {
         pace: match args.pace {
             PaceMode::Fixed => Pace::Fixed { mult: args.mult },
@@ -184,6 +186,13 @@ pub fn run(args: &LazyinitArgs) -> anyhow::Result<i32> {
             },
         },
         max_batch_groups: args.max_batch_groups.unwrap_or(u32::MAX).max(1),
+        // Paced runs work in short bursts, like the kernel's one group at a
+        // time, so that foreground I/O never waits long behind ours.
+        max_batch_time: if paced {
+            Duration::from_millis(10)
+        } else {
+            Options::default().max_batch_time
+        },
         ..Options::default()
     };
     let total_pending: u64 = jobs.iter().map(|j| j.pending().len() as u64).sum();

@@ -77,6 +77,11 @@ pub(crate) fn partitions_of(major: u32, minor: u32) -> Vec<(u32, u32)> {
 /// anonymous device numbers, ...).
 ///
 /// A load-aware pacer reads `<dir>/stat` and `<dir>/queue/*` from here.
+///
+/// Stacked devices are followed down to the disk that does the I/O: a loop
+/// device to the disk under its backing file, a device-mapper or md device
+/// to its first component (`slaves/`), so that the counters include other
+/// programs' I/O, not only what passes through the stacked device.
 pub fn backing_sysfs_dir(path: impl AsRef<Path>) -> Option<PathBuf> {
     let meta = fs::metadata(path.as_ref()).ok()?;
     let dev = if meta.file_type().is_block_device() {
@@ -84,7 +89,36 @@ pub fn backing_sysfs_dir(path: impl AsRef<Path>) -> Option<PathBuf> {
     } else {
         meta.dev()
     };
-    disk_dir_for_devnum(major(dev), minor(dev))
+    let dir = disk_dir_for_devnum(major(dev), minor(dev))?;
+    Some(physical_disk_dir(dir, 8))
+}
+
+/// Follow loop devices (to the filesystem holding the backing file) and
+/// dm/md devices (to their first component) down to a physical disk;
+/// `depth` bounds the walk.
+fn physical_disk_dir(dir: PathBuf, depth: u32) -> PathBuf {
+    if depth == 0 {
+        return dir;
+    }
+    if let Ok(backing) = fs::read_to_string(dir.join("loop/backing_file"))
+        && let Ok(meta) = fs::metadata(backing.trim_end_matches('\n'))
+        && let Some(d) = disk_dir_for_devnum(major(meta.dev()), minor(meta.dev()))
+    {
+        return physical_disk_dir(d, depth - 1);
+    }
+    let first_slave = fs::read_dir(dir.join("slaves"))
+        .ok()
+        .and_then(|it| {
+            let mut names: Vec<_> = it.flatten().map(|e| e.path()).collect();
+            names.sort();
+            names.into_iter().next()
+        })
+        .and_then(|p| fs::read_to_string(p.join("dev")).ok())
+        .and_then(|t| parse_devnum(&t));
+    match first_slave.and_then(|(a, b)| disk_dir_for_devnum(a, b)) {
+        Some(d) => physical_disk_dir(d, depth - 1),
+        None => dir,
+    }
 }
 
 #[cfg(test)]
