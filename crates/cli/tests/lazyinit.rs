@@ -46,9 +46,28 @@ fn is_root() -> bool {
 /// Make a lazily-initialized ext4 image (no discard, so no group starts
 /// with ITABLE_ZEROED).
 fn mkfs(path: &Path, size: u64, extra: &[&str]) {
+    mkfs_with(Maker::Mke2fs, path, size, extra)
+}
+
+/// Which formatter makes a test image.
+#[derive(Clone, Copy, Debug)]
+enum Maker {
+    Mke2fs,
+    Ext4kit,
+}
+
+fn mkfs_with(maker: Maker, path: &Path, size: u64, extra: &[&str]) {
     let _ = fs::remove_file(path);
     File::create(path).unwrap().set_len(size).unwrap();
-    let out = Command::new("mke2fs")
+    let mut cmd = match maker {
+        Maker::Mke2fs => Command::new("mke2fs"),
+        Maker::Ext4kit => {
+            let mut c = Command::new(ext4kit_bin());
+            c.arg("mkfs");
+            c
+        }
+    };
+    let out = cmd
         .args([
             "-q",
             "-F",
@@ -354,8 +373,8 @@ fn tmpdir() -> tempfile::TempDir {
 /// The done-when matrix: 4K and 1K blocks, metadata_csum and uninit_bg,
 /// 64- and 32-byte descriptors, via the binary with `--mult 0`.
 #[test]
-fn mke2fs_images_are_zeroed_exactly() {
-    if !have_e2fsprogs("mke2fs_images_are_zeroed_exactly") {
+fn lazy_images_from_both_formatters_are_zeroed_exactly() {
+    if !have_e2fsprogs("lazy_images_from_both_formatters_are_zeroed_exactly") {
         return;
     }
     let dir = tmpdir();
@@ -387,9 +406,13 @@ fn mke2fs_images_are_zeroed_exactly() {
             "uninit_bg",
         ),
     ];
-    for (i, &(name, size, extra, feature)) in cases.iter().enumerate() {
+    let all = [Maker::Mke2fs, Maker::Ext4kit]
+        .into_iter()
+        .flat_map(|m| cases.iter().map(move |c| (m, c)));
+    for (i, (maker, &(name, size, extra, feature))) in all.enumerate() {
+        let name = &format!("{name}-{maker:?}");
         let img = dir.path().join(format!("{name}.img"));
-        mkfs(&img, size, extra);
+        mkfs_with(maker, &img, size, extra);
         let lay = layout(&img);
         assert!(lay.features.contains(feature), "{name}: {}", lay.features);
         assert!(lay.groups.len() >= 4, "{name}: too few groups");
