@@ -17,6 +17,27 @@ pub struct LoadSample {
     pub ios: u64,
     /// Milliseconds the disk has been busy so far.
     pub io_ticks_ms: u64,
+    /// Pressure stall information, when the kernel has it: microseconds
+    /// so far during which some task was stalled waiting for I/O
+    /// (`/proc/pressure/io`) and for a CPU (`/proc/pressure/cpu`), the
+    /// "some" lines' `total`. This sees foreground programs that suffer
+    /// even when the disk itself is not saturated (CPU-bound work that
+    /// competes with our I/O path, e.g. through a loop device).
+    pub stall_io_us: Option<u64>,
+    pub stall_cpu_us: Option<u64>,
+}
+
+/// The `total=` of the "some" line of a `/proc/pressure/*` file.
+pub fn parse_psi_some_total(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("some "))?;
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix("total="))?
+        .parse()
+        .ok()
+}
+
+fn read_psi(name: &str) -> Option<u64> {
+    parse_psi_some_total(&std::fs::read_to_string(Path::new("/proc/pressure").join(name)).ok()?)
 }
 
 /// A source of [`LoadSample`]s. `None` means "unknown right now".
@@ -37,6 +58,7 @@ pub fn parse_block_stat(text: &str) -> Option<LoadSample> {
     Some(LoadSample {
         ios: f[0].saturating_add(f[4]),
         io_ticks_ms: f[9],
+        ..LoadSample::default()
     })
 }
 
@@ -73,7 +95,10 @@ impl SysfsLoad {
 
 impl LoadSignal for SysfsLoad {
     fn sample(&mut self) -> Option<LoadSample> {
-        parse_block_stat(&std::fs::read_to_string(&self.stat).ok()?)
+        let mut s = parse_block_stat(&std::fs::read_to_string(&self.stat).ok()?)?;
+        s.stall_io_us = read_psi("io");
+        s.stall_cpu_us = read_psi("cpu");
+        Some(s)
     }
 }
 
@@ -88,13 +113,21 @@ mod tests {
             parse_block_stat(t),
             Some(LoadSample {
                 ios: 164916 + 412287,
-                io_ticks_ms: 491508
+                io_ticks_ms: 491508,
+                ..LoadSample::default()
             })
         );
         // Old kernels: 11 fields.
         assert!(parse_block_stat("1 2 3 4 5 6 7 8 9 10 11").is_some());
         assert_eq!(parse_block_stat("1 2 3"), None);
         assert_eq!(parse_block_stat("a b c d e f g h i j k"), None);
+    }
+
+    #[test]
+    fn parses_psi() {
+        let t = "some avg10=3.87 avg60=5.75 avg300=9.98 total=547762103\nfull avg10=3.72 avg60=5.09 avg300=6.68 total=337668240\n";
+        assert_eq!(parse_psi_some_total(t), Some(547_762_103));
+        assert_eq!(parse_psi_some_total("full total=1\n"), None);
     }
 
     #[test]

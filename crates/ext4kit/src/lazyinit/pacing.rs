@@ -185,6 +185,12 @@ impl Ewma {
 ///    busy, `Σ Δio_ticks / Σ window` over the recent windows (both sums
 ///    decay with time constant [`IDLE_TAU`] of idle time, which evens out
 ///    the jiffy granularity of `io_ticks`). Nothing needs subtracting.
+///    Where the kernel has pressure stall information, the share of the
+///    idle window during which some task was stalled on I/O or waiting
+///    for a CPU (`/proc/pressure/{io,cpu}`, "some") counts too: it sees
+///    foreground programs that suffer although the disk is not saturated.
+///    (During our own work such stalls cannot be told apart from the ones
+///    our I/O path causes, so they are not used then.)
 /// 2. **Work window**: the share of requests completed during the unit
 ///    that were not ours, `(Δios − r̂·ours) / Δios`, where `ours` is the
 ///    number of requests we issued and `r̂` the number of requests the
@@ -220,6 +226,8 @@ pub struct Pacer {
     /// Decayed sums of idle-window lengths and of busy ticks in them.
     idle_ms: f64,
     idle_ticks: f64,
+    /// Decayed sum of pressure stall time (I/O or CPU, ms) in idle windows.
+    idle_stall: f64,
     /// Last load estimate (for reports).
     load: f64,
     have_signal: bool,
@@ -237,6 +245,7 @@ impl Pacer {
             last_work: None,
             idle_ms: 0.0,
             idle_ticks: 0.0,
+            idle_stall: 0.0,
             load: 0.0,
             have_signal: false,
         }
@@ -286,6 +295,12 @@ impl Pacer {
                 self.idle_ms = self.idle_ms * keep + window_ms;
                 self.idle_ticks = self.idle_ticks * keep + ticks;
                 load = load.max((self.idle_ticks / self.idle_ms).clamp(0.0, 1.0));
+                // Pressure stalls while we are idle are other programs'.
+                let stall_us = delta(s.stall_io_us, s0.stall_io_us)
+                    .max(delta(s.stall_cpu_us, s0.stall_cpu_us));
+                self.idle_stall = self.idle_stall * keep + stall_us as f64 / 1000.0;
+                load = load.max((self.idle_stall / self.idle_ms).clamp(0.0, 1.0));
+
                 if let Some((dios, ours)) = self.last_work {
                     if busy < QUIET && s.ios.saturating_sub(s0.ios) <= 2 && ours > 0 && dios > 0 {
                         self.ratio.update(dios as f64 / ours as f64);
@@ -335,11 +350,20 @@ impl Pacer {
                     return wait(f64::from(fallback_mult));
                 };
                 self.last_work = Some((s.ios.saturating_sub(s0.ios), our_requests));
+
                 self.idle_from = Some((now, s));
                 let probe = (elapsed / 20).min(MAX_PROBE);
                 wait(self.level).max(probe)
             }
         }
+    }
+}
+
+/// Growth of a cumulative counter between two optional readings.
+fn delta(now: Option<u64>, before: Option<u64>) -> u64 {
+    match (now, before) {
+        (Some(a), Some(b)) => a.saturating_sub(b),
+        _ => 0,
     }
 }
 
