@@ -2,8 +2,6 @@
 //! planner's [`FsParams`] and the superblock [`SuperSettings`], the way
 //! mke2fs's `PRS()` does. Everything is validated here, before any write.
 
-use std::path::PathBuf;
-
 use ext4kit_format::Features;
 use ext4kit_format::features::{Compat, Incompat, RoCompat, Word};
 
@@ -701,7 +699,6 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         itable_zeroed: assume_prezeroed,
         kbytes_written: 0,
     };
-    let _ = PathBuf::new();
     Ok(Resolved {
         params,
         settings,

@@ -9,7 +9,7 @@
 use ext4kit_device::{Device, DeviceError};
 use ext4kit_format::dir;
 use ext4kit_format::extent::{self, Extent, ExtentHeader, ExtentIndex};
-use ext4kit_format::features::{Compat, Incompat, RoCompat};
+use ext4kit_format::features::{Incompat, RoCompat};
 use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT};
 use ext4kit_format::inode::{self, EXT4_EXTENTS_FL, EXTRA_ISIZE, Inode, S_IFDIR, S_IFREG};
 use ext4kit_format::jbd2::JournalSuperblock;
@@ -278,7 +278,7 @@ impl Writer<'_> {
     /// Fill `i_block` with an extent root (or block pointers) for `fm`.
     fn map_file(&self, ino: &mut Inode, fm: &FileMap) {
         let bs = u64::from(self.layout.block_size);
-        let mut blocks = fm.blocks() + fm.meta_blocks();
+        let blocks = fm.blocks() + fm.meta_blocks();
         if let Some(bm) = &fm.blockmap {
             for (k, p) in bm.i_block.iter().enumerate() {
                 ino.i_block[k].set(*p);
@@ -319,9 +319,6 @@ impl Writer<'_> {
                 let e = Extent::new(r.lblk, r.len as u16, r.pblk);
                 area[12 + 12 * k..24 + 12 * k].copy_from_slice(e.as_bytes());
             }
-        }
-        if blocks == 0 {
-            blocks = 0;
         }
         ino.set_blocks_512(blocks * bs / 512);
     }
@@ -722,12 +719,4 @@ fn set_bits(buf: &mut [u8], from: usize, to: usize) {
         buf[b / 8] |= 1 << (b % 8);
         b += 1;
     }
-}
-
-/// Compatibility re-export for callers that only need the flags.
-pub use ext4kit_format::group_desc::BG_INODE_ZEROED as ITABLE_ZEROED;
-
-#[allow(dead_code)]
-fn _assert_types() {
-    let _ = Compat::HAS_JOURNAL;
 }
