@@ -471,6 +471,12 @@ impl Writer<'_> {
         //    the old filesystem.
         out.zero(0, 4096)?;
         out.flush_pending()?;
+        if out.stats.bytes_zeroed > 0 {
+            // An old superblock was there: make its removal durable before
+            // any new metadata, so that a crash never leaves the old
+            // superblock in front of half-written new tables.
+            dev.flush()?;
+        }
         // 2. Zero the tail of the device (old MD RAID superblocks).
         let rsv = 65536 / bs;
         let mut start = l.blocks_count & !(rsv - 1);
