@@ -131,11 +131,17 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
     let start = Instant::now();
     let (profile, _source) = Profile::load().context("reading mke2fs.conf")?;
     let exists = a.device.exists();
-    let (device_size, sector) = if exists {
+    // One read-only probe of an existing target: size, sector size, and
+    // whether a discard leaves zeros (regular files: yes, holes).
+    let (device_size, sector, dev_discard_zeroes) = if exists {
         let dev = open_device(&a.device, OpenOptions::read_only())?;
-        (Some(dev.size()), dev.logical_block_size())
+        (
+            Some(dev.size()),
+            dev.logical_block_size(),
+            dev.discard_zeroes_data(),
+        )
     } else {
-        (None, 512)
+        (None, 512, true)
     };
     let opts = MkfsOptions {
         // Like mkfs.ext4: ext4 unless -t says otherwise.
@@ -181,12 +187,7 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
     }
     // Would a discard of this target leave zeros? Regular files: yes
     // (holes). Block devices: only if the kernel says so.
-    let discard_zeroes = if is_file {
-        true
-    } else {
-        let dev = open_device(&a.device, OpenOptions::read_only())?;
-        dev.discard_zeroes_data()
-    };
+    let discard_zeroes = is_file || dev_discard_zeroes;
     let prepared = mkfs::prepare(resolved, discard_zeroes)?;
     let l = &prepared.layout;
     if a.dry_run {
