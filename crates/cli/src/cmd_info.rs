@@ -54,47 +54,50 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
             "groups_inconsistent": st.groups_inconsistent,
             "bytes_to_zero": st.bytes_to_zero,
         });
-        println!("{v}");
+        outln!("{v}");
         return Ok(0);
     }
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-    println!("device:              {}", path.display());
+    outln!("device:              {}", path.display());
     match allocated {
-        Some(a) => println!(
+        Some(a) => outln!(
             "size:                {} bytes ({:.1} MiB), {} bytes allocated ({:.1} MiB)",
             dev.size(),
             mib(dev.size()),
             a,
             mib(a)
         ),
-        None => println!(
+        None => outln!(
             "size:                {} bytes ({:.1} MiB)",
             dev.size(),
             mib(dev.size())
         ),
     }
-    println!("block size:          {}", g.block_size);
-    println!("blocks:              {}", g.blocks_count);
-    println!(
+    outln!("block size:          {}", g.block_size);
+    outln!("blocks:              {}", g.blocks_count);
+    outln!(
         "block groups:        {} ({} blocks, {} inodes per group)",
-        g.group_count, g.blocks_per_group, g.inodes_per_group
+        g.group_count,
+        g.blocks_per_group,
+        g.inodes_per_group
     );
-    println!(
+    outln!(
         "inode tables:        {} blocks per group ({}-byte inodes)",
-        g.itable_blocks, g.inode_size
+        g.itable_blocks,
+        g.inode_size
     );
-    println!(
+    outln!(
         "group descriptors:   {} bytes, {} block(s) from block {}, checksum {}",
         g.desc_size,
         g.desc_blocks,
         g.gdt_start,
         img.desc_checksum().name()
     );
-    println!("features:            {}", features.join(" "));
+    outln!("features:            {}", features.join(" "));
     if img.needs_recovery() {
-        println!("journal:             needs recovery");
+        outln!("journal:             needs recovery");
     }
-    println!(
+    outln!(
         "lazy init:           {} of {} groups without ITABLE_ZEROED ({} INODE_UNINIT), {:.1} MiB of inode table to zero",
         st.groups_not_zeroed,
         st.groups,
@@ -102,7 +105,7 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
         mib(st.bytes_to_zero)
     );
     if st.groups_inconsistent > 0 {
-        println!(
+        outln!(
             "                     {} group(s) with inconsistent counts (lazyinit will refuse)",
             st.groups_inconsistent
         );

@@ -2,7 +2,7 @@
 //! lazy init, offline, on image files and block devices.
 
 use std::collections::HashMap;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -267,11 +267,9 @@ impl Output {
     }
 
     fn json_line(&self, v: &serde_json::Value) {
-        let mut so = std::io::stdout().lock();
         // A closed stdout must not abort the work: the flags on disk are
         // the real record.
-        let _ = writeln!(so, "{v}");
-        let _ = so.flush();
+        outln!("{v}");
     }
 
     /// A filesystem is refused: always a one-line message on stderr.
@@ -310,7 +308,7 @@ impl Output {
                 "groups_pending": pending,
                 "bytes_pending": bytes,
             })),
-            Mode::Human { .. } => println!(
+            Mode::Human { .. } => outln!(
                 "{}: {} of {} groups to zero, {} of inode table at most",
                 job.name(),
                 pending,

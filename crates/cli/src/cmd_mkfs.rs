@@ -209,7 +209,7 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
     };
     if !a.quiet && !a.json {
         if !exists {
-            println!("Creating regular file {}", a.device.display());
+            outln!("Creating regular file {}", a.device.display());
         }
         print_summary(a, &prepared);
     }
@@ -232,9 +232,9 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
             "allocated_bytes": dev.allocated_bytes(),
             "seconds": start.elapsed().as_secs_f64(),
         });
-        println!("{v}");
+        outln!("{v}");
     } else if !a.quiet {
-        println!("Writing superblocks and filesystem accounting information: done");
+        outln!("Writing superblocks and filesystem accounting information: done");
     }
     Ok(0)
 }
@@ -248,13 +248,13 @@ fn print_summary(a: &MkfsArgs, p: &mkfs::Prepared) {
         return;
     }
     let l = &p.layout;
-    println!(
+    outln!(
         "Creating filesystem with {} {}k blocks and {} inodes",
         l.blocks_count,
         l.block_size / 1024,
         l.inodes_count
     );
-    println!(
+    outln!(
         "Filesystem UUID: {}",
         uuid::Uuid::from_bytes(p.settings.uuid)
     );
@@ -263,20 +263,23 @@ fn print_summary(a: &MkfsArgs, p: &mkfs::Prepared) {
         .map(|g| l.group_first_block(g).to_string())
         .collect();
     if !backups.is_empty() {
-        println!(
+        outln!(
             "Superblock backups stored on blocks: {}",
             backups.join(", ")
         );
     }
     if a.verbose || a.dry_run {
-        println!(
+        outln!(
             "fs_types for mke2fs.conf resolution: '{}'",
             p.resolved.fs_types.join("', '")
         );
-        println!("Features: {}", l.features.names().join(" "));
-        println!(
+        outln!("Features: {}", l.features.names().join(" "));
+        outln!(
             "{} block groups, {} blocks per group, {} inodes per group, journal {} blocks",
-            l.group_count, l.blocks_per_group, l.inodes_per_group, l.journal_blocks
+            l.group_count,
+            l.blocks_per_group,
+            l.inodes_per_group,
+            l.journal_blocks
         );
     }
 }

@@ -3,6 +3,9 @@
 
 use clap::{Parser, Subcommand};
 
+#[macro_use]
+mod out;
+
 mod cmd_info;
 mod cmd_lazyinit;
 mod cmd_mkfs;
@@ -44,12 +47,23 @@ fn main() {
         Cmd::Lazyinit(a) => cmd_lazyinit::run(a),
         Cmd::Info(a) => cmd_info::run(a),
     };
-    match res {
-        Ok(code) => std::process::exit(code),
+    let code = match res {
+        Ok(code) => code,
         Err(e) => {
             let msg = format!("{e:#}");
             eprintln!("ext4kit: {}", msg.replace('\n', " "));
-            std::process::exit(1);
+            1
         }
+    };
+    // A report nobody could read: quiet 141 on a broken pipe, one line
+    // for other output errors; the work itself was finished either way.
+    match out::status() {
+        Some((out_code, msg)) if code == 0 => {
+            if let Some(m) = msg {
+                eprintln!("ext4kit: {m}");
+            }
+            std::process::exit(out_code)
+        }
+        _ => std::process::exit(code),
     }
 }
