@@ -24,8 +24,8 @@ pub struct InfoArgs {
 /// Run `ext4kit info`; returns the exit code.
 pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
     let path = &args.device;
-    let dev = open_device(path, OpenOptions::read_only())
-        .with_context(|| format!("{}", path.display()))?;
+    // Device errors name the path themselves.
+    let dev = open_device(path, OpenOptions::read_only())?;
     let img = Image::open(dev.as_ref()).with_context(|| format!("{}", path.display()))?;
     let g = img.geometry();
     let st = lazyinit::status(&img);
