@@ -10,6 +10,7 @@ mod cmd_generate;
 mod cmd_info;
 mod cmd_lazyinit;
 mod cmd_mkfs;
+mod errmsg;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -56,8 +57,7 @@ fn main() {
     let code = match res {
         Ok(code) => code,
         Err(e) => {
-            let msg = format!("{e:#}");
-            eprintln!("ext4kit: {}", msg.replace('\n', " "));
+            eprintln!("ext4kit: {}", errmsg::one_line(&e));
             1
         }
     };

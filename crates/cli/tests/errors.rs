@@ -131,3 +131,27 @@ fn not_ext4() {
         skip("not_ext4 (e2fsck part)", "e2fsck not installed");
     }
 }
+
+/// An unreadable mke2fs.conf: the OS error once (the profile error shows
+/// its source and returns it; the binary's printer says it once).
+#[test]
+fn unreadable_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("new.img");
+    let conf = Path::new("/proc/self/mem"); // read(2) at offset 0: EIO
+    if !conf.exists() {
+        skip("unreadable_config", "no /proc/self/mem");
+        return;
+    }
+    let out = run(ext4kit_mkfs(["-n"])
+        .arg(&img)
+        .arg("8M")
+        .env("MKE2FS_CONFIG", conf))
+    .unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(err.matches("/proc/self/mem").count(), 1, "{err}");
+    assert_eq!(err.matches("os error").count(), 1, "{err}");
+    assert!(!img.exists());
+}
