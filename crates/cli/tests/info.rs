@@ -247,3 +247,62 @@ fn mounted_and_damaged_state_match_dumpe2fs() {
     assert_eq!(j["clean"].as_bool(), Some(false));
     assert_eq!(j["has_errors"].as_bool(), Some(true));
 }
+
+/// `--json` keys are an interface: this is the whole set; adding one is
+/// fine (add it here), renaming or dropping one breaks scripts.
+#[test]
+fn json_keys_are_stable() {
+    if !have_tools("json_keys_are_stable") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("k.img");
+    mkfs(&img, &[], 16);
+    let (_, j) = info(&img);
+    let mut keys: Vec<&str> = j.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    let mut want = vec![
+        "allocated_bytes",
+        "block_size",
+        "blocks_count",
+        "blocks_per_group",
+        "bytes_to_zero",
+        "clean",
+        "created_time",
+        "desc_blocks",
+        "desc_checksum",
+        "desc_size",
+        "desc_table_block",
+        "device",
+        "errors_behavior",
+        "features",
+        "free_blocks",
+        "free_inodes",
+        "groups",
+        "groups_inconsistent",
+        "groups_inode_uninit",
+        "groups_not_zeroed",
+        "has_errors",
+        "inode_size",
+        "inodes_count",
+        "inodes_per_group",
+        "itable_blocks_per_group",
+        "journal_blocks",
+        "journal_bytes",
+        "journal_inode",
+        "label",
+        "last_check_time",
+        "last_mount_time",
+        "last_mounted_on",
+        "last_write_time",
+        "max_mount_count",
+        "mount_count",
+        "needs_recovery",
+        "reserved_blocks",
+        "size",
+        "state",
+        "uuid",
+    ];
+    want.sort_unstable();
+    assert_eq!(keys, want);
+}
