@@ -38,24 +38,30 @@ pub fn git_commit(dir: &Path) -> Option<String> {
 }
 
 /// Files whose change means HEAD moved: HEAD itself (the worktree's own),
-/// the branch it points to, and packed-refs. Only existing ones.
+/// the branch it points to (or its directory while the branch is only in
+/// packed-refs), and packed-refs. Only existing ones.
 pub fn watch_paths(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut add = |p: Option<String>| {
-        if let Some(p) = p {
-            let p = dir.join(p);
-            if p.is_file() && !out.contains(&p) {
-                out.push(p);
-            }
-        }
-    };
-    add(git(dir, &["rev-parse", "--git-path", "HEAD"]));
+    let path = |args: &[&str]| git(dir, args).map(|p| dir.join(p));
+    let mut out: Vec<PathBuf> = Vec::new();
+    if let Some(head) = path(&["rev-parse", "--git-path", "HEAD"]) {
+        out.push(head);
+    }
     if let Some(r) = git(dir, &["rev-parse", "--symbolic-full-name", "HEAD"])
         && r.starts_with("refs/")
+        && let Some(p) = path(&["rev-parse", "--git-path", &r])
     {
-        add(git(dir, &["rev-parse", "--git-path", &r]));
+        if p.is_file() {
+            out.push(p);
+        } else if let Some(parent) = p.parent() {
+            // Packed for now: the loose file appears there on the next commit.
+            out.push(parent.to_path_buf());
+        }
     }
-    add(git(dir, &["rev-parse", "--git-path", "packed-refs"]));
+    if let Some(packed) = path(&["rev-parse", "--git-path", "packed-refs"]) {
+        out.push(packed);
+    }
+    out.retain(|p| p.exists());
+    out.dedup();
     out
 }
 
