@@ -263,8 +263,8 @@ fn journal_info(img: &Image<'_>) -> anyhow::Result<Option<Journal>> {
     }
     let g = img.geometry();
     let ipg = g.inodes_per_group;
-    let group = (ino - 1) / ipg;
-    if ipg == 0 || ino > g.inodes_count || group >= g.group_count {
+    let group = (ino - 1).checked_div(ipg).unwrap_or(u32::MAX);
+    if ino > g.inodes_count || group >= g.group_count {
         anyhow::bail!("journal inode {ino} is outside the inode tables");
     }
     let table = img.desc(group).inode_table();

@@ -306,3 +306,33 @@ fn json_keys_are_stable() {
     want.sort_unstable();
     assert_eq!(keys, want);
 }
+
+/// A superblock pointing its journal at an inode that does not exist: one
+/// line naming the image and the inode, exit 1, no panic.
+#[test]
+fn bad_journal_inode_is_one_line() {
+    if !have_tools("bad_journal_inode_is_one_line") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("j.img");
+    mkfs(&img, &[], 16);
+    // e2fsck would rightly complain after this; only info reads it.
+    debugfs_w(&img, &["ssv journal_inum 999999"]);
+    for json in [false, true] {
+        let mut c = ext4kit();
+        c.arg("info");
+        if json {
+            c.arg("--json");
+        }
+        let out = run(c.arg(&img)).unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&img.display().to_string()) && err.contains("999999"),
+            "{err}"
+        );
+        assert!(out.stdout.is_empty());
+    }
+}
