@@ -6,10 +6,15 @@ use anyhow::Context;
 use ext4kit::image::Image;
 use ext4kit::lazyinit;
 use ext4kit_device::{OpenOptions, open_device};
+use ext4kit_format::features::Compat;
+use ext4kit_format::inode::Inode;
+use ext4kit_format::superblock::{STATE_ERROR, STATE_VALID, Superblock};
 use serde_json::json;
 
-/// Show an ext4 filesystem's geometry and how many block groups still lack
-/// ITABLE_ZEROED (inode tables left for lazy init). Read-only.
+/// Show an ext4 filesystem's identity, state, counts and times (what
+/// `dumpe2fs -h` shows first), its geometry, and how many block groups
+/// still lack ITABLE_ZEROED (inode tables left for lazy init). Read-only.
+/// Times are shown in UTC.
 #[derive(clap::Args, Debug)]
 pub struct InfoArgs {
     /// ext4 image file or block device.
@@ -24,20 +29,43 @@ pub struct InfoArgs {
 /// Run `ext4kit info`; returns the exit code.
 pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
     let path = &args.device;
-    let dev = open_device(path, OpenOptions::read_only())
-        .with_context(|| format!("{}", path.display()))?;
+    // Device errors name the path themselves.
+    let dev = open_device(path, OpenOptions::read_only())?;
     let img = Image::open(dev.as_ref()).with_context(|| format!("{}", path.display()))?;
     let g = img.geometry();
+    let sb = img.superblock();
     let st = lazyinit::status(&img);
     let features = img.features().names();
     let allocated = dev.allocated_bytes();
+    let journal = journal_info(&img).with_context(|| format!("{}", path.display()))?;
+    let s = Summary::of(sb);
     if args.json {
         let v = json!({
             "device": path.display().to_string(),
             "size": dev.size(),
             "allocated_bytes": allocated,
+            "uuid": s.uuid,
+            "label": s.label,
+            "last_mounted_on": s.last_mounted,
+            "state": s.state,
+            "clean": sb.s_state.get() & STATE_VALID != 0,
+            "has_errors": sb.s_state.get() & STATE_ERROR != 0,
+            "errors_behavior": s.errors_behavior,
             "block_size": g.block_size,
             "blocks_count": g.blocks_count,
+            "free_blocks": sb.free_blocks_count(),
+            "reserved_blocks": sb.r_blocks_count(),
+            "inodes_count": sb.s_inodes_count.get(),
+            "free_inodes": sb.s_free_inodes_count.get(),
+            "mount_count": sb.s_mnt_count.get(),
+            "max_mount_count": s.max_mount_count,
+            "created_time": s.created,
+            "last_mount_time": s.last_mount,
+            "last_write_time": s.last_write,
+            "last_check_time": s.last_check,
+            "journal_inode": journal.map(|j| j.inode),
+            "journal_bytes": journal.map(|j| j.bytes),
+            "journal_blocks": journal.map(|j| j.bytes / u64::from(g.block_size)),
             "groups": g.group_count,
             "blocks_per_group": g.blocks_per_group,
             "inodes_per_group": g.inodes_per_group,
@@ -73,8 +101,33 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
             mib(dev.size())
         ),
     }
+    outln!(
+        "filesystem UUID:     {}",
+        s.uuid.as_deref().unwrap_or("<none>")
+    );
+    outln!(
+        "volume name:         {}",
+        s.label.as_deref().unwrap_or("<none>")
+    );
+    outln!(
+        "last mounted on:     {}",
+        s.last_mounted.as_deref().unwrap_or("<not available>")
+    );
+    outln!("state:               {}", s.state);
+    outln!("errors behavior:     {}", s.errors_behavior);
+    outln!("features:            {}", features.join(" "));
     outln!("block size:          {}", g.block_size);
-    outln!("blocks:              {}", g.blocks_count);
+    outln!(
+        "blocks:              {} ({} free, {} reserved)",
+        g.blocks_count,
+        sb.free_blocks_count(),
+        sb.r_blocks_count()
+    );
+    outln!(
+        "inodes:              {} ({} free)",
+        sb.s_inodes_count.get(),
+        sb.s_free_inodes_count.get()
+    );
     outln!(
         "block groups:        {} ({} blocks, {} inodes per group)",
         g.group_count,
@@ -93,7 +146,28 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
         g.gdt_start,
         img.desc_checksum().name()
     );
-    outln!("features:            {}", features.join(" "));
+    outln!(
+        "mount count:         {} (maximum {})",
+        sb.s_mnt_count.get(),
+        s.max_mount_count
+    );
+    let when = |t: Option<u64>| t.map_or_else(|| "n/a".to_string(), ctime_utc);
+    outln!("created:             {}", when(s.created));
+    outln!("last mount:          {}", when(s.last_mount));
+    outln!("last write:          {}", when(s.last_write));
+    outln!("last checked:        {}", when(s.last_check));
+    match journal {
+        Some(j) => outln!(
+            "journal:             {} ({} blocks, inode {})",
+            human_bytes(j.bytes),
+            j.bytes / u64::from(g.block_size),
+            j.inode
+        ),
+        None if img.features().compat.contains(Compat::HAS_JOURNAL) => {
+            outln!("journal:             external")
+        }
+        None => outln!("journal:             none"),
+    }
     if img.needs_recovery() {
         outln!("journal:             needs recovery");
     }
@@ -111,4 +185,162 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
         );
     }
     Ok(0)
+}
+
+/// The superblock fields `dumpe2fs -h` users look for, decoded.
+struct Summary {
+    uuid: Option<String>,
+    label: Option<String>,
+    last_mounted: Option<String>,
+    /// e2p's `print_fs_state`: "clean" or "not clean", plus " with errors".
+    state: String,
+    /// e2p's `print_fs_errors`, lower case.
+    errors_behavior: &'static str,
+    /// Signed, as dumpe2fs prints it (-1: no limit).
+    max_mount_count: i16,
+    /// Seconds since the epoch (with the `_hi` byte); `None` when 0.
+    created: Option<u64>,
+    last_mount: Option<u64>,
+    last_write: Option<u64>,
+    last_check: Option<u64>,
+}
+
+impl Summary {
+    fn of(sb: &Superblock) -> Self {
+        let state = sb.s_state.get();
+        let mut st = if state & STATE_VALID != 0 {
+            "clean".to_string()
+        } else {
+            "not clean".to_string()
+        };
+        if state & STATE_ERROR != 0 {
+            st.push_str(" with errors");
+        }
+        let time = |lo: u32, hi: u8| {
+            let t = u64::from(lo) | (u64::from(hi) << 32);
+            (t != 0).then_some(t)
+        };
+        Summary {
+            uuid: (sb.s_uuid != [0; 16]).then(|| uuid::Uuid::from_bytes(sb.s_uuid).to_string()),
+            label: c_string(&sb.s_volume_name),
+            last_mounted: c_string(&sb.s_last_mounted),
+            state: st,
+            errors_behavior: match sb.s_errors.get() {
+                1 => "continue",
+                2 => "remount read-only",
+                3 => "panic",
+                _ => "unknown (continue)",
+            },
+            max_mount_count: sb.s_max_mnt_count.get() as i16,
+            created: time(sb.s_mkfs_time.get(), sb.s_mkfs_time_hi),
+            last_mount: time(sb.s_mtime.get(), sb.s_mtime_hi),
+            last_write: time(sb.s_wtime.get(), sb.s_wtime_hi),
+            last_check: time(sb.s_lastcheck.get(), sb.s_lastcheck_hi),
+        }
+    }
+}
+
+/// A NUL-padded superblock string; `None` when empty.
+fn c_string(raw: &[u8]) -> Option<String> {
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    (end > 0).then(|| String::from_utf8_lossy(&raw[..end]).into_owned())
+}
+
+/// An internal journal: its inode and its size (the inode's `i_size`).
+#[derive(Clone, Copy)]
+struct Journal {
+    inode: u32,
+    bytes: u64,
+}
+
+/// Read the journal inode named by the superblock; `None` without an
+/// internal journal.
+fn journal_info(img: &Image<'_>) -> anyhow::Result<Option<Journal>> {
+    let sb = img.superblock();
+    let ino = sb.s_journal_inum.get();
+    if !img.features().compat.contains(Compat::HAS_JOURNAL) || ino == 0 {
+        return Ok(None);
+    }
+    let g = img.geometry();
+    let ipg = g.inodes_per_group;
+    let group = (ino - 1).checked_div(ipg).unwrap_or(u32::MAX);
+    if ino > g.inodes_count || group >= g.group_count {
+        anyhow::bail!("journal inode {ino} is outside the inode tables");
+    }
+    let table = img.desc(group).inode_table();
+    let offset = g
+        .byte_offset(table)
+        .checked_add(u64::from((ino - 1) % ipg) * u64::from(g.inode_size))
+        .filter(|end| end.saturating_add(u64::from(g.inode_size)) <= g.fs_bytes())
+        .with_context(|| {
+            format!("journal inode {ino}: inode table block {table} is outside the filesystem")
+        })?;
+    let mut buf = vec![0u8; g.inode_size.clamp(128, 160) as usize];
+    img.device()
+        .read_at(&mut buf, offset)
+        .with_context(|| format!("reading journal inode {ino}"))?;
+    let inode = Inode::parse(&buf).with_context(|| format!("journal inode {ino}: short read"))?;
+    Ok(Some(Journal {
+        inode: ino,
+        bytes: inode.size(),
+    }))
+}
+
+/// Bytes as dumpe2fs shows journal sizes: "4096k" below 8 MiB, else "64M".
+fn human_bytes(b: u64) -> String {
+    let k = b / 1024;
+    if k < 8192 {
+        format!("{k}k")
+    } else {
+        format!("{}M", k >> 10)
+    }
+}
+
+/// `ctime(3)` layout in UTC, e.g. "Tue Nov 14 22:13:20 2023 UTC".
+fn ctime_utc(t: u64) -> String {
+    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let days = t / 86_400;
+    let secs = t % 86_400;
+    // Howard Hinnant's civil_from_days, for days since 1970-01-01 >= 0.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{} {} {:2} {:02}:{:02}:{:02} {} UTC",
+        DAYS[(days % 7) as usize],
+        MONTHS[(month - 1) as usize],
+        day,
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        year
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ctime_layout() {
+        assert_eq!(ctime_utc(0), "Thu Jan  1 00:00:00 1970 UTC");
+        assert_eq!(ctime_utc(1_700_000_000), "Tue Nov 14 22:13:20 2023 UTC");
+        assert_eq!(ctime_utc(951_782_400), "Tue Feb 29 00:00:00 2000 UTC");
+        assert_eq!(ctime_utc(4_102_444_800), "Fri Jan  1 00:00:00 2100 UTC");
+    }
+
+    #[test]
+    fn journal_sizes() {
+        assert_eq!(human_bytes(4 << 20), "4096k");
+        assert_eq!(human_bytes(64 << 20), "64M");
+    }
 }

@@ -131,6 +131,13 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
     let start = Instant::now();
     let (profile, _source) = Profile::load().context("reading mke2fs.conf")?;
     let exists = a.device.exists();
+    if !exists && a.fs_size.is_none() {
+        // mke2fs's message, which names the file.
+        bail!(
+            "the file {} does not exist and no size was specified",
+            a.device.display()
+        );
+    }
     // One read-only probe of an existing target: size, sector size, and
     // whether a discard leaves zeros (regular files: yes, holes).
     let (device_size, sector, dev_discard_zeroes) = if exists {
@@ -240,7 +247,8 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
 }
 
 fn create_image(path: &Path, size: u64) -> Result<FileDevice> {
-    FileDevice::create_sparse(path, size).with_context(|| format!("creating {}", path.display()))
+    // The device error names the path.
+    FileDevice::create_sparse(path, size).context("creating the image file")
 }
 
 fn print_summary(a: &MkfsArgs, p: &mkfs::Prepared) {

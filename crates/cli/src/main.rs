@@ -1,19 +1,22 @@
 //! The `ext4kit` command: mkfs, lazyinit and info for ext4 images and
 //! block devices.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[macro_use]
 mod out;
 
+mod cmd_generate;
 mod cmd_info;
 mod cmd_lazyinit;
 mod cmd_mkfs;
+mod errmsg;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "ext4kit",
-    version,
+    // The package version and the git commit (build.rs).
+    version = env!("EXT4KIT_VERSION"),
     about = "ext4 formatting and deferred initialization, in userspace",
     long_about = "ext4kit makes ext4 filesystems byte-for-byte like mke2fs 1.47, skips \
                   writing zeros where the storage already reads zero, and finishes \
@@ -31,8 +34,11 @@ enum Cmd {
     Mkfs(cmd_mkfs::MkfsArgs),
     /// Zero the inode tables left for lazy init (offline ext4lazyinit).
     Lazyinit(cmd_lazyinit::LazyinitArgs),
-    /// Show geometry and lazy-init state of an ext4 filesystem.
+    /// Show an ext4 filesystem's state, counts, times, geometry and lazy-init progress.
     Info(cmd_info::InfoArgs),
+    /// Write man pages or shell completions (for packaging).
+    #[command(hide = true)]
+    Generate(cmd_generate::GenerateArgs),
 }
 
 fn main() {
@@ -46,12 +52,12 @@ fn main() {
         Cmd::Mkfs(a) => cmd_mkfs::run(a),
         Cmd::Lazyinit(a) => cmd_lazyinit::run(a),
         Cmd::Info(a) => cmd_info::run(a),
+        Cmd::Generate(a) => cmd_generate::run(a, Cli::command()),
     };
     let code = match res {
         Ok(code) => code,
         Err(e) => {
-            let msg = format!("{e:#}");
-            eprintln!("ext4kit: {}", msg.replace('\n', " "));
+            eprintln!("ext4kit: {}", errmsg::one_line(&e));
             1
         }
     };

@@ -30,46 +30,91 @@ pub use open::open_device;
 pub use sysfs::backing_sysfs_dir;
 
 /// Errors from the device layer.
-#[derive(Debug, thiserror::Error)]
+///
+/// Each message is complete on its own and names what it is about: the
+/// OS error (`source`) is part of the text, so [`std::error::Error::source`]
+/// is deliberately `None`. Reporting both (as `thiserror` does for a field
+/// named `source`) made every chain-printing caller (`anyhow`'s `{:#}`)
+/// say the OS error twice: "x: No such file or directory (os error 2):
+/// No such file or directory (os error 2)". Use [`DeviceError::os_error`]
+/// to look at the underlying `io::Error`.
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum DeviceError {
     /// Opening (or inspecting) `path` failed; `source` says why (e.g.
     /// `NotFound`, `PermissionDenied`).
-    #[error("{path}: {source}")]
     Open { path: PathBuf, source: io::Error },
     /// `path` (or a loop device backed by it) is mounted; `on` is the mount
     /// point when known.
-    #[error("{path} is mounted{}", .on.as_ref().map(|m| format!(" on {m}")).unwrap_or_default())]
     Mounted { path: PathBuf, on: Option<String> },
     /// Exclusive open failed: the device is held by someone else (`EBUSY`
     /// for block devices, an `flock` held by another process for files).
-    #[error("{path} is in use by another program (could not open it exclusively)")]
     Busy { path: PathBuf },
     /// The path is neither a regular file nor a block device.
-    #[error("{path}: not a regular file or block device")]
     NotADevice { path: PathBuf },
     /// A read, write, flush, zeroout or discard failed.
-    #[error("I/O error at byte {offset} ({len} bytes): {source}")]
     Io {
         offset: u64,
         len: u64,
         source: io::Error,
     },
     /// The access does not fit inside the device.
-    #[error("access beyond the end of the device (byte {offset}, {len} bytes, device size {size})")]
     OutOfRange { offset: u64, len: u64, size: u64 },
     /// A mutating operation on a device that was opened read-only.
-    #[error("{path} was opened read-only")]
     ReadOnly { path: PathBuf },
     /// A fault injected by [`FaultDevice`].
-    #[error("injected fault: {0}")]
     Injected(&'static str),
     /// Anything else.
-    #[error("{0}")]
     Other(String),
 }
 
+impl std::fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceError::Open { path, source } => write!(f, "{}: {source}", path.display()),
+            DeviceError::Mounted { path, on } => {
+                write!(f, "{} is mounted", path.display())?;
+                match on {
+                    Some(m) => write!(f, " on {m}"),
+                    None => Ok(()),
+                }
+            }
+            DeviceError::Busy { path } => write!(
+                f,
+                "{} is in use by another program (could not open it exclusively)",
+                path.display()
+            ),
+            DeviceError::NotADevice { path } => {
+                write!(f, "{}: not a regular file or block device", path.display())
+            }
+            DeviceError::Io {
+                offset,
+                len,
+                source,
+            } => write!(f, "I/O error at byte {offset} ({len} bytes): {source}"),
+            DeviceError::OutOfRange { offset, len, size } => write!(
+                f,
+                "access beyond the end of the device (byte {offset}, {len} bytes, device size {size})"
+            ),
+            DeviceError::ReadOnly { path } => write!(f, "{} was opened read-only", path.display()),
+            DeviceError::Injected(what) => write!(f, "injected fault: {what}"),
+            DeviceError::Other(msg) => f.write_str(msg),
+        }
+    }
+}
+
+/// No `source()`: the message already contains it (see [`DeviceError`]).
+impl std::error::Error for DeviceError {}
+
 impl DeviceError {
+    /// The OS error behind an [`DeviceError::Open`] or [`DeviceError::Io`].
+    pub fn os_error(&self) -> Option<&io::Error> {
+        match self {
+            DeviceError::Open { source, .. } | DeviceError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
     /// Shorthand for [`DeviceError::Io`].
     pub fn io(offset: u64, len: u64, source: io::Error) -> Self {
         DeviceError::Io {
@@ -271,3 +316,29 @@ macro_rules! forward_device_impl {
 // Shared and boxed devices are devices too, so that e.g. a test can keep an
 // `Arc<MemDevice>` while a `FaultDevice<Arc<MemDevice>>` is handed out.
 forward_device_impl!(&T, Box<T>, Arc<T>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    /// The OS error is said once: in the message, not again as a source
+    /// (chain printers such as anyhow's `{:#}` print both).
+    #[test]
+    fn os_error_is_not_repeated_by_chain_printers() {
+        let e = open_device("/nonexistent-ext4kit/x.img", OpenOptions::read_only())
+            .err()
+            .expect("a missing path must not open");
+        assert!(e.source().is_none());
+        assert_eq!(
+            e.os_error().map(io::Error::kind),
+            Some(io::ErrorKind::NotFound)
+        );
+        let msg = e.to_string();
+        assert!(msg.starts_with("/nonexistent-ext4kit/x.img: "), "{msg}");
+        assert_eq!(msg.matches("os error 2").count(), 1, "{msg}");
+        let io = DeviceError::io(4096, 512, io::Error::from_raw_os_error(libc::EIO));
+        assert!(io.source().is_none());
+        assert_eq!(io.to_string().matches("os error 5").count(), 1);
+    }
+}
