@@ -3,12 +3,15 @@
 
 use clap::{Parser, Subcommand};
 
+use cmd_mkfs::Personality;
+
 #[macro_use]
 mod out;
 
 mod cmd_info;
 mod cmd_lazyinit;
 mod cmd_mkfs;
+mod probe;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -35,23 +38,110 @@ enum Cmd {
     Info(cmd_info::InfoArgs),
 }
 
+/// ext4kit installed as `mke2fs` or `mkfs.<type>`: the mkfs options,
+/// without the `mkfs` word.
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Create an ext2/ext3/ext4 filesystem (ext4kit, mke2fs-compatible options)"
+)]
+struct MkfsCli {
+    #[command(flatten)]
+    args: cmd_mkfs::MkfsArgs,
+}
+
+/// A command-line error as one line on stderr ("ext4kit mkfs: unexpected
+/// argument '--bogus' (see --help)"), or clap's own output for --help and
+/// --version. Returns the exit status.
+fn usage_error(prog: &str, e: &clap::Error) -> i32 {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            return 0;
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
+            eprintln!("{prog}: missing command: mkfs, lazyinit or info (see --help)");
+            return 2;
+        }
+        _ => {}
+    }
+    // clap's first paragraph is the message (it may list arguments on the
+    // following lines); tips and usage come after a blank line.
+    let text = e.render().to_string();
+    let para: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| l.is_empty())
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let msg = para.join(" ");
+    let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
+    let msg = if msg.is_empty() {
+        "invalid command line"
+    } else {
+        msg
+    };
+    eprintln!("{prog}: {msg} (see --help)");
+    2
+}
+
 fn main() {
     // Diagnostics on stderr, off unless RUST_LOG asks (e.g. RUST_LOG=debug).
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    let res = match &cli.cmd {
-        Cmd::Mkfs(a) => cmd_mkfs::run(a),
-        Cmd::Lazyinit(a) => cmd_lazyinit::run(a),
-        Cmd::Info(a) => cmd_info::run(a),
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let program = argv
+        .first()
+        .map(std::path::Path::new)
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let personality = Personality::from_program_name(&program);
+    let prefix = if personality.is_some() {
+        program.clone()
+    } else {
+        "ext4kit".to_string()
+    };
+    let res = if let Some(who) = personality {
+        // Installed as mke2fs / mkfs.extN.
+        let mut argv = argv;
+        if let Some(first) = argv.first_mut() {
+            *first = program.clone().into();
+        }
+        match MkfsCli::try_parse_from(argv) {
+            Ok(cli) => cmd_mkfs::run(&cli.args, &who),
+            Err(e) => std::process::exit(usage_error(&program, &e)),
+        }
+    } else {
+        let cli = match Cli::try_parse_from(&argv) {
+            Ok(cli) => cli,
+            Err(e) => {
+                // Name the subcommand the error is about, when there is one.
+                let sub = argv
+                    .get(1)
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .filter(|s| ["mkfs", "lazyinit", "info"].contains(&s.as_str()));
+                let prog = match sub {
+                    Some(s) => format!("ext4kit {s}"),
+                    None => "ext4kit".to_string(),
+                };
+                std::process::exit(usage_error(&prog, &e));
+            }
+        };
+        match &cli.cmd {
+            Cmd::Mkfs(a) => cmd_mkfs::run(a, &Personality::Ext4kit),
+            Cmd::Lazyinit(a) => cmd_lazyinit::run(a),
+            Cmd::Info(a) => cmd_info::run(a),
+        }
     };
     let code = match res {
         Ok(code) => code,
         Err(e) => {
             let msg = format!("{e:#}");
-            eprintln!("ext4kit: {}", msg.replace('\n', " "));
+            eprintln!("{prefix}: {}", msg.replace('\n', " "));
             1
         }
     };
@@ -60,7 +150,7 @@ fn main() {
     match out::status() {
         Some((out_code, msg)) if code == 0 => {
             if let Some(m) = msg {
-                eprintln!("ext4kit: {m}");
+                eprintln!("{prefix}: {m}");
             }
             std::process::exit(out_code)
         }
