@@ -319,6 +319,9 @@ fn print_warning(w: &str, json: bool) {
     let on_stdout = w.starts_with("128-byte inodes") || w.starts_with("Your mke2fs.conf");
     if on_stdout && !json {
         outln!("{w}");
+    } else if w.starts_with("Warning: the fs_type") {
+        // mke2fs sets this one off with blank lines.
+        eprintln!("\n{w}\n");
     } else {
         eprintln!("{w}");
     }
@@ -475,6 +478,15 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     if show {
         csum_advice(&prepared.layout);
     }
+    {
+        use ext4kit_format::features::Compat;
+        let asked = prepared.resolved.params.features.compat;
+        let got = prepared.layout.features.compat;
+        if asked.contains(Compat::HAS_JOURNAL) && !got.contains(Compat::HAS_JOURNAL) {
+            // mke2fs's figure_journal_size(), with or without -q.
+            eprintln!("\nFilesystem too small for a journal");
+        }
+    }
     if dry_run {
         if !a.json {
             print_summary(a, &prepared);
@@ -603,7 +615,7 @@ fn create_image(path: &Path, size: u64) -> Result<FileDevice> {
     FileDevice::create_sparse(path, size).with_context(|| format!("creating {}", path.display()))
 }
 
-/// mke2fs's `show_stats()`, and with -n or -v ext4kit's plan details.
+/// mke2fs's `show_stats()`.
 fn print_summary(a: &MkfsArgs, p: &mkfs::Prepared) {
     let l = &p.layout;
     let s = &p.settings;
@@ -630,7 +642,7 @@ fn print_summary(a: &MkfsArgs, p: &mkfs::Prepared) {
             if i > 0 {
                 text.push_str(", ");
             }
-            let need = block.to_string().len() as i64 + 1;
+            let need = block.to_string().len() as i64 + 2;
             if need > col_left {
                 text.push_str("\n\t");
                 col_left = 72;
@@ -639,16 +651,6 @@ fn print_summary(a: &MkfsArgs, p: &mkfs::Prepared) {
             text.push_str(&block.to_string());
         }
         outln!("{text}\n");
-    }
-    if a.dry_run > 0 {
-        outln!("Features: {}", l.features.names().join(" "));
-        outln!(
-            "{} block groups, {} blocks per group, {} inodes per group, journal {} blocks",
-            l.group_count,
-            l.blocks_per_group,
-            l.inodes_per_group,
-            l.journal_blocks
-        );
     }
 }
 

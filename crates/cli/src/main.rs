@@ -42,7 +42,7 @@ enum Cmd {
 /// without the `mkfs` word.
 #[derive(Parser, Debug)]
 #[command(
-    version,
+    disable_version_flag = true,
     about = "Create an ext2/ext3/ext4 filesystem (ext4kit, mke2fs-compatible options)"
 )]
 struct MkfsCli {

@@ -96,7 +96,13 @@ pub fn probe_path(path: &Path) -> io::Result<Option<Found>> {
         return Ok(None);
     }
     let buf = read_head(&f)?;
-    Ok(probe(&buf))
+    let read = |off: u64, len: usize| {
+        let mut v = vec![0u8; len];
+        // Unreadable or short: zeros (no label there).
+        let _ = f.read_at(&mut v, off);
+        v
+    };
+    Ok(probe_with(&buf, &read))
 }
 
 fn read_head(f: &File) -> io::Result<Vec<u8>> {
@@ -145,18 +151,44 @@ fn label(raw: &[u8]) -> Option<String> {
 /// One signature check over the start of the target.
 type Prober = fn(&[u8]) -> Option<Found>;
 
-/// Look for signatures in the first bytes of a target (zero-padded to at
-/// least [`HEAD`] bytes by the caller).
+/// Look for signatures in the first bytes of a target (read as zeros past
+/// its end).
+#[cfg(test)]
 pub fn probe(buf: &[u8]) -> Option<Found> {
+    let read = |off: u64, len: usize| {
+        let mut v = vec![0u8; len];
+        if let Ok(o) = usize::try_from(off)
+            && o < buf.len()
+        {
+            let n = len.min(buf.len() - o);
+            v[..n].copy_from_slice(&buf[o..o + n]);
+        }
+        v
+    };
+    probe_with(buf, &read)
+}
+
+/// Reads `len` bytes at an offset (zeros where nothing can be read).
+type ReadAt<'a> = &'a dyn Fn(u64, usize) -> Vec<u8>;
+
+/// [`probe`], with `read` for what lies past the start (FAT root
+/// directories).
+fn probe_with(buf: &[u8], read: ReadAt<'_>) -> Option<Found> {
     if buf.len() < HEAD {
         let mut b = buf.to_vec();
         b.resize(HEAD, 0);
-        return probe(&b);
+        return probe_with(&b, read);
     }
-    let probers: [Prober; 12] = [
-        lvm2, luks, vfat, swap, xfs, ext, iso9660, ntfs, squashfs, btrfs, f2fs, gpt,
+    if let Some(f) = lvm2(buf).or_else(|| luks(buf)) {
+        return Some(f);
+    }
+    if is_vfat(buf) == Some(true) {
+        return fs("vfat", fat_label(buf, read));
+    }
+    let probers: [Prober; 10] = [
+        swap, xfs, ext, iso9660, ntfs, squashfs, btrfs, f2fs, gpt, dos,
     ];
-    probers.iter().find_map(|p| p(buf)).or_else(|| dos(buf))
+    probers.iter().find_map(|p| p(buf))
 }
 
 fn fs(fs_type: &'static str, label: Option<String>) -> Option<Found> {
@@ -231,18 +263,58 @@ fn is_vfat(b: &[u8]) -> Option<bool> {
     Some(ok)
 }
 
-fn vfat(b: &[u8]) -> Option<Found> {
-    if is_vfat(b) != Some(true) {
-        return None;
-    }
-    let fat32 = &b[0x52..0x5a] == b"FAT32   " || &b[0x52..0x57] == b"MSWIN";
-    let raw = if fat32 {
-        &b[0x47..0x52]
-    } else {
-        &b[0x2b..0x36]
+/// The FAT volume label, as libblkid takes it: from the volume-label entry
+/// of the root directory only (not the boot sector's copy).
+fn fat_label(b: &[u8], read: ReadAt<'_>) -> Option<String> {
+    let sector = u64::from(le16(b, 11));
+    let reserved = u64::from(le16(b, 14));
+    let fats = u64::from(b[16]);
+    let fat16_len = u64::from(le16(b, 22));
+    let search = |off: u64, entries: u64| -> Option<String> {
+        let dir = read(off, usize::try_from(entries.min(65536) * 32).ok()?);
+        for e in dir.chunks_exact(32) {
+            if e[0] == 0 {
+                break;
+            }
+            let attr = e[11];
+            if e[0] == 0xE5 || le16(e, 20) != 0 || le16(e, 26) != 0 || attr & 0x3f == 0x0f {
+                continue;
+            }
+            if attr & (0x08 | 0x10) == 0x08 {
+                let mut name = e[0..11].to_vec();
+                if name[0] == 0x05 {
+                    name[0] = 0xE5;
+                }
+                return Some(label(&name).unwrap_or_default());
+            }
+        }
+        None
     };
-    let l = label(raw).filter(|l| l != "NO NAME");
-    fs("vfat", l)
+    let found = if fat16_len != 0 {
+        let root = (reserved + fat16_len * fats) * sector;
+        search(root, u64::from(le16(b, 17)))
+    } else {
+        let fat32_len = u64::from(le32(b, 36));
+        let cluster = u64::from(b[13]);
+        let data = reserved + fat32_len * fats;
+        let entries = fat32_len * sector / 4;
+        let mut next = u64::from(le32(b, 44));
+        let mut found = None;
+        for _ in 0..99 {
+            if next < 2 || next >= entries {
+                break;
+            }
+            let off = (data + (next - 2) * cluster) * sector;
+            found = search(off, cluster * sector / 32);
+            if found.is_some() {
+                break;
+            }
+            let fat = read(reserved * sector + next * 4, 4);
+            next = u64::from(le32(&fat, 0) & 0x0fff_ffff);
+        }
+        found
+    };
+    found.filter(|l| !l.is_empty())
 }
 
 fn swap(b: &[u8]) -> Option<Found> {
