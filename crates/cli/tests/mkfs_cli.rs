@@ -429,6 +429,46 @@ fn unsupported_mke2fs_options_are_named() {
             Err(e) => failures.push(format!("{args:?}: {e}")),
         }
     }
+    // desc_size and mke2fs.conf's huge files are refused by name too.
+    let conf = dir.path().join("hugefiles.conf");
+    std::fs::write(
+        &conf,
+        DEBIAN_CONF.replace(
+            "[defaults]\n",
+            "[defaults]\n\tmake_hugefiles = true\n\thugefiles_dir = /storage\n",
+        ),
+    )
+    .unwrap();
+    let with_conf: &[(&[&str], Option<&Path>, &[&str])] = &[
+        (
+            &["-t", "ext4", "-E", "desc_size=64"],
+            None,
+            &["not supported by ext4kit yet", "desc_size"],
+        ),
+        (
+            &["-t", "ext4"],
+            Some(&conf),
+            &[
+                "not supported by ext4kit yet",
+                "make_hugefiles",
+                "hugefiles_dir",
+            ],
+        ),
+    ];
+    for (args, conf, words) in with_conf {
+        let mut c = ext4kit_mkfs(*args);
+        c.arg(&img_s);
+        if let Some(conf) = conf {
+            c.env("MKE2FS_CONFIG", conf);
+        }
+        match one_line_error(&run(&mut c).unwrap()) {
+            Ok(line) if words.iter().all(|w| line.contains(w)) => {
+                eprintln!("ok     {args:?}: {line}")
+            }
+            Ok(line) => failures.push(format!("{args:?}: {line}")),
+            Err(e) => failures.push(format!("{args:?}: {e}")),
+        }
+    }
     // -V needs no device, as in mke2fs.
     let out = run(&mut ext4kit_mkfs(["-V"])).unwrap();
     if let Err(e) = one_line_error(&out).and_then(|l| {

@@ -443,6 +443,82 @@ fn yes_and_force_format_like_mke2fs() {
     }
 }
 
+/// mke2fs.conf's `[options] proceed_delay`: no answer within that many
+/// seconds means yes ("<proceeding>"), as with mke2fs.
+#[test]
+fn proceed_delay_like_mke2fs() {
+    const TEST: &str = "proceed_delay_like_mke2fs";
+    if !pty_available(TEST) {
+        return;
+    }
+    let d = dirs();
+    std::fs::write(
+        &d.conf,
+        format!("{DEBIAN_CONF}\n[options]\n\tproceed_delay = 1\n"),
+    )
+    .unwrap();
+    let env = env(&d.conf);
+    let args = same_args();
+    let mut shown = Vec::new();
+    for (dir, prog) in [
+        (&d.a, "mke2fs".to_string()),
+        (&d.b, format!("{} mkfs", ext4kit_path())),
+    ] {
+        let img = dir.join("t.img");
+        make_old(Old::Ext2, &img, &d.conf).unwrap();
+        // Nothing typed; the terminal stays open past the delay.
+        let (code, text) = on_pty_silent(dir, &format!("{prog} -t ext4 {args} t.img"), &env, 3);
+        assert_eq!(code, Some(0), "{prog}: {text}");
+        e2fsck_clean(&img).unwrap();
+        shown.push(text);
+    }
+    assert!(
+        shown[0].contains("wait 1 seconds to proceed"),
+        "{}",
+        shown[0]
+    );
+    assert_eq!(
+        shown[0], shown[1],
+        "--- mke2fs\n{}--- ext4kit\n{}",
+        shown[0], shown[1]
+    );
+    sparse_equal(&d.a.join("t.img"), &d.b.join("t.img")).unwrap();
+}
+
+/// Like [`on_pty`] with nothing typed, keeping the terminal's input open
+/// for `secs` seconds.
+fn on_pty_silent(
+    dir: &Path,
+    cmdline: &str,
+    env: &[(String, String)],
+    secs: u64,
+) -> (Option<i32>, String) {
+    let mut c = tool("script");
+    c.arg("-qec")
+        .arg(cmdline)
+        .arg("/dev/null")
+        .current_dir(dir)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("running script");
+    let stdin = child.stdin.take();
+    let holder = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(secs));
+        drop(stdin);
+    });
+    let out = child.wait_with_output().expect("waiting for script");
+    let _ = holder.join();
+    let text = String::from_utf8_lossy(&out.stdout)
+        .replace('\r', "")
+        .lines()
+        .filter(|l| !l.starts_with("mke2fs 1.47"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    (out.status.code(), text)
+}
+
 /// No terminal, no question (scripts keep working, as with mke2fs):
 /// stdin not a terminal, or stdout not a terminal. The old filesystem is
 /// replaced and nothing about it is printed.

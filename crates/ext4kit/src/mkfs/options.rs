@@ -431,6 +431,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                     orphan_file_blocks = Some(n as u32);
                 }
                 "test_fs"
+                | "desc_size"
+                | "desc-size"
                 | "mmp_update_interval"
                 | "offset"
                 | "quotatype"
@@ -447,6 +449,34 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 _ => return err(format!("bad extended option: '{k}'")),
             }
         }
+    }
+    // mke2fs.conf's huge files (mk_hugefiles.c): refused by name.
+    if profile.get_bool(&fs_types, "make_hugefiles", false) {
+        let keys: Vec<&str> = [
+            "hugefiles_dir",
+            "hugefiles_name",
+            "hugefiles_digits",
+            "hugefiles_size",
+            "hugefiles_slack",
+            "hugefiles_align",
+            "hugefiles_align_disk",
+            "hugefiles_uid",
+            "hugefiles_gid",
+            "hugefiles_umask",
+            "num_hugefiles",
+            "zero_hugefiles",
+        ]
+        .into_iter()
+        .filter(|k| profile.get_string(&fs_types, k).is_some())
+        .collect();
+        let with = if keys.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", keys.join(", "))
+        };
+        return err(format!(
+            "mke2fs.conf: make_hugefiles{with} is not supported by ext4kit yet"
+        ));
     }
     if f.ro_compat.contains(RoCompat::METADATA_CSUM) && f.ro_compat.contains(RoCompat::GDT_CSUM) {
         f.ro_compat.remove(RoCompat::GDT_CSUM);
