@@ -340,28 +340,58 @@ fn swap(b: &[u8]) -> Option<Found> {
     None
 }
 
+/// libblkid's `xfs_verify_sb()`: the magic and a consistent geometry;
+/// version 5 superblocks also need their CRC.
 fn xfs(b: &[u8]) -> Option<Found> {
     if &b[0..4] != b"XFSB" {
         return None;
     }
-    let blocksize = be32(b, 4);
+    let blocksize = u64::from(be32(b, 4));
     let dblocks = be64(b, 8);
-    let agcount = be32(b, 88);
-    let sectsize = be16(b, 102);
-    let inodesize = be16(b, 104);
-    let ok = blocksize.is_power_of_two()
-        && (512..=65536).contains(&blocksize)
-        && sectsize.is_power_of_two()
+    let rextsize = u64::from(be32(b, 80));
+    let agblocks = u64::from(be32(b, 84));
+    let agcount = u64::from(be32(b, 88));
+    let versionnum = be16(b, 100);
+    let sectsize = u32::from(be16(b, 102));
+    let inodesize = u32::from(be16(b, 104));
+    let (blocklog, sectlog, inodelog, inopblog) = (
+        u32::from(b[120]),
+        u32::from(b[121]),
+        u32::from(b[122]),
+        u32::from(b[123]),
+    );
+    let imax_pct = b[127];
+    let ok = agcount > 0
         && (512..=32768).contains(&sectsize)
-        && inodesize.is_power_of_two()
+        && (9..=15).contains(&sectlog)
+        && sectsize == 1 << sectlog
+        && (512..=65536).contains(&blocksize)
+        && (9..=16).contains(&blocklog)
+        && blocksize == 1 << blocklog
         && (256..=2048).contains(&inodesize)
-        && agcount > 0
-        && dblocks > 0;
-    ok.then(|| Found::Fs {
-        fs_type: "xfs",
-        label: label(&b[108..120]),
-        ext: None,
-    })
+        && (8..=11).contains(&inodelog)
+        && inodesize == 1 << inodelog
+        && blocklog.checked_sub(inodelog) == Some(inopblog)
+        && (4096..=1 << 30).contains(&rextsize.saturating_mul(blocksize))
+        && imax_pct <= 100
+        && dblocks != 0
+        && dblocks <= agcount * agblocks
+        && dblocks >= (agcount - 1) * agblocks + 64;
+    if !ok {
+        return None;
+    }
+    if versionnum & 0x0f == 5 {
+        if versionnum & 0x8000 == 0 || be32(b, 200) & 0x100 == 0 {
+            return None;
+        }
+        let mut sb = b[..sectsize as usize].to_vec();
+        sb[224..228].fill(0);
+        let crc = !ext4kit_format::checksum::crc32c_raw(!0, &sb);
+        if crc != le32(b, 224) {
+            return None;
+        }
+    }
+    fs("xfs", label(&b[108..120]))
 }
 
 const EXT_HAS_JOURNAL: u32 = 0x0004;
@@ -456,6 +486,9 @@ fn btrfs(b: &[u8]) -> Option<Found> {
     let sb = &b[65536..65536 + 4096];
     if &sb[64..72] != b"_BHRfS_M" {
         return None;
+    }
+    if le32(sb, 144) == 0 {
+        return None; // no sector size
     }
     // csum_type 0 (crc32c) is checked, as libblkid does.
     if le16(sb, 0xc4) == 0 {
