@@ -488,9 +488,8 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         }
     }
     if dry_run {
-        if !a.json {
-            print_summary(a, &prepared);
-        }
+        // As mke2fs -n (also with -q): the summary, nothing written.
+        print_summary(a, &prepared);
         return Ok(0);
     }
     let l = &prepared.layout;
