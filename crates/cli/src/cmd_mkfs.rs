@@ -350,6 +350,12 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     if !a.extended_deprecated.is_empty() {
         eprintln!("{}: '-R' is deprecated, use '-E' instead", who.program());
     }
+    if let Some(b) = a.block_size
+        && b > 4096
+        && b <= 65536
+    {
+        eprintln!("Warning: blocksize {b} not usable on most systems.");
+    }
     if a.keep > 0 {
         eprintln!(
             "Warning: -K option is deprecated and should not be used anymore. Use '-E nodiscard' extended option instead!"
@@ -432,9 +438,15 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     if !exists && !dry_run && !a.json {
         outln!("Creating regular file {dev_name}");
     }
+    let too_big = resolved
+        .warnings
+        .iter()
+        .find(|w| w.contains("-byte blocks too big for system"))
+        .cloned();
     let (to_stdout, to_stderr): (Vec<&String>, Vec<&String>) = resolved
         .warnings
         .iter()
+        .filter(|w| Some(*w) != too_big.as_ref())
         .partition(|w| w.starts_with("128-byte inodes") || w.starts_with("Your mke2fs.conf"));
     for w in to_stderr {
         print_warning(w, a.json);
@@ -442,6 +454,17 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     if verbose && !a.json {
         let list: Vec<String> = resolved.fs_types.iter().map(|t| format!("'{t}'")).collect();
         outln!("fs_types for mke2fs.conf resolution: {}", list.join(", "));
+    }
+    // Blocks larger than a page: mke2fs asks (whatever stdin is) unless
+    // -F, and says it went on.
+    if let Some(w) = too_big {
+        if a.force == 0 {
+            eprintln!("{}: {w}", who.program());
+            if !proceed_question(0) {
+                return Ok(1);
+            }
+        }
+        eprintln!("Warning: {w}, forced to continue");
     }
     for w in to_stdout {
         print_warning(w, a.json);
