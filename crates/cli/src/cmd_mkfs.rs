@@ -210,7 +210,12 @@ fn unsupported(a: &MkfsArgs) -> Option<String> {
             "copy a directory's contents into the new filesystem",
         ),
         (a.opt_cap_d > 0, "-D", "use direct I/O"),
-        (a.opt_r.is_some(), "-r", "filesystem revision level"),
+        (
+            // Revision 1 is what ext4kit makes anyway.
+            a.opt_r.as_deref().is_some_and(|r| r.trim() != "1"),
+            "-r",
+            "filesystem revision level other than 1",
+        ),
         (
             a.opt_s.is_some(),
             "-s",

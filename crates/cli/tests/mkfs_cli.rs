@@ -363,6 +363,44 @@ fn installed_as_mke2fs_and_mkfs_ext() {
         e2fsck_clean(&b).unwrap();
         eprintln!("ok     {label}");
     }
+    // `[devices] <DEVICE> fs_type` comes before the program's default, as
+    // in mke2fs; `-r 1` is the revision made anyway.
+    let devices = conf_file(
+        dir.path(),
+        "devices.conf",
+        &format!(
+            "{DEBIAN_CONF}\n[devices]\n\t{} = {{\n\t\tfs_type = ext3\n\t}}\n\t{} = {{\n\t\tfs_type = ext3\n\t}}\n",
+            a.display(),
+            b.display()
+        ),
+    );
+    for (real, link, opts) in [
+        ("mke2fs", bin.join("mke2fs"), ""),
+        ("mkfs.ext4", bin.join("mkfs.ext4"), "-r 1"),
+    ] {
+        for p in [&a, &b] {
+            let _ = std::fs::remove_file(p);
+            sparse_file(p, 64 * MIB).unwrap();
+        }
+        let args = |img: &Path| {
+            let mut v = vec!["-F".to_string(), "-q".into(), "-U".into(), UUID.into()];
+            v.extend(split_args(opts));
+            v.extend([
+                "-E".into(),
+                format!("hash_seed={SEED}"),
+                img.display().to_string(),
+            ]);
+            v
+        };
+        run_ok(same_env(tool(real).args(args(&a)), &devices)).unwrap();
+        run_ok(same_env(&mut via(&link, &args(&b)), &devices)).unwrap();
+        sparse_equal(&a, &b).unwrap_or_else(|e| panic!("[devices] via {real}: {e}"));
+        assert!(
+            dumpe2fs_h(&b).contains("has_journal"),
+            "[devices] fs_type ignored"
+        );
+        e2fsck_clean(&b).unwrap();
+    }
     // `ext4kit mkfs` keeps ext4 as its default: equal to mkfs.ext4.
     for p in [&a, &b] {
         let _ = std::fs::remove_file(p);
