@@ -515,6 +515,9 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             eprintln!("\nFilesystem too small for a journal");
         }
     }
+    if show && verbose && prepared.resolved.assume_prezeroed {
+        outln!("Assuming the storage device is prezeroed - skipping inode table and journal wipe");
+    }
     if dry_run {
         // As mke2fs -n (also with -q): the summary, nothing written.
         print_summary(a, &prepared);
@@ -543,7 +546,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
                 prepared.layout.blocks_count,
                 "done                            \n",
             );
-            if verbose && prepared.settings.itable_zeroed && !prepared.resolved.assume_prezeroed {
+            if verbose && discard_zeroes {
                 outln!("Discard succeeded and will return 0s - skipping inode table wipe");
             }
         }

@@ -118,6 +118,12 @@ fn output_matches_mke2fs() {
         (Some(64 * MIB), "-t ext4 -O ^64bit,^extent", &debian),
         (Some(64 * MIB), "-t ext4 -K", &debian),
         (Some(64 * MIB), "-t ext4 -v", &debian),
+        (Some(GIB), "-t ext2 -v", &debian),
+        (
+            Some(GIB),
+            "-t ext4 -v -E assume_storage_prezeroed=1",
+            &debian,
+        ),
         (Some(64 * MIB), "-t ext4 -n", &debian),
         (Some(64 * MIB), "-q -n -t ext4", &debian),
         (Some(64 * MIB), "-t ext4 -U null", &debian),
