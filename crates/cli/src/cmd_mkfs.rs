@@ -93,6 +93,9 @@ pub struct MkfsArgs {
     /// Deprecated spelling of -E (as in mke2fs).
     #[arg(short = 'R', value_name = "EXTENDED-OPTS", hide = true)]
     extended_deprecated: Vec<String>,
+    /// -E and -R values in command-line order (see [`MkfsArgs::order_extended`]).
+    #[arg(skip)]
+    extended_in_order: Option<Vec<String>>,
     /// Deprecated: same as -E nodiscard (as in mke2fs).
     #[arg(short = 'K', action = clap::ArgAction::Count, hide = true)]
     keep: u8,
@@ -155,6 +158,21 @@ fn now_from_env() -> Result<u32> {
 /// and the "blocks too big" warning).
 fn page_size() -> u32 {
     ext4kit_device::page_size()
+}
+
+impl MkfsArgs {
+    /// Record the `-E` and `-R` values in the order they were given (mke2fs
+    /// treats `-R` as a deprecated `-E`), from the parser's matches.
+    pub fn order_extended(&mut self, m: &clap::ArgMatches) {
+        let mut all: Vec<(usize, String)> = Vec::new();
+        for id in ["extended", "extended_deprecated"] {
+            if let (Some(idx), Some(vals)) = (m.indices_of(id), m.get_many::<String>(id)) {
+                all.extend(idx.zip(vals.cloned()));
+            }
+        }
+        all.sort_by_key(|(i, _)| *i);
+        self.extended_in_order = Some(all.into_iter().map(|(_, v)| v).collect());
+    }
 }
 
 /// Which program the user ran: `ext4kit mkfs`, or the binary installed
@@ -381,13 +399,24 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     } else {
         (None, 512, true)
     };
-    let mut extended = a.extended.clone();
-    extended.extend(a.extended_deprecated.iter().cloned());
+    let mut extended = match &a.extended_in_order {
+        Some(v) => v.clone(),
+        None => a
+            .extended
+            .iter()
+            .chain(&a.extended_deprecated)
+            .cloned()
+            .collect(),
+    };
     if a.keep > 0 {
-        // -K is applied before the -E options are parsed, as in mke2fs.
-        match extended.first_mut() {
-            Some(first) => *first = format!("nodiscard,{first}"),
-            None => extended.push("nodiscard".into()),
+        // -K is applied before the -E options are parsed, as in mke2fs
+        // (so a `discard` in them still wins): in front of each of them,
+        // whether the -E options are merged or the last one counts.
+        for e in &mut extended {
+            *e = format!("nodiscard,{e}");
+        }
+        if extended.is_empty() {
+            extended.push("nodiscard".into());
         }
     }
     let usage_types = a.usage_types.first().cloned().or_else(|| {

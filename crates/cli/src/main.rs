@@ -1,7 +1,7 @@
 //! The `ext4kit` command: mkfs, lazyinit and info for ext4 images and
 //! block devices.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use cmd_mkfs::Personality;
 
@@ -111,13 +111,27 @@ fn main() {
         if let Some(first) = argv.first_mut() {
             *first = program.clone().into();
         }
-        match MkfsCli::try_parse_from(argv) {
-            Ok(cli) => cmd_mkfs::run(&cli.args, &who),
+        let parsed = MkfsCli::command()
+            .try_get_matches_from(argv)
+            .and_then(|m| MkfsCli::from_arg_matches(&m).map(|cli| (cli, m)));
+        match parsed {
+            Ok((mut cli, m)) => {
+                cli.args.order_extended(&m);
+                cmd_mkfs::run(&cli.args, &who)
+            }
             Err(e) => std::process::exit(usage_error(&program, &e)),
         }
     } else {
-        let cli = match Cli::try_parse_from(&argv) {
-            Ok(cli) => cli,
+        let parsed = Cli::command()
+            .try_get_matches_from(&argv)
+            .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
+        let cli = match parsed {
+            Ok((mut cli, m)) => {
+                if let (Cmd::Mkfs(a), Some(sub)) = (&mut cli.cmd, m.subcommand_matches("mkfs")) {
+                    a.order_extended(sub);
+                }
+                cli
+            }
             Err(e) => {
                 // Name the subcommand the error is about, when there is one.
                 let sub = argv

@@ -119,6 +119,7 @@ fn output_matches_mke2fs() {
         (Some(64 * MIB), "-t ext4 -K", &debian),
         (Some(64 * MIB), "-t ext4 -v", &debian),
         (Some(GIB), "-t ext2 -v", &debian),
+        (Some(GIB), "-t ext4 -v -R stride=4", &debian),
         (
             Some(GIB),
             "-t ext4 -v -E assume_storage_prezeroed=1",
@@ -161,7 +162,7 @@ fn output_matches_mke2fs() {
                     args.extend(["-U".into(), UUID.into()]);
                 }
                 // One -E (mke2fs keeps only the last one).
-                match args.iter().position(|a| a == "-E") {
+                match args.iter().position(|a| a == "-E" || a == "-R") {
                     Some(i) => args[i + 1].push_str(&format!(",hash_seed={SEED}")),
                     None => args.extend(["-E".into(), format!("hash_seed={SEED}")]),
                 }
