@@ -528,20 +528,18 @@ fn gpt(b: &[u8]) -> Option<Found> {
     if le16(b, 510) != 0xAA55 || !(0..4).any(|i| b[446 + 16 * i + 4] == 0xEE) {
         return None;
     }
-    let h = &b[512..1024];
-    if &h[0..8] != b"EFI PART" {
-        return None;
-    }
-    let size = le32(h, 12) as usize;
-    if !(92..=512).contains(&size) || le64(h, 24) != 1 {
-        return None;
-    }
-    let mut hdr = h[..size].to_vec();
-    hdr[16..20].fill(0);
-    if crc32_ieee(&hdr) != le32(h, 16) {
-        return None;
-    }
-    Some(Found::PartitionTable("gpt"))
+    // LBA 1 of 512-byte or 4 KiB sectors (libblkid uses the device's).
+    let valid = |sector: usize| {
+        let h = &b[sector..sector + 512];
+        let size = le32(h, 12) as usize;
+        if &h[0..8] != b"EFI PART" || !(92..=512).contains(&size) || le64(h, 24) != 1 {
+            return false;
+        }
+        let mut hdr = h[..size].to_vec();
+        hdr[16..20].fill(0);
+        crc32_ieee(&hdr) == le32(h, 16)
+    };
+    (valid(512) || valid(4096)).then_some(Found::PartitionTable("gpt"))
 }
 
 fn dos(b: &[u8]) -> Option<Found> {
@@ -666,6 +664,12 @@ mod tests {
         b[512 + 24..512 + 32].copy_from_slice(&1u64.to_le_bytes());
         let crc = crc32_ieee(&b[512..604]);
         b[512 + 16..512 + 20].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(probe(&b), Some(Found::PartitionTable("gpt")));
+        // The same header at LBA 1 of a 4 KiB-sector disk.
+        let hdr = b[512..1024].to_vec();
+        b[512..1024].fill(0);
+        assert_eq!(probe(&b), None);
+        b[4096..4608].copy_from_slice(&hdr);
         assert_eq!(probe(&b), Some(Found::PartitionTable("gpt")));
     }
 }
