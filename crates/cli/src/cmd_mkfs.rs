@@ -16,15 +16,16 @@ use ext4kit_device::{Device, FileDevice, OpenOptions, open_device};
 /// holding the same bytes mke2fs would write.
 #[derive(clap::Args, Debug)]
 #[command(
+    args_override_self = true,
     after_help = "Examples:\n  ext4kit mkfs disk.img 10G\n  ext4kit mkfs -t ext4 -L data -E lazy_itable_init=1,nodiscard /dev/sdX"
 )]
 pub struct MkfsArgs {
     /// Filesystem type (ext4, ext3, ext2), as in mke2fs.conf [default: ext4].
     #[arg(short = 't', value_name = "FS-TYPE")]
-    fs_type: Option<String>,
+    fs_type: Vec<String>,
     /// Usage types (comma-separated: news, largefile, small, ...).
     #[arg(short = 'T', value_name = "USAGE-TYPES")]
-    usage_types: Option<String>,
+    usage_types: Vec<String>,
     /// Block size in bytes (1024, 2048, 4096, ...; negative = minimum).
     #[arg(short = 'b', value_name = "BLOCK-SIZE", allow_hyphen_values = true)]
     block_size: Option<i64>,
@@ -76,24 +77,56 @@ pub struct MkfsArgs {
     /// Error behaviour (continue, remount-ro, panic).
     #[arg(short = 'e', value_name = "ERRORS-BEHAVIOR")]
     errors: Option<String>,
-    /// Force: accepted for compatibility (ext4kit never prompts).
+    /// Force: format even when the target holds a filesystem or another
+    /// signature (no question asked).
     #[arg(short = 'F', action = clap::ArgAction::Count)]
     force: u8,
-    /// Quiet.
-    #[arg(short = 'q')]
-    quiet: bool,
+    /// Quiet: only warnings and errors.
+    #[arg(short = 'q', action = clap::ArgAction::Count)]
+    quiet: u8,
     /// Dry run: plan and print, write nothing.
-    #[arg(short = 'n')]
-    dry_run: bool,
+    #[arg(short = 'n', action = clap::ArgAction::Count)]
+    dry_run: u8,
     /// Verbose.
-    #[arg(short = 'v')]
-    verbose: bool,
+    #[arg(short = 'v', action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Deprecated spelling of -E (as in mke2fs).
+    #[arg(short = 'R', value_name = "EXTENDED-OPTS", hide = true)]
+    extended_deprecated: Vec<String>,
+    /// -E and -R values in command-line order (see [`MkfsArgs::order_extended`]).
+    #[arg(skip)]
+    extended_in_order: Option<Vec<String>>,
+    /// Deprecated: same as -E nodiscard (as in mke2fs).
+    #[arg(short = 'K', action = clap::ArgAction::Count, hide = true)]
+    keep: u8,
+    // mke2fs options ext4kit does not implement yet: accepted by the parser
+    // so that they get one clear error (see `unsupported`).
+    #[arg(short = 'c', action = clap::ArgAction::Count, hide = true)]
+    opt_c: u8,
+    #[arg(short = 'l', value_name = "FILE", hide = true)]
+    opt_l: Option<String>,
+    #[arg(short = 'C', value_name = "CLUSTER-SIZE", hide = true)]
+    opt_cap_c: Option<String>,
+    #[arg(short = 'd', value_name = "ROOT-DIR", hide = true)]
+    opt_d: Option<String>,
+    #[arg(short = 'D', action = clap::ArgAction::Count, hide = true)]
+    opt_cap_d: u8,
+    #[arg(short = 'r', value_name = "REVISION", hide = true)]
+    opt_r: Option<String>,
+    #[arg(short = 's', value_name = "SPARSE-SUPER", hide = true)]
+    opt_s: Option<String>,
+    #[arg(short = 'S', action = clap::ArgAction::Count, hide = true)]
+    opt_cap_s: u8,
+    #[arg(short = 'z', value_name = "UNDO-FILE", hide = true)]
+    opt_z: Option<String>,
+    #[arg(short = 'V', action = clap::ArgAction::Count, hide = true)]
+    opt_cap_v: u8,
     /// Print a machine-readable JSON report on stdout.
     #[arg(long)]
     json: bool,
     /// Device or image file.
     #[arg(value_name = "DEVICE")]
-    device: PathBuf,
+    device: Option<PathBuf>,
     /// Filesystem size (blocks, or with a K/M/G/T suffix).
     #[arg(value_name = "FS-SIZE")]
     fs_size: Option<String>,
@@ -127,21 +160,244 @@ fn page_size() -> u32 {
     ext4kit_device::page_size()
 }
 
-pub fn run(a: &MkfsArgs) -> Result<i32> {
+impl MkfsArgs {
+    /// Record the `-E` and `-R` values in the order they were given (mke2fs
+    /// treats `-R` as a deprecated `-E`), from the parser's matches.
+    pub fn order_extended(&mut self, m: &clap::ArgMatches) {
+        let mut all: Vec<(usize, String)> = Vec::new();
+        for id in ["extended", "extended_deprecated"] {
+            if let (Some(idx), Some(vals)) = (m.indices_of(id), m.get_many::<String>(id)) {
+                all.extend(idx.zip(vals.cloned()));
+            }
+        }
+        all.sort_by_key(|(i, _)| *i);
+        self.extended_in_order = Some(all.into_iter().map(|(_, v)| v).collect());
+    }
+}
+
+/// Which program the user ran: `ext4kit mkfs`, or the binary installed
+/// (linked) as `mke2fs` or `mkfs.<type>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Personality {
+    /// `ext4kit mkfs`: ext4 unless `-t` says otherwise.
+    Ext4kit,
+    /// `mke2fs`: `[defaults] fs_type` of mke2fs.conf, else ext2 (ext3
+    /// with `-j`/`-J`).
+    Mke2fs,
+    /// `mkfs.<type>` (mkfs.ext2, mkfs.ext3, mkfs.ext4): that type;
+    /// mkfs.ext3 also adds a journal, as mke2fs does.
+    MkfsType(String),
+}
+
+impl Personality {
+    /// The personality for a program name (the file name of argv[0]);
+    /// `None` for names that are not mke2fs's.
+    pub fn from_program_name(name: &str) -> Option<Personality> {
+        match name {
+            "mke2fs" => Some(Personality::Mke2fs),
+            "mkfs.ext2" | "mkfs.ext3" | "mkfs.ext4" => Some(Personality::MkfsType(
+                name.trim_start_matches("mkfs.").to_string(),
+            )),
+            _ => None,
+        }
+    }
+
+    /// The name to print in messages.
+    pub fn program(&self) -> String {
+        match self {
+            Personality::Ext4kit => "ext4kit mkfs".into(),
+            Personality::Mke2fs => "mke2fs".into(),
+            Personality::MkfsType(t) => format!("mkfs.{t}"),
+        }
+    }
+}
+
+/// mke2fs options that ext4kit does not implement yet, with what they do.
+fn unsupported(a: &MkfsArgs) -> Option<String> {
+    let list: [(bool, &str, &str); 10] = [
+        (a.opt_c > 0, "-c", "check the device for bad blocks"),
+        (
+            a.opt_l.is_some(),
+            "-l",
+            "read the bad blocks list from a file",
+        ),
+        (a.opt_cap_c.is_some(), "-C", "cluster size, for bigalloc"),
+        (
+            a.opt_d.is_some(),
+            "-d",
+            "copy a directory's contents into the new filesystem",
+        ),
+        (a.opt_cap_d > 0, "-D", "use direct I/O"),
+        (
+            // Revision 1 is what ext4kit makes anyway.
+            a.opt_r.as_deref().is_some_and(|r| r.trim() != "1"),
+            "-r",
+            "filesystem revision level other than 1",
+        ),
+        (
+            a.opt_s.is_some(),
+            "-s",
+            "deprecated sparse_super switch; use -O [^]sparse_super",
+        ),
+        (
+            a.opt_cap_s > 0,
+            "-S",
+            "write superblock and group descriptors only",
+        ),
+        (a.opt_z.is_some(), "-z", "save an undo file"),
+        (a.opt_cap_v > 0, "-V", "print the version of mke2fs"),
+    ];
+    list.iter()
+        .find(|(given, _, _)| *given)
+        .map(|(_, opt, what)| format!("not supported by ext4kit yet: {opt} ({what})"))
+}
+
+/// The type mke2fs would use before the size class: `-t`, else
+/// `[devices] <DEVICE> fs_type`, else what the program name says.
+fn ext_type(a: &MkfsArgs, who: &Personality, profile: &Profile, device: &str) -> String {
+    if let Some(t) = a.fs_type.first() {
+        return t.clone();
+    }
+    if let Some(t) = profile.get_value(&["devices", device, "fs_type"]) {
+        return t.to_string();
+    }
+    match who {
+        Personality::Ext4kit => "ext4".into(),
+        Personality::MkfsType(t) => t.clone(),
+        Personality::Mke2fs => {
+            let t = profile
+                .get_value(&["defaults", "fs_type"])
+                .unwrap_or("ext2");
+            if t == "ext2" && (a.add_journal || !a.journal.is_empty()) {
+                "ext3".into()
+            } else {
+                t.to_string()
+            }
+        }
+    }
+}
+
+/// mke2fs's `proceed_question()`: ask on stdout, read one line from stdin;
+/// anything but an answer starting with y/Y is "no" (returns false, after
+/// a newline, as mke2fs does). With `delay` > 0 seconds, no answer in that
+/// time means yes.
+fn proceed_question(delay: i64) -> bool {
+    use std::io::BufRead;
+    let read = || {
+        let mut line = String::new();
+        match std::io::stdin().lock().read_line(&mut line) {
+            Ok(n) if n > 0 => Some(line),
+            _ => None,
+        }
+    };
+    let answer = if delay > 0 {
+        crate::out::write_fmt(format_args!(
+            "Proceed anyway (or wait {delay} seconds to proceed) ? (y,N) "
+        ));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(read());
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(delay as u64)) {
+            Ok(a) => a,
+            Err(_) => {
+                outln!("<proceeding>");
+                return true;
+            }
+        }
+    } else {
+        crate::out::write_fmt(format_args!("Proceed anyway? (y,N) "));
+        read()
+    };
+    let yes = answer
+        .as_deref()
+        .and_then(|l| l.chars().next())
+        .is_some_and(|c| c == 'y' || c == 'Y');
+    if !yes {
+        outln!();
+    }
+    yes
+}
+
+/// mke2fs's numeric progress (lib/ext2fs/progress.c) for a step over
+/// `max` groups, which ext4kit does at once: the label, the first
+/// "0/max" update (unless `E2FSPROGS_SKIP_PROGRESS` is set), the blanking
+/// at the end, then `done`.
+fn progress_step(label: &str, max: u64, done: &str) {
+    let digits = max.to_string().len();
+    let mut s = String::from(label);
+    if std::env::var_os("E2FSPROGS_SKIP_PROGRESS").is_none() {
+        s.push_str(&format!("{:>digits$}/{max}", 0));
+        s.push_str(&"\u{8}".repeat(2 * digits + 1));
+    }
+    s.push_str(&" ".repeat(2 * digits + 1));
+    s.push_str(&"\u{8}".repeat(2 * digits + 1));
+    s.push_str(done);
+    crate::out::write_fmt(format_args!("{s}"));
+}
+
+/// Print a warning the way mke2fs does: the 128-byte-inode and undefined
+/// type notices on stdout (mke2fs uses printf), the rest on stderr.
+fn print_warning(w: &str, json: bool) {
+    let on_stdout = w.starts_with("128-byte inodes") || w.starts_with("Your mke2fs.conf");
+    if on_stdout && !json {
+        outln!("{w}");
+    } else if w.starts_with("Warning: the fs_type") {
+        // mke2fs sets this one off with blank lines.
+        eprintln!("\n{w}\n");
+    } else {
+        eprintln!("{w}");
+    }
+}
+
+pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     let start = Instant::now();
+    if let Some(msg) = unsupported(a) {
+        bail!("{msg}");
+    }
+    let Some(device) = a.device.as_deref() else {
+        bail!(
+            "missing DEVICE (usage: {} [options] DEVICE [FS-SIZE]; see --help)",
+            who.program()
+        );
+    };
+    if a.fs_type.len() > 1 {
+        bail!("The -t option may only be used once");
+    }
+    if a.usage_types.len() > 1 {
+        bail!("The -T option may only be used once");
+    }
+    let quiet = a.quiet > 0;
+    let verbose = a.verbose > 0;
+    let dry_run = a.dry_run > 0;
+    if !a.extended_deprecated.is_empty() {
+        eprintln!("{}: '-R' is deprecated, use '-E' instead", who.program());
+    }
+    if let Some(b) = a.block_size
+        && b > 4096
+        && b <= 65536
+    {
+        eprintln!("Warning: blocksize {b} not usable on most systems.");
+    }
+    if a.keep > 0 {
+        eprintln!(
+            "Warning: -K option is deprecated and should not be used anymore. Use '-E nodiscard' extended option instead!"
+        );
+    }
     let (profile, _source) = Profile::load().context("reading mke2fs.conf")?;
-    let exists = a.device.exists();
+    let dev_name = device.display().to_string();
+    let exists = device.exists();
     if !exists && a.fs_size.is_none() {
         // mke2fs's message, which names the file.
         bail!(
             "the file {} does not exist and no size was specified",
-            a.device.display()
+            device.display()
         );
     }
     // One read-only probe of an existing target: size, sector size, and
     // whether a discard leaves zeros (regular files: yes, holes).
     let (device_size, sector, dev_discard_zeroes) = if exists {
-        let dev = open_device(&a.device, OpenOptions::read_only())?;
+        let dev = open_device(device, OpenOptions::read_only())?;
         (
             Some(dev.size()),
             dev.logical_block_size(),
@@ -150,10 +406,34 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
     } else {
         (None, 512, true)
     };
+    let mut extended = match &a.extended_in_order {
+        Some(v) => v.clone(),
+        None => a
+            .extended
+            .iter()
+            .chain(&a.extended_deprecated)
+            .cloned()
+            .collect(),
+    };
+    if a.keep > 0 {
+        // -K is applied before the -E options are parsed, as in mke2fs
+        // (so a `discard` in them still wins): in front of each of them,
+        // whether the -E options are merged or the last one counts.
+        for e in &mut extended {
+            *e = format!("nodiscard,{e}");
+        }
+        if extended.is_empty() {
+            extended.push("nodiscard".into());
+        }
+    }
+    let usage_types = a.usage_types.first().cloned().or_else(|| {
+        profile
+            .get_value(&["devices", &dev_name, "usage_types"])
+            .map(str::to_string)
+    });
     let opts = MkfsOptions {
-        // Like mkfs.ext4: ext4 unless -t says otherwise.
-        fs_type: Some(a.fs_type.clone().unwrap_or_else(|| "ext4".to_string())),
-        usage_types: a.usage_types.clone(),
+        fs_type: Some(ext_type(a, who, &profile, &dev_name)),
+        usage_types,
         block_size: a.block_size,
         num_inodes: a.num_inodes,
         inode_ratio: a.inode_ratio,
@@ -162,9 +442,10 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
         label: a.label.clone(),
         uuid: a.uuid.clone(),
         features: a.features.clone(),
-        extended: a.extended.clone(),
+        extended,
         journal: a.journal.clone(),
-        add_journal: a.add_journal,
+        // mkfs.ext3 always makes a journal (mke2fs's journal_size = -1).
+        add_journal: a.add_journal || *who == Personality::MkfsType("ext3".into()),
         flex_bg_size: a.flex_bg_size,
         blocks_per_group: a.blocks_per_group,
         mount_dir: a.mount_dir.clone(),
@@ -173,7 +454,7 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
         fs_size: a.fs_size.clone(),
     };
     let is_file = !exists
-        || std::fs::metadata(&a.device)
+        || std::fs::metadata(device)
             .map(|m| m.is_file())
             .unwrap_or(false);
     let env = Env {
@@ -186,45 +467,155 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
         gid: 0,
         kernel_lazy_itable_init: true,
     };
-    let resolved = mkfs::resolve(&opts, &profile, &env)?;
-    for w in &resolved.warnings {
-        if !a.quiet {
-            eprintln!("ext4kit: warning: {}", w.trim_start_matches("Warning: "));
+    let mut resolved = mkfs::resolve(&opts, &profile, &env)?;
+    // mke2fs discards only a target with a size: not a file it has just
+    // created (or found empty), and never with -n. Its inode tables are
+    // then left for lazy init, not claimed zeroed.
+    let has_size = device_size.is_some_and(|s| s > 0);
+    if !has_size || dry_run {
+        resolved.discard = false;
+    }
+    // Everything above is validated; from here on mke2fs's output.
+    if !exists && !dry_run && !a.json {
+        outln!("Creating regular file {dev_name}");
+    }
+    let too_big = resolved
+        .warnings
+        .iter()
+        .find(|w| w.contains("-byte blocks too big for system"))
+        .cloned();
+    let (to_stdout, to_stderr): (Vec<&String>, Vec<&String>) = resolved
+        .warnings
+        .iter()
+        .filter(|w| Some(*w) != too_big.as_ref())
+        .partition(|w| w.starts_with("128-byte inodes") || w.starts_with("Your mke2fs.conf"));
+    for w in to_stderr {
+        print_warning(w, a.json);
+    }
+    if verbose && !a.json {
+        let list: Vec<String> = resolved.fs_types.iter().map(|t| format!("'{t}'")).collect();
+        outln!("fs_types for mke2fs.conf resolution: {}", list.join(", "));
+    }
+    // Blocks larger than a page: mke2fs asks (whatever stdin is) unless
+    // -F, and says it went on.
+    if let Some(w) = too_big {
+        if a.force == 0 {
+            eprintln!("{}: {w}", who.program());
+            if !proceed_question(0) {
+                return Ok(1);
+            }
+        }
+        eprintln!("Warning: {w}, forced to continue");
+    }
+    for w in to_stdout {
+        print_warning(w, a.json);
+    }
+    // Overwrite protection, as mke2fs's check_plausibility(): only when
+    // stdin and stdout are terminals; the question only without -F.
+    if exists && has_size && interactive() {
+        let found =
+            crate::probe::probe_path(device).with_context(|| format!("reading {dev_name}"))?;
+        if let Some(f) = found {
+            let (out, err) = f.report(&dev_name);
+            for l in err {
+                eprintln!("{l}");
+            }
+            for l in out {
+                outln!("{l}");
+            }
+            if a.force == 0 {
+                let delay = profile
+                    .get_value(&["options", "proceed_delay"])
+                    .and_then(|v| v.trim().parse::<i64>().ok())
+                    .unwrap_or(0);
+                if !proceed_question(delay) {
+                    return Ok(1);
+                }
+            }
         }
     }
     // Would a discard of this target leave zeros? Regular files: yes
     // (holes). Block devices: only if the kernel says so.
-    let discard_zeroes = is_file || dev_discard_zeroes;
-    let prepared = mkfs::prepare(resolved, discard_zeroes)?;
-    let l = &prepared.layout;
-    if a.dry_run {
+    let discard_zeroes = has_size && (is_file || dev_discard_zeroes);
+    let mut prepared = mkfs::prepare(resolved, discard_zeroes)?;
+    let show = !quiet && !a.json;
+    if show {
+        csum_advice(&prepared.layout);
+    }
+    {
+        use ext4kit_format::features::Compat;
+        let asked = prepared.resolved.params.features.compat;
+        let got = prepared.layout.features.compat;
+        if asked.contains(Compat::HAS_JOURNAL) && !got.contains(Compat::HAS_JOURNAL) {
+            // mke2fs's figure_journal_size(), with or without -q.
+            eprintln!("\nFilesystem too small for a journal");
+        }
+    }
+    if show && verbose && prepared.resolved.assume_prezeroed {
+        outln!("Assuming the storage device is prezeroed - skipping inode table and journal wipe");
+    }
+    if dry_run {
+        // As mke2fs -n (also with -q): the summary, nothing written.
         print_summary(a, &prepared);
         return Ok(0);
     }
+    let l = &prepared.layout;
     let needed = l.blocks_count * u64::from(l.block_size);
     let dev: Box<dyn Device> = if exists && is_file && device_size.is_some_and(|s| s < needed) {
         // A regular file grows to the filesystem size, as with mke2fs.
-        ext4kit_device::check_not_mounted(&a.device)?;
-        let f = FileDevice::open(&a.device, OpenOptions::read_write())?;
+        ext4kit_device::check_not_mounted(device)?;
+        let f = FileDevice::open(device, OpenOptions::read_write())?;
         f.set_len(needed)
-            .with_context(|| format!("extending {}", a.device.display()))?;
+            .with_context(|| format!("extending {dev_name}"))?;
         Box::new(f)
     } else if exists {
-        open_device(&a.device, OpenOptions::read_write())?
+        open_device(device, OpenOptions::read_write())?
     } else {
-        Box::new(create_image(&a.device, needed)?)
+        Box::new(create_image(device, needed)?)
     };
-    if !a.quiet && !a.json {
-        if !exists {
-            outln!("Creating regular file {}", a.device.display());
+    let mut discarded = false;
+    if prepared.resolved.discard {
+        discarded = mkfs::discard(dev.as_ref(), &mut prepared)?;
+        if discarded && show {
+            progress_step(
+                "Discarding device blocks: ",
+                prepared.layout.blocks_count,
+                "done                            \n",
+            );
+            if verbose && discard_zeroes {
+                outln!("Discard succeeded and will return 0s - skipping inode table wipe");
+            }
         }
+    }
+    if show {
         print_summary(a, &prepared);
     }
-    let report = mkfs::execute(dev.as_ref(), prepared.clone())?;
     let l = &prepared.layout;
+    let groups = u64::from(l.group_count);
+    if show {
+        progress_step("Allocating group tables: ", groups, "");
+        crate::out::write_fmt(format_args!("done                            \n"));
+        crate::out::write_fmt(format_args!("Writing inode tables: "));
+    }
+    let mut report = mkfs::write(dev.as_ref(), prepared.clone())?;
+    report.discarded = discarded;
+    if show {
+        progress_step("", groups, "done                            \n");
+        if l.features
+            .compat
+            .contains(ext4kit_format::features::Compat::HAS_JOURNAL)
+        {
+            outln!("Creating journal ({} blocks): done", l.journal_blocks);
+        }
+        crate::out::write_fmt(format_args!(
+            "Writing superblocks and filesystem accounting information: "
+        ));
+        progress_step("", groups, "done\n\n");
+        check_message(&prepared.settings);
+    }
     if a.json {
         let v = serde_json::json!({
-            "device": a.device,
+            "device": device,
             "block_size": l.block_size,
             "blocks": l.blocks_count,
             "groups": l.group_count,
@@ -240,10 +631,50 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
             "seconds": start.elapsed().as_secs_f64(),
         });
         outln!("{v}");
-    } else if !a.quiet {
-        outln!("Writing superblocks and filesystem accounting information: done");
     }
     Ok(0)
+}
+
+/// Are stdin and stdout both terminals? (mke2fs's `isatty(0) && isatty(1)`
+/// before it looks for an existing filesystem.)
+fn interactive() -> bool {
+    use std::io::IsTerminal;
+    std::io::stdin().is_terminal() && std::io::stdout().is_terminal()
+}
+
+/// mke2fs's notes on metadata_csum without extents or 64bit.
+fn csum_advice(l: &mkfs::Layout) {
+    use ext4kit_format::features::{Incompat, RoCompat};
+    if !l.features.ro_compat.contains(RoCompat::METADATA_CSUM)
+        || l.features.incompat.contains(Incompat::JOURNAL_DEV)
+    {
+        return;
+    }
+    if !l.features.incompat.contains(Incompat::EXTENTS) {
+        outln!(
+            "Extents are not enabled.  The file extent tree can be checksummed, whereas block maps cannot.  Not enabling extents reduces the coverage of metadata checksumming.  Pass -O extents to rectify."
+        );
+    }
+    if !l.features.incompat.contains(Incompat::BIT64) {
+        outln!(
+            "64-bit filesystem support is not enabled.  The larger fields afforded by this feature enable full-strength checksumming.  Pass -O 64bit to rectify."
+        );
+    }
+}
+
+/// mke2fs's `print_check_message()` after a format with periodic checks.
+fn check_message(s: &mkfs::SuperSettings) {
+    if std::env::var_os("MKE2FS_SKIP_CHECK_MSG").is_some() {
+        return;
+    }
+    let mnt = (s.max_mnt_count as i16).max(0);
+    if mnt == 0 && s.checkinterval == 0 {
+        return;
+    }
+    outln!(
+        "This filesystem will be automatically checked every {mnt} mounts or\n{} days, whichever comes first.  Use tune2fs -c or -i to override.",
+        f64::from(s.checkinterval) / 86400.0
+    );
 }
 
 fn create_image(path: &Path, size: u64) -> Result<FileDevice> {
@@ -251,43 +682,108 @@ fn create_image(path: &Path, size: u64) -> Result<FileDevice> {
     FileDevice::create_sparse(path, size).context("creating the image file")
 }
 
+/// mke2fs's `show_stats()`.
 fn print_summary(a: &MkfsArgs, p: &mkfs::Prepared) {
-    if a.quiet && !a.dry_run {
-        return;
-    }
     let l = &p.layout;
-    outln!(
-        "Creating filesystem with {} {}k blocks and {} inodes",
-        l.blocks_count,
-        l.block_size / 1024,
-        l.inodes_count
-    );
-    outln!(
-        "Filesystem UUID: {}",
-        uuid::Uuid::from_bytes(p.settings.uuid)
-    );
-    let backups: Vec<String> = l
-        .backup_groups()
-        .map(|g| l.group_first_block(g).to_string())
-        .collect();
-    if !backups.is_empty() {
+    let s = &p.settings;
+    if a.verbose > 0 {
+        print_verbose_stats(p);
+    } else {
         outln!(
-            "Superblock backups stored on blocks: {}",
-            backups.join(", ")
+            "Creating filesystem with {} {}k blocks and {} inodes",
+            l.blocks_count,
+            l.block_size / 1024,
+            l.inodes_count
         );
     }
-    if a.verbose || a.dry_run {
+    if l.group_count == 1 {
+        outln!();
+    } else {
+        if s.uuid != [0; 16] {
+            outln!("Filesystem UUID: {}", uuid::Uuid::from_bytes(s.uuid));
+        }
+        let mut text = String::from("Superblock backups stored on blocks: ");
+        let mut col_left: i64 = 0;
+        for (i, g) in l.backup_groups().enumerate() {
+            let block = l.group_first_block(g);
+            if i > 0 {
+                text.push_str(", ");
+            }
+            let need = block.to_string().len() as i64 + 2;
+            if need > col_left {
+                text.push_str("\n\t");
+                col_left = 72;
+            }
+            col_left -= need;
+            text.push_str(&block.to_string());
+        }
+        outln!("{text}\n");
+    }
+}
+
+/// The first part of `show_stats()` with -v.
+fn print_verbose_stats(p: &mkfs::Prepared) {
+    use ext4kit_format::features::RoCompat;
+    let l = &p.layout;
+    let s = &p.settings;
+    let asked = p.resolved.params.blocks_count;
+    if asked > l.blocks_count {
+        eprintln!("warning: {} blocks unused.\n", asked - l.blocks_count);
+    }
+    let label_end = s.label.iter().position(|&b| b == 0).unwrap_or(16);
+    outln!(
+        "Filesystem label={}",
+        String::from_utf8_lossy(&s.label[..label_end])
+    );
+    let os = match s.creator_os {
+        0 => "Linux",
+        1 => "Hurd",
+        2 => "Masix",
+        3 => "FreeBSD",
+        4 => "Lites",
+        _ => "(unknown os)",
+    };
+    outln!("OS type: {os}");
+    let log = (l.block_size / 1024).trailing_zeros();
+    outln!("Block size={} (log={log})", l.block_size);
+    if l.features.ro_compat.contains(RoCompat::BIGALLOC) {
+        outln!("Cluster size={} (log={log})", l.block_size);
+    } else {
+        outln!("Fragment size={} (log={log})", l.block_size);
+    }
+    outln!(
+        "Stride={} blocks, Stripe width={} blocks",
+        s.raid_stride,
+        s.raid_stripe_width
+    );
+    outln!("{} inodes, {} blocks", l.inodes_count, l.blocks_count);
+    outln!(
+        "{} blocks ({:.2}%) reserved for the super user",
+        l.r_blocks_count,
+        100.0 * l.r_blocks_count as f64 / l.blocks_count as f64
+    );
+    outln!("First data block={}", l.first_data_block);
+    if s.root_uid != 0 || s.root_gid != 0 {
+        outln!("Root directory owner={}:{}", s.root_uid, s.root_gid);
+    }
+    if l.reserved_gdt_blocks > 0 {
+        let per_block = u64::from(l.block_size / u32::from(l.desc_size.max(32)));
         outln!(
-            "fs_types for mke2fs.conf resolution: '{}'",
-            p.resolved.fs_types.join("', '")
-        );
-        outln!("Features: {}", l.features.names().join(" "));
-        outln!(
-            "{} block groups, {} blocks per group, {} inodes per group, journal {} blocks",
-            l.group_count,
-            l.blocks_per_group,
-            l.inodes_per_group,
-            l.journal_blocks
+            "Maximum filesystem blocks={}",
+            (u64::from(l.reserved_gdt_blocks) + u64::from(l.desc_blocks))
+                * per_block
+                * u64::from(l.blocks_per_group)
         );
     }
+    if l.group_count > 1 {
+        outln!("{} block groups", l.group_count);
+    } else {
+        outln!("{} block group", l.group_count);
+    }
+    outln!(
+        "{} blocks per group, {} fragments per group",
+        l.blocks_per_group,
+        l.blocks_per_group
+    );
+    outln!("{} inodes per group", l.inodes_per_group);
 }

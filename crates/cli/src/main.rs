@@ -1,7 +1,9 @@
 //! The `ext4kit` command: mkfs, lazyinit and info for ext4 images and
 //! block devices.
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+
+use cmd_mkfs::Personality;
 
 #[macro_use]
 mod out;
@@ -11,6 +13,7 @@ mod cmd_info;
 mod cmd_lazyinit;
 mod cmd_mkfs;
 mod errmsg;
+mod probe;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -41,23 +44,124 @@ enum Cmd {
     Generate(cmd_generate::GenerateArgs),
 }
 
+/// ext4kit installed as `mke2fs` or `mkfs.<type>`: the mkfs options,
+/// without the `mkfs` word.
+#[derive(Parser, Debug)]
+#[command(
+    disable_version_flag = true,
+    about = "Create an ext2/ext3/ext4 filesystem (ext4kit, mke2fs-compatible options)"
+)]
+struct MkfsCli {
+    #[command(flatten)]
+    args: cmd_mkfs::MkfsArgs,
+}
+
+/// A command-line error as one line on stderr ("ext4kit mkfs: unexpected
+/// argument '--bogus' (see --help)"), or clap's own output for --help and
+/// --version. Returns the exit status.
+fn usage_error(prog: &str, e: &clap::Error) -> i32 {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            return 0;
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
+            eprintln!("{prog}: missing command: mkfs, lazyinit or info (see --help)");
+            return 2;
+        }
+        _ => {}
+    }
+    // clap's first paragraph is the message (it may list arguments on the
+    // following lines); tips and usage come after a blank line.
+    let text = e.render().to_string();
+    let para: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| l.is_empty())
+        .take_while(|l| !l.is_empty())
+        .collect();
+    let msg = para.join(" ");
+    let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
+    let msg = if msg.is_empty() {
+        "invalid command line"
+    } else {
+        msg
+    };
+    eprintln!("{prog}: {msg} (see --help)");
+    2
+}
+
 fn main() {
     // Diagnostics on stderr, off unless RUST_LOG asks (e.g. RUST_LOG=debug).
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    let res = match &cli.cmd {
-        Cmd::Mkfs(a) => cmd_mkfs::run(a),
-        Cmd::Lazyinit(a) => cmd_lazyinit::run(a),
-        Cmd::Info(a) => cmd_info::run(a),
-        Cmd::Generate(a) => cmd_generate::run(a, Cli::command()),
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let program = argv
+        .first()
+        .map(std::path::Path::new)
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let personality = Personality::from_program_name(&program);
+    let prefix = if personality.is_some() {
+        program.clone()
+    } else {
+        "ext4kit".to_string()
+    };
+    let res = if let Some(who) = personality {
+        // Installed as mke2fs / mkfs.extN.
+        let mut argv = argv;
+        if let Some(first) = argv.first_mut() {
+            *first = program.clone().into();
+        }
+        let parsed = MkfsCli::command()
+            .try_get_matches_from(argv)
+            .and_then(|m| MkfsCli::from_arg_matches(&m).map(|cli| (cli, m)));
+        match parsed {
+            Ok((mut cli, m)) => {
+                cli.args.order_extended(&m);
+                cmd_mkfs::run(&cli.args, &who)
+            }
+            Err(e) => std::process::exit(usage_error(&program, &e)),
+        }
+    } else {
+        let parsed = Cli::command()
+            .try_get_matches_from(&argv)
+            .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
+        let cli = match parsed {
+            Ok((mut cli, m)) => {
+                if let (Cmd::Mkfs(a), Some(sub)) = (&mut cli.cmd, m.subcommand_matches("mkfs")) {
+                    a.order_extended(sub);
+                }
+                cli
+            }
+            Err(e) => {
+                // Name the subcommand the error is about, when there is one.
+                let sub = argv
+                    .get(1)
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .filter(|s| ["mkfs", "lazyinit", "info"].contains(&s.as_str()));
+                let prog = match sub {
+                    Some(s) => format!("ext4kit {s}"),
+                    None => "ext4kit".to_string(),
+                };
+                std::process::exit(usage_error(&prog, &e));
+            }
+        };
+        match &cli.cmd {
+            Cmd::Mkfs(a) => cmd_mkfs::run(a, &Personality::Ext4kit),
+            Cmd::Lazyinit(a) => cmd_lazyinit::run(a),
+            Cmd::Info(a) => cmd_info::run(a),
+            Cmd::Generate(a) => cmd_generate::run(a, Cli::command()),
+        }
     };
     let code = match res {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("ext4kit: {}", errmsg::one_line(&e));
+            eprintln!("{prefix}: {}", errmsg::one_line(&e));
             1
         }
     };
@@ -66,7 +170,7 @@ fn main() {
     match out::status() {
         Some((out_code, msg)) if code == 0 => {
             if let Some(m) = msg {
-                eprintln!("ext4kit: {m}");
+                eprintln!("{prefix}: {m}");
             }
             std::process::exit(out_code)
         }

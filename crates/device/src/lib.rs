@@ -174,6 +174,37 @@ pub fn page_size() -> u32 {
     u32::try_from(v).ok().filter(|&p| p > 0).unwrap_or(4096)
 }
 
+/// `ctime(3)` of `secs` in the local time zone, without the newline
+/// ("Tue Dec  1 09:38:02 2026"), as e2fsprogs prints times; `None` when the
+/// time cannot be converted.
+pub fn ctime_local(secs: i64) -> Option<String> {
+    const DAYS: [&str; 7] = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    #[allow(clippy::useless_conversion)] // time_t is i32 on some targets
+    let t: libc::time_t = secs.try_into().ok()?;
+    // SAFETY: `tm` is plain old data (all-zero is a valid value);
+    // localtime_r reads `t` and writes only into `tm`, both live locals
+    // borrowed for the duration of the call.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: see above; both pointers are valid and do not alias.
+    let r = unsafe { libc::localtime_r(&t, &mut tm) };
+    if r.is_null() {
+        return None;
+    }
+    Some(format!(
+        "{} {} {:2} {:02}:{:02}:{:02} {}",
+        DAYS.get(usize::try_from(tm.tm_wday).ok()?)?,
+        MONTHS.get(usize::try_from(tm.tm_mon).ok()?)?,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec,
+        i64::from(tm.tm_year) + 1900
+    ))
+}
+
 /// What a `discard` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DiscardOutcome {

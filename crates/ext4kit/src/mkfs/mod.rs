@@ -67,32 +67,49 @@ pub struct Report {
     pub stats: WriteStats,
 }
 
-/// Write the prepared filesystem to `dev`.
+/// Write the prepared filesystem to `dev`: [`discard`] (when the options
+/// ask for it), then [`write`].
 pub fn execute(dev: &dyn Device, prepared: Prepared) -> Result<Report, MkfsError> {
-    let Prepared {
-        resolved,
-        mut layout,
-        mut settings,
-    } = prepared;
-    let bs = u64::from(layout.block_size);
-    let mut report = Report::default();
-    if resolved.discard {
-        let len = (layout.blocks_count * bs).min(dev.size());
-        let outcome = match dev.discard(0, bs.min(len)) {
-            Ok(DiscardOutcome::Unsupported) | Err(_) => DiscardOutcome::Unsupported,
-            Ok(_) => dev.discard(0, len).unwrap_or(DiscardOutcome::Unsupported),
-        };
-        report.discarded = outcome != DiscardOutcome::Unsupported;
-        tracing::debug!(?outcome, "discard before format");
-        let zeroes = outcome == DiscardOutcome::Zeroed && dev.discard_zeroes_data();
-        if settings.itable_zeroed && !resolved.assume_prezeroed && !zeroes {
-            // The plan assumed a zeroing discard; it did not happen.
-            let p = prepare(resolved.clone(), false)?;
-            layout = p.layout;
-            settings = p.settings;
-        }
+    let mut prepared = prepared;
+    let discarded = if prepared.resolved.discard {
+        discard(dev, &mut prepared)?
+    } else {
+        false
+    };
+    let mut report = write(dev, prepared)?;
+    report.discarded = discarded;
+    Ok(report)
+}
+
+/// mke2fs's discard before the format (first one block, then the whole
+/// filesystem). Returns whether the device discarded. When the plan
+/// assumed a zeroing discard that did not happen, it is re-planned without
+/// the zeroed inode tables.
+pub fn discard(dev: &dyn Device, prepared: &mut Prepared) -> Result<bool, MkfsError> {
+    let bs = u64::from(prepared.layout.block_size);
+    let len = (prepared.layout.blocks_count * bs).min(dev.size());
+    let outcome = match dev.discard(0, bs.min(len)) {
+        Ok(DiscardOutcome::Unsupported) | Err(_) => DiscardOutcome::Unsupported,
+        Ok(_) => dev.discard(0, len).unwrap_or(DiscardOutcome::Unsupported),
+    };
+    tracing::debug!(?outcome, "discard before format");
+    let zeroes = outcome == DiscardOutcome::Zeroed && dev.discard_zeroes_data();
+    if prepared.settings.itable_zeroed && !prepared.resolved.assume_prezeroed && !zeroes {
+        // The plan assumed a zeroing discard; it did not happen.
+        *prepared = prepare(prepared.resolved.clone(), false)?;
     }
-    report.itable_zeroed = settings.itable_zeroed;
+    Ok(outcome != DiscardOutcome::Unsupported)
+}
+
+/// Write the prepared filesystem to `dev` (no discard).
+pub fn write(dev: &dyn Device, prepared: Prepared) -> Result<Report, MkfsError> {
+    let Prepared {
+        layout, settings, ..
+    } = prepared;
+    let mut report = Report {
+        itable_zeroed: settings.itable_zeroed,
+        ..Report::default()
+    };
     let w = Writer {
         layout: &layout,
         settings: &settings,

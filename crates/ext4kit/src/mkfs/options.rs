@@ -418,11 +418,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                     if n > 2 {
                         return err(format!("invalid # of backup superblocks: {n}"));
                     }
-                    if !f.compat.contains(Compat::SPARSE_SUPER2) {
-                        warnings.push(
-                            "num_backup_sb only applies with the sparse_super2 feature".into(),
-                        );
-                    }
+                    // Without sparse_super2 mke2fs ignores it silently.
                 }
                 "orphan_file_size" => {
                     let s = need(v)?;
@@ -431,6 +427,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                     orphan_file_blocks = Some(n as u32);
                 }
                 "test_fs"
+                | "desc_size"
+                | "desc-size"
                 | "mmp_update_interval"
                 | "offset"
                 | "quotatype"
@@ -447,6 +445,39 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 _ => return err(format!("bad extended option: '{k}'")),
             }
         }
+    }
+    // mke2fs.conf's huge files (mk_hugefiles.c): refused by name.
+    if profile.get_bool(&fs_types, "make_hugefiles", false) {
+        let keys: Vec<&str> = [
+            "hugefiles_dir",
+            "hugefiles_name",
+            "hugefiles_digits",
+            "hugefiles_size",
+            "hugefiles_slack",
+            "hugefiles_align",
+            "hugefiles_align_disk",
+            "hugefiles_uid",
+            "hugefiles_gid",
+            "hugefiles_umask",
+            "num_hugefiles",
+            "zero_hugefiles",
+        ]
+        .into_iter()
+        .filter(|k| profile.get_string(&fs_types, k).is_some())
+        .collect();
+        let with = if keys.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", keys.join(", "))
+        };
+        return err(format!(
+            "mke2fs.conf: make_hugefiles{with} is not supported by ext4kit yet"
+        ));
+    }
+    if stride != 0 && !stripe_width.is_multiple_of(stride) {
+        warnings.push(format!(
+            "\nWarning: RAID stripe-width {stripe_width} not an even multiple of stride {stride}.\n"
+        ));
     }
     if f.ro_compat.contains(RoCompat::METADATA_CSUM) && f.ro_compat.contains(RoCompat::GDT_CSUM) {
         f.ro_compat.remove(RoCompat::GDT_CSUM);
@@ -615,7 +646,11 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let mut label = [0u8; 16];
     if let Some(l) = &opts.label {
         if l.len() > 16 {
-            warnings.push(format!("label too long, truncating to 16 bytes: {l}"));
+            // mke2fs's wording (and its blank line after).
+            let cut = String::from_utf8_lossy(&l.as_bytes()[..16]).into_owned();
+            warnings.push(format!(
+                "Warning: label too long; will be truncated to '{cut}'\n"
+            ));
         }
         let n = l.len().min(16);
         label[..n].copy_from_slice(&l.as_bytes()[..n]);
