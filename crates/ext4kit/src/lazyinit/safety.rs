@@ -826,6 +826,101 @@ fn probe_ranges(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::image::test_support::{ITB, synthetic, table_start};
+    use crate::lazyinit::{Job, LazyError};
+    use ext4kit_device::{Device, MemDevice};
+    use ext4kit_format::group_desc::GroupDesc;
+
+    const GROUPS: u32 = 4;
+
+    /// Rewrite group `g`'s descriptor with `edit`, checksum recomputed.
+    fn edit_desc(dev: &MemDevice, g: u32, edit: impl FnOnce(&mut GroupDesc)) {
+        let off = 2048 + u64::from(g) * 64;
+        let mut raw = vec![0u8; 64];
+        dev.read_at(&mut raw, off).unwrap();
+        let mut d = GroupDesc::parse(&raw).unwrap();
+        edit(&mut d);
+        let img = Image::open(dev).unwrap();
+        let csum = img.csum().clone();
+        drop(img);
+        d.update_checksum(&csum, g, 64);
+        dev.write_at(d.on_disk(64), off).unwrap();
+    }
+
+    fn refused(dev: &MemDevice, want: &str) {
+        let before = dev.to_bytes();
+        match Job::prepare(dev) {
+            Err(LazyError::Unsafe(c)) => assert!(c.0.contains(want), "{c}"),
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(_) => panic!("not refused; expected '{want}'"),
+        }
+        assert!(dev.to_bytes() == before, "written");
+    }
+
+    #[test]
+    fn synthetic_passes() {
+        for mc in [true, false] {
+            let dev = synthetic(mc, GROUPS);
+            Job::prepare(&dev).expect("clean synthetic image");
+        }
+    }
+
+    #[test]
+    fn bitmap_over_another_groups_bitmap() {
+        let dev = synthetic(true, GROUPS);
+        let ib1 = table_start(GROUPS) - u64::from(GROUPS) + 1;
+        edit_desc(&dev, 3, |d| d.set_block_bitmap(ib1));
+        refused(&dev, "bitmap (blocks");
+        refused(&dev, "overlaps group");
+    }
+
+    #[test]
+    fn table_in_free_blocks() {
+        let dev = synthetic(true, GROUPS);
+        let free = table_start(GROUPS) + u64::from(GROUPS) * ITB + 50;
+        edit_desc(&dev, 2, |d| d.set_inode_table(free));
+        refused(&dev, "is free in the block bitmap");
+    }
+
+    #[test]
+    fn hidden_inode_past_the_watermark() {
+        let dev = synthetic(false, GROUPS);
+        // Inode 12 in use in group 0's bitmap, but 53 of 64 called unused.
+        let ibm = table_start(GROUPS) - u64::from(GROUPS);
+        dev.write_at(&[0x0F], ibm * 1024 + 1).unwrap();
+        refused(&dev, "inode 12 is in use in the inode bitmap");
+    }
+
+    #[test]
+    fn live_inode_in_an_inode_uninit_group() {
+        for mc in [true, false] {
+            let dev = synthetic(mc, GROUPS);
+            // Group 2 says INODE_UNINIT, but its first inode is a file.
+            let ino = 2 * 64 + 1;
+            let mut slot = vec![0u8; 256];
+            slot[0..2].copy_from_slice(&0o100644u16.to_le_bytes());
+            slot[0x0C..0x10].copy_from_slice(&1_800_000_000u32.to_le_bytes());
+            slot[0x1A..0x1C].copy_from_slice(&1u16.to_le_bytes());
+            slot[0x80..0x82].copy_from_slice(&32u16.to_le_bytes());
+            let img = Image::open(&dev).unwrap();
+            ext4kit_format::inode::set_checksum(&mut slot, ino, img.csum());
+            drop(img);
+            let at = (table_start(GROUPS) + 2 * ITB) * 1024;
+            dev.write_at(&slot, at).unwrap();
+            refused(
+                &dev,
+                &format!("inode {ino}, in the part of the inode table to zero"),
+            );
+        }
+    }
+
+    #[test]
+    fn root_inode_must_be_a_directory() {
+        let dev = synthetic(true, GROUPS);
+        dev.write_at(&[0u8; 256], table_start(GROUPS) * 1024 + 256)
+            .unwrap();
+        refused(&dev, "root directory (inode 2)");
+    }
 
     #[test]
     fn sparse_super_groups() {
