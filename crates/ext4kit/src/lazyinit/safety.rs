@@ -841,7 +841,7 @@ mod tests {
         let mut d = GroupDesc::parse(&raw).unwrap();
         edit(&mut d);
         let img = Image::open(dev).unwrap();
-        let csum = img.csum().clone();
+        let csum = *img.csum();
         drop(img);
         d.update_checksum(&csum, g, 64);
         dev.write_at(d.on_disk(64), off).unwrap();
