@@ -624,6 +624,7 @@ fn mutated_images_never_lose_data() {
                 if let Err(e) = campaign(&base, n, seed, dir.path(), &mut tally) {
                     panic!("{e}");
                 }
+                eprintln!("{}: done; so far {tally:?}", base.name);
             }
         }
     }

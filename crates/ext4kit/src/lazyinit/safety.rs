@@ -54,6 +54,8 @@ const ROOT_INO: u32 = 2;
 const RESIZE_INO: u32 = 7;
 /// `i_flags` bit: the inode maps its blocks with an extent tree.
 const EXTENTS_FL: u32 = 0x0008_0000;
+/// `i_flags` bit: the data lives in the inode.
+const INLINE_DATA_FL: u32 = 0x1000_0000;
 const EXTENT_MAGIC: u16 = 0xF30A;
 const S_IFMT: u16 = 0o170000;
 const S_IFDIR: u16 = 0o040000;
@@ -188,6 +190,7 @@ pub fn check(image: &Image<'_>, pending: &[GroupWork]) -> Result<(), CheckError>
     check_block_bitmaps(image, &rd, &extents)?;
     check_special_inodes(image, &rd, &extents)?;
     check_inode_bitmaps(image, &rd, pending)?;
+    check_inode_maps(image, &rd, pending)?;
     probe_ranges(image, &rd, pending, sb)?;
     Ok(())
 }
@@ -506,17 +509,25 @@ fn special_inode(
 
 /// Physical block ranges mapped by an inode (extent tree or block map),
 /// validated to lie inside the filesystem.
+/// `sized`: the map must fit the inode's size (the journal); otherwise
+/// (any file, sparse ones included) every pointer is followed, within a
+/// budget of reads bounded by the filesystem's size.
 fn inode_blocks(
     image: &Image<'_>,
     rd: &Reader<'_, '_>,
     slot: &[u8],
     what: &str,
+    sized: bool,
 ) -> Result<Vec<(u64, u64)>, CheckError> {
     let geom = image.geometry();
     let bs = u64::from(geom.block_size);
     let size = u64::from(le32(slot, 4)) | (u64::from(le32(slot, 0x6C)) << 32);
-    let nblocks = size.div_ceil(bs);
-    if nblocks > geom.blocks_count {
+    let nblocks = if sized {
+        size.div_ceil(bs)
+    } else {
+        geom.blocks_count
+    };
+    if sized && nblocks > geom.blocks_count {
         return Err(conflict(format!(
             "the {what} is {size} bytes, larger than the filesystem"
         ))
@@ -663,7 +674,7 @@ fn check_special_inodes(
             return Err(conflict(format!("superblock: journal inode {ino}")).into());
         }
         let slot = special_inode(image, ino, "journal", S_IFREG)?;
-        for (s, e) in inode_blocks(image, rd, &slot, "journal")? {
+        for (s, e) in inode_blocks(image, rd, &slot, "journal", true)? {
             if let Some(x) = overlapping(extents, s, e) {
                 return Err(conflict(format!(
                     "{} overlaps the journal (blocks {s}..{e})",
@@ -756,6 +767,97 @@ fn check_inode_bitmaps(
                 d.itable_unused()
             ))
             .into());
+        }
+    }
+    Ok(())
+}
+
+/// No inode in use (in its group's bitmap, below the unused-inodes
+/// watermark) maps a block, or has an extended-attribute block, in a range
+/// to zero: this catches an inode table pointed at file data or a
+/// directory, even when every copy of the descriptor says so. The work is
+/// proportional to the inodes in use (few, on the fresh filesystems lazy
+/// init is for).
+fn check_inode_maps(
+    image: &Image<'_>,
+    rd: &Reader<'_, '_>,
+    pending: &[GroupWork],
+) -> Result<(), CheckError> {
+    let geom = image.geometry();
+    let mut zero: Vec<(u64, u64, u32)> = pending
+        .iter()
+        .filter(|w| w.zero_blocks > 0)
+        .map(|w| {
+            let s = w.zero_start();
+            (s, s + u64::from(w.zero_blocks), w.group)
+        })
+        .collect();
+    if zero.is_empty() {
+        return Ok(());
+    }
+    zero.sort_unstable();
+    let hit = |s: u64, e: u64| -> Option<(u64, u64, u32)> {
+        let i = zero.partition_point(|z| z.0 < e);
+        (i > 0 && zero[i - 1].1 > s).then(|| zero[i - 1])
+    };
+    let ipg = geom.inodes_per_group;
+    let isz = geom.inode_size as usize;
+    for g in 0..geom.group_count {
+        let d = image.desc(g);
+        if d.flags() & BG_INODE_UNINIT != 0 {
+            continue;
+        }
+        let used = ipg - d.itable_unused().min(ipg);
+        if used == 0 {
+            continue;
+        }
+        let ibm = rd.block(d.inode_bitmap())?;
+        let table = d.inode_table();
+        // The used part of the table, a chunk at a time.
+        let per_chunk = (1u32 << 20) / geom.inode_size;
+        let mut idx = 0u32;
+        while idx < used {
+            let n = per_chunk.min(used - idx);
+            let mut buf = vec![0u8; n as usize * isz];
+            let off = geom
+                .byte_offset(table)
+                .saturating_add(u64::from(idx) * u64::from(geom.inode_size));
+            image
+                .device()
+                .read_at(&mut buf, off)
+                .map_err(ImageError::from)?;
+            for k in 0..n {
+                let i = idx + k;
+                let ino = g * ipg + i + 1;
+                if !bit(&ibm, u64::from(i)) || ino == 1 || ino == RESIZE_INO {
+                    continue;
+                }
+                let slot = &buf[k as usize * isz..(k as usize + 1) * isz];
+                let mode = le16(slot, 0);
+                let mut ranges = Vec::new();
+                let acl = u64::from(le32(slot, 0x68)) | (u64::from(le16(slot, 0x76)) << 32);
+                if acl != 0 {
+                    ranges.push((acl, acl + 1));
+                }
+                let flags = le32(slot, 0x20);
+                let size = u64::from(le32(slot, 4));
+                let has_map = matches!(mode & S_IFMT, S_IFREG | S_IFDIR | 0o120000)
+                    && flags & INLINE_DATA_FL == 0
+                    && !(mode & S_IFMT == 0o120000 && flags & EXTENTS_FL == 0 && size < 60);
+                if has_map {
+                    let what = format!("inode {ino}");
+                    ranges.extend(inode_blocks(image, rd, slot, &what, false)?);
+                }
+                for (s, e) in ranges {
+                    if let Some((zs, ze, zg)) = hit(s, e) {
+                        return Err(conflict(format!(
+                            "group {zg}: the part of its inode table to zero (blocks {zs}..{ze}) holds blocks {s}..{e} of inode {ino}"
+                        ))
+                        .into());
+                    }
+                }
+            }
+            idx += n;
         }
     }
     Ok(())
@@ -911,6 +1013,26 @@ mod tests {
                 &dev,
                 &format!("inode {ino}, in the part of the inode table to zero"),
             );
+        }
+    }
+
+    #[test]
+    fn table_over_a_directory_block() {
+        for mc in [true, false] {
+            let dev = synthetic(mc, GROUPS);
+            // The root directory's first block lies in group 1's table,
+            // as if that table had been pointed at it.
+            let blk = (table_start(GROUPS) + ITB + 5) as u32;
+            let at = table_start(GROUPS) * 1024 + 256;
+            let mut root = vec![0u8; 256];
+            dev.read_at(&mut root, at).unwrap();
+            root[0x04..0x08].copy_from_slice(&1024u32.to_le_bytes());
+            root[0x28..0x2C].copy_from_slice(&blk.to_le_bytes());
+            let img = Image::open(&dev).unwrap();
+            ext4kit_format::inode::set_checksum(&mut root, 2, img.csum());
+            drop(img);
+            dev.write_at(&root, at).unwrap();
+            refused(&dev, &format!("holds blocks {blk}..{} of inode 2", blk + 1));
         }
     }
 
