@@ -272,7 +272,19 @@ fn make_base(dir: &Path, maker: &str, bs: u32, csum: &str) -> Result<Base, Strin
     fs::write(&script, cmds.join("\n") + "\n").map_err(|e| e.to_string())?;
     run_ok(tool("debugfs").arg("-w").arg("-f").arg(&script).arg(&path))?;
     common::e2fsck_clean(&path)?;
-    let base = parse_base(&name, &path)?;
+    let mut base = parse_base(&name, &path)?;
+    // Directory and file blocks as targets too: a table pointed at them
+    // must be refused even when both descriptor copies agree.
+    for f in ["/", "d1", "d1/d2", "d1/f0", "d1/f3", "d1/d2/g", "<8>"] {
+        let out = run(tool("debugfs")
+            .args(["-R", &format!("blocks {f}")])
+            .arg(&path))?;
+        let blocks: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        base.targets.extend(blocks.iter().take(3));
+    }
     // Random bytes in the zeroable tails, as on a reused disk.
     let f = fs::OpenOptions::new()
         .write(true)
@@ -499,6 +511,23 @@ struct Tally {
     refused: u64,
     ran: u64,
     ran_fsck_dirty_before: u64,
+    /// Refusals by kind of reason (numbers and names stripped).
+    reasons: std::collections::BTreeMap<String, u64>,
+}
+
+/// The kind of a refusal: its message without the path, numbers and
+/// quoted values, cut to a few words.
+fn reason_kind(err: &str, path: &Path) -> String {
+    let line = err.lines().next().unwrap_or("");
+    let p = format!("{}: ", path.display());
+    let msg = line.split_once(p.as_str()).map(|(_, m)| m).unwrap_or(line);
+    let words: Vec<String> = msg
+        .split_whitespace()
+        .filter(|w| !w.chars().any(|c| c.is_ascii_digit()))
+        .take(7)
+        .map(str::to_string)
+        .collect();
+    words.join(" ")
 }
 
 fn campaign(base: &Base, n: u64, seed: u64, dir: &Path, tally: &mut Tally) -> Result<(), String> {
@@ -527,6 +556,7 @@ fn campaign(base: &Base, n: u64, seed: u64, dir: &Path, tally: &mut Tally) -> Re
         }
         if code != 0 {
             tally.refused += 1;
+            *tally.reasons.entry(reason_kind(&err, &mpath)).or_default() += 1;
             if after != img {
                 return Err(format!("{what}: refused (exit {code}) but wrote: {err}"));
             }
@@ -624,7 +654,10 @@ fn mutated_images_never_lose_data() {
                 if let Err(e) = campaign(&base, n, seed, dir.path(), &mut tally) {
                     panic!("{e}");
                 }
-                eprintln!("{}: done; so far {tally:?}", base.name);
+                eprintln!(
+                    "{}: done; so far {} mutants, {} refused, {} ran",
+                    base.name, tally.mutants, tally.refused, tally.ran
+                );
             }
         }
     }
@@ -632,4 +665,9 @@ fn mutated_images_never_lose_data() {
         "mutation campaign: {} mutants, {} refused, {} ran ({} of them on images e2fsck already flagged)",
         tally.mutants, tally.refused, tally.ran, tally.ran_fsck_dirty_before
     );
+    let mut kinds: Vec<_> = tally.reasons.iter().collect();
+    kinds.sort_by(|a, b| b.1.cmp(a.1));
+    for (k, n) in kinds.iter().take(25) {
+        eprintln!("  {n:6} {k}");
+    }
 }
