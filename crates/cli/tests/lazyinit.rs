@@ -526,6 +526,51 @@ fn block_count_high_word_only_with_64bit() {
     assert_fsck_clean(&img);
 }
 
+/// An image another process holds with a POSIX `fcntl` lock (as QEMU
+/// locks its images, there with OFD locks) is busy: refused, not written.
+#[test]
+fn fcntl_locked_image_is_busy() {
+    if !have_e2fsprogs("fcntl_locked_image_is_busy") {
+        return;
+    }
+    if !tool("python3") {
+        eprintln!("SKIP fcntl_locked_image_is_busy: python3 not installed");
+        return;
+    }
+    let dir = tmpdir();
+    let img = dir.path().join("locked.img");
+    mkfs(&img, 64 << 20, &[]);
+    let before = read_all(&img);
+    let script = "import fcntl, os, sys\n\
+                  f = open(sys.argv[1], 'r+b')\n\
+                  fcntl.lockf(f, fcntl.LOCK_SH, 1, 201)\n\
+                  print('locked', flush=True)\n\
+                  sys.stdin.read()\n";
+    let mut holder = Command::new("python3")
+        .args(["-c", script])
+        .arg(&img)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "locked");
+    let out = ext4kit(&["lazyinit", "--mult", "0", img.to_str().unwrap()]);
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("in use by another program"), "{err}");
+    assert!(read_all(&img) == before, "written");
+    // Released: it runs.
+    let out = ext4kit(&["lazyinit", "--mult", "0", img.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_fsck_clean(&img);
+}
+
 /// A newline in a path never splits an error line.
 #[test]
 fn newline_in_path_stays_on_one_line() {
