@@ -144,19 +144,46 @@ pub fn group_has_super(sb: &Superblock, group: u32) -> bool {
     })
 }
 
-/// Reads one block at a time, remembering the last few.
+/// Reads one block at a time, within a budget: a corrupt block map that
+/// sends the check around in circles ends in a refusal, not in hours.
 struct Reader<'a, 'd> {
     image: &'a Image<'d>,
     bs: usize,
+    reads: std::cell::Cell<u64>,
+    limit: u64,
 }
 
-impl Reader<'_, '_> {
+impl<'a, 'd> Reader<'a, 'd> {
+    fn new(image: &'a Image<'d>) -> Self {
+        let g = image.geometry();
+        // Bitmaps, backup descriptors, and map blocks of a full filesystem
+        // (about one per 1024 data blocks) fit easily.
+        let limit = (g.blocks_count / 64)
+            .max(4 * u64::from(g.group_count) + u64::from(g.desc_blocks) + (1 << 16));
+        Reader {
+            image,
+            bs: g.block_size as usize,
+            reads: std::cell::Cell::new(0),
+            limit,
+        }
+    }
+
     fn block(&self, b: u64) -> Result<Vec<u8>, ImageError> {
         let g = self.image.geometry();
         if b >= g.blocks_count {
             return Err(ImageError::Corrupt {
                 what: "block map",
                 detail: format!("block {b} is outside the filesystem"),
+            });
+        }
+        self.reads.set(self.reads.get() + 1);
+        if self.reads.get() > self.limit {
+            return Err(ImageError::Corrupt {
+                what: "block maps",
+                detail: format!(
+                    "more than {} metadata blocks to read for the cross-check (run e2fsck first)",
+                    self.limit
+                ),
             });
         }
         let mut buf = vec![0u8; self.bs];
@@ -176,15 +203,11 @@ pub enum CheckError {
 
 /// Run every check. `pending` are the groups lazy init would zero.
 pub fn check(image: &Image<'_>, pending: &[GroupWork]) -> Result<(), CheckError> {
-    let geom = image.geometry();
     let sb = image.superblock();
     if image.features().ro_compat.contains(RoCompat::BIGALLOC) {
         return Err(ImageError::Unsupported("bigalloc".into()).into());
     }
-    let rd = Reader {
-        image,
-        bs: geom.block_size as usize,
-    };
+    let rd = Reader::new(image);
     check_backups(image, &rd)?;
     let extents = layout(image)?;
     check_block_bitmaps(image, &rd, &extents)?;
@@ -624,7 +647,7 @@ fn inode_blocks(
             while let Some((b, depth)) = stack.pop() {
                 if budget == 0 {
                     return Err(conflict(format!(
-                        "the {what}'s block map has more indirect blocks than its size needs"
+                        "the {what}'s block map has more indirect blocks than it can need"
                     ))
                     .into());
                 }
