@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -18,9 +18,31 @@ use ext4kit_device::{Device, OpenOptions, open_device};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 
-/// Exit code when stopped by SIGINT/SIGTERM (progress is kept; rerun to
-/// resume).
-pub const EXIT_INTERRUPTED: i32 = 130;
+/// Exit code when stopped by a signal: 128 + its number, as a shell
+/// reports a process killed by it (SIGINT 130, SIGTERM 143). Progress is
+/// kept; rerun to resume.
+pub fn exit_code_for_signal(sig: i32) -> i32 {
+    128 + sig
+}
+
+/// A path as shown in messages: control characters (a newline in a file
+/// name) escaped, so that every message stays on one line.
+pub fn shown(path: &Path) -> String {
+    one_line(&path.display().to_string())
+}
+
+/// `s` with control characters escaped (`\n`, `\t`, `\u{1b}`).
+pub fn one_line(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
 
 /// How to pace.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,7 +125,8 @@ pub struct LazyinitArgs {
 
 /// Run `ext4kit lazyinit`; returns the exit code.
 pub fn run(args: &LazyinitArgs) -> anyhow::Result<i32> {
-    let stop = install_signal_handlers()?;
+    let signals = install_signal_handlers()?;
+    let stop = Arc::clone(&signals.stop);
     let out = Output::new(args);
 
     // 1. Open everything (exclusively, refusing mounted devices).
@@ -114,7 +137,7 @@ pub fn run(args: &LazyinitArgs) -> anyhow::Result<i32> {
         if let Some(id) = file_identity(path)
             && let Some(first) = seen.insert(id, path.clone())
         {
-            out.refuse(path, &format!("same device as {}", first.display()));
+            out.refuse(path, &format!("same device as {}", shown(&first)));
             refused += 1;
             continue;
         }
@@ -137,7 +160,13 @@ pub fn run(args: &LazyinitArgs) -> anyhow::Result<i32> {
     for (path, dev) in &devs {
         match Job::prepare(dev.as_ref()) {
             Ok(mut job) => {
-                job.set_name(path.display().to_string());
+                job.set_name(shown(path));
+                if job.no_group_checksums() {
+                    out.note(&format!(
+                        "{}: nothing to do: no group descriptor checksums (neither metadata_csum nor uninit_bg), so no inode table was left for lazy init",
+                        shown(path)
+                    ));
+                }
                 let kind = DeviceKind::of_path(path);
                 job.set_read_compare(
                     VerifyZero::from(args.verify_zero).read_compare(kind, dev.is_rotational()),
@@ -147,7 +176,7 @@ pub fn run(args: &LazyinitArgs) -> anyhow::Result<i32> {
                         Some(l) => job.set_load_signal(Box::new(l)),
                         None => out.note(&format!(
                             "{}: no I/O counters for the disk beneath it; pacing at fixed x{}",
-                            path.display(),
+                            shown(path),
                             args.mult
                         )),
                     }
@@ -195,9 +224,15 @@ pub fn run(args: &LazyinitArgs) -> anyhow::Result<i32> {
         },
         ..Options::default()
     };
-    let total_pending: u64 = jobs.iter().map(|j| j.pending().len() as u64).sum();
+    // The bar counts groups as the summary does: those with ITABLE_ZEROED
+    // out of all groups.
+    let total_groups: u64 = jobs.iter().map(|j| u64::from(j.groups_total())).sum();
+    let done_groups: u64 = jobs
+        .iter()
+        .map(|j| u64::from(j.groups_total()) - j.pending().len() as u64)
+        .sum();
     let clock = MonotonicClock::new();
-    let mut progress = Progress::new(&out, total_pending);
+    let mut progress = Progress::new(&out, total_groups, done_groups);
     let summary = Engine::new(jobs, opts, &clock)
         .with_stop_flag(&stop)
         .run(&mut progress);
@@ -207,26 +242,52 @@ pub fn run(args: &LazyinitArgs) -> anyhow::Result<i32> {
     Ok(if summary.failed() {
         1
     } else if summary.stopped {
-        EXIT_INTERRUPTED
+        exit_code_for_signal(signals.received())
     } else {
         0
     })
 }
 
-/// SIGINT and SIGTERM set the returned flag (the engine stops after the
-/// current batch); a second one terminates at once.
-fn install_signal_handlers() -> anyhow::Result<Arc<AtomicBool>> {
+/// The flags the signal handlers set.
+struct Signals {
+    /// Any stop signal arrived: the engine stops after the current batch.
+    stop: Arc<AtomicBool>,
+    /// SIGTERM arrived (else it was SIGINT).
+    term: Arc<AtomicBool>,
+}
+
+impl Signals {
+    /// The signal that stopped the run (SIGTERM wins if both came).
+    fn received(&self) -> i32 {
+        if self.term.load(Ordering::SeqCst) {
+            signal_hook::consts::SIGTERM
+        } else {
+            signal_hook::consts::SIGINT
+        }
+    }
+}
+
+/// SIGINT and SIGTERM set the stop flag (the engine stops after the
+/// current batch); a second one terminates at once, with 128 + its number.
+fn install_signal_handlers() -> anyhow::Result<Signals> {
     use signal_hook::consts::{SIGINT, SIGTERM};
-    let flag = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let term = Arc::new(AtomicBool::new(false));
     for sig in [SIGINT, SIGTERM] {
         // Order matters: the conditional shutdown sees the flag as it was
         // before this signal sets it.
-        signal_hook::flag::register_conditional_shutdown(sig, EXIT_INTERRUPTED, Arc::clone(&flag))
-            .context("installing signal handlers")?;
-        signal_hook::flag::register(sig, Arc::clone(&flag))
+        signal_hook::flag::register_conditional_shutdown(
+            sig,
+            exit_code_for_signal(sig),
+            Arc::clone(&stop),
+        )
+        .context("installing signal handlers")?;
+        signal_hook::flag::register(sig, Arc::clone(&stop))
             .context("installing signal handlers")?;
     }
-    Ok(flag)
+    signal_hook::flag::register(SIGTERM, Arc::clone(&term))
+        .context("installing signal handlers")?;
+    Ok(Signals { stop, term })
 }
 
 /// (st_dev, st_ino) of a file, (0, st_rdev) of a block device.
@@ -274,8 +335,8 @@ impl Output {
 
     /// A filesystem is refused: always a one-line message on stderr.
     fn refuse(&self, path: &Path, reason: &str) {
-        let reason = reason.replace('\n', " ");
-        let shown = path.display().to_string();
+        let reason = one_line(reason);
+        let shown = shown(path);
         if reason.starts_with(&shown) {
             eprintln!("ext4kit: {reason}");
         } else {
@@ -292,7 +353,7 @@ impl Output {
 
     fn note(&self, msg: &str) {
         if self.mode != Mode::Quiet {
-            eprintln!("ext4kit: {msg}");
+            eprintln!("ext4kit: {}", one_line(msg));
         }
     }
 
@@ -355,6 +416,13 @@ impl Output {
             Mode::Human { .. } => {
                 for j in &s.jobs {
                     let st = &j.stats;
+                    if j.error.is_none() && j.groups_zeroed_now == 0 && j.groups_remaining == 0 {
+                        eprintln!(
+                            "{}: nothing to do: {}/{} groups zeroed already",
+                            j.device, j.groups_done, j.groups_total
+                        );
+                        continue;
+                    }
                     eprintln!(
                         "{}: {}/{} groups zeroed ({} this run): {} zeroed, {} already zero{}",
                         j.device,
@@ -384,7 +452,7 @@ impl Output {
         }
         for j in &s.jobs {
             if let Some(e) = &j.error {
-                eprintln!("ext4kit: {}: {e}", j.device);
+                eprintln!("ext4kit: {}: {}", j.device, one_line(&e.to_string()));
             }
         }
     }
@@ -395,15 +463,21 @@ struct Progress<'o> {
     out: &'o Output,
     bar: Option<ProgressBar>,
     started: Instant,
+    /// Bytes actually zeroed (holes and zeros found by reading excluded):
+    /// the rate shown is the work done, not the ground covered.
     bytes: u64,
 }
 
 impl<'o> Progress<'o> {
-    fn new(out: &'o Output, total_groups: u64) -> Self {
+    /// `total_groups` of every filesystem, `done_groups` already with
+    /// ITABLE_ZEROED: the bar counts as the summary does.
+    fn new(out: &'o Output, total_groups: u64, done_groups: u64) -> Self {
         let bar = match out.mode {
             Mode::Human { bar: true } => {
                 let b =
                     ProgressBar::with_draw_target(Some(total_groups), ProgressDrawTarget::stderr());
+                b.set_position(done_groups);
+                b.reset_eta();
                 let style = ProgressStyle::with_template(
                     "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} groups  {msg}  ETA {eta}",
                 )
@@ -502,18 +576,17 @@ impl Observer for Progress<'_> {
             }
             Mode::Human { bar } => match ev {
                 Event::GroupDone { device, stats, .. } => {
-                    self.bytes += stats.bytes_zeroed + stats.bytes_skipped_already_zero;
+                    self.bytes += stats.bytes_zeroed;
                     if let Some(b) = &self.bar {
-                        let secs = self.started.elapsed().as_secs_f64().max(1e-3);
                         b.set_message(format!(
-                            "{device}  {:.1} MB/s",
-                            self.bytes as f64 / secs / 1e6
+                            "{device}  {}",
+                            rate(self.bytes, self.started.elapsed())
                         ));
                         b.inc(1);
                     }
                 }
                 Event::Failed { device, error, .. } => {
-                    let msg = format!("ext4kit: {device}: {error}");
+                    let msg = format!("ext4kit: {device}: {}", one_line(&error.to_string()));
                     match &self.bar {
                         Some(b) => b.println(msg),
                         None => eprintln!("{msg}"),
@@ -544,6 +617,12 @@ impl Observer for Progress<'_> {
     }
 }
 
+/// The zeroing rate for the bar: bytes actually zeroed per second.
+fn rate(bytes: u64, elapsed: Duration) -> String {
+    let secs = elapsed.as_secs_f64().max(1e-3);
+    format!("{:.1} MB/s zeroed", bytes as f64 / secs / 1e6)
+}
+
 fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = b as f64;
@@ -562,6 +641,25 @@ fn human_bytes(b: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rate_counts_only_what_was_given() {
+        assert_eq!(rate(0, Duration::from_secs(1)), "0.0 MB/s zeroed");
+        assert_eq!(rate(5_000_000, Duration::from_secs(2)), "2.5 MB/s zeroed");
+    }
+
+    #[test]
+    fn signal_exit_codes() {
+        assert_eq!(exit_code_for_signal(signal_hook::consts::SIGINT), 130);
+        assert_eq!(exit_code_for_signal(signal_hook::consts::SIGTERM), 143);
+    }
+
+    #[test]
+    fn paths_stay_on_one_line() {
+        assert_eq!(shown(Path::new("a\nb.img")), "a\\nb.img");
+        assert_eq!(one_line("x\ty"), "x\\ty");
+        assert_eq!(shown(Path::new("plain é.img")), "plain é.img");
+    }
 
     #[test]
     fn bytes_are_human() {

@@ -443,6 +443,149 @@ fn lazy_images_from_both_formatters_are_zeroed_exactly() {
     }
 }
 
+/// Without group-descriptor checksums nothing is left for lazy init: the
+/// run says so and exits 0 without writing, and `info` shows nothing
+/// pending either.
+#[test]
+fn no_group_checksums_is_nothing_to_do() {
+    if !have_e2fsprogs("no_group_checksums_is_nothing_to_do") {
+        return;
+    }
+    let dir = tmpdir();
+    let img = dir.path().join("nocsum.img");
+    mkfs(&img, 64 << 20, &["-O", "^metadata_csum,^uninit_bg"]);
+    let before = read_all(&img);
+    let p = img.to_str().unwrap();
+    let out = ext4kit(&["lazyinit", "--mult", "0", p]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("nothing to do"), "{err}");
+    assert!(read_all(&img) == before, "written");
+    let dry = ext4kit(&["lazyinit", "--dry-run", "--json", p]);
+    assert!(dry.status.success());
+    assert_eq!(json_u64(&last_line(&dry), "groups_pending"), 0);
+    let info = ext4kit(&["info", "--json", p]);
+    assert!(info.status.success());
+    let v = last_line(&info);
+    assert_eq!(json_u64(&v, "groups_not_zeroed"), 0);
+    assert_eq!(json_u64(&v, "bytes_to_zero"), 0);
+    assert_fsck_clean(&img);
+}
+
+/// 1 KiB-block bigalloc: `info` opens it (e2fsck calls it clean); lazyinit
+/// has nothing to do on a complete one and refuses a lazy one by name.
+#[test]
+fn bigalloc_1k_opens() {
+    if !have_e2fsprogs("bigalloc_1k_opens") {
+        return;
+    }
+    let dir = tmpdir();
+    let img = dir.path().join("ba.img");
+    mkfs(
+        &img,
+        64 << 20,
+        &["-b", "1024", "-O", "bigalloc", "-C", "16384"],
+    );
+    let p = img.to_str().unwrap();
+    let info = ext4kit(&["info", p]);
+    assert!(info.status.success(), "{}", text(&info.stderr));
+    assert!(text(&info.stdout).contains("bigalloc"));
+    let before = read_all(&img);
+    let out = ext4kit(&["lazyinit", "--mult", "0", p]);
+    let err = text(&out.stderr);
+    if layout(&img).groups.iter().all(|g| g.zeroed) {
+        assert_eq!(out.status.code(), Some(0), "{err}");
+    } else {
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("bigalloc"), "{err}");
+    }
+    assert!(read_all(&img) == before, "written");
+    assert_fsck_clean(&img);
+}
+
+/// Without 64bit the high word of the block count is padding: a stray
+/// value there changes nothing (it read as a 4 PiB filesystem before).
+#[test]
+fn block_count_high_word_only_with_64bit() {
+    if !have_e2fsprogs("block_count_high_word_only_with_64bit") {
+        return;
+    }
+    let dir = tmpdir();
+    let img = dir.path().join("no64.img");
+    // uninit_bg: no superblock checksum to recompute.
+    mkfs(&img, 64 << 20, &["-O", "^64bit,^metadata_csum,uninit_bg"]);
+    let f = fs::OpenOptions::new().write(true).open(&img).unwrap();
+    f.write_all_at(&1u32.to_le_bytes(), 1024 + 0x150).unwrap();
+    drop(f);
+    let p = img.to_str().unwrap();
+    let info = ext4kit(&["info", "--json", p]);
+    assert!(info.status.success(), "{}", text(&info.stderr));
+    assert_eq!(json_u64(&last_line(&info), "blocks_count"), 64 << 10);
+    let out = ext4kit(&["lazyinit", "--mult", "0", p]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_fsck_clean(&img);
+}
+
+/// An image another process holds with a POSIX `fcntl` lock (as QEMU
+/// locks its images, there with OFD locks) is busy: refused, not written.
+#[test]
+fn fcntl_locked_image_is_busy() {
+    if !have_e2fsprogs("fcntl_locked_image_is_busy") {
+        return;
+    }
+    if !tool("python3") {
+        eprintln!("SKIP fcntl_locked_image_is_busy: python3 not installed");
+        return;
+    }
+    let dir = tmpdir();
+    let img = dir.path().join("locked.img");
+    mkfs(&img, 64 << 20, &[]);
+    let before = read_all(&img);
+    let script = "import fcntl, os, sys\n\
+                  f = open(sys.argv[1], 'r+b')\n\
+                  fcntl.lockf(f, fcntl.LOCK_SH, 1, 201)\n\
+                  print('locked', flush=True)\n\
+                  sys.stdin.read()\n";
+    let mut holder = Command::new("python3")
+        .args(["-c", script])
+        .arg(&img)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "locked");
+    let out = ext4kit(&["lazyinit", "--mult", "0", img.to_str().unwrap()]);
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("in use by another program"), "{err}");
+    assert!(read_all(&img) == before, "written");
+    // Released: it runs.
+    let out = ext4kit(&["lazyinit", "--mult", "0", img.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_fsck_clean(&img);
+}
+
+/// A newline in a path never splits an error line.
+#[test]
+fn newline_in_path_stays_on_one_line() {
+    let dir = tmpdir();
+    let img = dir.path().join("two\nlines.img");
+    fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+    let out = ext4kit(&["lazyinit", "--mult", "0", img.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("two\\nlines.img"), "{err}");
+    for l in err.lines() {
+        assert!(l.starts_with("ext4kit: "), "split line: {err:?}");
+    }
+}
+
 /// `info` before and after, as JSON.
 #[test]
 fn info_reports_groups_left() {
@@ -549,8 +692,73 @@ fn refusals_write_nothing() {
         .unwrap();
     cases.push((tr, "truncated image"));
 
-    let nocsum = mk("nocsum.img", 64 << 20, &["-O", "^metadata_csum,^uninit_bg"]);
-    cases.push((nocsum, "no group descriptor checksums"));
+    // Forged descriptors and superblocks with valid checksums (debugfs
+    // recomputes them): each of these used to be zeroed over.
+    let jblk = |img: &Path| -> u64 {
+        let out = Command::new("debugfs")
+            .args(["-R", "bmap <8> 0"])
+            .arg(img)
+            .output()
+            .expect("debugfs");
+        text(&out.stdout).trim().parse().expect("journal block")
+    };
+    let onjournal = mk("onjournal.img", 64 << 20, &[]);
+    let j = jblk(&onjournal);
+    debugfs_w(
+        &onjournal,
+        &[
+            &format!("set_bg 1 inode_table {j}"),
+            "set_bg 1 checksum calc",
+        ],
+    );
+    cases.push((onjournal, "group 1: inode table at block"));
+
+    let rev0 = mk("rev0.img", 64 << 20, &["-O", "^metadata_csum,uninit_bg"]);
+    debugfs_w(&rev0, &["ssv rev_level 0"]);
+    cases.push((rev0, "revision 0"));
+
+    let isize = mk("isize.img", 64 << 20, &["-b", "1024", "-I", "256"]);
+    debugfs_w(&isize, &["ssv inode_size 128"]);
+    cases.push((isize, "inode size 128"));
+
+    // Inodes in use hidden by raising the unused and free counts together.
+    let hidden = mk("hidden.img", 64 << 20, &["-b", "1024"]);
+    let payload = dir.path().join("payload");
+    fs::write(&payload, b"precious").unwrap();
+    let p = payload.to_str().unwrap();
+    debugfs_w(
+        &hidden,
+        &[
+            &format!("write {p} f1"),
+            &format!("write {p} f2"),
+            &format!("write {p} f3"),
+        ],
+    );
+    let l = layout(&hidden);
+    let g0 = &l.groups[0];
+    let free = {
+        let out = Command::new("dumpe2fs").arg(&hidden).output().unwrap();
+        let t = text(&out.stdout);
+        let line = t
+            .lines()
+            .find(|x| x.contains("free inodes,"))
+            .unwrap()
+            .to_string();
+        line.split(" free inodes,")
+            .next()
+            .and_then(|a| a.rsplit(", ").next())
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap()
+    };
+    debugfs_w(
+        &hidden,
+        &[
+            &format!("set_bg 0 itable_unused {}", g0.unused + 3),
+            &format!("set_bg 0 free_inodes_count {}", free + 3),
+            "set_bg 0 checksum calc",
+        ],
+    );
+    cases.push((hidden, "is in use in the inode bitmap"));
 
     let unused = mk("unused.img", 64 << 20, &["-b", "1024"]);
     debugfs_w(
@@ -922,10 +1130,35 @@ fn sigint_stops_cleanly_and_resumes() {
     );
     let summary = rest.last().unwrap();
     assert_eq!(json_field(summary, "stopped"), Some("true"));
-    let done = json_u64(summary, "groups_done") as usize;
-    assert!(done >= 1 && done < lay.groups.len(), "{done}");
-    assert_eq!(check_image(&img, &base, &lay, false), done);
+    let first = json_u64(summary, "groups_done") as usize;
+    assert!(first >= 1 && first < lay.groups.len(), "{first}");
+    assert_eq!(check_image(&img, &base, &lay, false), first);
     assert_fsck_clean(&img);
+
+    // SIGTERM: the same, with 143 (128 + 15), resuming where SIGINT left.
+    let mut child = spawn(&[
+        "lazyinit",
+        "--json",
+        "--mult",
+        "50",
+        "--max-batch-groups",
+        "1",
+        path,
+    ]);
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    for l in lines.by_ref() {
+        if l.unwrap().contains("\"event\":\"group\"") {
+            break;
+        }
+    }
+    signal(&child, 15);
+    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    let st = child.wait().unwrap();
+    assert_eq!(st.code(), Some(143), "{rest:?}");
+    let done = json_u64(rest.last().unwrap(), "groups_done") as usize;
+    assert!(done > first && done < lay.groups.len(), "{first} -> {done}");
+    assert_eq!(check_image(&img, &base, &lay, false), done);
     let out = ext4kit(&["lazyinit", "--mult", "0", "--json", path]);
     assert!(out.status.success());
     assert_eq!(

@@ -1,7 +1,7 @@
 //! [`BlockDevice`]: a block special file (`/dev/sdX`, `/dev/loopN`, ...).
 
 use std::fs::{self, File};
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::sys::{self, major, minor};
@@ -50,20 +50,18 @@ impl BlockDevice {
                 path: path.to_path_buf(),
             });
         }
-        let mut oo = fs::OpenOptions::new();
-        oo.read(true).write(opts.write);
-        if opts.write || opts.exclusive {
-            oo.custom_flags(libc::O_EXCL);
-        }
-        let file = oo.open(path).map_err(|e| {
-            if e.raw_os_error() == Some(libc::EBUSY) {
-                DeviceError::Busy {
-                    path: path.to_path_buf(),
-                }
-            } else {
-                open_err(e)
-            }
-        })?;
+        let file = crate::open::open_nonblocking(path, opts.write, opts.write || opts.exclusive)?;
+        Self::from_file(file, path, opts)
+    }
+
+    /// Use an opened file, checked with `fstat` to be a block device (else
+    /// [`DeviceError::NotADevice`]). It must have been opened with
+    /// `O_EXCL` when `opts.write || opts.exclusive`.
+    pub(crate) fn from_file(file: File, path: &Path, opts: OpenOptions) -> Result<Self> {
+        let open_err = |source| DeviceError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
         let meta = file.metadata().map_err(open_err)?;
         if !meta.file_type().is_block_device() {
             return Err(DeviceError::NotADevice {

@@ -40,18 +40,16 @@ impl FileDevice {
             path: path.to_path_buf(),
             source,
         };
-        // Stat first so that we never open (and possibly block on) a FIFO.
+        // Stat first (a cheap, clear refusal), then open without blocking
+        // and check the opened file itself: the path may have been swapped
+        // for a FIFO in between.
         let meta = fs::metadata(path).map_err(open_err)?;
         if !meta.is_file() {
             return Err(DeviceError::NotADevice {
                 path: path.to_path_buf(),
             });
         }
-        let file = fs::OpenOptions::new()
-            .read(true)
-            .write(opts.write)
-            .open(path)
-            .map_err(open_err)?;
+        let file = crate::open::open_nonblocking(path, opts.write, false)?;
         Self::from_file(file, path, opts)
     }
 
@@ -87,7 +85,12 @@ impl FileDevice {
         )
     }
 
-    fn from_file(file: File, path: &Path, opts: OpenOptions) -> Result<Self> {
+    /// Use an opened file (checked with `fstat`: a regular file, else
+    /// [`DeviceError::NotADevice`]). With `opts.exclusive`, another holder
+    /// of an `flock` or of a POSIX or OFD `fcntl` lock (QEMU locks images
+    /// that way) makes it [`DeviceError::Busy`]; a writable file then also
+    /// gets our own OFD write lock for as long as it is open.
+    pub(crate) fn from_file(file: File, path: &Path, opts: OpenOptions) -> Result<Self> {
         let open_err = |source| DeviceError::Open {
             path: path.to_path_buf(),
             source,
@@ -98,7 +101,10 @@ impl FileDevice {
                 path: path.to_path_buf(),
             });
         }
-        if opts.exclusive && !sys::try_flock_exclusive(&file).map_err(open_err)? {
+        if opts.exclusive
+            && (!sys::try_flock_exclusive(&file).map_err(open_err)?
+                || !try_fcntl_lock(&file, opts.write).map_err(open_err)?)
+        {
             return Err(DeviceError::Busy {
                 path: path.to_path_buf(),
             });
@@ -146,6 +152,38 @@ impl FileDevice {
     fn check(&self, offset: u64, len: u64) -> Result<()> {
         check_range(offset, len, self.size())
     }
+}
+
+/// Whole-file OFD lock: `Ok(false)` if another open file description (of
+/// any process) holds a conflicting POSIX or OFD lock on any byte. With
+/// `write`, takes a write lock (held until the file is closed); without,
+/// only asks (`F_OFD_GETLK`: a write lock would conflict with any lock).
+fn try_fcntl_lock(file: &File, write: bool) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `flock` is plain old data; all-zero is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = 0;
+    fl.l_len = 0; // to the end of the file, however long
+    let cmd = if write {
+        libc::F_OFD_SETLK
+    } else {
+        libc::F_OFD_GETLK
+    };
+    // SAFETY: the descriptor is owned by `file`; `fl` is a valid, writable
+    // `struct flock` for the duration of the call (GETLK writes into it).
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl as *mut libc::flock) };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(false),
+            // No record locks on this filesystem: nobody can hold one.
+            Some(libc::ENOLCK) | Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(true),
+            _ => Err(e),
+        };
+    }
+    Ok(write || fl.l_type == libc::F_UNLCK as libc::c_short)
 }
 
 impl Device for FileDevice {
@@ -467,6 +505,72 @@ mod tests {
         FileDevice::open(&p, OpenOptions::default()).unwrap();
         drop(a);
         FileDevice::open(&p, excl).unwrap();
+    }
+
+    /// Take a whole-file lock on `p` through a new open file description.
+    fn hold_lock(p: &Path, cmd: libc::c_int, ty: libc::c_int) -> File {
+        use std::os::fd::AsRawFd;
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .unwrap();
+        // SAFETY: as in `try_fcntl_lock`.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = ty as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_start = 100;
+        fl.l_len = 1;
+        // SAFETY: `f` owns the descriptor; `fl` is valid for the call.
+        let rc = unsafe { libc::fcntl(f.as_raw_fd(), cmd, &mut fl as *mut libc::flock) };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        f
+    }
+
+    #[test]
+    fn fcntl_locks_make_it_busy() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("img");
+        drop(FileDevice::create_sparse(&p, MIB).unwrap());
+        // A POSIX read lock on one byte (conflicts even within a process
+        // with OFD locks), an OFD lock as QEMU takes them.
+        for (cmd, ty) in [
+            (libc::F_SETLK, libc::F_RDLCK),
+            (libc::F_OFD_SETLK, libc::F_RDLCK),
+            (libc::F_OFD_SETLK, libc::F_WRLCK),
+        ] {
+            for opts in [
+                OpenOptions::read_write(),
+                OpenOptions {
+                    write: false,
+                    exclusive: true,
+                },
+            ] {
+                // (Closing any descriptor of the file drops this process's
+                // POSIX locks, so the lock is taken again for each open.)
+                let held = hold_lock(&p, cmd, ty);
+                assert!(
+                    matches!(FileDevice::open(&p, opts), Err(DeviceError::Busy { .. })),
+                    "{cmd} {ty} {opts:?}"
+                );
+                drop(held);
+            }
+            let held = hold_lock(&p, cmd, ty);
+            // Plain read-only opens are not affected.
+            drop(FileDevice::open(&p, OpenOptions::default()).unwrap());
+            drop(held);
+            drop(FileDevice::open(&p, OpenOptions::read_write()).unwrap());
+        }
+        // Our own OFD lock keeps a second writer out, then goes with us.
+        let a = FileDevice::open(&p, OpenOptions::read_write()).unwrap();
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        assert!(!try_fcntl_lock(&f, true).unwrap());
+        drop(a);
+        assert!(try_fcntl_lock(&f, true).unwrap());
     }
 
     #[test]

@@ -1,13 +1,18 @@
 //! [`open_device`]: open a path as whichever kind of device it is.
 
-use std::fs;
-use std::os::unix::fs::FileTypeExt;
+use std::fs::{self, File};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
 use crate::{BlockDevice, Device, DeviceError, FileDevice, OpenOptions, Result, check_not_mounted};
 
 /// Open `path` as a [`FileDevice`] (regular file) or [`BlockDevice`] (block
 /// special file).
+///
+/// The path is opened without blocking (`O_NONBLOCK`, so a FIFO or a
+/// terminal swapped in never hangs the open) and the *opened* file is
+/// checked with `fstat`: only a regular file or a block device is used.
 ///
 /// When `opts.write` is set, refuses with [`DeviceError::Mounted`] — before
 /// opening anything for writing — a block device that is mounted (or has a
@@ -23,8 +28,7 @@ pub fn open_device(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Box<dyn 
         source,
     })?;
     let ft = md.file_type();
-    let is_block = ft.is_block_device();
-    if !is_block && !ft.is_file() {
+    if !ft.is_block_device() && !ft.is_file() {
         return Err(DeviceError::NotADevice {
             path: path.to_path_buf(),
         });
@@ -32,11 +36,66 @@ pub fn open_device(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Box<dyn 
     if opts.write {
         check_not_mounted(path)?;
     }
-    if is_block {
-        Ok(Box::new(BlockDevice::open(path, opts)?))
+    // O_EXCL without O_CREAT: exclusive on block devices, ignored on files.
+    let file = open_nonblocking(path, opts.write, opts.write || opts.exclusive)?;
+    let ft = file
+        .metadata()
+        .map_err(|source| DeviceError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .file_type();
+    if ft.is_block_device() {
+        Ok(Box::new(BlockDevice::from_file(file, path, opts)?))
+    } else if ft.is_file() {
+        Ok(Box::new(FileDevice::from_file(file, path, opts)?))
     } else {
-        Ok(Box::new(FileDevice::open(path, opts)?))
+        Err(DeviceError::NotADevice {
+            path: path.to_path_buf(),
+        })
     }
+}
+
+/// Open `path` for reading (and writing) with `O_NONBLOCK | O_NOCTTY`
+/// (and `O_EXCL`), then turn `O_NONBLOCK` off again for the I/O. `EBUSY`
+/// (an exclusive open of a block device in use) is [`DeviceError::Busy`].
+pub(crate) fn open_nonblocking(path: &Path, write: bool, excl: bool) -> Result<File> {
+    let mut oo = fs::OpenOptions::new();
+    let mut flags = libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+    if excl {
+        flags |= libc::O_EXCL;
+    }
+    oo.read(true).write(write).custom_flags(flags);
+    let file = oo.open(path).map_err(|e| {
+        if excl && e.raw_os_error() == Some(libc::EBUSY) {
+            DeviceError::Busy {
+                path: path.to_path_buf(),
+            }
+        } else {
+            DeviceError::Open {
+                path: path.to_path_buf(),
+                source: e,
+            }
+        }
+    })?;
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl(F_GETFL/F_SETFL) only reads and sets the status flags
+    // of `fd`, which `file` owns and keeps open for the whole call.
+    let rc = unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        if fl < 0 {
+            fl
+        } else {
+            libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK)
+        }
+    };
+    if rc < 0 {
+        return Err(DeviceError::Open {
+            path: path.to_path_buf(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(file)
 }
 
 #[cfg(test)]
@@ -65,6 +124,36 @@ mod tests {
             open_device("/dev/null", OpenOptions::read_only()),
             Err(DeviceError::NotADevice { .. })
         ));
+    }
+
+    #[test]
+    fn fifo_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("fifo");
+        let st = std::process::Command::new("mkfifo").arg(&p).status();
+        if !st.is_ok_and(|s| s.success()) {
+            eprintln!("SKIP fifo_is_refused_without_blocking: no mkfifo");
+            return;
+        }
+        // Opening a FIFO with no writer would block forever without
+        // O_NONBLOCK; the opened file is then seen to be no device.
+        for opts in [OpenOptions::read_only(), OpenOptions::read_write()] {
+            // As if the path had been swapped between stat and open.
+            let f = open_nonblocking(&p, opts.write, false).expect("no blocking");
+            assert!(matches!(
+                FileDevice::from_file(f, &p, opts),
+                Err(DeviceError::NotADevice { .. })
+            ));
+            let f = open_nonblocking(&p, opts.write, false).expect("no blocking");
+            assert!(matches!(
+                BlockDevice::from_file(f, &p, opts),
+                Err(DeviceError::NotADevice { .. })
+            ));
+            assert!(matches!(
+                open_device(&p, opts),
+                Err(DeviceError::NotADevice { .. })
+            ));
+        }
     }
 
     #[test]

@@ -168,6 +168,13 @@ pub struct Geometry {
     pub gdt_start: u64,
     /// First inode number not reserved (`s_first_ino`).
     pub first_ino: u32,
+    /// Block holding the primary superblock (1 with 1 KiB blocks, else 0).
+    pub sb_block: u64,
+    /// `s_reserved_gdt_blocks`: blocks reserved after every descriptor
+    /// table copy for online growth.
+    pub reserved_gdt_blocks: u32,
+    /// Blocks per cluster (1 without bigalloc).
+    pub cluster_ratio: u32,
 }
 
 impl Geometry {
@@ -642,19 +649,47 @@ fn geometry(sb: &Superblock, features: &Features) -> Result<Geometry, ImageError
         )
     })?;
     let bs = u64::from(block_size);
-    let blocks_count = sb.blocks_count();
+    let blocks_count = blocks_count(sb, features);
     let first_data_block = u64::from(sb.s_first_data_block.get());
     let bigalloc = features.ro_compat.contains(RoCompat::BIGALLOC);
+    if blocks_count == 0 {
+        return Err(corrupt("superblock", "blocks count is 0"));
+    }
     if first_data_block >= blocks_count {
         return Err(corrupt(
             "superblock",
             format!("first data block {first_data_block} >= blocks count {blocks_count}"),
         ));
     }
-    if block_size > 1024 && first_data_block != 0 {
+    // e2fsck's rule: block 1 with 1 KiB blocks and no clusters, else 0.
+    let log_cluster = sb.s_log_cluster_size.get();
+    let log_block = sb.s_log_block_size.get();
+    let cluster_ratio = if bigalloc {
+        if log_cluster < log_block || log_cluster - log_block > 16 {
+            return Err(corrupt(
+                "superblock",
+                format!("log cluster size {log_cluster} with log block size {log_block}"),
+            ));
+        }
+        1u32 << (log_cluster - log_block)
+    } else {
+        if log_cluster != log_block {
+            return Err(corrupt(
+                "superblock",
+                format!(
+                    "log cluster size {log_cluster} != log block size {log_block} without bigalloc"
+                ),
+            ));
+        }
+        1
+    };
+    let want_fdb = u64::from(block_size == 1024 && cluster_ratio == 1);
+    if first_data_block != want_fdb {
         return Err(corrupt(
             "superblock",
-            format!("first data block is {first_data_block} with {block_size}-byte blocks"),
+            format!(
+                "first data block is {first_data_block} with {block_size}-byte blocks (expected {want_fdb})"
+            ),
         ));
     }
     let bpg = sb.s_blocks_per_group.get();
@@ -663,15 +698,35 @@ fn geometry(sb: &Superblock, features: &Features) -> Result<Geometry, ImageError
     } else {
         bpg
     };
-    if bpg == 0 || cpg == 0 || u64::from(cpg) > 8 * bs {
+    if bpg == 0
+        || cpg == 0
+        || u64::from(cpg) > 8 * bs
+        || u64::from(cpg) * u64::from(cluster_ratio) != u64::from(bpg)
+        || !cpg.is_multiple_of(8)
+    {
         return Err(corrupt(
             "superblock",
             format!(
-                "blocks per group {bpg} (clusters per group {cpg}) with {block_size}-byte blocks"
+                "blocks per group {bpg} (clusters per group {cpg}, {cluster_ratio} blocks per cluster) with {block_size}-byte blocks"
             ),
         ));
     }
-    let (inode_size, first_ino) = if sb.s_rev_level.get() == 0 {
+    let rev = sb.s_rev_level.get();
+    if rev > 1 {
+        return Err(ImageError::Unsupported(format!("revision level {rev}")));
+    }
+    if rev == 0
+        && (features.compat.bits() | features.incompat.bits() | features.ro_compat.bits()) != 0
+    {
+        return Err(corrupt(
+            "superblock",
+            format!(
+                "revision 0 (fixed 128-byte inodes) but features are set: {}",
+                features.names().join(", ")
+            ),
+        ));
+    }
+    let (inode_size, first_ino) = if rev == 0 {
         (GOOD_OLD_INODE_SIZE, GOOD_OLD_FIRST_INO)
     } else {
         (u32::from(sb.s_inode_size.get()), sb.s_first_ino.get())
@@ -679,17 +734,35 @@ fn geometry(sb: &Superblock, features: &Features) -> Result<Geometry, ImageError
     if !inode_size.is_power_of_two() || inode_size < 128 || inode_size > block_size {
         return Err(corrupt("superblock", format!("inode size {inode_size}")));
     }
-    let ipb = block_size / inode_size;
-    let ipg = sb.s_inodes_per_group.get();
-    if ipg < ipb || u64::from(ipg) > 8 * bs {
+    // The extra inode fields the superblock promises must fit the inode.
+    let room = inode_size - GOOD_OLD_INODE_SIZE;
+    let min_extra = u32::from(sb.s_min_extra_isize.get());
+    let want_extra = u32::from(sb.s_want_extra_isize.get());
+    if min_extra > room || want_extra > room {
         return Err(corrupt(
             "superblock",
             format!(
-                "inodes per group {ipg} with {block_size}-byte blocks and {inode_size}-byte inodes"
+                "inode size {inode_size} has no room for the extra fields it promises (min {min_extra}, wanted {want_extra} bytes)"
             ),
         ));
     }
-    let itable_blocks = ipg.div_ceil(ipb);
+    if features.incompat.contains(Incompat::FLEX_BG) && sb.s_log_groups_per_flex > 31 {
+        return Err(corrupt(
+            "superblock",
+            format!("log groups per flex {}", sb.s_log_groups_per_flex),
+        ));
+    }
+    let ipb = block_size / inode_size;
+    let ipg = sb.s_inodes_per_group.get();
+    if ipg < ipb || u64::from(ipg) > 8 * bs || !ipg.is_multiple_of(ipb) || !ipg.is_multiple_of(8) {
+        return Err(corrupt(
+            "superblock",
+            format!(
+                "inodes per group {ipg} with {block_size}-byte blocks and {inode_size}-byte inodes (not a whole number of table blocks)"
+            ),
+        ));
+    }
+    let itable_blocks = ipg / ipb;
     let groups64 = (blocks_count - first_data_block).div_ceil(u64::from(bpg));
     let group_count = u32::try_from(groups64)
         .map_err(|_| corrupt("superblock", format!("{groups64} block groups")))?;
@@ -712,13 +785,11 @@ fn geometry(sb: &Superblock, features: &Features) -> Result<Geometry, ImageError
             ),
         ));
     }
-    if sb.free_blocks_count() > blocks_count {
+    let free_blocks = free_blocks_count(sb, features);
+    if free_blocks > blocks_count {
         return Err(corrupt(
             "superblock",
-            format!(
-                "free blocks count {} > blocks count {blocks_count}",
-                sb.free_blocks_count()
-            ),
+            format!("free blocks count {free_blocks} > blocks count {blocks_count}"),
         ));
     }
     let desc_size = u32::from(sb.desc_size());
@@ -738,11 +809,26 @@ fn geometry(sb: &Superblock, features: &Features) -> Result<Geometry, ImageError
     }
     let descs_per_block = block_size / desc_size;
     let desc_blocks = group_count.div_ceil(descs_per_block);
-    let gdt_start = first_data_block + 1;
-    if gdt_start + u64::from(desc_blocks) > blocks_count {
+    // The table follows the block holding the superblock (libext2fs: block
+    // 2 with 1 KiB blocks even when bigalloc makes block 0 the first).
+    let sb_block = SUPERBLOCK_OFFSET / bs;
+    let gdt_start = first_data_block.max(sb_block) + 1;
+    let reserved_gdt_blocks = u32::from(sb.s_reserved_gdt_blocks.get());
+    if reserved_gdt_blocks > block_size / 4 {
         return Err(corrupt(
             "superblock",
-            format!("{desc_blocks} descriptor blocks do not fit in {blocks_count} blocks"),
+            format!(
+                "{reserved_gdt_blocks} reserved descriptor blocks (at most {})",
+                block_size / 4
+            ),
+        ));
+    }
+    if gdt_start + u64::from(desc_blocks) + u64::from(reserved_gdt_blocks) > blocks_count {
+        return Err(corrupt(
+            "superblock",
+            format!(
+                "{desc_blocks} descriptor blocks and {reserved_gdt_blocks} reserved ones do not fit in {blocks_count} blocks"
+            ),
         ));
     }
     Ok(Geometry {
@@ -761,7 +847,29 @@ fn geometry(sb: &Superblock, features: &Features) -> Result<Geometry, ImageError
         desc_blocks,
         gdt_start,
         first_ino,
+        sb_block,
+        reserved_gdt_blocks,
+        cluster_ratio,
     })
+}
+
+/// `s_blocks_count`: the high word only with `64bit` (without it the field
+/// is padding that a stray write may have filled).
+pub fn blocks_count(sb: &Superblock, features: &Features) -> u64 {
+    if features.incompat.contains(Incompat::BIT64) {
+        sb.blocks_count()
+    } else {
+        u64::from(sb.s_blocks_count_lo.get())
+    }
+}
+
+/// `s_free_blocks_count`, the high word only with `64bit`.
+pub fn free_blocks_count(sb: &Superblock, features: &Features) -> u64 {
+    if features.incompat.contains(Incompat::BIT64) {
+        sb.free_blocks_count()
+    } else {
+        u64::from(sb.s_free_blocks_count_lo.get())
+    }
 }
 
 /// Synthetic filesystems for unit tests (just what the image and lazy-init
@@ -813,6 +921,9 @@ pub(crate) mod test_support {
             put32(&mut raw, 0x64, RoCompat::GDT_CSUM.bits());
         }
         raw[0x68..0x78].copy_from_slice(&[7; 16]);
+        // sparse_super2 without backups: the cross-check has no backup
+        // superblock to compare with.
+        put32(&mut raw, 0x5C, Compat::SPARSE_SUPER2.bits());
         raw[0xFE..0x100].copy_from_slice(&64u16.to_le_bytes());
         let sb = Superblock::parse(&raw).expect("parse");
         let c = sb.compute_checksum();
@@ -837,6 +948,28 @@ pub(crate) mod test_support {
             dev.write_at(d.on_disk(64), 2048 + gg * 64)
                 .expect("write desc");
         }
+        // Group 0's block bitmap: every metadata block (1 ..= the last
+        // table block) in use.
+        let meta_end = tables + g64 * ITB;
+        let mut bm = vec![0u8; bs as usize];
+        for b in 1..meta_end {
+            let i = (b - 1) as usize;
+            bm[i / 8] |= 1 << (i % 8);
+        }
+        dev.write_at(&bm, (tables - 2 * g64) * bs).expect("bitmap");
+        // Only inodes 1 and 2 are marked in use: the tests fill the other
+        // reserved slots with noise.
+        let mut ibm = vec![0u8; bs as usize];
+        ibm[0] = 0x03;
+        dev.write_at(&ibm, (tables - g64) * bs)
+            .expect("inode bitmap");
+        // The root directory (inode 2).
+        let mut root = vec![0u8; 256];
+        root[0..2].copy_from_slice(&0o040755u16.to_le_bytes());
+        root[0x1A..0x1C].copy_from_slice(&2u16.to_le_bytes());
+        root[0x80..0x82].copy_from_slice(&32u16.to_le_bytes());
+        ext4kit_format::inode::set_checksum(&mut root, 2, &csum);
+        dev.write_at(&root, tables * bs + 256).expect("root inode");
         dev
     }
 

@@ -70,11 +70,13 @@ pub mod engine;
 pub mod load;
 pub mod pacing;
 pub mod plan;
+pub mod safety;
 pub mod zero;
 
 use std::collections::VecDeque;
 
 use ext4kit_device::{Device, DeviceError};
+use ext4kit_format::features::RoCompat;
 use ext4kit_format::group_desc::{BG_INODE_UNINIT, BG_INODE_ZEROED};
 
 use crate::image::{DescChecksum, Image, ImageError};
@@ -92,15 +94,13 @@ pub enum LazyError {
     /// The filesystem could not be opened for update.
     #[error(transparent)]
     Image(#[from] ImageError),
-    /// Neither `metadata_csum` nor `uninit_bg`: `bg_itable_unused` means
-    /// nothing and mke2fs zeroed the tables itself.
-    #[error(
-        "no group descriptor checksums (neither metadata_csum nor uninit_bg): inode tables are never left for lazy init"
-    )]
-    NoGroupChecksums,
     /// A group's counts contradict each other.
     #[error("inconsistent group descriptor: {0}")]
     Inconsistent(#[from] PlanError),
+    /// The cross-check before the first write found a conflict
+    /// ([`safety`]).
+    #[error("refusing to zero anything: {0}")]
+    Unsafe(#[from] safety::Conflict),
     /// I/O failed while working.
     #[error(transparent)]
     Device(#[from] DeviceError),
@@ -110,6 +110,7 @@ pub enum LazyError {
 pub struct Job<'d> {
     name: String,
     image: Image<'d>,
+    no_group_checksums: bool,
     pending: VecDeque<GroupWork>,
     zeroed_before: u32,
     read_compare: bool,
@@ -129,30 +130,34 @@ impl std::fmt::Debug for Job<'_> {
 }
 
 impl<'d> Job<'d> {
-    /// Open `dev` for update and plan every group. Nothing is written.
+    /// Open `dev` for update, plan every group and cross-check the plan
+    /// against the filesystem ([`safety::check`]). Nothing is written.
     /// Refuses (with the reason) anything lazy init must not touch.
+    ///
+    /// A filesystem without group-descriptor checksums has nothing left
+    /// for lazy init (mke2fs zeroes its tables itself): the job is empty
+    /// ([`Job::no_group_checksums`]).
     pub fn prepare(dev: &'d dyn Device) -> Result<Self, LazyError> {
         let image = Image::open_for_update(dev)?;
-        if image.desc_checksum() == DescChecksum::None {
-            return Err(LazyError::NoGroupChecksums);
-        }
-        let geom = image.geometry();
-        let mut pending = VecDeque::new();
-        let mut zeroed_before = 0;
-        for g in 0..geom.group_count {
-            match plan_group(geom, &image.desc(g), g)? {
-                Some(w) => pending.push_back(w),
-                None => zeroed_before += 1,
-            }
+        let (pending, zeroed_before) = plan_all(&image)?;
+        if !pending.is_empty() {
+            check_plan(&image, pending.as_slices().0)?;
         }
         Ok(Job {
             name: dev.name(),
+            no_group_checksums: image.desc_checksum() == DescChecksum::None,
             image,
             pending,
             zeroed_before,
             read_compare: false,
             load: None,
         })
+    }
+
+    /// The filesystem has no group-descriptor checksums, so nothing was
+    /// ever left for lazy init.
+    pub fn no_group_checksums(&self) -> bool {
+        self.no_group_checksums
     }
 
     /// The name used in events and reports (the device's name).
@@ -200,6 +205,53 @@ impl<'d> Job<'d> {
     pub fn pending_bytes(&self) -> u64 {
         let g = self.image.geometry();
         self.pending.iter().map(|w| w.byte_range(g).1).sum()
+    }
+}
+
+/// Plan every group: the pending work, in group order, and the number of
+/// groups already done. Without group-descriptor checksums nothing is
+/// pending and every group counts as done.
+fn plan_all(image: &Image<'_>) -> Result<(VecDeque<GroupWork>, u32), LazyError> {
+    let geom = image.geometry();
+    if image.desc_checksum() == DescChecksum::None {
+        return Ok((VecDeque::new(), geom.group_count));
+    }
+    let mut pending = VecDeque::new();
+    let mut zeroed_before = 0;
+    for g in 0..geom.group_count {
+        match plan_group(geom, &image.desc(g), g)? {
+            Some(w) => pending.push_back(w),
+            None => zeroed_before += 1,
+        }
+    }
+    if !pending.is_empty() && image.features().ro_compat.contains(RoCompat::BIGALLOC) {
+        return Err(LazyError::Image(ImageError::Unsupported(
+            "bigalloc: lazyinit cannot cross-check cluster bitmaps yet".into(),
+        )));
+    }
+    // One contiguous slice for the cross-check.
+    pending.make_contiguous();
+    Ok((pending, zeroed_before))
+}
+
+/// The cross-check, with its errors sorted into [`LazyError`].
+fn check_plan(image: &Image<'_>, pending: &[GroupWork]) -> Result<(), LazyError> {
+    match safety::check(image, pending) {
+        Ok(()) => Ok(()),
+        Err(safety::CheckError::Conflict(c)) => Err(LazyError::Unsafe(c)),
+        Err(safety::CheckError::Image(e)) => Err(LazyError::Image(e)),
+    }
+}
+
+/// Why `ext4kit lazyinit` would refuse `image` (counts, or the
+/// cross-check), if it would; `None` also when nothing is pending.
+pub fn refusal(image: &Image<'_>) -> Option<String> {
+    match plan_all(image) {
+        Err(e) => Some(e.to_string()),
+        Ok((pending, _)) if pending.is_empty() => None,
+        Ok((pending, _)) => check_plan(image, pending.as_slices().0)
+            .err()
+            .map(|e| e.to_string()),
     }
 }
 
@@ -252,15 +304,23 @@ pub struct Status {
     pub bytes_to_zero: u64,
     /// Groups whose counts lazy init would refuse.
     pub groups_inconsistent: u32,
+    /// `ext4kit lazyinit` would refuse the filesystem (see [`refusal`]).
+    pub lazyinit_refuses: bool,
 }
 
-/// Count what lazy init has left to do on `image`.
+/// Count what lazy init has left to do on `image`: the same groups and
+/// bytes that [`Job::prepare`] plans (none without group-descriptor
+/// checksums, whatever the flags say there).
 pub fn status(image: &Image<'_>) -> Status {
     let g = image.geometry();
     let mut st = Status {
         groups: g.group_count,
         ..Status::default()
     };
+    if image.desc_checksum() == DescChecksum::None {
+        return st;
+    }
+    st.lazyinit_refuses = refusal(image).is_some();
     for group in 0..g.group_count {
         let d = image.desc(group);
         if d.flags() & BG_INODE_ZEROED != 0 {

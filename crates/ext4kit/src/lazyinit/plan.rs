@@ -136,6 +136,9 @@ mod tests {
             desc_blocks: 1,
             gdt_start: 1,
             first_ino: 11,
+            sb_block: 0,
+            reserved_gdt_blocks: 0,
+            cluster_ratio: 1,
         }
     }
 
