@@ -80,6 +80,7 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
             "groups_not_zeroed": st.groups_not_zeroed,
             "groups_inode_uninit": st.groups_inode_uninit,
             "groups_inconsistent": st.groups_inconsistent,
+            "lazyinit_refusal": st.refusal,
             "bytes_to_zero": st.bytes_to_zero,
         });
         outln!("{v}");
@@ -183,6 +184,9 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
             "                     {} group(s) with inconsistent counts (lazyinit will refuse)",
             st.groups_inconsistent
         );
+    }
+    if let Some(why) = &st.refusal {
+        outln!("                     lazyinit would refuse: {why}");
     }
     Ok(0)
 }

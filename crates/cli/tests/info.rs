@@ -291,6 +291,7 @@ fn json_keys_are_stable() {
         "journal_bytes",
         "journal_inode",
         "label",
+        "lazyinit_refusal",
         "last_check_time",
         "last_mount_time",
         "last_mounted_on",

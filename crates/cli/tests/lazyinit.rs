@@ -711,6 +711,27 @@ fn refusals_write_nothing() {
             "set_bg 1 checksum calc",
         ],
     );
+    // info says what lazyinit would refuse, and why.
+    let out = ext4kit(&["info", onjournal.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains(
+            "lazyinit would refuse: refusing to zero anything: group 1: inode table at block"
+        ),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = ext4kit(&["info", "--json", onjournal.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("info --json");
+    assert!(
+        v["lazyinit_refusal"]
+            .as_str()
+            .is_some_and(|r| r.contains("group 1: inode table at block")),
+        "{v}"
+    );
+    let out = ext4kit(&["info", "--json", good.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("info --json");
+    assert!(v["lazyinit_refusal"].is_null(), "{v}");
     cases.push((onjournal, "group 1: inode table at block"));
 
     let rev0 = mk("rev0.img", 64 << 20, &["-O", "^metadata_csum,uninit_bg"]);

@@ -291,7 +291,7 @@ pub fn commit_zeroed(
 }
 
 /// Lazy-init state of a filesystem, for `info`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Status {
     /// Groups in the filesystem.
     pub groups: u32,
@@ -304,8 +304,9 @@ pub struct Status {
     pub bytes_to_zero: u64,
     /// Groups whose counts lazy init would refuse.
     pub groups_inconsistent: u32,
-    /// `ext4kit lazyinit` would refuse the filesystem (see [`refusal`]).
-    pub lazyinit_refuses: bool,
+    /// Why `ext4kit lazyinit` would refuse the filesystem (see
+    /// [`refusal`]), if it would.
+    pub refusal: Option<String>,
 }
 
 /// Count what lazy init has left to do on `image`: the same groups and
@@ -320,7 +321,7 @@ pub fn status(image: &Image<'_>) -> Status {
     if image.desc_checksum() == DescChecksum::None {
         return st;
     }
-    st.lazyinit_refuses = refusal(image).is_some();
+    st.refusal = refusal(image);
     for group in 0..g.group_count {
         let d = image.desc(group);
         if d.flags() & BG_INODE_ZEROED != 0 {
