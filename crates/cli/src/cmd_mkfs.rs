@@ -26,25 +26,42 @@ pub struct MkfsArgs {
     #[arg(short = 'T', value_name = "USAGE-TYPES")]
     usage_types: Option<String>,
     /// Block size in bytes (1024, 2048, 4096, ...; negative = minimum).
-    #[arg(short = 'b', value_name = "BLOCK-SIZE", allow_hyphen_values = true)]
+    #[arg(
+        short = 'b',
+        overrides_with = "block_size",
+        value_name = "BLOCK-SIZE",
+        allow_hyphen_values = true
+    )]
     block_size: Option<i64>,
-    /// Number of inodes.
-    #[arg(short = 'N', value_name = "NUMBER-OF-INODES")]
+    /// Number of inodes (0: the default).
+    #[arg(
+        short = 'N',
+        overrides_with = "num_inodes",
+        value_name = "NUMBER-OF-INODES"
+    )]
     num_inodes: Option<u64>,
     /// Bytes per inode.
-    #[arg(short = 'i', value_name = "BYTES-PER-INODE")]
+    #[arg(
+        short = 'i',
+        overrides_with = "inode_ratio",
+        value_name = "BYTES-PER-INODE"
+    )]
     inode_ratio: Option<u64>,
     /// Inode size in bytes.
-    #[arg(short = 'I', value_name = "INODE-SIZE")]
+    #[arg(short = 'I', overrides_with = "inode_size", value_name = "INODE-SIZE")]
     inode_size: Option<u32>,
     /// Reserved blocks percentage.
-    #[arg(short = 'm', value_name = "RESERVED-RATIO")]
+    #[arg(
+        short = 'm',
+        overrides_with = "reserved_ratio",
+        value_name = "RESERVED-RATIO"
+    )]
     reserved_ratio: Option<f64>,
     /// Volume label (at most 16 bytes).
-    #[arg(short = 'L', value_name = "LABEL")]
+    #[arg(short = 'L', overrides_with = "label", value_name = "LABEL")]
     label: Option<String>,
     /// Filesystem UUID (or null, clear, random, time).
-    #[arg(short = 'U', value_name = "UUID")]
+    #[arg(short = 'U', overrides_with = "uuid", value_name = "UUID")]
     uuid: Option<String>,
     /// Features to set or clear (feat,^feat,...). May be repeated.
     #[arg(short = 'O', value_name = "FEATURE[,...]")]
@@ -52,9 +69,10 @@ pub struct MkfsArgs {
     /// Extended options: lazy_itable_init=, lazy_journal_init=,
     /// assume_storage_prezeroed=, discard, nodiscard, hash_seed=,
     /// root_owner[=uid:gid], num_backup_sb=, packed_meta_blocks, stride=,
-    /// stripe_width=, orphan_file_size=. May be repeated.
-    #[arg(short = 'E', value_name = "EXTENDED-OPTS")]
-    extended: Vec<String>,
+    /// stripe_width=, orphan_file_size=. As in mke2fs, only the last -E
+    /// counts.
+    #[arg(short = 'E', overrides_with = "extended", value_name = "EXTENDED-OPTS")]
+    extended: Option<String>,
     /// Journal options (size=MiB).
     #[arg(short = 'J', value_name = "JOURNAL-OPTS")]
     journal: Vec<String>,
@@ -62,19 +80,31 @@ pub struct MkfsArgs {
     #[arg(short = 'j')]
     add_journal: bool,
     /// Groups per flex_bg.
-    #[arg(short = 'G', value_name = "FLEX-GROUP-SIZE")]
+    #[arg(
+        short = 'G',
+        overrides_with = "flex_bg_size",
+        value_name = "FLEX-GROUP-SIZE"
+    )]
     flex_bg_size: Option<u32>,
     /// Blocks per group.
-    #[arg(short = 'g', value_name = "BLOCKS-PER-GROUP")]
+    #[arg(
+        short = 'g',
+        overrides_with = "blocks_per_group",
+        value_name = "BLOCKS-PER-GROUP"
+    )]
     blocks_per_group: Option<u32>,
     /// Last-mounted directory to record.
-    #[arg(short = 'M', value_name = "LAST-MOUNTED-DIR")]
+    #[arg(
+        short = 'M',
+        overrides_with = "mount_dir",
+        value_name = "LAST-MOUNTED-DIR"
+    )]
     mount_dir: Option<String>,
     /// Creator OS.
-    #[arg(short = 'o', value_name = "CREATOR-OS")]
+    #[arg(short = 'o', overrides_with = "creator_os", value_name = "CREATOR-OS")]
     creator_os: Option<String>,
     /// Error behaviour (continue, remount-ro, panic).
-    #[arg(short = 'e', value_name = "ERRORS-BEHAVIOR")]
+    #[arg(short = 'e', overrides_with = "errors", value_name = "ERRORS-BEHAVIOR")]
     errors: Option<String>,
     /// Force: accepted for compatibility (ext4kit never prompts).
     #[arg(short = 'F', action = clap::ArgAction::Count)]
@@ -133,15 +163,16 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
     let exists = a.device.exists();
     // One read-only probe of an existing target: size, sector size, and
     // whether a discard leaves zeros (regular files: yes, holes).
-    let (device_size, sector, dev_discard_zeroes) = if exists {
+    let (device_size, sector, phys_sector, dev_discard_zeroes) = if exists {
         let dev = open_device(&a.device, OpenOptions::read_only())?;
         (
             Some(dev.size()),
             dev.logical_block_size(),
+            dev.physical_block_size(),
             dev.discard_zeroes_data(),
         )
     } else {
-        (None, 512, true)
+        (None, 512, 512, true)
     };
     let opts = MkfsOptions {
         // Like mkfs.ext4: ext4 unless -t says otherwise.
@@ -155,7 +186,7 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
         label: a.label.clone(),
         uuid: a.uuid.clone(),
         features: a.features.clone(),
-        extended: a.extended.clone(),
+        extended: a.extended.iter().cloned().collect(),
         journal: a.journal.clone(),
         add_journal: a.add_journal,
         flex_bg_size: a.flex_bg_size,
@@ -164,15 +195,24 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
         creator_os: a.creator_os.clone(),
         errors: a.errors.clone(),
         fs_size: a.fs_size.clone(),
+        force: a.force > 0,
     };
     let is_file = !exists
         || std::fs::metadata(&a.device)
             .map(|m| m.is_file())
             .unwrap_or(false);
+    // As mke2fs: no sector size for regular files, and the test-suite
+    // overrides MKE2FS_DEVICE_SECTSIZE / MKE2FS_DEVICE_PHYS_SECTSIZE.
+    let (sector, phys_sector) = mkfs::options::sector_sizes(
+        if is_file { 0 } else { sector },
+        if is_file { 0 } else { phys_sector },
+        |v| std::env::var(v).ok(),
+    );
     let env = Env {
         device_size,
         is_regular_file: is_file,
         logical_sector_size: sector,
+        physical_sector_size: phys_sector,
         now: now_from_env()?,
         page_size: page_size(),
         uid: 0,
@@ -191,7 +231,11 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
     let prepared = mkfs::prepare(resolved, discard_zeroes)?;
     let l = &prepared.layout;
     if a.dry_run {
-        print_summary(a, &prepared);
+        if a.json {
+            outln!("{}", json_report(a, &prepared, None, None, start));
+        } else {
+            print_summary(a, &prepared);
+        }
         return Ok(0);
     }
     let needed = l.blocks_count * u64::from(l.block_size);
@@ -214,29 +258,58 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
         print_summary(a, &prepared);
     }
     let report = mkfs::execute(dev.as_ref(), prepared.clone())?;
-    let l = &prepared.layout;
     if a.json {
-        let v = serde_json::json!({
-            "device": a.device,
-            "block_size": l.block_size,
-            "blocks": l.blocks_count,
-            "groups": l.group_count,
-            "inodes": l.inodes_count,
-            "inodes_per_group": l.inodes_per_group,
-            "journal_blocks": l.journal_blocks,
-            "features": l.features.names(),
-            "uuid": uuid::Uuid::from_bytes(prepared.settings.uuid).to_string(),
-            "itable_zeroed": report.itable_zeroed,
-            "discarded": report.discarded,
-            "stats": report.stats,
-            "allocated_bytes": dev.allocated_bytes(),
-            "seconds": start.elapsed().as_secs_f64(),
-        });
+        let v = json_report(
+            a,
+            &prepared,
+            Some(&report),
+            Some(dev.allocated_bytes()),
+            start,
+        );
         outln!("{v}");
     } else if !a.quiet {
         outln!("Writing superblocks and filesystem accounting information: done");
     }
     Ok(0)
+}
+
+/// The `--json` report: the plan, and what the run did (`report` is `None`
+/// for `-n`, which writes nothing: `"dry_run": true`).
+fn json_report(
+    a: &MkfsArgs,
+    p: &mkfs::Prepared,
+    report: Option<&mkfs::Report>,
+    allocated_bytes: Option<Option<u64>>,
+    start: Instant,
+) -> serde_json::Value {
+    let l = &p.layout;
+    let mut v = serde_json::json!({
+        "device": a.device,
+        "dry_run": report.is_none(),
+        "block_size": l.block_size,
+        "blocks": l.blocks_count,
+        "groups": l.group_count,
+        "inodes": l.inodes_count,
+        "inodes_per_group": l.inodes_per_group,
+        "inode_size": l.inode_size,
+        "journal_blocks": l.journal_blocks,
+        "features": l.features.names(),
+        "fs_types": p.resolved.fs_types,
+        "uuid": uuid::Uuid::from_bytes(p.settings.uuid).to_string(),
+        "itable_zeroed": p.settings.itable_zeroed,
+        "warnings": p.resolved.warnings,
+    });
+    if let (Some(r), Some(obj)) = (report, v.as_object_mut()) {
+        obj.insert("itable_zeroed".into(), r.itable_zeroed.into());
+        obj.insert("discarded".into(), r.discarded.into());
+        obj.insert(
+            "stats".into(),
+            serde_json::to_value(&r.stats).unwrap_or_default(),
+        );
+        obj.insert("allocated_bytes".into(), allocated_bytes.flatten().into());
+        obj.insert("seconds".into(), start.elapsed().as_secs_f64().into());
+    }
+    v
 }
 
 fn create_image(path: &Path, size: u64) -> Result<FileDevice> {

@@ -22,6 +22,7 @@ pub struct BlockDevice {
     writable: bool,
     size: u64,
     logical_block_size: u32,
+    physical_block_size: u32,
     discard_zeroes: bool,
     devnum: (u32, u32),
     sysfs_dir: Option<PathBuf>,
@@ -72,6 +73,8 @@ impl BlockDevice {
         }
         let size = sys::blk_size(&file).map_err(open_err)?;
         let logical_block_size = sys::blk_logical_block_size(&file).map_err(open_err)?;
+        // Old kernels may lack BLKPBSZGET: then it is the logical size.
+        let physical_block_size = sys::blk_physical_block_size(&file).unwrap_or(logical_block_size);
         // Old kernels or odd drivers may lack it: then promise nothing.
         let discard_zeroes = sys::blk_discard_zeroes(&file).unwrap_or(false);
         let devnum = (major(meta.rdev()), minor(meta.rdev()));
@@ -82,6 +85,7 @@ impl BlockDevice {
             writable: opts.write,
             size,
             logical_block_size,
+            physical_block_size,
             discard_zeroes,
             devnum,
             sysfs_dir,
@@ -140,6 +144,10 @@ impl Device for BlockDevice {
 
     fn logical_block_size(&self) -> u32 {
         self.logical_block_size
+    }
+
+    fn physical_block_size(&self) -> u32 {
+        self.physical_block_size
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {

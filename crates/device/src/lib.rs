@@ -155,6 +155,12 @@ pub trait Device: Send + Sync {
         512
     }
 
+    /// Physical block (sector) size in bytes (`BLKPBSZGET`): the logical
+    /// size unless the device says otherwise.
+    fn physical_block_size(&self) -> u32 {
+        self.logical_block_size()
+    }
+
     /// Read exactly `buf.len()` bytes at `offset`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
 
@@ -227,6 +233,9 @@ macro_rules! forward_device_impl {
             }
             fn logical_block_size(&self) -> u32 {
                 (**self).logical_block_size()
+            }
+            fn physical_block_size(&self) -> u32 {
+                (**self).physical_block_size()
             }
             fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
                 (**self).read_at(buf, offset)

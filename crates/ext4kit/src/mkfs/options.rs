@@ -7,7 +7,7 @@ use ext4kit_format::features::{Compat, Incompat, RoCompat, Word};
 
 use super::geometry::FsParams;
 use super::writer::SuperSettings;
-use crate::profile::Profile;
+use crate::profile::{FsTypeQuery, Profile, for_hurd};
 
 /// Options as the user gave them (mke2fs spelling).
 #[derive(Clone, Debug, Default)]
@@ -16,14 +16,19 @@ pub struct MkfsOptions {
     pub usage_types: Option<String>,
     /// `-b`: positive = exact, negative = minimum.
     pub block_size: Option<i64>,
+    /// `-N`; `Some(0)` means the default, as in mke2fs.
     pub num_inodes: Option<u64>,
     pub inode_ratio: Option<u64>,
     pub inode_size: Option<u32>,
     pub reserved_ratio: Option<f64>,
     pub label: Option<String>,
     pub uuid: Option<String>,
+    /// `-O`, every occurrence (mke2fs joins them with `,`).
     pub features: Vec<String>,
+    /// `-E`: mke2fs keeps only the **last** `-E`, so only the last element
+    /// is used (after the profile's `options`).
     pub extended: Vec<String>,
+    /// `-J`, every occurrence, parsed in order (later keys win).
     pub journal: Vec<String>,
     /// `-j`
     pub add_journal: bool,
@@ -34,6 +39,8 @@ pub struct MkfsOptions {
     pub errors: Option<String>,
     /// FS-SIZE argument.
     pub fs_size: Option<String>,
+    /// `-F` given: a type mke2fs.conf does not define is only a warning.
+    pub force: bool,
 }
 
 /// What the options resolve to.
@@ -167,6 +174,150 @@ pub fn edit_features(f: &mut Features, s: &str) -> Result<(), OptionError> {
     Ok(())
 }
 
+/// Default mount options (`s_default_mount_opts` bits), as e2p names them.
+const MNTOPTS: &[(&str, u32)] = &[
+    ("debug", 0x1),
+    ("bsdgroups", 0x2),
+    ("user_xattr", 0x4),
+    ("acl", 0x8),
+    ("uid16", 0x10),
+    ("journal_data", 0x20),
+    ("journal_data_ordered", 0x40),
+    ("journal_data_writeback", 0x60),
+    ("nobarrier", 0x100),
+    ("block_validity", 0x200),
+    ("discard", 0x400),
+    ("nodelalloc", 0x800),
+];
+/// The journalling-mode field of the default mount options.
+const DEFM_JMODE: u32 = 0x60;
+
+/// `e2p_string2mntopt`: a name (case-insensitive) or `MNTOPT_<n>`.
+fn mntopt_mask(name: &str) -> Option<u32> {
+    if let Some(&(_, m)) = MNTOPTS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
+        return Some(m);
+    }
+    let b = name.as_bytes();
+    if b.len() < 7 || !b[..7].eq_ignore_ascii_case(b"MNTOPT_") || b.len() < 9 {
+        return None;
+    }
+    // e2p hands `strtol` the string from its 9th byte on (a quirk kept for
+    // parity): "MNTOPT_12" is bit 2 and "MNTOPT_5" is refused.
+    let rest = std::str::from_utf8(&b[8..]).ok()?;
+    let t = rest.trim_start_matches(is_c_space);
+    let (neg, digits) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let n = digits.bytes().fold(0u64, |n, c| {
+        n.saturating_mul(10).saturating_add(u64::from(c - b'0'))
+    });
+    match (neg, n) {
+        (false, 0..=31) => Some(1 << n),
+        (true, 0) => Some(1),
+        _ => None,
+    }
+}
+
+fn is_c_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c')
+}
+
+/// `e2p_edit_mntopts` (every option allowed): apply "opt,^opt,+opt,-opt"
+/// to `opts`, with e2p's tokenizer: blanks before a word are skipped, a
+/// word ends at a blank or a comma, and the character ending it is
+/// consumed, so an empty word (",,", ", ", a leading comma) is an error.
+/// `Err` carries the first word that is not a known option; `opts` may
+/// then be partly edited, as in e2p.
+pub fn edit_mntopts(opts: &mut u32, s: &str) -> Result<(), String> {
+    let b = s.as_bytes();
+    let space = |c: u8| is_c_space(char::from(c));
+    let mut i = 0;
+    while i < b.len() {
+        while i < b.len() && space(b[i]) {
+            i += 1;
+        }
+        let start = i;
+        while i < b.len() && !space(b[i]) && b[i] != b',' {
+            i += 1;
+        }
+        let tok = &s[start..i];
+        let (neg, name) = match tok.as_bytes().first() {
+            Some(b'-' | b'^') => (true, &tok[1..]),
+            Some(b'+') => (false, &tok[1..]),
+            _ => (false, tok),
+        };
+        let Some(mask) = mntopt_mask(name) else {
+            return Err(tok.to_owned());
+        };
+        if mask & DEFM_JMODE != 0 {
+            *opts &= !DEFM_JMODE;
+        }
+        if neg {
+            *opts &= !mask;
+        } else {
+            *opts |= mask;
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
+/// A time-based (version 1) UUID, as `uuid_generate_time` makes for
+/// `-U time`: the current time, a random clock sequence and a random node
+/// id with the multicast bit set (libuuid's choice when it has no MAC
+/// address; it never exposes one here).
+fn time_uuid() -> [u8; 16] {
+    let r = *uuid::Uuid::new_v4().as_bytes();
+    let mut node = [0u8; 6];
+    node.copy_from_slice(&r[..6]);
+    node[0] |= 0x01;
+    let ts = uuid::Timestamp::now(uuid::timestamp::context::ContextV1::new(
+        u16::from_le_bytes([r[6], r[7]]),
+    ));
+    *uuid::Uuid::new_v1(ts, &node).as_bytes()
+}
+
+/// `atoi()`: optional blanks and sign, then digits; anything else ends the
+/// number (no digits: 0). Saturates instead of overflowing.
+fn atoi(s: &str) -> i64 {
+    let t = s.trim_start_matches([' ', '\t', '\n', '\r', '\x0b', '\x0c']);
+    let (neg, t) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    let mut n: i64 = 0;
+    for b in t.bytes().take_while(u8::is_ascii_digit) {
+        n = n.saturating_mul(10).saturating_add(i64::from(b - b'0'));
+    }
+    if neg { -n } else { n }
+}
+
+/// The sector sizes mke2fs uses: the device's (`logical`, `physical`; 0 =
+/// unknown, as for regular files), overridden by `MKE2FS_DEVICE_SECTSIZE`
+/// and `MKE2FS_DEVICE_PHYS_SECTSIZE` (read with `atoi`, as mke2fs does;
+/// `var` looks a variable up). A negative value acts like 0 in every
+/// comparison mke2fs makes, so it is returned as 0.
+pub fn sector_sizes(
+    logical: u32,
+    physical: u32,
+    var: impl Fn(&str) -> Option<String>,
+) -> (u32, u32) {
+    let get = |name: &str, dflt: u32| match var(name) {
+        Some(v) => atoi(&v).clamp(0, i64::from(i32::MAX)) as u32,
+        None => dflt,
+    };
+    (
+        get("MKE2FS_DEVICE_SECTSIZE", logical),
+        get("MKE2FS_DEVICE_PHYS_SECTSIZE", physical),
+    )
+}
+
 fn parse_bool_val(key: &str, v: Option<&str>) -> Result<bool, OptionError> {
     match v {
         None => Ok(true),
@@ -185,7 +336,13 @@ pub struct Env {
     /// The target is a regular file (it may grow to the requested size, as
     /// with mke2fs); block devices may not be exceeded.
     pub is_regular_file: bool,
+    /// Logical sector size (`BLKSSZGET`; 0 when unknown, e.g. a regular
+    /// file), after `MKE2FS_DEVICE_SECTSIZE` (see [`sector_sizes`]).
     pub logical_sector_size: u32,
+    /// Physical sector size (`BLKPBSZGET`; 0 when unknown), after
+    /// `MKE2FS_DEVICE_PHYS_SECTSIZE`. mke2fs uses the logical size when
+    /// this is 0.
+    pub physical_sector_size: u32,
     /// Seconds since the epoch to stamp (E2FSPROGS_FAKE_TIME etc.).
     pub now: u32,
     pub page_size: u32,
@@ -245,14 +402,22 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             sz
         ));
     }
+    let creator_os_name = opts.creator_os.clone().or_else(|| {
+        profile
+            .get_value(&["defaults", "creator_os"])
+            .map(str::to_owned)
+    });
     let types = profile
-        .fs_types(
-            opts.fs_type.as_deref(),
-            opts.usage_types.as_deref(),
+        .fs_types_with(&FsTypeQuery {
+            fs_type: opts.fs_type.as_deref(),
+            usage_types: opts.usage_types.as_deref(),
             fs_blocks_count,
-            if blocksize > 0 { blocksize as u32 } else { 0 },
-        )
-        .map_err(|e| OptionError(e.to_string()))?;
+            block_size: if blocksize > 0 { blocksize as u32 } else { 0 },
+            is_hurd: for_hurd(creator_os_name.as_deref()),
+            journal: opts.add_journal || !opts.journal.is_empty(),
+            force: opts.force,
+        })
+        .map_err(|e| OptionError(e.to_string().replace('\n', " ")))?;
     warnings.extend(types.warnings.iter().cloned());
     let fs_types = types.types.clone();
     // Features.
@@ -276,14 +441,20 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     if default_seed && !f.ro_compat.contains(RoCompat::METADATA_CSUM) {
         f.incompat.remove(Incompat::CSUM_SEED);
     }
-    // Block size.
+    // Block size. A sector size of 0 is unknown (regular files).
+    let lsector = env.logical_sector_size;
+    let psector = if env.physical_sector_size == 0 {
+        lsector
+    } else {
+        env.physical_sector_size
+    };
     if blocksize <= 0 {
         let mut use_bsize = profile.get_int(&fs_types, "blocksize", 4096);
         if use_bsize == -1 {
             use_bsize = i64::from(env.page_size);
         }
-        if use_bsize < i64::from(env.logical_sector_size) {
-            use_bsize = i64::from(env.logical_sector_size);
+        if lsector != 0 && use_bsize < i64::from(lsector) {
+            use_bsize = i64::from(lsector);
         }
         if blocksize < 0 && use_bsize < -blocksize {
             use_bsize = -blocksize;
@@ -293,8 +464,14 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         }
         blocksize = use_bsize;
         fs_blocks_count /= blocksize as u64 / 1024;
-    } else if (blocksize as u32) < env.logical_sector_size {
-        return err("block size too small for device");
+    } else if (blocksize as u32) < lsector {
+        return err(format!(
+            "block size {blocksize} too small for device (logical sector size {lsector})"
+        ));
+    } else if (blocksize as u32) < psector && psector <= env.page_size {
+        warnings.push(format!(
+            "specified blocksize {blocksize} is less than device physical sectorsize {psector}"
+        ));
     }
     let bs = blocksize as u32;
     if bs > env.page_size {
@@ -363,7 +540,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let mut resize: Option<u64> = None;
     let mut orphan_file_blocks: Option<u32> = None;
     let mut ext_list: Vec<String> = profile.options_list(&fs_types);
-    ext_list.extend(opts.extended.iter().cloned());
+    // mke2fs keeps only the last -E.
+    ext_list.extend(opts.extended.last().cloned());
     for ext in &ext_list {
         for tok in ext.split(',').filter(|t| !t.is_empty()) {
             let (k, v) = match tok.split_once('=') {
@@ -475,23 +653,29 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             return err("blocks per group must be multiple of 8");
         }
     }
+    // -I 0 (or none) falls back to mke2fs.conf's inode_size, and 0 there
+    // leaves libext2fs's default of 128.
     let inode_size = match opts.inode_size {
-        Some(i) => i as i64,
-        None => profile.get_int(&fs_types, "inode_size", 0),
+        Some(i) if i != 0 => i64::from(i),
+        _ => profile.get_int(&fs_types, "inode_size", 0),
     };
-    let inode_size: u32 = if inode_size == 0 {
-        256
-    } else {
-        inode_size as u32
-    };
-    if !(128..=bs).contains(&inode_size) || !inode_size.is_power_of_two() {
+    if inode_size != 0
+        && (!(128..=i64::from(bs)).contains(&inode_size) || (inode_size as u32).count_ones() != 1)
+    {
         return err(format!(
             "invalid inode size {inode_size} (min 128/max {bs})"
         ));
     }
+    // mke2fs warns only about an inode size of 128 that was asked for (by
+    // -I or mke2fs.conf); with none at all, libext2fs silently uses 128.
     if inode_size == 128 && profile.get_bool(&fs_types, "warn_y2038_dates", true) {
         warnings.push("128-byte inodes cannot handle dates beyond 2038 and are deprecated".into());
     }
+    let inode_size: u32 = if inode_size == 0 {
+        128
+    } else {
+        inode_size as u32
+    };
     let mut log_flex = 0u8;
     if let Some(g) = opts.flex_bg_size {
         if !f.incompat.contains(Incompat::FLEX_BG) {
@@ -513,7 +697,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         }
     }
     // Inode count.
-    let inodes = match opts.num_inodes {
+    let inodes = match opts.num_inodes.filter(|&n| n != 0) {
         Some(n) => {
             if n > MAX_32 {
                 return err(format!("too many inodes ({n}), specify < 2^32 inodes"));
@@ -576,9 +760,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let uuid = match opts.uuid.as_deref() {
         None => *uuid::Uuid::new_v4().as_bytes(),
         Some(s) if s.eq_ignore_ascii_case("null") || s.eq_ignore_ascii_case("clear") => [0; 16],
-        Some(s) if s.eq_ignore_ascii_case("random") || s.eq_ignore_ascii_case("time") => {
-            *uuid::Uuid::new_v4().as_bytes()
-        }
+        Some(s) if s.eq_ignore_ascii_case("random") => *uuid::Uuid::new_v4().as_bytes(),
+        Some(s) if s.eq_ignore_ascii_case("time") => time_uuid(),
         Some(s) => {
             parse_uuid(s).ok_or_else(|| OptionError(format!("could not parse UUID: {s}")))?
         }
@@ -595,23 +778,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     };
     let mntopts = profile.default_mntopts(&fs_types);
     let mut default_mount_opts = 0u32;
-    for o in mntopts.split([',', ' ']).filter(|s| !s.is_empty()) {
-        default_mount_opts |= match o {
-            "debug" => 0x1,
-            "bsdgroups" => 0x2,
-            "user_xattr" => 0x4,
-            "acl" => 0x8,
-            "uid16" => 0x10,
-            "journal_data" => 0x20,
-            "journal_data_ordered" => 0x40,
-            "journal_data_writeback" => 0x60,
-            "nobarrier" => 0x100,
-            "block_validity" => 0x200,
-            "discard" => 0x400,
-            "nodelalloc" => 0x800,
-            _ => return err(format!("invalid mount option set: {o}")),
-        };
-    }
+    edit_mntopts(&mut default_mount_opts, &mntopts)
+        .map_err(|_| OptionError(format!("invalid mount option set: {mntopts}")))?;
     let mut label = [0u8; 16];
     if let Some(l) = &opts.label {
         if l.len() > 16 {
@@ -727,5 +895,209 @@ mod tests {
     fn uuid_parsing() {
         assert!(parse_uuid("0b7e3c52-8f1d-4a6e-9c2b-5d4f3e2a1b09").is_some());
         assert!(parse_uuid("not-a-uuid").is_none());
+    }
+
+    fn env(size: u64) -> Env {
+        Env {
+            device_size: Some(size),
+            is_regular_file: true,
+            logical_sector_size: 0,
+            physical_sector_size: 0,
+            now: 1_700_000_000,
+            page_size: 4096,
+            uid: 0,
+            gid: 0,
+            kernel_lazy_itable_init: true,
+        }
+    }
+
+    fn opts(fs_type: &str) -> MkfsOptions {
+        MkfsOptions {
+            fs_type: Some(fs_type.into()),
+            ..MkfsOptions::default()
+        }
+    }
+
+    #[test]
+    fn mntopts_edit_like_e2p() {
+        let edit = |start: u32, s: &str| {
+            let mut v = start;
+            edit_mntopts(&mut v, s).map(|()| v)
+        };
+        assert_eq!(edit(0, "acl,user_xattr"), Ok(0xc));
+        assert_eq!(edit(0xc, "^acl"), Ok(0x4));
+        assert_eq!(edit(0xc, "-acl +debug"), Ok(0x5));
+        assert_eq!(edit(0, "ACL,Discard"), Ok(0x408));
+        assert_eq!(edit(0, "acl,"), Ok(0x8));
+        // A journalling mode replaces the previous one.
+        assert_eq!(edit(0, "journal_data,journal_data_ordered"), Ok(0x40));
+        assert_eq!(edit(0x20, "^journal_data_ordered"), Ok(0));
+        // MNTOPT_<n>, with e2p's off-by-one: the number starts at byte 9.
+        assert_eq!(edit(0, "MNTOPT_12"), Ok(1 << 2));
+        assert_eq!(edit(0, "MNTOPT_x31"), Ok(1 << 31));
+        assert_eq!(edit(0, "MNTOPT_x-0"), Ok(1));
+        assert_eq!(edit(0, "MNTOPT_5"), Err("MNTOPT_5".into()));
+        assert_eq!(edit(0, "MNTOPT_x32"), Err("MNTOPT_x32".into()));
+        // Empty words are errors, as in e2p.
+        assert_eq!(edit(0, "acl,,user_xattr"), Err("".into()));
+        assert_eq!(edit(0, ",acl"), Err("".into()));
+        assert_eq!(edit(0, "acl , user_xattr"), Err("".into()));
+        assert_eq!(edit(0, "acl, user_xattr"), Ok(0xc));
+        assert_eq!(edit(0, "acl, x"), Err("x".into()));
+        assert_eq!(edit(0, "bogus"), Err("bogus".into()));
+    }
+
+    #[test]
+    fn default_mntopts_clear() {
+        let conf = "[defaults]\n\tdefault_mntopts = ^acl\n[fs_types]\n\text4 = {\n\t\tfeatures = has_journal\n\t}\n";
+        let p = Profile::parse(conf).unwrap();
+        let r = resolve(&opts("ext4"), &p, &env(1 << 30)).unwrap();
+        assert_eq!(r.settings.default_mount_opts, 0);
+        let conf = conf.replace("^acl", "acl,^acl,user_xattr");
+        let p = Profile::parse(&conf).unwrap();
+        let r = resolve(&opts("ext4"), &p, &env(1 << 30)).unwrap();
+        assert_eq!(r.settings.default_mount_opts, 0x4);
+        let conf = conf.replace("acl,^acl,user_xattr", "acl,,user_xattr");
+        let p = Profile::parse(&conf).unwrap();
+        let e = resolve(&opts("ext4"), &p, &env(1 << 30)).unwrap_err();
+        assert_eq!(e.0, "invalid mount option set: acl,,user_xattr");
+    }
+
+    #[test]
+    fn undefined_type_is_a_warning_with_force() {
+        let p = Profile::parse("[defaults]\n\terrors = panic\n").unwrap();
+        let e = resolve(&opts("ext4"), &p, &env(1 << 20)).unwrap_err();
+        assert!(
+            e.0.contains("does not define the ext4 filesystem type"),
+            "{e}"
+        );
+        assert!(!e.0.contains('\n'), "one line: {e}");
+        let forced = MkfsOptions {
+            force: true,
+            ..opts("ext4")
+        };
+        let r = resolve(&forced, &p, &env(1 << 20)).unwrap();
+        assert!(
+            r.warnings[0].starts_with("Your mke2fs.conf file does not define the ext4"),
+            "{:?}",
+            r.warnings
+        );
+        assert_eq!(r.settings.errors, 3);
+        // ext2 never needs a definition.
+        assert!(resolve(&opts("ext2"), &p, &env(1 << 20)).is_ok());
+    }
+
+    #[test]
+    fn no_inode_size_means_128_without_warning() {
+        let p = Profile::parse("[defaults]\n\tblocksize = 4096\n").unwrap();
+        let r = resolve(&opts("ext2"), &p, &env(1 << 30)).unwrap();
+        assert_eq!(r.params.inode_size, 128);
+        assert!(
+            r.warnings.iter().all(|w| !w.contains("128-byte")),
+            "{:?}",
+            r.warnings
+        );
+        // -I 0 is "not given"; an explicit 128 warns.
+        let o = MkfsOptions {
+            inode_size: Some(0),
+            ..opts("ext2")
+        };
+        assert_eq!(
+            resolve(&o, &p, &env(1 << 30)).unwrap().params.inode_size,
+            128
+        );
+        let o = MkfsOptions {
+            inode_size: Some(128),
+            ..opts("ext2")
+        };
+        let r = resolve(&o, &p, &env(1 << 30)).unwrap();
+        assert!(
+            r.warnings.iter().any(|w| w.contains("128-byte")),
+            "{:?}",
+            r.warnings
+        );
+        // The builtin configuration still gives 256.
+        let r = resolve(&opts("ext4"), &Profile::builtin(), &env(1 << 30)).unwrap();
+        assert_eq!(r.params.inode_size, 256);
+    }
+
+    #[test]
+    fn last_extended_option_wins_and_n0_is_default() {
+        let p = Profile::builtin();
+        let o = MkfsOptions {
+            extended: vec!["nodiscard".into(), "lazy_itable_init=1".into()],
+            ..opts("ext4")
+        };
+        let r = resolve(&o, &p, &env(1 << 30)).unwrap();
+        assert!(r.discard, "the first -E is dropped");
+        let dflt = resolve(&opts("ext4"), &p, &env(1 << 30)).unwrap();
+        let o = MkfsOptions {
+            num_inodes: Some(0),
+            ..opts("ext4")
+        };
+        let r = resolve(&o, &p, &env(1 << 30)).unwrap();
+        assert_eq!(r.params.inodes_count, dflt.params.inodes_count);
+    }
+
+    #[test]
+    fn sector_sizes_like_mke2fs() {
+        let none = |_: &str| None::<String>;
+        assert_eq!(sector_sizes(512, 4096, none), (512, 4096));
+        let vars = |v: &str| match v {
+            "MKE2FS_DEVICE_SECTSIZE" => Some(" 2048x".to_string()),
+            "MKE2FS_DEVICE_PHYS_SECTSIZE" => Some("-4096".to_string()),
+            _ => None,
+        };
+        assert_eq!(sector_sizes(512, 512, vars), (2048, 0));
+        assert_eq!(atoi("abc"), 0);
+        assert_eq!(atoi("+12k"), 12);
+        // The logical size raises the block size; the physical one only
+        // warns about an explicit smaller block size.
+        let p = Profile::builtin();
+        let mut e = env(64 << 20);
+        e.logical_sector_size = 2048;
+        let r = resolve(&opts("ext4"), &p, &e).unwrap();
+        assert_eq!(r.params.block_size, 2048);
+        let b1k = MkfsOptions {
+            block_size: Some(1024),
+            ..opts("ext4")
+        };
+        assert!(resolve(&b1k, &p, &e).is_err());
+        let mut e = env(64 << 20);
+        e.physical_sector_size = 4096;
+        let r = resolve(&b1k, &p, &e).unwrap();
+        assert_eq!(r.params.block_size, 1024);
+        assert!(
+            r.warnings
+                .iter()
+                .any(|w| w
+                    == "specified blocksize 1024 is less than device physical sectorsize 4096"),
+            "{:?}",
+            r.warnings
+        );
+    }
+
+    #[test]
+    fn time_uuid_is_version_1() {
+        let o = MkfsOptions {
+            uuid: Some("time".into()),
+            ..opts("ext4")
+        };
+        let r = resolve(&o, &Profile::builtin(), &env(1 << 30)).unwrap();
+        let u = uuid::Uuid::from_bytes(r.settings.uuid);
+        assert_eq!(u.get_version_num(), 1);
+        assert_eq!(u.get_variant(), uuid::Variant::RFC4122);
+        let secs = u.get_timestamp().map(|t| t.to_unix().0).unwrap_or(0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        assert!(secs.abs_diff(now) < 600, "timestamp {secs} vs now {now}");
+        let o = MkfsOptions {
+            uuid: Some("random".into()),
+            ..opts("ext4")
+        };
+        let r = resolve(&o, &Profile::builtin(), &env(1 << 30)).unwrap();
+        assert_eq!(uuid::Uuid::from_bytes(r.settings.uuid).get_version_num(), 4);
     }
 }
