@@ -163,16 +163,17 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
     let exists = a.device.exists();
     // One read-only probe of an existing target: size, sector size, and
     // whether a discard leaves zeros (regular files: yes, holes).
-    let (device_size, sector, phys_sector, dev_discard_zeroes) = if exists {
+    let (device_size, sector, phys_sector, io_hints, dev_discard_zeroes) = if exists {
         let dev = open_device(&a.device, OpenOptions::read_only())?;
         (
             Some(dev.size()),
             dev.logical_block_size(),
             dev.physical_block_size(),
+            dev.io_hints(),
             dev.discard_zeroes_data(),
         )
     } else {
-        (None, 512, 512, true)
+        (None, 512, 512, None, true)
     };
     let opts = MkfsOptions {
         // Like mkfs.ext4: ext4 unless -t says otherwise.
@@ -213,6 +214,7 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
         is_regular_file: is_file,
         logical_sector_size: sector,
         physical_sector_size: phys_sector,
+        io_hints: if is_file { None } else { io_hints },
         now: now_from_env()?,
         page_size: page_size(),
         uid: 0,

@@ -5,7 +5,9 @@ use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::sys::{self, major, minor};
-use crate::{Device, DeviceError, DiscardOutcome, OpenOptions, Result, check_range, sysfs};
+use crate::{
+    Device, DeviceError, DiscardOutcome, IoHints, OpenOptions, Result, check_range, sysfs,
+};
 
 /// A block device.
 ///
@@ -23,6 +25,7 @@ pub struct BlockDevice {
     size: u64,
     logical_block_size: u32,
     physical_block_size: u32,
+    io_hints: IoHints,
     discard_zeroes: bool,
     devnum: (u32, u32),
     sysfs_dir: Option<PathBuf>,
@@ -75,6 +78,12 @@ impl BlockDevice {
         let logical_block_size = sys::blk_logical_block_size(&file).map_err(open_err)?;
         // Old kernels may lack BLKPBSZGET: then it is the logical size.
         let physical_block_size = sys::blk_physical_block_size(&file).unwrap_or(logical_block_size);
+        // No hint where the kernel has none.
+        let io_hints = IoHints {
+            min_io: sys::blk_io_min(&file).unwrap_or(0),
+            opt_io: sys::blk_io_opt(&file).unwrap_or(0),
+            alignment_offset: sys::blk_alignment_offset(&file).unwrap_or(0),
+        };
         // Old kernels or odd drivers may lack it: then promise nothing.
         let discard_zeroes = sys::blk_discard_zeroes(&file).unwrap_or(false);
         let devnum = (major(meta.rdev()), minor(meta.rdev()));
@@ -86,6 +95,7 @@ impl BlockDevice {
             size,
             logical_block_size,
             physical_block_size,
+            io_hints,
             discard_zeroes,
             devnum,
             sysfs_dir,
@@ -148,6 +158,10 @@ impl Device for BlockDevice {
 
     fn physical_block_size(&self) -> u32 {
         self.physical_block_size
+    }
+
+    fn io_hints(&self) -> Option<IoHints> {
+        Some(self.io_hints)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {

@@ -343,6 +343,9 @@ pub struct Env {
     /// `MKE2FS_DEVICE_PHYS_SECTSIZE`. mke2fs uses the logical size when
     /// this is 0.
     pub physical_sector_size: u32,
+    /// The block device's I/O hints (`None` for regular files, as mke2fs
+    /// asks libblkid for none there).
+    pub io_hints: Option<ext4kit_device::IoHints>,
     /// Seconds since the epoch to stamp (E2FSPROGS_FAKE_TIME etc.).
     pub now: u32,
     pub page_size: u32,
@@ -532,8 +535,35 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let mut lazy_journal_init = profile.get_bool(&fs_types, "lazy_journal_init", false);
     let mut packed_meta_blocks = profile.get_bool(&fs_types, "packed_meta_blocks", false);
     let mut assume_prezeroed = false;
-    let mut stride = 0u32;
-    let mut stripe_width = 0u32;
+    // mke2fs's get_device_geometry (block devices only): the topology's
+    // minimum and optimal I/O sizes, falling back on the physical sector
+    // size, become stride and stripe width when larger than a block.
+    let (mut stride, mut stripe_width) = (0u32, 0u32);
+    if let Some(h) = env.io_hints {
+        let mut min_io = h.min_io;
+        let mut opt_io = h.opt_io;
+        if min_io == 0 && psector > bs {
+            min_io = psector;
+        }
+        if opt_io == 0 && min_io > 0 {
+            opt_io = min_io;
+        }
+        if opt_io == 0 && psector > bs {
+            opt_io = psector;
+        }
+        if min_io > bs {
+            stride = min_io / bs;
+        }
+        if opt_io > bs {
+            stripe_width = opt_io / bs;
+        }
+        if h.alignment_offset != 0 {
+            warnings.push(format!(
+                "the device's alignment is offset by {} bytes; this may result in very poor performance, (re)-partitioning suggested",
+                h.alignment_offset as u64
+            ));
+        }
+    }
     let mut hash_seed: Option<[u8; 16]> = None;
     let mut root_uid = 0u32;
     let mut root_gid = 0u32;
@@ -624,6 +654,11 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 }
                 _ => return err(format!("bad extended option: '{k}'")),
             }
+        }
+        if stride != 0 && stripe_width % stride != 0 {
+            warnings.push(format!(
+                "RAID stripe-width {stripe_width} not an even multiple of stride {stride}"
+            ));
         }
     }
     if f.ro_compat.contains(RoCompat::METADATA_CSUM) && f.ro_compat.contains(RoCompat::GDT_CSUM) {
@@ -903,6 +938,7 @@ mod tests {
             is_regular_file: true,
             logical_sector_size: 0,
             physical_sector_size: 0,
+            io_hints: None,
             now: 1_700_000_000,
             page_size: 4096,
             uid: 0,
@@ -1075,6 +1111,67 @@ mod tests {
             "{:?}",
             r.warnings
         );
+    }
+
+    /// get_device_geometry: a 512e disk (4 KiB physical sectors, minimum
+    /// I/O 4 KiB) gives 1 KiB-block filesystems stride = stripe = 4; the
+    /// physical size stands in for a missing minimum I/O size; -E wins;
+    /// regular files get no hints at all.
+    #[test]
+    fn io_hints_become_stride_like_mke2fs() {
+        use ext4kit_device::IoHints;
+        let p = Profile::builtin();
+        let b1k = MkfsOptions {
+            block_size: Some(1024),
+            ..opts("ext4")
+        };
+        let mut e = env(1 << 30);
+        e.is_regular_file = false;
+        e.logical_sector_size = 512;
+        e.physical_sector_size = 4096;
+        e.io_hints = Some(IoHints {
+            min_io: 4096,
+            opt_io: 0,
+            alignment_offset: 0,
+        });
+        let r = resolve(&b1k, &p, &e).unwrap();
+        assert_eq!((r.params.stride, r.settings.raid_stripe_width), (4, 4));
+        // 4 KiB blocks: nothing larger than a block.
+        let r = resolve(&opts("ext4"), &p, &e).unwrap();
+        assert_eq!((r.params.stride, r.settings.raid_stripe_width), (0, 0));
+        // No minimum I/O size: the physical sector size.
+        e.io_hints = Some(IoHints::default());
+        let r = resolve(&b1k, &p, &e).unwrap();
+        assert_eq!((r.params.stride, r.settings.raid_stripe_width), (4, 4));
+        // RAID: 64 KiB chunks, 4 data disks.
+        e.io_hints = Some(IoHints {
+            min_io: 65536,
+            opt_io: 262_144,
+            alignment_offset: 0,
+        });
+        let r = resolve(&opts("ext4"), &p, &e).unwrap();
+        assert_eq!((r.params.stride, r.settings.raid_stripe_width), (16, 64));
+        let o = MkfsOptions {
+            extended: vec!["stride=8".into()],
+            ..opts("ext4")
+        };
+        let r = resolve(&o, &p, &e).unwrap();
+        assert_eq!((r.params.stride, r.settings.raid_stripe_width), (8, 64));
+        let o = MkfsOptions {
+            extended: vec!["stride=5".into()],
+            ..opts("ext4")
+        };
+        let r = resolve(&o, &p, &e).unwrap();
+        assert!(
+            r.warnings
+                .iter()
+                .any(|w| w.contains("not an even multiple of stride 5")),
+            "{:?}",
+            r.warnings
+        );
+        e.io_hints = None;
+        let r = resolve(&b1k, &p, &e).unwrap();
+        assert_eq!((r.params.stride, r.settings.raid_stripe_width), (0, 0));
     }
 
     #[test]
