@@ -25,10 +25,11 @@ pub struct MkfsArgs {
     /// Usage types (comma-separated: news, largefile, small, ...).
     #[arg(short = 'T', value_name = "USAGE-TYPES")]
     usage_types: Option<String>,
-    /// Block size in bytes (1024, 2048, 4096, ...; negative = minimum).
+    /// Block size in bytes (1024, 2048, 4096, 4k, ...; negative = minimum).
     #[arg(
         short = 'b',
         overrides_with = "block_size",
+        value_parser = ext4kit::mkfs::options::parse_block_size_arg,
         value_name = "BLOCK-SIZE",
         allow_hyphen_values = true
     )]
@@ -37,6 +38,7 @@ pub struct MkfsArgs {
     #[arg(
         short = 'N',
         overrides_with = "num_inodes",
+        value_parser = ext4kit::mkfs::options::parse_c_ulong,
         value_name = "NUMBER-OF-INODES"
     )]
     num_inodes: Option<u64>,
@@ -44,11 +46,13 @@ pub struct MkfsArgs {
     #[arg(
         short = 'i',
         overrides_with = "inode_ratio",
+        value_parser = ext4kit::mkfs::options::parse_inode_ratio_arg,
         value_name = "BYTES-PER-INODE"
     )]
     inode_ratio: Option<u64>,
     /// Inode size in bytes.
-    #[arg(short = 'I', overrides_with = "inode_size", value_name = "INODE-SIZE")]
+    #[arg(short = 'I', overrides_with = "inode_size",
+        value_parser = ext4kit::mkfs::options::parse_c_uint, value_name = "INODE-SIZE")]
     inode_size: Option<u32>,
     /// Reserved blocks percentage.
     #[arg(
@@ -83,6 +87,7 @@ pub struct MkfsArgs {
     #[arg(
         short = 'G',
         overrides_with = "flex_bg_size",
+        value_parser = ext4kit::mkfs::options::parse_flex_bg_size_arg,
         value_name = "FLEX-GROUP-SIZE"
     )]
     flex_bg_size: Option<u32>,
@@ -90,6 +95,7 @@ pub struct MkfsArgs {
     #[arg(
         short = 'g',
         overrides_with = "blocks_per_group",
+        value_parser = ext4kit::mkfs::options::parse_c_uint,
         value_name = "BLOCKS-PER-GROUP"
     )]
     blocks_per_group: Option<u32>,

@@ -231,6 +231,13 @@ const CASES: &[Case] = &[
         &["-O", "^has_journal", "-O", "has_journal,^metadata_csum"],
     ),
     case(GIB, &["-J", "size=8", "-J", "size=16"]),
+    // Numbers as mke2fs reads them: strtoul base 0 (hex, octal) for -N,
+    // -I, -g, -G; byte sizes with a suffix for -b and -i.
+    case(GIB, &["-b", "4k", "-N", "010000", "-I", "0x100"]),
+    case(
+        GIB,
+        &["-b", "-2k", "-i", "64k", "-g", "0x4000", "-G", "010"],
+    ),
     // Only the last -E counts: no nodiscard here.
     case(GIB, &["-E", "nodiscard"]).e("lazy_itable_init=1"),
 ];

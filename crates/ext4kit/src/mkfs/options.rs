@@ -65,39 +65,135 @@ fn err<T>(s: impl Into<String>) -> Result<T, OptionError> {
     Err(OptionError(s.into()))
 }
 
-/// `parse_num_blocks2`: a number with an optional K/M/G/T/s suffix, in
-/// blocks of `1024 << log_block_size`.
-pub fn parse_num_blocks(arg: &str, log_block_size: u32) -> Option<u64> {
-    let arg = arg.trim();
-    let split = arg
-        .find(|c: char| !(c.is_ascii_hexdigit() || c == 'x' || c == 'X'))
-        .unwrap_or(arg.len());
-    // Hex digits include 'b'..'f'; only accept hex with a 0x prefix.
-    let (digits, suffix) = if arg.starts_with("0x") || arg.starts_with("0X") {
-        arg.split_at(split)
-    } else {
-        let s = arg.find(|c: char| !c.is_ascii_digit()).unwrap_or(arg.len());
-        arg.split_at(s)
-    };
-    let num: u64 = if let Some(h) = digits
-        .strip_prefix("0x")
-        .or_else(|| digits.strip_prefix("0X"))
+/// `strtoull(s, &end, 0)`, as glibc parses: blanks, an optional sign,
+/// `0x` hex, leading-`0` octal or decimal. Returns whether a `-` was
+/// given, the magnitude (`None` on overflow, where strtoull saturates)
+/// and the unparsed rest (all of `s` when there are no digits).
+fn strtoull0(s: &str) -> (bool, Option<u64>, &str) {
+    let b = s.as_bytes();
+    let mut i = b.iter().take_while(|&&c| is_c_space(char::from(c))).count();
+    let mut neg = false;
+    if let Some(&c) = b.get(i)
+        && (c == b'+' || c == b'-')
     {
-        u64::from_str_radix(h, 16).ok()?
+        neg = c == b'-';
+        i += 1;
+    }
+    let radix = if b.get(i) == Some(&b'0')
+        && matches!(b.get(i + 1), Some(b'x' | b'X'))
+        && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit)
+    {
+        i += 2;
+        16
+    } else if b.get(i) == Some(&b'0') {
+        8
     } else {
-        digits.parse().ok()?
+        10
     };
-    let shift = |n: u64, s: u32| n.checked_shl(s).filter(|v| v >> s == n);
+    let start = i;
+    let mut v: Option<u64> = Some(0);
+    while let Some(d) = b.get(i).and_then(|&c| char::from(c).to_digit(radix)) {
+        v = v
+            .and_then(|v| v.checked_mul(u64::from(radix)))
+            .and_then(|v| v.checked_add(u64::from(d)));
+        i += 1;
+    }
+    if i == start {
+        return (false, Some(0), s);
+    }
+    (neg, v, &s[i..])
+}
+
+/// e2p's `parse_num_blocks2` on the magnitude: a number with at most one
+/// suffix character, K/M/G/T (binary) or `s` (512-byte sectors), in
+/// blocks of `1024 << log_block_size`, or in bytes when `log_block_size`
+/// is `None` (mke2fs's -1, for `-b` and `-i`). `None` where e2p returns 0
+/// for garbage, and also on overflow, where e2p silently wraps.
+fn num_blocks_magnitude(arg: &str, log_block_size: Option<u32>) -> Option<(bool, u64)> {
+    let (neg, num, rest) = strtoull0(arg);
+    let num = num?;
+    let mut chars = rest.chars();
+    let suffix = chars.next();
+    if chars.next().is_some() {
+        return None;
+    }
+    let shl = |n: u64, s: u32| n.checked_shl(s).filter(|v| v >> s == n);
+    let k = |n: u64| match log_block_size {
+        None => shl(n, 10),
+        Some(l) => Some(n >> l),
+    };
     let v = match suffix {
-        "" => num,
-        "T" | "t" => shift(num, 40)? >> (10 + log_block_size),
-        "G" | "g" => shift(num, 30)? >> (10 + log_block_size),
-        "M" | "m" => shift(num, 20)? >> (10 + log_block_size),
-        "K" | "k" => num >> log_block_size,
-        "s" => num >> (1 + log_block_size),
-        _ => return None,
+        None => num,
+        Some('T' | 't') => k(shl(num, 30)?)?,
+        Some('G' | 'g') => k(shl(num, 20)?)?,
+        Some('M' | 'm') => k(shl(num, 10)?)?,
+        Some('K' | 'k') => k(num)?,
+        Some('s') => match log_block_size {
+            None => shl(num, 9)?,
+            Some(l) => num >> (1 + l),
+        },
+        Some(_) => return None,
     };
-    Some(v)
+    Some((neg, v))
+}
+
+/// `parse_num_blocks2`: a number with an optional K/M/G/T/s suffix, in
+/// blocks of `1024 << log_block_size` (the FS-SIZE argument,
+/// `orphan_file_size=`). `None` for garbage, 0 and overflow (a negative
+/// number wraps, as with strtoull).
+pub fn parse_num_blocks(arg: &str, log_block_size: u32) -> Option<u64> {
+    let (neg, v) = num_blocks_magnitude(arg, Some(log_block_size))?;
+    let v = if neg { v.wrapping_neg() } else { v };
+    (v != 0).then_some(v)
+}
+
+/// `-b`: `parse_num_blocks2(arg, -1)`, in bytes with an optional suffix
+/// (`4k`); negative means "at least". The range (1024..=65536 in
+/// magnitude, a power of two) is checked by [`resolve`].
+pub fn parse_block_size_arg(arg: &str) -> Result<i64, String> {
+    let (neg, v) =
+        num_blocks_magnitude(arg, None).ok_or_else(|| format!("invalid block size - {arg}"))?;
+    let v = v.min(i64::MAX as u64) as i64;
+    Ok(if neg { -v } else { v })
+}
+
+/// `-i`: `parse_num_blocks(arg, -1)`, bytes per inode with an optional
+/// suffix (`64k`); mke2fs checks the range (1024..=64 MiB) in `resolve`.
+pub fn parse_inode_ratio_arg(arg: &str) -> Result<u64, String> {
+    match num_blocks_magnitude(arg, None) {
+        Some((neg, v)) => Ok(if neg { v.wrapping_neg() } else { v }),
+        None => Err(format!(
+            "invalid inode ratio {arg} (min 1024/max {})",
+            65536 * 1024
+        )),
+    }
+}
+
+/// `strtoul(arg, &end, 0)` that must use the whole argument (`-N`, `-g`,
+/// `-G`, `-I`): decimal, `0x` hex or leading-`0` octal; a `-` negates
+/// modulo 2^64 and an overflow saturates, as glibc does.
+pub fn parse_c_ulong(arg: &str) -> Result<u64, String> {
+    let (neg, v, rest) = strtoull0(arg);
+    if !rest.is_empty() || arg.is_empty() {
+        return Err(format!("'{arg}' is not a number"));
+    }
+    Ok(match (neg, v) {
+        (_, None) => u64::MAX,
+        (true, Some(v)) => v.wrapping_neg(),
+        (false, Some(v)) => v,
+    })
+}
+
+/// [`parse_c_ulong`] stored in a C `unsigned int`/`int` (`-g`, `-I`):
+/// the low 32 bits, as mke2fs's assignment keeps.
+pub fn parse_c_uint(arg: &str) -> Result<u32, String> {
+    parse_c_ulong(arg).map(|v| v as u32)
+}
+
+/// `-G`: [`parse_c_ulong`]; mke2fs refuses sizes above 2^32 - 1.
+pub fn parse_flex_bg_size_arg(arg: &str) -> Result<u32, String> {
+    let v = parse_c_ulong(arg)?;
+    u32::try_from(v).map_err(|_| format!("flex_bg size ({v}) must be less than or equal to 2^31"))
 }
 
 /// Parse a UUID in the usual 8-4-4-4-12 form.
@@ -363,8 +459,13 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let mut blocksize: i64 = 0;
     if let Some(b) = opts.block_size {
         let a = b.unsigned_abs();
+        // mke2fs takes a size that is not a power of two (as the power of
+        // two below it, with quirks); ext4kit refuses it.
         if !(1024..=65536).contains(&a) || !a.is_power_of_two() {
             return err(format!("invalid block size - {b}"));
+        }
+        if b > 4096 {
+            warnings.push(format!("blocksize {b} not usable on most systems."));
         }
         blocksize = b;
     }
@@ -915,6 +1016,34 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn c_number_parsing_like_mke2fs() {
+        assert_eq!(parse_num_blocks("0100", 0), Some(64), "octal, as strtoull");
+        assert_eq!(parse_num_blocks("0x10", 0), Some(16));
+        assert_eq!(parse_num_blocks(" 100", 0), Some(100));
+        assert_eq!(parse_num_blocks("100 ", 0), None);
+        assert_eq!(parse_num_blocks("1Kb", 0), None);
+        assert_eq!(parse_num_blocks("4k", 2), Some(1));
+        assert_eq!(parse_num_blocks("99999999999T", 0), None, "overflow");
+        assert_eq!(parse_block_size_arg("4k"), Ok(4096));
+        assert_eq!(parse_block_size_arg("-2048"), Ok(-2048));
+        assert_eq!(parse_block_size_arg("-1k"), Ok(-1024));
+        assert_eq!(parse_block_size_arg("64K"), Ok(65536));
+        assert_eq!(parse_block_size_arg("512"), Ok(512), "range: resolve");
+        assert!(parse_block_size_arg("4kk").is_err());
+        assert!(parse_block_size_arg("x").is_err());
+        assert_eq!(parse_inode_ratio_arg("64k"), Ok(65536));
+        assert_eq!(parse_c_ulong("0x100"), Ok(256));
+        assert_eq!(parse_c_ulong("010"), Ok(8));
+        assert_eq!(parse_c_ulong("-1"), Ok(u64::MAX));
+        assert_eq!(parse_c_ulong("99999999999999999999999"), Ok(u64::MAX));
+        assert!(parse_c_ulong("10k").is_err());
+        assert!(parse_c_ulong("").is_err());
+        assert!(parse_c_ulong("08").is_err());
+        assert_eq!(parse_c_uint("0x100000010"), Ok(16));
+        assert!(parse_flex_bg_size_arg("0x100000000").is_err());
+    }
 
     #[test]
     fn num_blocks_suffixes() {
