@@ -448,6 +448,8 @@ enum MConf {
     TestsWithoutInodeSize,
     /// It with another `default_mntopts` value.
     TestsMntopts(&'static str),
+    /// It with another `[defaults] creator_os` value.
+    TestsCreatorOs(&'static str),
     /// Verbatim text (`tests/m_error_behavior` writes its own).
     Text(&'static str),
 }
@@ -464,6 +466,9 @@ impl MConf {
                 .collect(),
             MConf::TestsMntopts(v) => {
                 t.replace("default_mntopts = ^acl", &format!("default_mntopts = {v}"))
+            }
+            MConf::TestsCreatorOs(v) => {
+                t.replace("creator_os = Linux", &format!("creator_os = {v}"))
             }
             MConf::Text(s) => s.to_string(),
         }
@@ -491,6 +496,8 @@ struct MCase {
     /// Size of the sparse target file (run_mke2fs truncates it to 0, a
     /// case of its own: see the mkfs command-line tests).
     file_size: u64,
+    /// run_mke2fs's `-o Linux` (off to let the configuration choose).
+    os_linux: bool,
 }
 
 const fn m(
@@ -509,6 +516,7 @@ const fn m(
         ext: None,
         fs_size,
         file_size,
+        os_linux: true,
     }
 }
 
@@ -521,14 +529,21 @@ impl MCase {
         self.env = e;
         self
     }
+    const fn no_os(mut self) -> MCase {
+        self.os_linux = false;
+        self
+    }
     const fn e(mut self, ext: &'static str) -> MCase {
         self.ext = Some(ext);
         self
     }
 
     fn args(&self, img: &Path) -> Vec<String> {
-        let mut v: Vec<String> = ["-F", "-q", "-o", "Linux", "-U", UUID, "-t", self.fs_type]
+        let os: &[&str] = if self.os_linux { &["-o", "Linux"] } else { &[] };
+        let mut v: Vec<String> = ["-F", "-q"]
             .iter()
+            .chain(os)
+            .chain(&["-U", UUID, "-t", self.fs_type])
             .map(|s| s.to_string())
             .collect();
         v.extend(self.opts.iter().map(|s| s.to_string()));
@@ -671,6 +686,13 @@ const M_CASES: &[MCase] = &[
     )),
     m("default_mntopts MNTOPT_n", "ext4", &[], "65536", 64 * MIB)
         .conf(MConf::TestsMntopts("MNTOPT_12,MNTOPT_x9")),
+    // The creator OS from the configuration, by name or number.
+    m("creator_os = FreeBSD", "ext2", &[], "65536", 64 * MIB)
+        .conf(MConf::TestsCreatorOs("FreeBSD"))
+        .no_os(),
+    m("creator_os = 4", "ext2", &[], "65536", 64 * MIB)
+        .conf(MConf::TestsCreatorOs("4"))
+        .no_os(),
     // Sector sizes as mke2fs takes them from the environment.
     m(
         "MKE2FS_DEVICE_SECTSIZE=4096",

@@ -929,9 +929,17 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         let n = m.len().min(64);
         last_mounted[..n].copy_from_slice(&m.as_bytes()[..n]);
     }
-    let creator_os = match opts.creator_os.as_deref().map(|s| s.to_ascii_lowercase()) {
+    // mke2fs's set_os(): -o, else [defaults] creator_os; a number is taken
+    // as it is (atoi), names case-insensitively.
+    let creator_os = match creator_os_name.as_deref() {
         None => 0,
-        Some(s) => match s.as_str() {
+        Some(s) if s.as_bytes().first().is_some_and(u8::is_ascii_digit) => {
+            match atoi(s).clamp(0, i64::from(i32::MAX)) as u32 {
+                1 => return err("creator OS hurd is not supported by ext4kit"),
+                n => n,
+            }
+        }
+        Some(s) => match s.to_ascii_lowercase().as_str() {
             "linux" => 0,
             "hurd" | "gnu" => return err("creator OS hurd is not supported by ext4kit"),
             "freebsd" => 3,
@@ -1301,6 +1309,46 @@ mod tests {
         e.io_hints = None;
         let r = resolve(&b1k, &p, &e).unwrap();
         assert_eq!((r.params.stride, r.settings.raid_stripe_width), (0, 0));
+    }
+
+    /// The creator OS comes from -o, else `[defaults] creator_os`, and may
+    /// be a number, as in mke2fs's set_os().
+    #[test]
+    fn creator_os_like_set_os() {
+        let p = Profile::parse("[defaults]\n\tcreator_os = FreeBSD\n").unwrap();
+        let r = resolve(&opts("ext2"), &p, &env(1 << 30)).unwrap();
+        assert_eq!(r.settings.creator_os, 3);
+        let o = MkfsOptions {
+            creator_os: Some("4".into()),
+            ..opts("ext2")
+        };
+        assert_eq!(
+            resolve(&o, &p, &env(1 << 30)).unwrap().settings.creator_os,
+            4
+        );
+        let o = MkfsOptions {
+            creator_os: Some("LINUX".into()),
+            ..opts("ext2")
+        };
+        assert_eq!(
+            resolve(&o, &p, &env(1 << 30)).unwrap().settings.creator_os,
+            0
+        );
+        for hurd in ["1", "GNU", "hurd"] {
+            let o = MkfsOptions {
+                creator_os: Some(hurd.into()),
+                ..opts("ext2")
+            };
+            assert!(resolve(&o, &p, &env(1 << 30)).is_err(), "{hurd}");
+        }
+        let o = MkfsOptions {
+            creator_os: Some("plan9".into()),
+            ..opts("ext2")
+        };
+        assert_eq!(
+            resolve(&o, &p, &env(1 << 30)).unwrap_err().0,
+            "unknown os - plan9"
+        );
     }
 
     #[test]
