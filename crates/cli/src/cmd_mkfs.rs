@@ -81,7 +81,7 @@ pub struct MkfsArgs {
     #[arg(short = 'J', value_name = "JOURNAL-OPTS")]
     journal: Vec<String>,
     /// Create a journal (ext3).
-    #[arg(short = 'j')]
+    #[arg(short = 'j', overrides_with = "add_journal")]
     add_journal: bool,
     /// Groups per flex_bg.
     #[arg(
@@ -119,7 +119,7 @@ pub struct MkfsArgs {
     #[arg(short = 'q')]
     quiet: bool,
     /// Dry run: plan and print, write nothing.
-    #[arg(short = 'n')]
+    #[arg(short = 'n', overrides_with = "dry_run")]
     dry_run: bool,
     /// Verbose.
     #[arg(short = 'v')]

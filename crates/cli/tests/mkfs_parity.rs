@@ -231,6 +231,7 @@ const CASES: &[Case] = &[
         &["-O", "^has_journal", "-O", "has_journal,^metadata_csum"],
     ),
     case(GIB, &["-J", "size=8", "-J", "size=16"]),
+    case(GIB, &["-O", "^has_journal", "-j", "-j"]).t("ext2"),
     // Numbers as mke2fs reads them: strtoul base 0 (hex, octal) for -N,
     // -I, -g, -G; byte sizes with a suffix for -b and -i.
     case(GIB, &["-b", "4k", "-N", "010000", "-I", "0x100"]),
