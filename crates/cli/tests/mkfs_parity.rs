@@ -562,6 +562,17 @@ const ERRORS_DEFAULTS_CONF: &str = "[defaults]\n\terrors = panic\n";
 const ERRORS_SECTION_CONF: &str =
     "[defaults]\n\terrors = broken\n\n[fs_types]\n\ttest_suite = {\n\t\terrors = remount-ro\n\t}\n";
 
+/// `tests/m_hugefile_slack`'s configuration without its `make_hugefiles`
+/// and `hugefiles_*` keys (which ext4kit refuses): only [fs_types], and a
+/// usage type carrying the whole feature list.
+const HUGEFILE_SLACK_CONF: &str = "[fs_types]
+	ext4h = {
+		features = has_journal,extent,huge_file,uninit_bg,dir_nlink,extra_isize,sparse_super,filetype,dir_index,ext_attr,^resize_inode,^meta_bg,^flex_bg,64bit
+		blocksize = 1024
+		inode_size = 256
+	}
+";
+
 const SECT2048: &[(&str, &str)] = &[("MKE2FS_DEVICE_SECTSIZE", "2048")];
 
 /// The m_* cases: e2fsprogs' own invocations (tests/m_*/script), under
@@ -629,6 +640,15 @@ const M_CASES: &[MCase] = &[
         11_000_000 * KIB,
     )
     .e("lazy_journal_init,lazy_itable_init,nodiscard"),
+    m(
+        "m_hugefile_slack (no hugefiles)",
+        "ext2",
+        &["-T", "ext4h", "-I", "128"],
+        "786432",
+        768 * MIB,
+    )
+    .conf(MConf::Text(HUGEFILE_SLACK_CONF))
+    .no_os(),
     // 4 KiB blocks: the resize inode alone turns large_file on.
     m(
         "4k ext2 (large_file from the resize inode)",
@@ -842,48 +862,55 @@ fn parity_4k_sector_loop_device() {
     let dir = image_dir();
     let conf = dir.path().join("mke2fs.conf");
     std::fs::write(&conf, UPSTREAM_CONF).unwrap();
-    let (refimg, ours) = (dir.path().join("ref.img"), dir.path().join("ours.img"));
-    for p in [&refimg, &ours] {
-        sparse_file(p, 16 * MIB).unwrap();
+    // tests/m_assume_storage_prezeroed formats such devices plainly and
+    // with assume_storage_prezeroed=1.
+    for ext in [None, Some("assume_storage_prezeroed=1")] {
+        let (refimg, ours) = (dir.path().join("ref.img"), dir.path().join("ours.img"));
+        for p in [&refimg, &ours] {
+            let _ = std::fs::remove_file(p);
+            sparse_file(p, 16 * MIB).unwrap();
+        }
+        {
+            let attach = |img: &Path| LoopDev::attach_with(img, &["--sector-size", "4096"]);
+            let (l_ref, l_ours) = match (attach(&refimg), attach(&ours)) {
+                (Ok(a), Ok(b)) => (a, b),
+                (Err(e), _) | (_, Err(e)) => {
+                    return skip(test, &format!("no 4 KiB-sector loop device: {e}"));
+                }
+            };
+            let args = |dev: &Path| {
+                let ext = seed_ext(ext);
+                let mut v: Vec<String> = ["-F", "-q", "-t", "ext4", "-U", UUID, "-E", &ext]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+                v.push(dev.display().to_string());
+                v
+            };
+            let env = [
+                ("E2FSPROGS_FAKE_TIME", FAKE_TIME),
+                ("SOURCE_DATE_EPOCH", FAKE_TIME),
+            ];
+            run_ok(
+                mke2fs(args(l_ref.path()))
+                    .envs(env)
+                    .env("MKE2FS_CONFIG", &conf),
+            )
+            .unwrap();
+            run_ok(
+                ext4kit_mkfs(args(l_ours.path()))
+                    .envs(env)
+                    .env("MKE2FS_CONFIG", &conf),
+            )
+            .unwrap();
+        }
+        // Both loop devices are detached (and flushed) by now.
+        assert_eq!(fs_block_size(&refimg), Some(4096), "{ext:?}");
+        sparse_equal(&refimg, &ours)
+            .map_err(|e| format!("{ext:?}: {e}"))
+            .unwrap();
+        e2fsck_clean(&ours).unwrap();
     }
-    {
-        let attach = |img: &Path| LoopDev::attach_with(img, &["--sector-size", "4096"]);
-        let (l_ref, l_ours) = match (attach(&refimg), attach(&ours)) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => {
-                return skip(test, &format!("no 4 KiB-sector loop device: {e}"));
-            }
-        };
-        let args = |dev: &Path| {
-            let ext = seed_ext(None);
-            let mut v: Vec<String> = ["-F", "-q", "-t", "ext4", "-U", UUID, "-E", &ext]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
-            v.push(dev.display().to_string());
-            v
-        };
-        let env = [
-            ("E2FSPROGS_FAKE_TIME", FAKE_TIME),
-            ("SOURCE_DATE_EPOCH", FAKE_TIME),
-        ];
-        run_ok(
-            mke2fs(args(l_ref.path()))
-                .envs(env)
-                .env("MKE2FS_CONFIG", &conf),
-        )
-        .unwrap();
-        run_ok(
-            ext4kit_mkfs(args(l_ours.path()))
-                .envs(env)
-                .env("MKE2FS_CONFIG", &conf),
-        )
-        .unwrap();
-    }
-    // Both loop devices are detached (and flushed) by now.
-    assert_eq!(fs_block_size(&refimg), Some(4096));
-    sparse_equal(&refimg, &ours).unwrap();
-    e2fsck_clean(&ours).unwrap();
 }
 
 /// `--json -n` prints the plan as JSON and writes nothing; `-U time` gives
