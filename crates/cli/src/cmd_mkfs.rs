@@ -28,12 +28,12 @@ pub struct MkfsArgs {
     /// Block size in bytes (1024, 2048, 4096, 4k, ...; negative = minimum).
     #[arg(
         short = 'b',
-        overrides_with = "block_size",
+        action = clap::ArgAction::Append,
         value_parser = ext4kit::mkfs::options::parse_block_size_arg,
         value_name = "BLOCK-SIZE",
         allow_hyphen_values = true
     )]
-    block_size: Option<i64>,
+    block_size: Vec<i64>,
     /// Number of inodes (0: the default).
     #[arg(
         short = 'N',
@@ -185,7 +185,8 @@ pub fn run(a: &MkfsArgs) -> Result<i32> {
         // Like mkfs.ext4: ext4 unless -t says otherwise.
         fs_type: Some(a.fs_type.clone().unwrap_or_else(|| "ext4".to_string())),
         usage_types: a.usage_types.clone(),
-        block_size: a.block_size,
+        block_size: a.block_size.last().copied(),
+        earlier_block_sizes: a.block_size[..a.block_size.len().saturating_sub(1)].to_vec(),
         num_inodes: a.num_inodes,
         inode_ratio: a.inode_ratio,
         inode_size: a.inode_size,

@@ -226,6 +226,9 @@ const CASES: &[Case] = &[
         ],
     ),
     case(GIB, &["-N", "100", "-N", "0", "-I", "512", "-I", "128"]),
+    // A negative -b after a positive one: mke2fs keeps reading sizes in
+    // the first one's unit (here: a filesystem of half the file).
+    case(GIB, &["-b", "2048", "-b", "-1024"]),
     case(
         GIB,
         &["-O", "^has_journal", "-O", "has_journal,^metadata_csum"],

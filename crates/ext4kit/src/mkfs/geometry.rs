@@ -824,6 +824,17 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         l.free_blocks += free;
         l.groups.push(gp);
     }
+    // figure_journal_size runs on the freshly initialized filesystem: a
+    // requested journal may take at most half of its free blocks.
+    if let Some(jb) = p.journal_blocks
+        && l.features.compat.contains(Compat::HAS_JOURNAL)
+        && u64::from(jb) > l.free_blocks / 2
+    {
+        return Err(GeometryError::TooSmall(format!(
+            "total journal size too big for filesystem ({jb} blocks requested, {} free)",
+            l.free_blocks
+        )));
+    }
     let mut pl = Planner {
         l,
         stride: p.stride,
@@ -1283,6 +1294,19 @@ mod plan_tests {
             itable_zeroed: true,
             lazy_itable_init: true,
         }
+    }
+
+    /// figure_journal_size: a requested journal larger than half the free
+    /// blocks of the initialized filesystem is refused, as mke2fs does.
+    #[test]
+    fn requested_journal_at_most_half_the_free_blocks() {
+        let f = ext4_features(true, true, true, true, true);
+        let mut p = params(8 << 20, 1024, 4096, f);
+        p.journal_blocks = Some(4096);
+        let e = plan(&p).unwrap_err().to_string();
+        assert!(e.contains("journal size too big"), "{e}");
+        p.journal_blocks = Some(3000);
+        assert_eq!(plan(&p).expect("plan").journal_blocks, 3000);
     }
 
     /// `large_file` appears when a file reaches 2 GiB, as

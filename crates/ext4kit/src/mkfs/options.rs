@@ -14,8 +14,12 @@ use crate::profile::{FsTypeQuery, Profile, for_hurd};
 pub struct MkfsOptions {
     pub fs_type: Option<String>,
     pub usage_types: Option<String>,
-    /// `-b`: positive = exact, negative = minimum.
+    /// `-b`: positive = exact, negative = minimum (the last `-b`).
     pub block_size: Option<i64>,
+    /// The `-b` values before the last one, in order: mke2fs checks each,
+    /// and a positive one sets the unit in which sizes are read, which a
+    /// later negative `-b` does not reset.
+    pub earlier_block_sizes: Vec<i64>,
     /// `-N`; `Some(0)` means the default, as in mke2fs.
     pub num_inodes: Option<u64>,
     pub inode_ratio: Option<u64>,
@@ -469,11 +473,20 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         }
         blocksize = b;
     }
-    let log_bs_hint = if blocksize > 0 {
-        (blocksize as u64 / 1024).trailing_zeros()
-    } else {
-        0
-    };
+    for &b in &opts.earlier_block_sizes {
+        if !(1024..=65536).contains(&b.unsigned_abs()) {
+            return err(format!("invalid block size - {b}"));
+        }
+        if b > 4096 {
+            warnings.push(format!("blocksize {b} not usable on most systems."));
+        }
+    }
+    // EXT2_BLOCK_SIZE(&fs_param) until the block size is final: the last
+    // positive -b (int_log2 of its KiB), else 1 KiB.
+    let log_bs_hint = std::iter::once(blocksize)
+        .chain(opts.earlier_block_sizes.iter().rev().copied())
+        .find(|&b| b > 0)
+        .map_or(0, |b| (b as u64 / 1024).ilog2());
     let unit = 1024u64 << log_bs_hint;
     // Size.
     let explicit = match &opts.fs_size {
@@ -516,7 +529,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             fs_type: opts.fs_type.as_deref(),
             usage_types: opts.usage_types.as_deref(),
             fs_blocks_count,
-            block_size: if blocksize > 0 { blocksize as u32 } else { 0 },
+            block_size: 1024 << log_bs_hint,
             is_hurd: for_hurd(creator_os_name.as_deref()),
             journal: opts.add_journal || !opts.journal.is_empty(),
             force: opts.force,
