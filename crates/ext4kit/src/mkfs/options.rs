@@ -960,14 +960,17 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             _ => return err(format!("unknown os - {s}")),
         },
     };
+    // set_error_behavior(): the profile's value is checked even when -e
+    // overrides it.
+    let profile_errors = match profile.get_string(&fs_types, "errors").as_deref() {
+        None => 1,
+        Some("continue") => 1,
+        Some("remount-ro") => 2,
+        Some("panic") => 3,
+        Some(o) => return err(format!("invalid errors behavior in mke2fs.conf: {o}")),
+    };
     let errors = match opts.errors.as_deref() {
-        None => match profile.get_string(&fs_types, "errors").as_deref() {
-            None => 1,
-            Some("continue") => 1,
-            Some("remount-ro") => 2,
-            Some("panic") => 3,
-            Some(o) => return err(format!("invalid errors behavior in mke2fs.conf: {o}")),
-        },
+        None => profile_errors,
         Some("continue") => 1,
         Some("remount-ro") => 2,
         Some("panic") => 3,
@@ -1322,6 +1325,20 @@ mod tests {
         e.io_hints = None;
         let r = resolve(&b1k, &p, &e).unwrap();
         assert_eq!((r.params.stride, r.settings.raid_stripe_width), (0, 0));
+    }
+
+    /// A bad `errors` in mke2fs.conf is fatal even with -e, as in mke2fs.
+    #[test]
+    fn profile_errors_checked_even_with_e() {
+        let p = Profile::parse("[defaults]\n\terrors = broken\n").unwrap();
+        let o = MkfsOptions {
+            errors: Some("panic".into()),
+            ..opts("ext2")
+        };
+        let e = resolve(&o, &p, &env(1 << 30)).unwrap_err();
+        assert_eq!(e.0, "invalid errors behavior in mke2fs.conf: broken");
+        let p = Profile::parse("[defaults]\n\terrors = continue\n").unwrap();
+        assert_eq!(resolve(&o, &p, &env(1 << 30)).unwrap().settings.errors, 3);
     }
 
     /// The creator OS comes from -o, else `[defaults] creator_os`, and may
