@@ -51,8 +51,12 @@ pub struct MkfsArgs {
     )]
     inode_ratio: Option<u64>,
     /// Inode size in bytes.
-    #[arg(short = 'I', overrides_with = "inode_size",
-        value_parser = ext4kit::mkfs::options::parse_c_uint, value_name = "INODE-SIZE")]
+    #[arg(
+        short = 'I',
+        overrides_with = "inode_size",
+        value_parser = ext4kit::mkfs::options::parse_c_uint,
+        value_name = "INODE-SIZE"
+    )]
     inode_size: Option<u32>,
     /// Reserved blocks percentage.
     #[arg(

@@ -577,7 +577,11 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             use_bsize = -blocksize;
         }
         if !(1024..=65536).contains(&use_bsize) || (use_bsize as u64).count_ones() != 1 {
-            return err(format!("invalid block size {use_bsize} from mke2fs.conf"));
+            return err(if lsector != 0 && use_bsize == i64::from(lsector) {
+                format!("invalid block size {use_bsize} (the device's sector size)")
+            } else {
+                format!("invalid block size {use_bsize} from mke2fs.conf")
+            });
         }
         blocksize = use_bsize;
         fs_blocks_count /= blocksize as u64 / 1024;
