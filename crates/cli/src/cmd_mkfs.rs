@@ -26,26 +26,51 @@ pub struct MkfsArgs {
     /// Usage types (comma-separated: news, largefile, small, ...).
     #[arg(short = 'T', value_name = "USAGE-TYPES")]
     usage_types: Vec<String>,
-    /// Block size in bytes (1024, 2048, 4096, ...; negative = minimum).
-    #[arg(short = 'b', value_name = "BLOCK-SIZE", allow_hyphen_values = true)]
-    block_size: Option<i64>,
-    /// Number of inodes.
-    #[arg(short = 'N', value_name = "NUMBER-OF-INODES")]
+    /// Block size in bytes (1024, 2048, 4096, 4k, ...; negative = minimum).
+    #[arg(
+        short = 'b',
+        action = clap::ArgAction::Append,
+        value_parser = ext4kit::mkfs::options::parse_block_size_arg,
+        value_name = "BLOCK-SIZE",
+        allow_hyphen_values = true
+    )]
+    block_size: Vec<i64>,
+    /// Number of inodes (0: the default).
+    #[arg(
+        short = 'N',
+        overrides_with = "num_inodes",
+        value_parser = ext4kit::mkfs::options::parse_c_ulong,
+        value_name = "NUMBER-OF-INODES"
+    )]
     num_inodes: Option<u64>,
     /// Bytes per inode.
-    #[arg(short = 'i', value_name = "BYTES-PER-INODE")]
+    #[arg(
+        short = 'i',
+        overrides_with = "inode_ratio",
+        value_parser = ext4kit::mkfs::options::parse_inode_ratio_arg,
+        value_name = "BYTES-PER-INODE"
+    )]
     inode_ratio: Option<u64>,
     /// Inode size in bytes.
-    #[arg(short = 'I', value_name = "INODE-SIZE")]
+    #[arg(
+        short = 'I',
+        overrides_with = "inode_size",
+        value_parser = ext4kit::mkfs::options::parse_c_uint,
+        value_name = "INODE-SIZE"
+    )]
     inode_size: Option<u32>,
     /// Reserved blocks percentage.
-    #[arg(short = 'm', value_name = "RESERVED-RATIO")]
+    #[arg(
+        short = 'm',
+        overrides_with = "reserved_ratio",
+        value_name = "RESERVED-RATIO"
+    )]
     reserved_ratio: Option<f64>,
     /// Volume label (at most 16 bytes).
-    #[arg(short = 'L', value_name = "LABEL")]
+    #[arg(short = 'L', overrides_with = "label", value_name = "LABEL")]
     label: Option<String>,
     /// Filesystem UUID (or null, clear, random, time).
-    #[arg(short = 'U', value_name = "UUID")]
+    #[arg(short = 'U', overrides_with = "uuid", value_name = "UUID")]
     uuid: Option<String>,
     /// Features to set or clear (feat,^feat,...). May be repeated.
     #[arg(short = 'O', value_name = "FEATURE[,...]")]
@@ -53,29 +78,44 @@ pub struct MkfsArgs {
     /// Extended options: lazy_itable_init=, lazy_journal_init=,
     /// assume_storage_prezeroed=, discard, nodiscard, hash_seed=,
     /// root_owner[=uid:gid], num_backup_sb=, packed_meta_blocks, stride=,
-    /// stripe_width=, orphan_file_size=. May be repeated.
+    /// stripe_width=, orphan_file_size=. As in mke2fs, only the last -E
+    /// counts.
     #[arg(short = 'E', value_name = "EXTENDED-OPTS")]
     extended: Vec<String>,
     /// Journal options (size=MiB).
     #[arg(short = 'J', value_name = "JOURNAL-OPTS")]
     journal: Vec<String>,
     /// Create a journal (ext3).
-    #[arg(short = 'j')]
+    #[arg(short = 'j', overrides_with = "add_journal")]
     add_journal: bool,
     /// Groups per flex_bg.
-    #[arg(short = 'G', value_name = "FLEX-GROUP-SIZE")]
+    #[arg(
+        short = 'G',
+        overrides_with = "flex_bg_size",
+        value_parser = ext4kit::mkfs::options::parse_flex_bg_size_arg,
+        value_name = "FLEX-GROUP-SIZE"
+    )]
     flex_bg_size: Option<u32>,
     /// Blocks per group.
-    #[arg(short = 'g', value_name = "BLOCKS-PER-GROUP")]
+    #[arg(
+        short = 'g',
+        overrides_with = "blocks_per_group",
+        value_parser = ext4kit::mkfs::options::parse_c_uint,
+        value_name = "BLOCKS-PER-GROUP"
+    )]
     blocks_per_group: Option<u32>,
     /// Last-mounted directory to record.
-    #[arg(short = 'M', value_name = "LAST-MOUNTED-DIR")]
+    #[arg(
+        short = 'M',
+        overrides_with = "mount_dir",
+        value_name = "LAST-MOUNTED-DIR"
+    )]
     mount_dir: Option<String>,
     /// Creator OS.
-    #[arg(short = 'o', value_name = "CREATOR-OS")]
+    #[arg(short = 'o', overrides_with = "creator_os", value_name = "CREATOR-OS")]
     creator_os: Option<String>,
     /// Error behaviour (continue, remount-ro, panic).
-    #[arg(short = 'e', value_name = "ERRORS-BEHAVIOR")]
+    #[arg(short = 'e', overrides_with = "errors", value_name = "ERRORS-BEHAVIOR")]
     errors: Option<String>,
     /// Force: format even when the target holds a filesystem or another
     /// signature (no question asked).
@@ -373,10 +413,8 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     if !a.extended_deprecated.is_empty() {
         eprintln!("{}: '-R' is deprecated, use '-E' instead", who.program());
     }
-    if let Some(b) = a.block_size
-        && b > 4096
-        && b <= 65536
-    {
+    // mke2fs warns while it parses each -b.
+    for &b in a.block_size.iter().filter(|&&b| b > 4096 && b <= 65536) {
         eprintln!("Warning: blocksize {b} not usable on most systems.");
     }
     if a.keep > 0 {
@@ -396,15 +434,17 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     }
     // One read-only probe of an existing target: size, sector size, and
     // whether a discard leaves zeros (regular files: yes, holes).
-    let (device_size, sector, dev_discard_zeroes) = if exists {
+    let (device_size, sector, phys_sector, io_hints, dev_discard_zeroes) = if exists {
         let dev = open_device(device, OpenOptions::read_only())?;
         (
             Some(dev.size()),
             dev.logical_block_size(),
+            dev.physical_block_size(),
+            dev.io_hints(),
             dev.discard_zeroes_data(),
         )
     } else {
-        (None, 512, true)
+        (None, 512, 512, None, true)
     };
     let mut extended = match &a.extended_in_order {
         Some(v) => v.clone(),
@@ -434,7 +474,8 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     let opts = MkfsOptions {
         fs_type: Some(ext_type(a, who, &profile, &dev_name)),
         usage_types,
-        block_size: a.block_size,
+        block_size: a.block_size.last().copied(),
+        earlier_block_sizes: a.block_size[..a.block_size.len().saturating_sub(1)].to_vec(),
         num_inodes: a.num_inodes,
         inode_ratio: a.inode_ratio,
         inode_size: a.inode_size,
@@ -452,15 +493,25 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         creator_os: a.creator_os.clone(),
         errors: a.errors.clone(),
         fs_size: a.fs_size.clone(),
+        force: a.force > 0,
     };
     let is_file = !exists
         || std::fs::metadata(device)
             .map(|m| m.is_file())
             .unwrap_or(false);
+    // As mke2fs: no sector size for regular files, and the test-suite
+    // overrides MKE2FS_DEVICE_SECTSIZE / MKE2FS_DEVICE_PHYS_SECTSIZE.
+    let (sector, phys_sector) = mkfs::options::sector_sizes(
+        if is_file { 0 } else { sector },
+        if is_file { 0 } else { phys_sector },
+        |v| std::env::var(v).ok(),
+    );
     let env = Env {
         device_size,
         is_regular_file: is_file,
         logical_sector_size: sector,
+        physical_sector_size: phys_sector,
+        io_hints: if is_file { None } else { io_hints },
         now: now_from_env()?,
         page_size: page_size(),
         uid: 0,
@@ -556,7 +607,11 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     }
     if dry_run {
         // As mke2fs -n (also with -q): the summary, nothing written.
-        print_summary(a, &prepared);
+        if a.json {
+            outln!("{}", json_report(device, &prepared, None, None, start));
+        } else {
+            print_summary(a, &prepared);
+        }
         return Ok(0);
     }
     let l = &prepared.layout;
@@ -614,22 +669,13 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         check_message(&prepared.settings);
     }
     if a.json {
-        let v = serde_json::json!({
-            "device": device,
-            "block_size": l.block_size,
-            "blocks": l.blocks_count,
-            "groups": l.group_count,
-            "inodes": l.inodes_count,
-            "inodes_per_group": l.inodes_per_group,
-            "journal_blocks": l.journal_blocks,
-            "features": l.features.names(),
-            "uuid": uuid::Uuid::from_bytes(prepared.settings.uuid).to_string(),
-            "itable_zeroed": report.itable_zeroed,
-            "discarded": report.discarded,
-            "stats": report.stats,
-            "allocated_bytes": dev.allocated_bytes(),
-            "seconds": start.elapsed().as_secs_f64(),
-        });
+        let v = json_report(
+            device,
+            &prepared,
+            Some(&report),
+            Some(dev.allocated_bytes()),
+            start,
+        );
         outln!("{v}");
     }
     Ok(0)
@@ -640,6 +686,45 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
 fn interactive() -> bool {
     use std::io::IsTerminal;
     std::io::stdin().is_terminal() && std::io::stdout().is_terminal()
+}
+
+/// The `--json` report: the plan, and what the run did (`report` is `None`
+/// for `-n`, which writes nothing: `"dry_run": true`).
+fn json_report(
+    device: &Path,
+    p: &mkfs::Prepared,
+    report: Option<&mkfs::Report>,
+    allocated_bytes: Option<Option<u64>>,
+    start: Instant,
+) -> serde_json::Value {
+    let l = &p.layout;
+    let mut v = serde_json::json!({
+        "device": device,
+        "dry_run": report.is_none(),
+        "block_size": l.block_size,
+        "blocks": l.blocks_count,
+        "groups": l.group_count,
+        "inodes": l.inodes_count,
+        "inodes_per_group": l.inodes_per_group,
+        "inode_size": l.inode_size,
+        "journal_blocks": l.journal_blocks,
+        "features": l.features.names(),
+        "fs_types": p.resolved.fs_types,
+        "uuid": uuid::Uuid::from_bytes(p.settings.uuid).to_string(),
+        "itable_zeroed": p.settings.itable_zeroed,
+        "warnings": p.resolved.warnings,
+    });
+    if let (Some(r), Some(obj)) = (report, v.as_object_mut()) {
+        obj.insert("itable_zeroed".into(), r.itable_zeroed.into());
+        obj.insert("discarded".into(), r.discarded.into());
+        obj.insert(
+            "stats".into(),
+            serde_json::to_value(&r.stats).unwrap_or_default(),
+        );
+        obj.insert("allocated_bytes".into(), allocated_bytes.flatten().into());
+        obj.insert("seconds".into(), start.elapsed().as_secs_f64().into());
+    }
+    v
 }
 
 /// mke2fs's notes on metadata_csum without extents or 64bit.

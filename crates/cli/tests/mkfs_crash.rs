@@ -64,6 +64,8 @@ fn power_cut_at_every_write_of_mkfs() {
         device_size: Some(SIZE),
         is_regular_file: false,
         logical_sector_size: 512,
+        physical_sector_size: 512,
+        io_hints: None,
         now: 1_700_000_000,
         page_size: 4096,
         uid: 0,

@@ -96,22 +96,28 @@ impl Case {
         s
     }
 
+    /// `-F -q -t T -U UUID OPTS... -E hash_seed=SEED[,EXT] IMG [FS-SIZE]`:
+    /// the hash seed goes in the last `-E`, the only one mke2fs keeps.
     fn args(&self, img: &Path) -> Vec<String> {
-        let mut ext = format!("hash_seed={SEED}");
-        if let Some(e) = self.ext {
-            ext.push(',');
-            ext.push_str(e);
-        }
-        let mut v: Vec<String> = ["-F", "-q", "-t", self.fs_type, "-U", UUID, "-E", &ext]
+        let mut v: Vec<String> = ["-F", "-q", "-t", self.fs_type, "-U", UUID]
             .iter()
             .map(|s| s.to_string())
             .collect();
         v.extend(self.opts.iter().map(|s| s.to_string()));
+        v.extend(["-E".to_string(), seed_ext(self.ext)]);
         v.push(img.display().to_string());
         if let Some(f) = self.fs_size {
             v.push(f.to_string());
         }
         v
+    }
+}
+
+/// `hash_seed=SEED`, followed by `ext` if given.
+fn seed_ext(ext: Option<&str>) -> String {
+    match ext {
+        Some(e) => format!("hash_seed={SEED},{e}"),
+        None => format!("hash_seed={SEED}"),
     }
 }
 
@@ -195,6 +201,49 @@ const CASES: &[Case] = &[
     case(GIB, &["-T", "no_such_usage"]),
     case(GIB, &["-T", "largefile4"]),
     case(300 * MIB, &["-T", "small"]),
+    // large_file is turned on by a file of 2 GiB or more whatever -O says:
+    // the resize inode of 4 KiB-block filesystems, a 2 GiB journal.
+    case(GIB, &["-O", "^large_file"]),
+    case(GIB, &["-O", "^large_file"]).t("ext2"),
+    case(GIB, &["-b", "2048", "-O", "^large_file"]).t("ext2"),
+    case(
+        10 * GIB,
+        &["-O", "^large_file,^resize_inode", "-J", "size=2048"],
+    )
+    .e("lazy_journal_init=1"),
+    case(
+        10 * GIB,
+        &["-O", "^large_file,^resize_inode", "-J", "size=2047"],
+    )
+    .e("lazy_journal_init=1"),
+    // Repeated options: the last -b, -o, -L, -m, -e, -N wins, -N 0 is the
+    // default, -O and -J accumulate.
+    case(
+        GIB,
+        &[
+            "-b", "1024", "-b", "4096", "-o", "hurd", "-o", "Linux", "-L", "first", "-L", "second",
+            "-m", "1", "-m", "2", "-e", "panic", "-e", "continue", "-N", "0",
+        ],
+    ),
+    case(GIB, &["-N", "100", "-N", "0", "-I", "512", "-I", "128"]),
+    // A negative -b after a positive one: mke2fs keeps reading sizes in
+    // the first one's unit (here: a filesystem of half the file).
+    case(GIB, &["-b", "2048", "-b", "-1024"]),
+    case(
+        GIB,
+        &["-O", "^has_journal", "-O", "has_journal,^metadata_csum"],
+    ),
+    case(GIB, &["-J", "size=8", "-J", "size=16"]),
+    case(GIB, &["-O", "^has_journal", "-j", "-j"]).t("ext2"),
+    // Numbers as mke2fs reads them: strtoul base 0 (hex, octal) for -N,
+    // -I, -g, -G; byte sizes with a suffix for -b and -i.
+    case(GIB, &["-b", "4k", "-N", "010000", "-I", "0x100"]),
+    case(
+        GIB,
+        &["-b", "-2k", "-i", "64k", "-g", "0x4000", "-G", "010"],
+    ),
+    // Only the last -E counts: no nodiscard here.
+    case(GIB, &["-E", "nodiscard"]).e("lazy_itable_init=1"),
 ];
 
 enum Outcome {
@@ -204,26 +253,42 @@ enum Outcome {
 }
 
 fn run_case(dir: &Path, conf_path: &Path, c: &Case) -> Outcome {
+    compare(dir, conf_path, c.size, &[], &|img| c.args(img))
+}
+
+/// Run mke2fs and ext4kit mkfs with the same arguments (`args(image)`),
+/// configuration, clock and extra environment on fresh sparse files of
+/// `size` bytes; the images must be equal and ours e2fsck-clean. A case
+/// mke2fs refuses is a skip.
+fn compare(
+    dir: &Path,
+    conf_path: &Path,
+    size: u64,
+    extra_env: &[(&str, &str)],
+    args: &dyn Fn(&Path) -> Vec<String>,
+) -> Outcome {
     let ours = dir.join("ours.img");
     let refimg = dir.join("ref.img");
     let _ = std::fs::remove_file(&ours);
     let _ = std::fs::remove_file(&refimg);
     let res = (|| {
         for p in [&refimg, &ours] {
-            sparse_file(p, c.size).map_err(|e| format!("creating {}: {e}", p.display()))?;
+            sparse_file(p, size).map_err(|e| format!("creating {}: {e}", p.display()))?;
         }
         let env = [
             ("E2FSPROGS_FAKE_TIME", FAKE_TIME),
             ("SOURCE_DATE_EPOCH", FAKE_TIME),
         ];
-        let out = run(mke2fs(c.args(&refimg))
+        let out = run(mke2fs(args(&refimg))
             .envs(env)
+            .envs(extra_env.iter().copied())
             .env("MKE2FS_CONFIG", conf_path))?;
         if !out.status.success() {
             return Ok(Some(format!("mke2fs refused it: {}", last_line(&out))));
         }
-        let out = run(ext4kit_mkfs(c.args(&ours))
+        let out = run(ext4kit_mkfs(args(&ours))
             .envs(env)
+            .envs(extra_env.iter().copied())
             .env("MKE2FS_CONFIG", conf_path))?;
         if !out.status.success() {
             return Err(format!(
@@ -328,6 +393,567 @@ fn parity_upstream_conf() {
 #[test]
 fn parity_upstream_conf_large() {
     parity(Conf::Upstream, is_large);
+}
+
+/// e2fsprogs 1.47.0 `tests/mke2fs.conf.in`, the configuration its `m_*`
+/// tests run under (`MKE2FS_CONFIG=./mke2fs.conf`): no `large_file` in
+/// the base features, `default_mntopts = ^acl`, no `default` size type.
+const E2FSPROGS_TESTS_CONF: &str = "[defaults]
+	base_features = sparse_super,filetype,resize_inode,dir_index,ext_attr
+	blocksize = 4096
+	inode_size = 256
+	inode_ratio = 16384
+	reserved_ratio = 5.0
+	enable_periodic_fsck = true
+	lazy_itable_init = false
+	no_discard = true
+	default_mntopts = ^acl
+	creator_os = Linux
+
+[fs_types]
+	ext3 = {
+		features = has_journal
+	}
+	ext4 = {
+		features = has_journal,extent,huge_file,flex_bg,uninit_bg,dir_nlink,extra_isize
+	}
+	small = {
+		blocksize = 1024
+		inode_ratio = 4096
+	}
+	floppy = {
+		blocksize = 1024
+		inode_ratio = 8192
+	}
+	news = {
+		inode_ratio = 4096
+	}
+	largefile = {
+		inode_ratio = 1048576
+		blocksize = 4096
+	}
+	largefile4 = {
+		inode_ratio = 4194304
+		blocksize = 4096
+	}
+	hurd = {
+	     blocksize = 4096
+	     inode_size = 128
+	     warn_y2038_dates = 0
+	}
+";
+
+/// The configuration of an m_* case.
+#[derive(Clone, Copy)]
+enum MConf {
+    /// [`E2FSPROGS_TESTS_CONF`].
+    Tests,
+    /// It without its `inode_size` line.
+    TestsWithoutInodeSize,
+    /// It with another `default_mntopts` value.
+    TestsMntopts(&'static str),
+    /// It with another `[defaults] creator_os` value.
+    TestsCreatorOs(&'static str),
+    /// Verbatim text (`tests/m_error_behavior` writes its own).
+    Text(&'static str),
+}
+
+impl MConf {
+    fn text(self) -> String {
+        let t = E2FSPROGS_TESTS_CONF;
+        match self {
+            MConf::Tests => t.to_string(),
+            MConf::TestsWithoutInodeSize => t
+                .lines()
+                .filter(|l| !l.contains("inode_size = 256"))
+                .map(|l| format!("{l}\n"))
+                .collect(),
+            MConf::TestsMntopts(v) => {
+                t.replace("default_mntopts = ^acl", &format!("default_mntopts = {v}"))
+            }
+            MConf::TestsCreatorOs(v) => {
+                t.replace("creator_os = Linux", &format!("creator_os = {v}"))
+            }
+            MConf::Text(s) => s.to_string(),
+        }
+    }
+}
+
+/// An invocation of e2fsprogs' `tests/run_mke2fs` (`mke2fs -F -o Linux
+/// $MKE2FS_OPTS $TMPFILE $FS_SIZE`), or one built the same way to show an
+/// mke2fs behaviour those tests depend on.
+struct MCase {
+    /// The e2fsprogs test, or what the case shows.
+    name: &'static str,
+    conf: MConf,
+    /// `MKE2FS_DEVICE_SECTSIZE` and the like.
+    env: &'static [(&'static str, &'static str)],
+    /// `-t`: run_mke2fs gives none, which is mke2fs's `ext2` (`ext3` with
+    /// `-j`) under this configuration; `ext4kit mkfs` defaults to ext4, so
+    /// the type is spelled out.
+    fs_type: &'static str,
+    opts: &'static [&'static str],
+    /// Extended options, after `hash_seed=` in the one `-E`.
+    ext: Option<&'static str>,
+    /// `$FS_SIZE`.
+    fs_size: &'static str,
+    /// Size of the sparse target file (run_mke2fs truncates it to 0, a
+    /// case of its own: see the mkfs command-line tests).
+    file_size: u64,
+    /// run_mke2fs's `-o Linux` (off to let the configuration choose).
+    os_linux: bool,
+}
+
+const fn m(
+    name: &'static str,
+    fs_type: &'static str,
+    opts: &'static [&'static str],
+    fs_size: &'static str,
+    file_size: u64,
+) -> MCase {
+    MCase {
+        name,
+        conf: MConf::Tests,
+        env: &[],
+        fs_type,
+        opts,
+        ext: None,
+        fs_size,
+        file_size,
+        os_linux: true,
+    }
+}
+
+impl MCase {
+    const fn conf(mut self, c: MConf) -> MCase {
+        self.conf = c;
+        self
+    }
+    const fn env(mut self, e: &'static [(&'static str, &'static str)]) -> MCase {
+        self.env = e;
+        self
+    }
+    const fn no_os(mut self) -> MCase {
+        self.os_linux = false;
+        self
+    }
+    const fn e(mut self, ext: &'static str) -> MCase {
+        self.ext = Some(ext);
+        self
+    }
+
+    fn args(&self, img: &Path) -> Vec<String> {
+        let os: &[&str] = if self.os_linux { &["-o", "Linux"] } else { &[] };
+        let mut v: Vec<String> = ["-F", "-q"]
+            .iter()
+            .chain(os)
+            .chain(&["-U", UUID, "-t", self.fs_type])
+            .map(|s| s.to_string())
+            .collect();
+        v.extend(self.opts.iter().map(|s| s.to_string()));
+        v.extend(["-E".to_string(), seed_ext(self.ext)]);
+        v.push(img.display().to_string());
+        v.push(self.fs_size.to_string());
+        v
+    }
+}
+
+/// `tests/m_error_behavior`'s `write_defaults_conf panic`: no [fs_types]
+/// at all, so ext4 and ext3 are undefined (a warning with -F).
+const ERRORS_DEFAULTS_CONF: &str = "[defaults]\n\terrors = panic\n";
+/// `tests/m_error_behavior`'s `write_section_conf remount-ro`.
+const ERRORS_SECTION_CONF: &str =
+    "[defaults]\n\terrors = broken\n\n[fs_types]\n\ttest_suite = {\n\t\terrors = remount-ro\n\t}\n";
+
+/// `tests/m_hugefile_slack`'s configuration without its `make_hugefiles`
+/// and `hugefiles_*` keys (which ext4kit refuses): only [fs_types], and a
+/// usage type carrying the whole feature list.
+const HUGEFILE_SLACK_CONF: &str = "[fs_types]
+	ext4h = {
+		features = has_journal,extent,huge_file,uninit_bg,dir_nlink,extra_isize,sparse_super,filetype,dir_index,ext_attr,^resize_inode,^meta_bg,^flex_bg,64bit
+		blocksize = 1024
+		inode_size = 256
+	}
+";
+
+const SECT2048: &[(&str, &str)] = &[("MKE2FS_DEVICE_SECTSIZE", "2048")];
+
+/// The m_* cases: e2fsprogs' own invocations (tests/m_*/script), under
+/// its test configuration and environment, and the behaviours they rely
+/// on. (m_meta_bg, m_resize_inode_meta_bg, m_desc_size_128, m_quota,
+/// m_mmp*, m_hugefile*, m_mkfs_overhead (-o hurd), m_offset, m_root*/-d,
+/// m_minrootdir, m_devdir use features ext4kit refuses.)
+const M_CASES: &[MCase] = &[
+    m("m_std", "ext2", &[], "65536", 64 * MIB),
+    m("m_std (ext4)", "ext4", &[], "65536", 64 * MIB),
+    m("m_dasd_bs", "ext2", &[], "65536", 64 * MIB).env(SECT2048),
+    m(
+        "m_large_file",
+        "ext2",
+        &["-T", "largefile"],
+        "65536",
+        64 * MIB,
+    )
+    .env(SECT2048),
+    m(
+        "m_extent_journal",
+        "ext3",
+        &["-O", "extents", "-j"],
+        "65536",
+        64 * MIB,
+    ),
+    m(
+        "m_no_opt",
+        "ext2",
+        &[
+            "-O",
+            "^sparse_super,^filetype,^resize_inode,^dir_index,^ext_attr",
+        ],
+        "65536",
+        64 * MIB,
+    ),
+    m(
+        "m_raid_opt",
+        "ext2",
+        &["-O", "sparse_super", "-g", "1024"],
+        "131072",
+        128 * MIB,
+    )
+    .e("stride=13"),
+    m(
+        "m_uninit",
+        "ext2",
+        &["-O", "uninit_bg"],
+        "131072",
+        128 * MIB,
+    ),
+    m("m_root_owner", "ext2", &[], "1024", MIB).e("root_owner=1234:1234"),
+    m(
+        "m_64bit_flexbg",
+        "ext2",
+        &["-O", "64bit,extents,flex_bg"],
+        "1M",
+        MIB,
+    ),
+    m(
+        "m_bigjournal",
+        "ext4",
+        &["-G", "512", "-N", "1280", "-J", "size=5000"],
+        "11000000",
+        11_000_000 * KIB,
+    )
+    .e("lazy_journal_init,lazy_itable_init,nodiscard"),
+    m(
+        "m_hugefile_slack (no hugefiles)",
+        "ext2",
+        &["-T", "ext4h", "-I", "128"],
+        "786432",
+        768 * MIB,
+    )
+    .conf(MConf::Text(HUGEFILE_SLACK_CONF))
+    .no_os(),
+    // 4 KiB blocks: the resize inode alone turns large_file on.
+    m(
+        "4k ext2 (large_file from the resize inode)",
+        "ext2",
+        &[],
+        "1G",
+        GIB,
+    ),
+    // m_error_behavior, on 512 KiB.
+    m(
+        "m_error_behavior: defaults errors=panic",
+        "ext2",
+        &[],
+        "512",
+        512 * KIB,
+    )
+    .conf(MConf::Text(ERRORS_DEFAULTS_CONF)),
+    m(
+        "undefined ext4 with -F (mkfs.ext4 under that config)",
+        "ext4",
+        &[],
+        "512",
+        512 * KIB,
+    )
+    .conf(MConf::Text(ERRORS_DEFAULTS_CONF)),
+    m("undefined ext3 with -F", "ext3", &[], "8M", 8 * MIB).conf(MConf::Text(ERRORS_DEFAULTS_CONF)),
+    m(
+        "m_error_behavior: fs_types errors, -e wins",
+        "ext2",
+        &["-T", "test_suite", "-e", "panic"],
+        "512",
+        512 * KIB,
+    )
+    .conf(MConf::Text(ERRORS_SECTION_CONF)),
+    // No inode_size in the configuration: 128-byte inodes, silently.
+    m("no inode_size", "ext2", &[], "65536", 64 * MIB).conf(MConf::TestsWithoutInodeSize),
+    m("no inode_size (ext4, 4k)", "ext4", &[], "1G", GIB).conf(MConf::TestsWithoutInodeSize),
+    // default_mntopts edits, as e2p_edit_mntopts.
+    m(
+        "default_mntopts acl,^acl,user_xattr",
+        "ext4",
+        &[],
+        "65536",
+        64 * MIB,
+    )
+    .conf(MConf::TestsMntopts("acl,^acl,user_xattr")),
+    m(
+        "default_mntopts journal modes",
+        "ext4",
+        &[],
+        "65536",
+        64 * MIB,
+    )
+    .conf(MConf::TestsMntopts(
+        "\"journal_data, journal_data_writeback ^user_xattr +Discard\"",
+    )),
+    m("default_mntopts MNTOPT_n", "ext4", &[], "65536", 64 * MIB)
+        .conf(MConf::TestsMntopts("MNTOPT_12,MNTOPT_x9")),
+    // The creator OS from the configuration, by name or number.
+    m("creator_os = FreeBSD", "ext2", &[], "65536", 64 * MIB)
+        .conf(MConf::TestsCreatorOs("FreeBSD"))
+        .no_os(),
+    m("creator_os = 4", "ext2", &[], "65536", 64 * MIB)
+        .conf(MConf::TestsCreatorOs("4"))
+        .no_os(),
+    // Sector sizes as mke2fs takes them from the environment.
+    m(
+        "MKE2FS_DEVICE_SECTSIZE=4096",
+        "ext4",
+        &[],
+        "65536",
+        64 * MIB,
+    )
+    .env(&[("MKE2FS_DEVICE_SECTSIZE", "4096")]),
+    m(
+        "MKE2FS_DEVICE_SECTSIZE=8192 (atoi)",
+        "ext2",
+        &[],
+        "65536",
+        64 * MIB,
+    )
+    .env(&[("MKE2FS_DEVICE_SECTSIZE", "8192 bytes")]),
+    m(
+        "MKE2FS_DEVICE_SECTSIZE not a number",
+        "ext2",
+        &[],
+        "65536",
+        64 * MIB,
+    )
+    .env(&[("MKE2FS_DEVICE_SECTSIZE", "abc")]),
+    m(
+        "MKE2FS_DEVICE_PHYS_SECTSIZE=4096 -b 1024",
+        "ext2",
+        &["-b", "1024"],
+        "65536",
+        64 * MIB,
+    )
+    .env(&[("MKE2FS_DEVICE_PHYS_SECTSIZE", "4096")]),
+];
+
+#[test]
+fn parity_e2fsprogs_m_cases() {
+    let test = "mkfs_parity (e2fsprogs tests/m_*)";
+    for t in ["mke2fs", "e2fsck"] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found (install e2fsprogs)"));
+        }
+    }
+    let dir = shm_dir().unwrap_or_else(image_dir);
+    let conf_path = dir.path().join("mke2fs.conf");
+    let mut failures = Vec::new();
+    let (mut pass, mut skipped) = (0, 0);
+    for c in M_CASES {
+        std::fs::write(&conf_path, c.conf.text()).expect("writing mke2fs.conf");
+        let env: Vec<String> = c.env.iter().map(|(k, v)| format!("{k}={v:?} ")).collect();
+        let label = format!(
+            "[{}] {}mke2fs {}",
+            c.name,
+            env.concat(),
+            c.args(Path::new("IMG")).join(" ")
+        );
+        let t0 = Instant::now();
+        let outcome = compare(dir.path(), &conf_path, c.file_size, c.env, &|img| {
+            c.args(img)
+        });
+        let secs = t0.elapsed().as_secs_f64();
+        match outcome {
+            Outcome::Pass => {
+                pass += 1;
+                eprintln!("ok     {label} ({secs:.1}s)");
+            }
+            Outcome::Skip(why) => {
+                // Every case here is one mke2fs accepts.
+                skipped += 1;
+                eprintln!("FAIL   {label}: {why}");
+                failures.push(format!("{label}: {why}"));
+            }
+            Outcome::Fail(why) => {
+                eprintln!("FAIL   {label}: {why}");
+                failures.push(format!("{label}: {why}"));
+            }
+        }
+    }
+    eprintln!(
+        "{test}: {pass} passed, {skipped} refused by mke2fs, {} failed",
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} case(s) differ from mke2fs:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Without -F, a type the configuration does not define stops mke2fs
+/// (exit 1, "Aborting..."); ext4kit refuses it too, in one line, and
+/// writes nothing.
+#[test]
+fn undefined_fs_type_needs_force() {
+    if !have("mke2fs") {
+        return skip("undefined_fs_type_needs_force", "mke2fs not found");
+    }
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, ERRORS_DEFAULTS_CONF).unwrap();
+    let img = dir.path().join("t.img");
+    sparse_file(&img, 8 * MIB).unwrap();
+    let args = |fs: &str| {
+        vec![
+            "-q".to_string(),
+            "-t".into(),
+            fs.into(),
+            img.display().to_string(),
+        ]
+    };
+    let out = run(mke2fs(args("ext4")).env("MKE2FS_CONFIG", &conf)).unwrap();
+    assert_eq!(out.status.code(), Some(1), "mke2fs: {}", last_line(&out));
+    let out = run(ext4kit_mkfs(args("ext4")).env("MKE2FS_CONFIG", &conf)).unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains("does not define the ext4 filesystem type"),
+        "{err}"
+    );
+    assert_eq!(file_hash(&img).unwrap(), {
+        let zero = dir.path().join("zero.img");
+        sparse_file(&zero, 8 * MIB).unwrap();
+        file_hash(&zero).unwrap()
+    });
+    // ext2 needs no definition, with or without -F.
+    let out = run(ext4kit_mkfs(args("ext2")).env("MKE2FS_CONFIG", &conf)).unwrap();
+    assert!(out.status.success(), "{}", last_line(&out));
+    e2fsck_clean(&img).unwrap();
+}
+
+/// A real device's logical sector size steers the block size as in mke2fs
+/// (tests/m_assume_storage_prezeroed formats loop devices with 4 KiB
+/// sectors): a 16 MiB filesystem, 1 KiB blocks by the profile, gets 4 KiB
+/// blocks on a 4Kn device, byte for byte as mke2fs makes it. Root only.
+#[test]
+fn parity_4k_sector_loop_device() {
+    let test = "parity_4k_sector_loop_device";
+    if !is_root() {
+        return skip(test, "needs root for loop devices");
+    }
+    if !have("mke2fs") || !have("losetup") {
+        return skip(test, "mke2fs or losetup not found");
+    }
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, UPSTREAM_CONF).unwrap();
+    // tests/m_assume_storage_prezeroed formats such devices plainly and
+    // with assume_storage_prezeroed=1.
+    for ext in [None, Some("assume_storage_prezeroed=1")] {
+        let (refimg, ours) = (dir.path().join("ref.img"), dir.path().join("ours.img"));
+        for p in [&refimg, &ours] {
+            let _ = std::fs::remove_file(p);
+            sparse_file(p, 16 * MIB).unwrap();
+        }
+        {
+            let attach = |img: &Path| LoopDev::attach_with(img, &["--sector-size", "4096"]);
+            let (l_ref, l_ours) = match (attach(&refimg), attach(&ours)) {
+                (Ok(a), Ok(b)) => (a, b),
+                (Err(e), _) | (_, Err(e)) => {
+                    return skip(test, &format!("no 4 KiB-sector loop device: {e}"));
+                }
+            };
+            let args = |dev: &Path| {
+                let ext = seed_ext(ext);
+                let mut v: Vec<String> = ["-F", "-q", "-t", "ext4", "-U", UUID, "-E", &ext]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+                v.push(dev.display().to_string());
+                v
+            };
+            let env = [
+                ("E2FSPROGS_FAKE_TIME", FAKE_TIME),
+                ("SOURCE_DATE_EPOCH", FAKE_TIME),
+            ];
+            run_ok(
+                mke2fs(args(l_ref.path()))
+                    .envs(env)
+                    .env("MKE2FS_CONFIG", &conf),
+            )
+            .unwrap();
+            run_ok(
+                ext4kit_mkfs(args(l_ours.path()))
+                    .envs(env)
+                    .env("MKE2FS_CONFIG", &conf),
+            )
+            .unwrap();
+        }
+        // Both loop devices are detached (and flushed) by now.
+        assert_eq!(fs_block_size(&refimg), Some(4096), "{ext:?}");
+        sparse_equal(&refimg, &ours)
+            .map_err(|e| format!("{ext:?}: {e}"))
+            .unwrap();
+        e2fsck_clean(&ours).unwrap();
+    }
+}
+
+/// `--json -n` prints the plan as JSON and writes nothing; `-U time` gives
+/// a version-1 (time-based) UUID, as mke2fs's `uuid_generate_time`.
+#[test]
+fn dry_run_json_and_time_uuid() {
+    let dir = image_dir();
+    let img = dir.path().join("t.img");
+    sparse_file(&img, GIB).unwrap();
+    let before = file_hash(&img).unwrap();
+    let out = run(ext4kit_mkfs(["-n", "--json", "-U", "time", "-L", "x"]).arg(&img)).unwrap();
+    assert!(out.status.success(), "{}", last_line(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON document");
+    assert_eq!(v["dry_run"], true);
+    assert_eq!(v["blocks"], 262_144);
+    assert_eq!(v["block_size"], 4096);
+    let u = uuid::Uuid::parse_str(v["uuid"].as_str().unwrap()).unwrap();
+    assert_eq!(u.get_version_num(), 1, "{u}");
+    assert_eq!(file_hash(&img).unwrap(), before, "-n wrote to the target");
+    // And a real run stamps a v1 UUID on disk, as mke2fs -U time does.
+    for (name, cmd) in [
+        ("ours", ext4kit_mkfs(["-q", "-U", "time"])),
+        ("mke2fs", mke2fs(["-q", "-F", "-U", "time"])),
+    ] {
+        if name == "mke2fs" && !have("mke2fs") {
+            continue;
+        }
+        let mut cmd = cmd;
+        let out = run(cmd.arg(&img)).unwrap();
+        assert!(out.status.success(), "{name}: {}", last_line(&out));
+        e2fsck_clean(&img).unwrap();
+        let h = dumpe2fs_h(&img);
+        let line = h
+            .lines()
+            .find(|l| l.starts_with("Filesystem UUID:"))
+            .unwrap_or("");
+        let u = uuid::Uuid::parse_str(line.trim_start_matches("Filesystem UUID:").trim()).unwrap();
+        assert_eq!(u.get_version_num(), 1, "{name}: {u}");
+    }
 }
 
 /// The comparison itself: holes equal written zeros, and a difference far

@@ -5,7 +5,9 @@ use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::sys::{self, major, minor};
-use crate::{Device, DeviceError, DiscardOutcome, OpenOptions, Result, check_range, sysfs};
+use crate::{
+    Device, DeviceError, DiscardOutcome, IoHints, OpenOptions, Result, check_range, sysfs,
+};
 
 /// A block device.
 ///
@@ -22,6 +24,8 @@ pub struct BlockDevice {
     writable: bool,
     size: u64,
     logical_block_size: u32,
+    physical_block_size: u32,
+    io_hints: IoHints,
     discard_zeroes: bool,
     devnum: (u32, u32),
     sysfs_dir: Option<PathBuf>,
@@ -70,6 +74,14 @@ impl BlockDevice {
         }
         let size = sys::blk_size(&file).map_err(open_err)?;
         let logical_block_size = sys::blk_logical_block_size(&file).map_err(open_err)?;
+        // Old kernels may lack BLKPBSZGET: then it is the logical size.
+        let physical_block_size = sys::blk_physical_block_size(&file).unwrap_or(logical_block_size);
+        // No hint where the kernel has none.
+        let io_hints = IoHints {
+            min_io: sys::blk_io_min(&file).unwrap_or(0),
+            opt_io: sys::blk_io_opt(&file).unwrap_or(0),
+            alignment_offset: sys::blk_alignment_offset(&file).unwrap_or(0),
+        };
         // Old kernels or odd drivers may lack it: then promise nothing.
         let discard_zeroes = sys::blk_discard_zeroes(&file).unwrap_or(false);
         let devnum = (major(meta.rdev()), minor(meta.rdev()));
@@ -80,6 +92,8 @@ impl BlockDevice {
             writable: opts.write,
             size,
             logical_block_size,
+            physical_block_size,
+            io_hints,
             discard_zeroes,
             devnum,
             sysfs_dir,
@@ -138,6 +152,14 @@ impl Device for BlockDevice {
 
     fn logical_block_size(&self) -> u32 {
         self.logical_block_size
+    }
+
+    fn physical_block_size(&self) -> u32 {
+        self.physical_block_size
+    }
+
+    fn io_hints(&self) -> Option<IoHints> {
+        Some(self.io_hints)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {

@@ -293,6 +293,14 @@ impl<D: Device> Device for FaultDevice<D> {
         self.inner.logical_block_size()
     }
 
+    fn physical_block_size(&self) -> u32 {
+        self.inner.physical_block_size()
+    }
+
+    fn io_hints(&self) -> Option<crate::IoHints> {
+        self.inner.io_hints()
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let mut log = self.lock();
         self.gate(&mut log)?;

@@ -217,6 +217,19 @@ pub enum DiscardOutcome {
     Unsupported,
 }
 
+/// I/O hints of a block device (`BLKIOMIN`, `BLKIOOPT`, `BLKALIGNOFF`),
+/// what libblkid's topology probe reports and mke2fs turns into
+/// `stride`/`stripe_width`. Zero means "no hint".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoHints {
+    /// Minimum I/O size in bytes.
+    pub min_io: u32,
+    /// Optimal I/O size in bytes.
+    pub opt_io: u32,
+    /// Alignment offset in bytes (-1 when the kernel says misaligned).
+    pub alignment_offset: i64,
+}
+
 /// One device: a regular image file, a block device, memory, or a wrapper.
 ///
 /// All offsets and lengths are in bytes. All methods take `&self` so that a
@@ -229,6 +242,18 @@ pub trait Device: Send + Sync {
     /// Logical block (sector) size in bytes: 512 for files.
     fn logical_block_size(&self) -> u32 {
         512
+    }
+
+    /// Physical block (sector) size in bytes (`BLKPBSZGET`): the logical
+    /// size unless the device says otherwise.
+    fn physical_block_size(&self) -> u32 {
+        self.logical_block_size()
+    }
+
+    /// I/O topology hints; `None` for anything but a block device (mke2fs
+    /// asks for none on regular files).
+    fn io_hints(&self) -> Option<IoHints> {
+        None
     }
 
     /// Read exactly `buf.len()` bytes at `offset`.
@@ -303,6 +328,12 @@ macro_rules! forward_device_impl {
             }
             fn logical_block_size(&self) -> u32 {
                 (**self).logical_block_size()
+            }
+            fn physical_block_size(&self) -> u32 {
+                (**self).physical_block_size()
+            }
+            fn io_hints(&self) -> Option<IoHints> {
+                (**self).io_hints()
             }
             fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
                 (**self).read_at(buf, offset)

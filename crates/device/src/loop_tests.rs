@@ -214,3 +214,42 @@ fn loop_device_mounted_refusal() {
     let dev = open_device(&loopdev, OpenOptions::read_write()).expect("open after umount");
     assert_eq!(dev.size(), 64 * MIB);
 }
+
+/// A loop device with 4 KiB sectors reports them as its logical and
+/// physical block size, and I/O hints no smaller than a sector (what
+/// mke2fs's block size and stride choices read).
+#[test]
+fn loop_device_sector_sizes() {
+    if !is_root() {
+        eprintln!("skipping loop device test: not root");
+        return;
+    }
+    if run("losetup", &["--version"]).is_err() {
+        eprintln!("skipping loop device test: losetup is unavailable");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = dir.path().join("disk.img");
+    std::fs::File::create(&image)
+        .and_then(|f| f.set_len(8 * MIB))
+        .expect("image");
+    let image_str = image.to_string_lossy().into_owned();
+    let loopdev = match run(
+        "losetup",
+        &["-f", "--show", "--sector-size", "4096", &image_str],
+    ) {
+        Ok(dev) if dev.starts_with("/dev/") => dev,
+        Ok(other) => panic!("losetup printed {other:?}"),
+        Err(e) => {
+            eprintln!("skipping loop device test: cannot attach a 4 KiB-sector loop device: {e}");
+            return;
+        }
+    };
+    let _guard = LoopGuard(loopdev.clone());
+    let dev = BlockDevice::open(&loopdev, OpenOptions::read_only()).expect("open");
+    assert_eq!(dev.logical_block_size(), 4096);
+    assert_eq!(dev.physical_block_size(), 4096);
+    let hints = dev.io_hints().expect("a block device has hints");
+    assert!(hints.min_io == 0 || hints.min_io >= 4096, "{hints:?}");
+    assert_eq!(hints.alignment_offset, 0);
+}

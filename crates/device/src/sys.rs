@@ -100,6 +100,10 @@ const BLKSSZGET: libc::Ioctl = libc::_IO(0x12, 104);
 const BLKGETSIZE64: libc::Ioctl = libc::_IOR::<libc::size_t>(0x12, 114);
 const BLKDISCARD: libc::Ioctl = libc::_IO(0x12, 119);
 const BLKDISCARDZEROES: libc::Ioctl = libc::_IO(0x12, 124);
+const BLKPBSZGET: libc::Ioctl = libc::_IO(0x12, 123);
+const BLKIOMIN: libc::Ioctl = libc::_IO(0x12, 120);
+const BLKIOOPT: libc::Ioctl = libc::_IO(0x12, 121);
+const BLKALIGNOFF: libc::Ioctl = libc::_IO(0x12, 122);
 const BLKZEROOUT: libc::Ioctl = libc::_IO(0x12, 127);
 
 /// `BLKGETSIZE64`: device size in bytes.
@@ -125,6 +129,51 @@ pub(crate) fn blk_logical_block_size(file: &File) -> io::Result<u32> {
         .ok()
         .filter(|s| s.is_power_of_two() && *s >= 512)
         .ok_or_else(|| io::Error::other(format!("bogus logical block size {size}")))
+}
+
+/// `BLKPBSZGET`: physical block (sector) size in bytes.
+pub(crate) fn blk_physical_block_size(file: &File) -> io::Result<u32> {
+    let mut size: libc::c_uint = 0;
+    // SAFETY: BLKPBSZGET writes one unsigned int through the pointer, which
+    // points to a live, writable, aligned c_uint. The descriptor is owned by
+    // `file`.
+    let ret = unsafe { libc::ioctl(file.as_raw_fd(), BLKPBSZGET, &mut size as *mut libc::c_uint) };
+    cvt(ret)?;
+    Some(size)
+        .filter(|s| s.is_power_of_two() && *s >= 512)
+        .ok_or_else(|| io::Error::other(format!("bogus physical block size {size}")))
+}
+
+/// An ioctl that writes one unsigned int (`BLKIOMIN`, `BLKIOOPT`).
+fn blk_get_uint(file: &File, req: libc::Ioctl) -> io::Result<u32> {
+    let mut v: libc::c_uint = 0;
+    // SAFETY: BLKIOMIN and BLKIOOPT write one unsigned int through the
+    // pointer, which points to a live, writable, aligned c_uint. The
+    // descriptor is owned by `file`.
+    let ret = unsafe { libc::ioctl(file.as_raw_fd(), req, &mut v as *mut libc::c_uint) };
+    cvt(ret)?;
+    Ok(v)
+}
+
+/// `BLKIOMIN`: minimum I/O size in bytes.
+pub(crate) fn blk_io_min(file: &File) -> io::Result<u32> {
+    blk_get_uint(file, BLKIOMIN)
+}
+
+/// `BLKIOOPT`: optimal I/O size in bytes (0: none).
+pub(crate) fn blk_io_opt(file: &File) -> io::Result<u32> {
+    blk_get_uint(file, BLKIOOPT)
+}
+
+/// `BLKALIGNOFF`: alignment offset in bytes (-1: misaligned).
+pub(crate) fn blk_alignment_offset(file: &File) -> io::Result<i64> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: BLKALIGNOFF writes one C int through the pointer, which
+    // points to a live, writable, aligned c_int. The descriptor is owned
+    // by `file`.
+    let ret = unsafe { libc::ioctl(file.as_raw_fd(), BLKALIGNOFF, &mut v as *mut libc::c_int) };
+    cvt(ret)?;
+    Ok(i64::from(v))
 }
 
 /// `BLKDISCARDZEROES`: does the kernel promise zeros after discard?
@@ -203,6 +252,10 @@ mod tests {
         assert_eq!(BLKGETSIZE64, 0x8008_1272);
         assert_eq!(BLKDISCARD, 0x1277);
         assert_eq!(BLKDISCARDZEROES, 0x127c);
+        assert_eq!(BLKPBSZGET, 0x127b);
+        assert_eq!(BLKIOMIN, 0x1278);
+        assert_eq!(BLKIOOPT, 0x1279);
+        assert_eq!(BLKALIGNOFF, 0x127a);
         assert_eq!(BLKZEROOUT, 0x127f);
     }
 }

@@ -498,10 +498,15 @@ pub struct LoopDev {
 impl LoopDev {
     /// `losetup -f --show IMG`.
     pub fn attach(img: &Path) -> Result<LoopDev, String> {
+        Self::attach_with(img, &[])
+    }
+
+    /// `losetup -f --show OPTS... IMG` (e.g. `--sector-size 4096`).
+    pub fn attach_with(img: &Path, opts: &[&str]) -> Result<LoopDev, String> {
         if !have("losetup") {
             return Err("losetup not found".into());
         }
-        let out = run_ok(tool("losetup").arg("-f").arg("--show").arg(img))?;
+        let out = run_ok(tool("losetup").arg("-f").arg("--show").args(opts).arg(img))?;
         let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
         if !dev.starts_with("/dev/") {
             return Err(format!("losetup printed {dev:?}"));

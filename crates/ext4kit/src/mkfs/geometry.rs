@@ -824,6 +824,17 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         l.free_blocks += free;
         l.groups.push(gp);
     }
+    // figure_journal_size runs on the freshly initialized filesystem: a
+    // requested journal may take at most half of its free blocks.
+    if let Some(jb) = p.journal_blocks
+        && l.features.compat.contains(Compat::HAS_JOURNAL)
+        && u64::from(jb) > l.free_blocks / 2
+    {
+        return Err(GeometryError::TooSmall(format!(
+            "total journal size too big for filesystem ({jb} blocks requested, {} free)",
+            l.free_blocks
+        )));
+    }
     let mut pl = Planner {
         l,
         stride: p.stride,
@@ -878,6 +889,7 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
             + u64::from(itb);
         let dind = pl.alloc_block(goal, "resize inode")?;
         pl.l.resize_dind = Some(dind);
+        note_file_size(&mut pl.l, resize_inode_size(bs));
     }
     // Journal.
     match journal_blocks {
@@ -898,6 +910,7 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
             };
             pl.l.journal = Some(fm);
             pl.l.journal_blocks = jb;
+            note_file_size(&mut pl.l, u64::from(jb) * u64::from(bs));
         }
         None => {
             pl.l.features.compat.remove(Compat::HAS_JOURNAL);
@@ -931,8 +944,27 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
             ));
         }
         pl.l.orphan = Some((ino, fm));
+        note_file_size(&mut pl.l, u64::from(n) * u64::from(bs));
     }
     Ok(pl.l)
+}
+
+/// `i_size` of the resize inode: the largest file its double-indirect
+/// map can describe, as `ext2fs_create_resize_inode` sets it.
+pub fn resize_inode_size(block_size: u32) -> u64 {
+    let bs = u64::from(block_size);
+    let apb = bs / 4;
+    (apb * apb + apb + 12) * bs
+}
+
+/// A regular file of `size` bytes is being created: like
+/// `ext2fs_inode_size_set`, turn on `large_file` once a file reaches
+/// 2 GiB (the resize inode of a 4 KiB-block filesystem, a journal of
+/// 2 GiB or more), whatever the options asked for.
+fn note_file_size(l: &mut Layout, size: u64) {
+    if size >= 0x8000_0000 {
+        l.features.ro_compat.insert(RoCompat::LARGE_FILE);
+    }
 }
 
 /// A block-mapped file allocated the way libext2fs's `ext2fs_bmap2`
@@ -1262,6 +1294,40 @@ mod plan_tests {
             itable_zeroed: true,
             lazy_itable_init: true,
         }
+    }
+
+    /// figure_journal_size: a requested journal larger than half the free
+    /// blocks of the initialized filesystem is refused, as mke2fs does.
+    #[test]
+    fn requested_journal_at_most_half_the_free_blocks() {
+        let f = ext4_features(true, true, true, true, true);
+        let mut p = params(8 << 20, 1024, 4096, f);
+        p.journal_blocks = Some(4096);
+        let e = plan(&p).unwrap_err().to_string();
+        assert!(e.contains("journal size too big"), "{e}");
+        p.journal_blocks = Some(3000);
+        assert_eq!(plan(&p).expect("plan").journal_blocks, 3000);
+    }
+
+    /// `large_file` appears when a file reaches 2 GiB, as
+    /// `ext2fs_inode_size_set` turns it on: the resize inode with 4 KiB
+    /// blocks (4 GiB + ...), a journal of 2 GiB; not with smaller ones.
+    #[test]
+    fn large_file_follows_file_sizes() {
+        let mut f = ext4_features(false, true, true, true, false);
+        f.ro_compat.remove(RoCompat::LARGE_FILE);
+        let has = |l: &Layout| l.features.ro_compat.contains(RoCompat::LARGE_FILE);
+        assert_eq!(resize_inode_size(4096), 4_299_210_752);
+        assert!(has(&plan(&params(1 << 30, 4096, 16384, f)).expect("plan")));
+        assert!(!has(&plan(&params(1 << 30, 2048, 16384, f)).expect("plan")));
+        f.compat.remove(Compat::RESIZE_INODE);
+        assert!(!has(&plan(&params(1 << 30, 4096, 16384, f)).expect("plan")));
+        f.compat.insert(Compat::HAS_JOURNAL);
+        let mut p = params(10 << 30, 4096, 16384, f);
+        p.journal_blocks = Some(524_287);
+        assert!(!has(&plan(&p).expect("plan")));
+        p.journal_blocks = Some(524_288);
+        assert!(has(&plan(&p).expect("plan")));
     }
 
     /// Values read off `mke2fs -t ext4` (Debian config) on a 1 GiB file.

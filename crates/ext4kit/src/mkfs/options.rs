@@ -7,23 +7,32 @@ use ext4kit_format::features::{Compat, Incompat, RoCompat, Word};
 
 use super::geometry::FsParams;
 use super::writer::SuperSettings;
-use crate::profile::Profile;
+use crate::profile::{FsTypeQuery, Profile, for_hurd};
 
 /// Options as the user gave them (mke2fs spelling).
 #[derive(Clone, Debug, Default)]
 pub struct MkfsOptions {
     pub fs_type: Option<String>,
     pub usage_types: Option<String>,
-    /// `-b`: positive = exact, negative = minimum.
+    /// `-b`: positive = exact, negative = minimum (the last `-b`).
     pub block_size: Option<i64>,
+    /// The `-b` values before the last one, in order: mke2fs checks each,
+    /// and a positive one sets the unit in which sizes are read, which a
+    /// later negative `-b` does not reset.
+    pub earlier_block_sizes: Vec<i64>,
+    /// `-N`; `Some(0)` means the default, as in mke2fs.
     pub num_inodes: Option<u64>,
     pub inode_ratio: Option<u64>,
     pub inode_size: Option<u32>,
     pub reserved_ratio: Option<f64>,
     pub label: Option<String>,
     pub uuid: Option<String>,
+    /// `-O`, every occurrence (mke2fs joins them with `,`).
     pub features: Vec<String>,
+    /// `-E`: mke2fs keeps only the **last** `-E`, so only the last element
+    /// is used (after the profile's `options`).
     pub extended: Vec<String>,
+    /// `-J`, every occurrence, parsed in order (later keys win).
     pub journal: Vec<String>,
     /// `-j`
     pub add_journal: bool,
@@ -34,6 +43,8 @@ pub struct MkfsOptions {
     pub errors: Option<String>,
     /// FS-SIZE argument.
     pub fs_size: Option<String>,
+    /// `-F` given: a type mke2fs.conf does not define is only a warning.
+    pub force: bool,
 }
 
 /// What the options resolve to.
@@ -58,39 +69,135 @@ fn err<T>(s: impl Into<String>) -> Result<T, OptionError> {
     Err(OptionError(s.into()))
 }
 
-/// `parse_num_blocks2`: a number with an optional K/M/G/T/s suffix, in
-/// blocks of `1024 << log_block_size`.
-pub fn parse_num_blocks(arg: &str, log_block_size: u32) -> Option<u64> {
-    let arg = arg.trim();
-    let split = arg
-        .find(|c: char| !(c.is_ascii_hexdigit() || c == 'x' || c == 'X'))
-        .unwrap_or(arg.len());
-    // Hex digits include 'b'..'f'; only accept hex with a 0x prefix.
-    let (digits, suffix) = if arg.starts_with("0x") || arg.starts_with("0X") {
-        arg.split_at(split)
-    } else {
-        let s = arg.find(|c: char| !c.is_ascii_digit()).unwrap_or(arg.len());
-        arg.split_at(s)
-    };
-    let num: u64 = if let Some(h) = digits
-        .strip_prefix("0x")
-        .or_else(|| digits.strip_prefix("0X"))
+/// `strtoull(s, &end, 0)`, as glibc parses: blanks, an optional sign,
+/// `0x` hex, leading-`0` octal or decimal. Returns whether a `-` was
+/// given, the magnitude (`None` on overflow, where strtoull saturates)
+/// and the unparsed rest (all of `s` when there are no digits).
+fn strtoull0(s: &str) -> (bool, Option<u64>, &str) {
+    let b = s.as_bytes();
+    let mut i = b.iter().take_while(|&&c| is_c_space(char::from(c))).count();
+    let mut neg = false;
+    if let Some(&c) = b.get(i)
+        && (c == b'+' || c == b'-')
     {
-        u64::from_str_radix(h, 16).ok()?
+        neg = c == b'-';
+        i += 1;
+    }
+    let radix = if b.get(i) == Some(&b'0')
+        && matches!(b.get(i + 1), Some(b'x' | b'X'))
+        && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit)
+    {
+        i += 2;
+        16
+    } else if b.get(i) == Some(&b'0') {
+        8
     } else {
-        digits.parse().ok()?
+        10
     };
-    let shift = |n: u64, s: u32| n.checked_shl(s).filter(|v| v >> s == n);
+    let start = i;
+    let mut v: Option<u64> = Some(0);
+    while let Some(d) = b.get(i).and_then(|&c| char::from(c).to_digit(radix)) {
+        v = v
+            .and_then(|v| v.checked_mul(u64::from(radix)))
+            .and_then(|v| v.checked_add(u64::from(d)));
+        i += 1;
+    }
+    if i == start {
+        return (false, Some(0), s);
+    }
+    (neg, v, &s[i..])
+}
+
+/// e2p's `parse_num_blocks2` on the magnitude: a number with at most one
+/// suffix character, K/M/G/T (binary) or `s` (512-byte sectors), in
+/// blocks of `1024 << log_block_size`, or in bytes when `log_block_size`
+/// is `None` (mke2fs's -1, for `-b` and `-i`). `None` where e2p returns 0
+/// for garbage, and also on overflow, where e2p silently wraps.
+fn num_blocks_magnitude(arg: &str, log_block_size: Option<u32>) -> Option<(bool, u64)> {
+    let (neg, num, rest) = strtoull0(arg);
+    let num = num?;
+    let mut chars = rest.chars();
+    let suffix = chars.next();
+    if chars.next().is_some() {
+        return None;
+    }
+    let shl = |n: u64, s: u32| n.checked_shl(s).filter(|v| v >> s == n);
+    let k = |n: u64| match log_block_size {
+        None => shl(n, 10),
+        Some(l) => Some(n >> l),
+    };
     let v = match suffix {
-        "" => num,
-        "T" | "t" => shift(num, 40)? >> (10 + log_block_size),
-        "G" | "g" => shift(num, 30)? >> (10 + log_block_size),
-        "M" | "m" => shift(num, 20)? >> (10 + log_block_size),
-        "K" | "k" => num >> log_block_size,
-        "s" => num >> (1 + log_block_size),
-        _ => return None,
+        None => num,
+        Some('T' | 't') => k(shl(num, 30)?)?,
+        Some('G' | 'g') => k(shl(num, 20)?)?,
+        Some('M' | 'm') => k(shl(num, 10)?)?,
+        Some('K' | 'k') => k(num)?,
+        Some('s') => match log_block_size {
+            None => shl(num, 9)?,
+            Some(l) => num >> (1 + l),
+        },
+        Some(_) => return None,
     };
-    Some(v)
+    Some((neg, v))
+}
+
+/// `parse_num_blocks2`: a number with an optional K/M/G/T/s suffix, in
+/// blocks of `1024 << log_block_size` (the FS-SIZE argument,
+/// `orphan_file_size=`). `None` for garbage, 0 and overflow (a negative
+/// number wraps, as with strtoull).
+pub fn parse_num_blocks(arg: &str, log_block_size: u32) -> Option<u64> {
+    let (neg, v) = num_blocks_magnitude(arg, Some(log_block_size))?;
+    let v = if neg { v.wrapping_neg() } else { v };
+    (v != 0).then_some(v)
+}
+
+/// `-b`: `parse_num_blocks2(arg, -1)`, in bytes with an optional suffix
+/// (`4k`); negative means "at least". The range (1024..=65536 in
+/// magnitude, a power of two) is checked by [`resolve`].
+pub fn parse_block_size_arg(arg: &str) -> Result<i64, String> {
+    let (neg, v) =
+        num_blocks_magnitude(arg, None).ok_or_else(|| format!("invalid block size - {arg}"))?;
+    let v = v.min(i64::MAX as u64) as i64;
+    Ok(if neg { -v } else { v })
+}
+
+/// `-i`: `parse_num_blocks(arg, -1)`, bytes per inode with an optional
+/// suffix (`64k`); mke2fs checks the range (1024..=64 MiB) in `resolve`.
+pub fn parse_inode_ratio_arg(arg: &str) -> Result<u64, String> {
+    match num_blocks_magnitude(arg, None) {
+        Some((neg, v)) => Ok(if neg { v.wrapping_neg() } else { v }),
+        None => Err(format!(
+            "invalid inode ratio {arg} (min 1024/max {})",
+            65536 * 1024
+        )),
+    }
+}
+
+/// `strtoul(arg, &end, 0)` that must use the whole argument (`-N`, `-g`,
+/// `-G`, `-I`): decimal, `0x` hex or leading-`0` octal; a `-` negates
+/// modulo 2^64 and an overflow saturates, as glibc does.
+pub fn parse_c_ulong(arg: &str) -> Result<u64, String> {
+    let (neg, v, rest) = strtoull0(arg);
+    if !rest.is_empty() || arg.is_empty() {
+        return Err(format!("'{arg}' is not a number"));
+    }
+    Ok(match (neg, v) {
+        (_, None) => u64::MAX,
+        (true, Some(v)) => v.wrapping_neg(),
+        (false, Some(v)) => v,
+    })
+}
+
+/// [`parse_c_ulong`] stored in a C `unsigned int`/`int` (`-g`, `-I`):
+/// the low 32 bits, as mke2fs's assignment keeps.
+pub fn parse_c_uint(arg: &str) -> Result<u32, String> {
+    parse_c_ulong(arg).map(|v| v as u32)
+}
+
+/// `-G`: [`parse_c_ulong`]; mke2fs refuses sizes above 2^32 - 1.
+pub fn parse_flex_bg_size_arg(arg: &str) -> Result<u32, String> {
+    let v = parse_c_ulong(arg)?;
+    u32::try_from(v).map_err(|_| format!("flex_bg size ({v}) must be less than or equal to 2^31"))
 }
 
 /// Parse a UUID in the usual 8-4-4-4-12 form.
@@ -167,6 +274,150 @@ pub fn edit_features(f: &mut Features, s: &str) -> Result<(), OptionError> {
     Ok(())
 }
 
+/// Default mount options (`s_default_mount_opts` bits), as e2p names them.
+const MNTOPTS: &[(&str, u32)] = &[
+    ("debug", 0x1),
+    ("bsdgroups", 0x2),
+    ("user_xattr", 0x4),
+    ("acl", 0x8),
+    ("uid16", 0x10),
+    ("journal_data", 0x20),
+    ("journal_data_ordered", 0x40),
+    ("journal_data_writeback", 0x60),
+    ("nobarrier", 0x100),
+    ("block_validity", 0x200),
+    ("discard", 0x400),
+    ("nodelalloc", 0x800),
+];
+/// The journalling-mode field of the default mount options.
+const DEFM_JMODE: u32 = 0x60;
+
+/// `e2p_string2mntopt`: a name (case-insensitive) or `MNTOPT_<n>`.
+fn mntopt_mask(name: &str) -> Option<u32> {
+    if let Some(&(_, m)) = MNTOPTS.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
+        return Some(m);
+    }
+    let b = name.as_bytes();
+    if b.len() < 7 || !b[..7].eq_ignore_ascii_case(b"MNTOPT_") || b.len() < 9 {
+        return None;
+    }
+    // e2p hands `strtol` the string from its 9th byte on (a quirk kept for
+    // parity): "MNTOPT_12" is bit 2 and "MNTOPT_5" is refused.
+    let rest = std::str::from_utf8(&b[8..]).ok()?;
+    let t = rest.trim_start_matches(is_c_space);
+    let (neg, digits) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let n = digits.bytes().fold(0u64, |n, c| {
+        n.saturating_mul(10).saturating_add(u64::from(c - b'0'))
+    });
+    match (neg, n) {
+        (false, 0..=31) => Some(1 << n),
+        (true, 0) => Some(1),
+        _ => None,
+    }
+}
+
+fn is_c_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c')
+}
+
+/// `e2p_edit_mntopts` (every option allowed): apply "opt,^opt,+opt,-opt"
+/// to `opts`, with e2p's tokenizer: blanks before a word are skipped, a
+/// word ends at a blank or a comma, and the character ending it is
+/// consumed, so an empty word (",,", ", ", a leading comma) is an error.
+/// `Err` carries the first word that is not a known option; `opts` may
+/// then be partly edited, as in e2p.
+pub fn edit_mntopts(opts: &mut u32, s: &str) -> Result<(), String> {
+    let b = s.as_bytes();
+    let space = |c: u8| is_c_space(char::from(c));
+    let mut i = 0;
+    while i < b.len() {
+        while i < b.len() && space(b[i]) {
+            i += 1;
+        }
+        let start = i;
+        while i < b.len() && !space(b[i]) && b[i] != b',' {
+            i += 1;
+        }
+        let tok = &s[start..i];
+        let (neg, name) = match tok.as_bytes().first() {
+            Some(b'-' | b'^') => (true, &tok[1..]),
+            Some(b'+') => (false, &tok[1..]),
+            _ => (false, tok),
+        };
+        let Some(mask) = mntopt_mask(name) else {
+            return Err(tok.to_owned());
+        };
+        if mask & DEFM_JMODE != 0 {
+            *opts &= !DEFM_JMODE;
+        }
+        if neg {
+            *opts &= !mask;
+        } else {
+            *opts |= mask;
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
+/// A time-based (version 1) UUID, as `uuid_generate_time` makes for
+/// `-U time`: the current time, a random clock sequence and a random node
+/// id with the multicast bit set (libuuid's choice when it has no MAC
+/// address; it never exposes one here).
+fn time_uuid() -> [u8; 16] {
+    let r = *uuid::Uuid::new_v4().as_bytes();
+    let mut node = [0u8; 6];
+    node.copy_from_slice(&r[..6]);
+    node[0] |= 0x01;
+    let ts = uuid::Timestamp::now(uuid::timestamp::context::ContextV1::new(
+        u16::from_le_bytes([r[6], r[7]]),
+    ));
+    *uuid::Uuid::new_v1(ts, &node).as_bytes()
+}
+
+/// `atoi()`: optional blanks and sign, then digits; anything else ends the
+/// number (no digits: 0). Saturates instead of overflowing.
+fn atoi(s: &str) -> i64 {
+    let t = s.trim_start_matches([' ', '\t', '\n', '\r', '\x0b', '\x0c']);
+    let (neg, t) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    let mut n: i64 = 0;
+    for b in t.bytes().take_while(u8::is_ascii_digit) {
+        n = n.saturating_mul(10).saturating_add(i64::from(b - b'0'));
+    }
+    if neg { -n } else { n }
+}
+
+/// The sector sizes mke2fs uses: the device's (`logical`, `physical`; 0 =
+/// unknown, as for regular files), overridden by `MKE2FS_DEVICE_SECTSIZE`
+/// and `MKE2FS_DEVICE_PHYS_SECTSIZE` (read with `atoi`, as mke2fs does;
+/// `var` looks a variable up). A negative value acts like 0 in every
+/// comparison mke2fs makes, so it is returned as 0.
+pub fn sector_sizes(
+    logical: u32,
+    physical: u32,
+    var: impl Fn(&str) -> Option<String>,
+) -> (u32, u32) {
+    let get = |name: &str, dflt: u32| match var(name) {
+        Some(v) => atoi(&v).clamp(0, i64::from(i32::MAX)) as u32,
+        None => dflt,
+    };
+    (
+        get("MKE2FS_DEVICE_SECTSIZE", logical),
+        get("MKE2FS_DEVICE_PHYS_SECTSIZE", physical),
+    )
+}
+
 fn parse_bool_val(key: &str, v: Option<&str>) -> Result<bool, OptionError> {
     match v {
         None => Ok(true),
@@ -185,7 +436,16 @@ pub struct Env {
     /// The target is a regular file (it may grow to the requested size, as
     /// with mke2fs); block devices may not be exceeded.
     pub is_regular_file: bool,
+    /// Logical sector size (`BLKSSZGET`; 0 when unknown, e.g. a regular
+    /// file), after `MKE2FS_DEVICE_SECTSIZE` (see [`sector_sizes`]).
     pub logical_sector_size: u32,
+    /// Physical sector size (`BLKPBSZGET`; 0 when unknown), after
+    /// `MKE2FS_DEVICE_PHYS_SECTSIZE`. mke2fs uses the logical size when
+    /// this is 0.
+    pub physical_sector_size: u32,
+    /// The block device's I/O hints (`None` for regular files, as mke2fs
+    /// asks libblkid for none there).
+    pub io_hints: Option<ext4kit_device::IoHints>,
     /// Seconds since the epoch to stamp (E2FSPROGS_FAKE_TIME etc.).
     pub now: u32,
     pub page_size: u32,
@@ -203,16 +463,24 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let mut blocksize: i64 = 0;
     if let Some(b) = opts.block_size {
         let a = b.unsigned_abs();
+        // mke2fs takes a size that is not a power of two (as the power of
+        // two below it, with quirks); ext4kit refuses it.
         if !(1024..=65536).contains(&a) || !a.is_power_of_two() {
             return err(format!("invalid block size - {b}"));
         }
         blocksize = b;
     }
-    let log_bs_hint = if blocksize > 0 {
-        (blocksize as u64 / 1024).trailing_zeros()
-    } else {
-        0
-    };
+    for &b in &opts.earlier_block_sizes {
+        if !(1024..=65536).contains(&b.unsigned_abs()) {
+            return err(format!("invalid block size - {b}"));
+        }
+    }
+    // EXT2_BLOCK_SIZE(&fs_param) until the block size is final: the last
+    // positive -b (int_log2 of its KiB), else 1 KiB.
+    let log_bs_hint = std::iter::once(blocksize)
+        .chain(opts.earlier_block_sizes.iter().rev().copied())
+        .find(|&b| b > 0)
+        .map_or(0, |b| (b as u64 / 1024).ilog2());
     let unit = 1024u64 << log_bs_hint;
     // Size.
     let explicit = match &opts.fs_size {
@@ -245,14 +513,22 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             sz
         ));
     }
+    let creator_os_name = opts.creator_os.clone().or_else(|| {
+        profile
+            .get_value(&["defaults", "creator_os"])
+            .map(str::to_owned)
+    });
     let types = profile
-        .fs_types(
-            opts.fs_type.as_deref(),
-            opts.usage_types.as_deref(),
+        .fs_types_with(&FsTypeQuery {
+            fs_type: opts.fs_type.as_deref(),
+            usage_types: opts.usage_types.as_deref(),
             fs_blocks_count,
-            if blocksize > 0 { blocksize as u32 } else { 0 },
-        )
-        .map_err(|e| OptionError(e.to_string()))?;
+            block_size: 1024 << log_bs_hint,
+            is_hurd: for_hurd(creator_os_name.as_deref()),
+            journal: opts.add_journal || !opts.journal.is_empty(),
+            force: opts.force,
+        })
+        .map_err(|e| OptionError(e.to_string().replace('\n', " ")))?;
     warnings.extend(types.warnings.iter().cloned());
     let fs_types = types.types.clone();
     // Features.
@@ -276,25 +552,41 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     if default_seed && !f.ro_compat.contains(RoCompat::METADATA_CSUM) {
         f.incompat.remove(Incompat::CSUM_SEED);
     }
-    // Block size.
+    // Block size. A sector size of 0 is unknown (regular files).
+    let lsector = env.logical_sector_size;
+    let psector = if env.physical_sector_size == 0 {
+        lsector
+    } else {
+        env.physical_sector_size
+    };
     if blocksize <= 0 {
         let mut use_bsize = profile.get_int(&fs_types, "blocksize", 4096);
         if use_bsize == -1 {
             use_bsize = i64::from(env.page_size);
         }
-        if use_bsize < i64::from(env.logical_sector_size) {
-            use_bsize = i64::from(env.logical_sector_size);
+        if lsector != 0 && use_bsize < i64::from(lsector) {
+            use_bsize = i64::from(lsector);
         }
         if blocksize < 0 && use_bsize < -blocksize {
             use_bsize = -blocksize;
         }
         if !(1024..=65536).contains(&use_bsize) || (use_bsize as u64).count_ones() != 1 {
-            return err(format!("invalid block size {use_bsize} from mke2fs.conf"));
+            return err(if lsector != 0 && use_bsize == i64::from(lsector) {
+                format!("invalid block size {use_bsize} (the device's sector size)")
+            } else {
+                format!("invalid block size {use_bsize} from mke2fs.conf")
+            });
         }
         blocksize = use_bsize;
         fs_blocks_count /= blocksize as u64 / 1024;
-    } else if (blocksize as u32) < env.logical_sector_size {
-        return err("block size too small for device");
+    } else if (blocksize as u32) < lsector {
+        return err(format!(
+            "block size {blocksize} too small for device (logical sector size {lsector})"
+        ));
+    } else if (blocksize as u32) < psector && psector <= env.page_size {
+        warnings.push(format!(
+            "specified blocksize {blocksize} is less than device physical sectorsize {psector}"
+        ));
     }
     let bs = blocksize as u32;
     if bs > env.page_size {
@@ -355,15 +647,43 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let mut lazy_journal_init = profile.get_bool(&fs_types, "lazy_journal_init", false);
     let mut packed_meta_blocks = profile.get_bool(&fs_types, "packed_meta_blocks", false);
     let mut assume_prezeroed = false;
-    let mut stride = 0u32;
-    let mut stripe_width = 0u32;
+    // mke2fs's get_device_geometry (block devices only): the topology's
+    // minimum and optimal I/O sizes, falling back on the physical sector
+    // size, become stride and stripe width when larger than a block.
+    let (mut stride, mut stripe_width) = (0u32, 0u32);
+    if let Some(h) = env.io_hints {
+        let mut min_io = h.min_io;
+        let mut opt_io = h.opt_io;
+        if min_io == 0 && psector > bs {
+            min_io = psector;
+        }
+        if opt_io == 0 && min_io > 0 {
+            opt_io = min_io;
+        }
+        if opt_io == 0 && psector > bs {
+            opt_io = psector;
+        }
+        if min_io > bs {
+            stride = min_io / bs;
+        }
+        if opt_io > bs {
+            stripe_width = opt_io / bs;
+        }
+        if h.alignment_offset != 0 {
+            warnings.push(format!(
+                "the device's alignment is offset by {} bytes; this may result in very poor performance, (re)-partitioning suggested",
+                h.alignment_offset as u64
+            ));
+        }
+    }
     let mut hash_seed: Option<[u8; 16]> = None;
     let mut root_uid = 0u32;
     let mut root_gid = 0u32;
     let mut resize: Option<u64> = None;
     let mut orphan_file_blocks: Option<u32> = None;
     let mut ext_list: Vec<String> = profile.options_list(&fs_types);
-    ext_list.extend(opts.extended.iter().cloned());
+    // mke2fs keeps only the last -E.
+    ext_list.extend(opts.extended.last().cloned());
     for ext in &ext_list {
         for tok in ext.split(',').filter(|t| !t.is_empty()) {
             let (k, v) = match tok.split_once('=') {
@@ -506,23 +826,29 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             return err("blocks per group must be multiple of 8");
         }
     }
+    // -I 0 (or none) falls back to mke2fs.conf's inode_size, and 0 there
+    // leaves libext2fs's default of 128.
     let inode_size = match opts.inode_size {
-        Some(i) => i as i64,
-        None => profile.get_int(&fs_types, "inode_size", 0),
+        Some(i) if i != 0 => i64::from(i),
+        _ => profile.get_int(&fs_types, "inode_size", 0),
     };
-    let inode_size: u32 = if inode_size == 0 {
-        256
-    } else {
-        inode_size as u32
-    };
-    if !(128..=bs).contains(&inode_size) || !inode_size.is_power_of_two() {
+    if inode_size != 0
+        && (!(128..=i64::from(bs)).contains(&inode_size) || (inode_size as u32).count_ones() != 1)
+    {
         return err(format!(
             "invalid inode size {inode_size} (min 128/max {bs})"
         ));
     }
+    // mke2fs warns only about an inode size of 128 that was asked for (by
+    // -I or mke2fs.conf); with none at all, libext2fs silently uses 128.
     if inode_size == 128 && profile.get_bool(&fs_types, "warn_y2038_dates", true) {
         warnings.push("128-byte inodes cannot handle dates beyond 2038 and are deprecated".into());
     }
+    let inode_size: u32 = if inode_size == 0 {
+        128
+    } else {
+        inode_size as u32
+    };
     let mut log_flex = 0u8;
     if let Some(g) = opts.flex_bg_size {
         if !f.incompat.contains(Incompat::FLEX_BG) {
@@ -544,7 +870,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         }
     }
     // Inode count.
-    let inodes = match opts.num_inodes {
+    let inodes = match opts.num_inodes.filter(|&n| n != 0) {
         Some(n) => {
             if n > MAX_32 {
                 return err(format!("too many inodes ({n}), specify < 2^32 inodes"));
@@ -607,9 +933,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let uuid = match opts.uuid.as_deref() {
         None => *uuid::Uuid::new_v4().as_bytes(),
         Some(s) if s.eq_ignore_ascii_case("null") || s.eq_ignore_ascii_case("clear") => [0; 16],
-        Some(s) if s.eq_ignore_ascii_case("random") || s.eq_ignore_ascii_case("time") => {
-            *uuid::Uuid::new_v4().as_bytes()
-        }
+        Some(s) if s.eq_ignore_ascii_case("random") => *uuid::Uuid::new_v4().as_bytes(),
+        Some(s) if s.eq_ignore_ascii_case("time") => time_uuid(),
         Some(s) => {
             parse_uuid(s).ok_or_else(|| OptionError(format!("could not parse UUID: {s}")))?
         }
@@ -626,23 +951,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     };
     let mntopts = profile.default_mntopts(&fs_types);
     let mut default_mount_opts = 0u32;
-    for o in mntopts.split([',', ' ']).filter(|s| !s.is_empty()) {
-        default_mount_opts |= match o {
-            "debug" => 0x1,
-            "bsdgroups" => 0x2,
-            "user_xattr" => 0x4,
-            "acl" => 0x8,
-            "uid16" => 0x10,
-            "journal_data" => 0x20,
-            "journal_data_ordered" => 0x40,
-            "journal_data_writeback" => 0x60,
-            "nobarrier" => 0x100,
-            "block_validity" => 0x200,
-            "discard" => 0x400,
-            "nodelalloc" => 0x800,
-            _ => return err(format!("invalid mount option set: {o}")),
-        };
-    }
+    edit_mntopts(&mut default_mount_opts, &mntopts)
+        .map_err(|_| OptionError(format!("invalid mount option set: {mntopts}")))?;
     let mut label = [0u8; 16];
     if let Some(l) = &opts.label {
         if l.len() > 16 {
@@ -660,9 +970,17 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         let n = m.len().min(64);
         last_mounted[..n].copy_from_slice(&m.as_bytes()[..n]);
     }
-    let creator_os = match opts.creator_os.as_deref().map(|s| s.to_ascii_lowercase()) {
+    // mke2fs's set_os(): -o, else [defaults] creator_os; a number is taken
+    // as it is (atoi), names case-insensitively.
+    let creator_os = match creator_os_name.as_deref() {
         None => 0,
-        Some(s) => match s.as_str() {
+        Some(s) if s.as_bytes().first().is_some_and(u8::is_ascii_digit) => {
+            match atoi(s).clamp(0, i64::from(i32::MAX)) as u32 {
+                1 => return err("creator OS hurd is not supported by ext4kit"),
+                n => n,
+            }
+        }
+        Some(s) => match s.to_ascii_lowercase().as_str() {
             "linux" => 0,
             "hurd" | "gnu" => return err("creator OS hurd is not supported by ext4kit"),
             "freebsd" => 3,
@@ -670,14 +988,17 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             _ => return err(format!("unknown os - {s}")),
         },
     };
+    // set_error_behavior(): the profile's value is checked even when -e
+    // overrides it.
+    let profile_errors = match profile.get_string(&fs_types, "errors").as_deref() {
+        None => 1,
+        Some("continue") => 1,
+        Some("remount-ro") => 2,
+        Some("panic") => 3,
+        Some(o) => return err(format!("invalid errors behavior in mke2fs.conf: {o}")),
+    };
     let errors = match opts.errors.as_deref() {
-        None => match profile.get_string(&fs_types, "errors").as_deref() {
-            None => 1,
-            Some("continue") => 1,
-            Some("remount-ro") => 2,
-            Some("panic") => 3,
-            Some(o) => return err(format!("invalid errors behavior in mke2fs.conf: {o}")),
-        },
+        None => profile_errors,
         Some("continue") => 1,
         Some("remount-ro") => 2,
         Some("panic") => 3,
@@ -749,6 +1070,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn c_number_parsing_like_mke2fs() {
+        assert_eq!(parse_num_blocks("0100", 0), Some(64), "octal, as strtoull");
+        assert_eq!(parse_num_blocks("0x10", 0), Some(16));
+        assert_eq!(parse_num_blocks(" 100", 0), Some(100));
+        assert_eq!(parse_num_blocks("100 ", 0), None);
+        assert_eq!(parse_num_blocks("1Kb", 0), None);
+        assert_eq!(parse_num_blocks("4k", 2), Some(1));
+        assert_eq!(parse_num_blocks("99999999999T", 0), None, "overflow");
+        assert_eq!(parse_block_size_arg("4k"), Ok(4096));
+        assert_eq!(parse_block_size_arg("-2048"), Ok(-2048));
+        assert_eq!(parse_block_size_arg("-1k"), Ok(-1024));
+        assert_eq!(parse_block_size_arg("64K"), Ok(65536));
+        assert_eq!(parse_block_size_arg("512"), Ok(512), "range: resolve");
+        assert!(parse_block_size_arg("4kk").is_err());
+        assert!(parse_block_size_arg("x").is_err());
+        assert_eq!(parse_inode_ratio_arg("64k"), Ok(65536));
+        assert_eq!(parse_c_ulong("0x100"), Ok(256));
+        assert_eq!(parse_c_ulong("010"), Ok(8));
+        assert_eq!(parse_c_ulong("-1"), Ok(u64::MAX));
+        assert_eq!(parse_c_ulong("99999999999999999999999"), Ok(u64::MAX));
+        assert!(parse_c_ulong("10k").is_err());
+        assert!(parse_c_ulong("").is_err());
+        assert!(parse_c_ulong("08").is_err());
+        assert_eq!(parse_c_uint("0x100000010"), Ok(16));
+        assert!(parse_flex_bg_size_arg("0x100000000").is_err());
+    }
+
+    #[test]
     fn num_blocks_suffixes() {
         assert_eq!(parse_num_blocks("1G", 0), Some(1 << 20));
         assert_eq!(parse_num_blocks("1G", 2), Some(1 << 18));
@@ -762,5 +1111,325 @@ mod tests {
     fn uuid_parsing() {
         assert!(parse_uuid("0b7e3c52-8f1d-4a6e-9c2b-5d4f3e2a1b09").is_some());
         assert!(parse_uuid("not-a-uuid").is_none());
+    }
+
+    fn env(size: u64) -> Env {
+        Env {
+            device_size: Some(size),
+            is_regular_file: true,
+            logical_sector_size: 0,
+            physical_sector_size: 0,
+            io_hints: None,
+            now: 1_700_000_000,
+            page_size: 4096,
+            uid: 0,
+            gid: 0,
+            kernel_lazy_itable_init: true,
+        }
+    }
+
+    fn opts(fs_type: &str) -> MkfsOptions {
+        MkfsOptions {
+            fs_type: Some(fs_type.into()),
+            ..MkfsOptions::default()
+        }
+    }
+
+    #[test]
+    fn mntopts_edit_like_e2p() {
+        let edit = |start: u32, s: &str| {
+            let mut v = start;
+            edit_mntopts(&mut v, s).map(|()| v)
+        };
+        assert_eq!(edit(0, "acl,user_xattr"), Ok(0xc));
+        assert_eq!(edit(0xc, "^acl"), Ok(0x4));
+        assert_eq!(edit(0xc, "-acl +debug"), Ok(0x5));
+        assert_eq!(edit(0, "ACL,Discard"), Ok(0x408));
+        assert_eq!(edit(0, "acl,"), Ok(0x8));
+        // A journalling mode replaces the previous one.
+        assert_eq!(edit(0, "journal_data,journal_data_ordered"), Ok(0x40));
+        assert_eq!(edit(0x20, "^journal_data_ordered"), Ok(0));
+        // MNTOPT_<n>, with e2p's off-by-one: the number starts at byte 9.
+        assert_eq!(edit(0, "MNTOPT_12"), Ok(1 << 2));
+        assert_eq!(edit(0, "MNTOPT_x31"), Ok(1 << 31));
+        assert_eq!(edit(0, "MNTOPT_x-0"), Ok(1));
+        assert_eq!(edit(0, "MNTOPT_5"), Err("MNTOPT_5".into()));
+        assert_eq!(edit(0, "MNTOPT_x32"), Err("MNTOPT_x32".into()));
+        // Empty words are errors, as in e2p.
+        assert_eq!(edit(0, "acl,,user_xattr"), Err("".into()));
+        assert_eq!(edit(0, ",acl"), Err("".into()));
+        assert_eq!(edit(0, "acl , user_xattr"), Err("".into()));
+        assert_eq!(edit(0, "acl, user_xattr"), Ok(0xc));
+        assert_eq!(edit(0, "acl, x"), Err("x".into()));
+        assert_eq!(edit(0, "bogus"), Err("bogus".into()));
+    }
+
+    #[test]
+    fn default_mntopts_clear() {
+        let conf = "[defaults]\n\tdefault_mntopts = ^acl\n[fs_types]\n\text4 = {\n\t\tfeatures = has_journal\n\t}\n";
+        let p = Profile::parse(conf).unwrap();
+        let r = resolve(&opts("ext4"), &p, &env(1 << 30)).unwrap();
+        assert_eq!(r.settings.default_mount_opts, 0);
+        let conf = conf.replace("^acl", "acl,^acl,user_xattr");
+        let p = Profile::parse(&conf).unwrap();
+        let r = resolve(&opts("ext4"), &p, &env(1 << 30)).unwrap();
+        assert_eq!(r.settings.default_mount_opts, 0x4);
+        let conf = conf.replace("acl,^acl,user_xattr", "acl,,user_xattr");
+        let p = Profile::parse(&conf).unwrap();
+        let e = resolve(&opts("ext4"), &p, &env(1 << 30)).unwrap_err();
+        assert_eq!(e.0, "invalid mount option set: acl,,user_xattr");
+    }
+
+    #[test]
+    fn undefined_type_is_a_warning_with_force() {
+        let p = Profile::parse("[defaults]\n\terrors = panic\n").unwrap();
+        let e = resolve(&opts("ext4"), &p, &env(1 << 20)).unwrap_err();
+        assert!(
+            e.0.contains("does not define the ext4 filesystem type"),
+            "{e}"
+        );
+        assert!(!e.0.contains('\n'), "one line: {e}");
+        let forced = MkfsOptions {
+            force: true,
+            ..opts("ext4")
+        };
+        let r = resolve(&forced, &p, &env(1 << 20)).unwrap();
+        assert!(
+            r.warnings[0].starts_with("Your mke2fs.conf file does not define the ext4"),
+            "{:?}",
+            r.warnings
+        );
+        assert_eq!(r.settings.errors, 3);
+        // ext2 never needs a definition.
+        assert!(resolve(&opts("ext2"), &p, &env(1 << 20)).is_ok());
+    }
+
+    #[test]
+    fn no_inode_size_means_128_without_warning() {
+        let p = Profile::parse("[defaults]\n\tblocksize = 4096\n").unwrap();
+        let r = resolve(&opts("ext2"), &p, &env(1 << 30)).unwrap();
+        assert_eq!(r.params.inode_size, 128);
+        assert!(
+            r.warnings.iter().all(|w| !w.contains("128-byte")),
+            "{:?}",
+            r.warnings
+        );
+        // -I 0 is "not given"; an explicit 128 warns.
+        let o = MkfsOptions {
+            inode_size: Some(0),
+            ..opts("ext2")
+        };
+        assert_eq!(
+            resolve(&o, &p, &env(1 << 30)).unwrap().params.inode_size,
+            128
+        );
+        let o = MkfsOptions {
+            inode_size: Some(128),
+            ..opts("ext2")
+        };
+        let r = resolve(&o, &p, &env(1 << 30)).unwrap();
+        assert!(
+            r.warnings.iter().any(|w| w.contains("128-byte")),
+            "{:?}",
+            r.warnings
+        );
+        // The builtin configuration still gives 256.
+        let r = resolve(&opts("ext4"), &Profile::builtin(), &env(1 << 30)).unwrap();
+        assert_eq!(r.params.inode_size, 256);
+    }
+
+    #[test]
+    fn last_extended_option_wins_and_n0_is_default() {
+        let p = Profile::builtin();
+        let o = MkfsOptions {
+            extended: vec!["nodiscard".into(), "lazy_itable_init=1".into()],
+            ..opts("ext4")
+        };
+        let r = resolve(&o, &p, &env(1 << 30)).unwrap();
+        assert!(r.discard, "the first -E is dropped");
+        let dflt = resolve(&opts("ext4"), &p, &env(1 << 30)).unwrap();
+        let o = MkfsOptions {
+            num_inodes: Some(0),
+            ..opts("ext4")
+        };
+        let r = resolve(&o, &p, &env(1 << 30)).unwrap();
+        assert_eq!(r.params.inodes_count, dflt.params.inodes_count);
+    }
+
+    #[test]
+    fn sector_sizes_like_mke2fs() {
+        let none = |_: &str| None::<String>;
+        assert_eq!(sector_sizes(512, 4096, none), (512, 4096));
+        let vars = |v: &str| match v {
+            "MKE2FS_DEVICE_SECTSIZE" => Some(" 2048x".to_string()),
+            "MKE2FS_DEVICE_PHYS_SECTSIZE" => Some("-4096".to_string()),
+            _ => None,
+        };
+        assert_eq!(sector_sizes(512, 512, vars), (2048, 0));
+        assert_eq!(atoi("abc"), 0);
+        assert_eq!(atoi("+12k"), 12);
+        // The logical size raises the block size; the physical one only
+        // warns about an explicit smaller block size.
+        let p = Profile::builtin();
+        let mut e = env(64 << 20);
+        e.logical_sector_size = 2048;
+        let r = resolve(&opts("ext4"), &p, &e).unwrap();
+        assert_eq!(r.params.block_size, 2048);
+        let b1k = MkfsOptions {
+            block_size: Some(1024),
+            ..opts("ext4")
+        };
+        assert!(resolve(&b1k, &p, &e).is_err());
+        let mut e = env(64 << 20);
+        e.physical_sector_size = 4096;
+        let r = resolve(&b1k, &p, &e).unwrap();
+        assert_eq!(r.params.block_size, 1024);
+        assert!(
+            r.warnings
+                .iter()
+                .any(|w| w
+                    == "specified blocksize 1024 is less than device physical sectorsize 4096"),
+            "{:?}",
+            r.warnings
+        );
+    }
+
+    /// get_device_geometry: a 512e disk (4 KiB physical sectors, minimum
+    /// I/O 4 KiB) gives 1 KiB-block filesystems stride = stripe = 4; the
+    /// physical size stands in for a missing minimum I/O size; -E wins;
+    /// regular files get no hints at all.
+    #[test]
+    fn io_hints_become_stride_like_mke2fs() {
+        use ext4kit_device::IoHints;
+        let p = Profile::builtin();
+        let b1k = MkfsOptions {
+            block_size: Some(1024),
+            ..opts("ext4")
+        };
+        let mut e = env(1 << 30);
+        e.is_regular_file = false;
+        e.logical_sector_size = 512;
+        e.physical_sector_size = 4096;
+        e.io_hints = Some(IoHints {
+            min_io: 4096,
+            opt_io: 0,
+            alignment_offset: 0,
+        });
+        let r = resolve(&b1k, &p, &e).unwrap();
+        assert_eq!((r.params.stride, r.settings.raid_stripe_width), (4, 4));
+        // 4 KiB blocks: nothing larger than a block.
+        let r = resolve(&opts("ext4"), &p, &e).unwrap();
+        assert_eq!((r.params.stride, r.settings.raid_stripe_width), (0, 0));
+        // No minimum I/O size: the physical sector size.
+        e.io_hints = Some(IoHints::default());
+        let r = resolve(&b1k, &p, &e).unwrap();
+        assert_eq!((r.params.stride, r.settings.raid_stripe_width), (4, 4));
+        // RAID: 64 KiB chunks, 4 data disks.
+        e.io_hints = Some(IoHints {
+            min_io: 65536,
+            opt_io: 262_144,
+            alignment_offset: 0,
+        });
+        let r = resolve(&opts("ext4"), &p, &e).unwrap();
+        assert_eq!((r.params.stride, r.settings.raid_stripe_width), (16, 64));
+        let o = MkfsOptions {
+            extended: vec!["stride=8".into()],
+            ..opts("ext4")
+        };
+        let r = resolve(&o, &p, &e).unwrap();
+        assert_eq!((r.params.stride, r.settings.raid_stripe_width), (8, 64));
+        let o = MkfsOptions {
+            extended: vec!["stride=5".into()],
+            ..opts("ext4")
+        };
+        let r = resolve(&o, &p, &e).unwrap();
+        assert!(
+            r.warnings
+                .iter()
+                .any(|w| w.contains("not an even multiple of stride 5")),
+            "{:?}",
+            r.warnings
+        );
+        e.io_hints = None;
+        let r = resolve(&b1k, &p, &e).unwrap();
+        assert_eq!((r.params.stride, r.settings.raid_stripe_width), (0, 0));
+    }
+
+    /// A bad `errors` in mke2fs.conf is fatal even with -e, as in mke2fs.
+    #[test]
+    fn profile_errors_checked_even_with_e() {
+        let p = Profile::parse("[defaults]\n\terrors = broken\n").unwrap();
+        let o = MkfsOptions {
+            errors: Some("panic".into()),
+            ..opts("ext2")
+        };
+        let e = resolve(&o, &p, &env(1 << 30)).unwrap_err();
+        assert_eq!(e.0, "invalid errors behavior in mke2fs.conf: broken");
+        let p = Profile::parse("[defaults]\n\terrors = continue\n").unwrap();
+        assert_eq!(resolve(&o, &p, &env(1 << 30)).unwrap().settings.errors, 3);
+    }
+
+    /// The creator OS comes from -o, else `[defaults] creator_os`, and may
+    /// be a number, as in mke2fs's set_os().
+    #[test]
+    fn creator_os_like_set_os() {
+        let p = Profile::parse("[defaults]\n\tcreator_os = FreeBSD\n").unwrap();
+        let r = resolve(&opts("ext2"), &p, &env(1 << 30)).unwrap();
+        assert_eq!(r.settings.creator_os, 3);
+        let o = MkfsOptions {
+            creator_os: Some("4".into()),
+            ..opts("ext2")
+        };
+        assert_eq!(
+            resolve(&o, &p, &env(1 << 30)).unwrap().settings.creator_os,
+            4
+        );
+        let o = MkfsOptions {
+            creator_os: Some("LINUX".into()),
+            ..opts("ext2")
+        };
+        assert_eq!(
+            resolve(&o, &p, &env(1 << 30)).unwrap().settings.creator_os,
+            0
+        );
+        for hurd in ["1", "GNU", "hurd"] {
+            let o = MkfsOptions {
+                creator_os: Some(hurd.into()),
+                ..opts("ext2")
+            };
+            assert!(resolve(&o, &p, &env(1 << 30)).is_err(), "{hurd}");
+        }
+        let o = MkfsOptions {
+            creator_os: Some("plan9".into()),
+            ..opts("ext2")
+        };
+        assert_eq!(
+            resolve(&o, &p, &env(1 << 30)).unwrap_err().0,
+            "unknown os - plan9"
+        );
+    }
+
+    #[test]
+    fn time_uuid_is_version_1() {
+        let o = MkfsOptions {
+            uuid: Some("time".into()),
+            ..opts("ext4")
+        };
+        let r = resolve(&o, &Profile::builtin(), &env(1 << 30)).unwrap();
+        let u = uuid::Uuid::from_bytes(r.settings.uuid);
+        assert_eq!(u.get_version_num(), 1);
+        assert_eq!(u.get_variant(), uuid::Variant::RFC4122);
+        let secs = u.get_timestamp().map(|t| t.to_unix().0).unwrap_or(0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        assert!(secs.abs_diff(now) < 600, "timestamp {secs} vs now {now}");
+        let o = MkfsOptions {
+            uuid: Some("random".into()),
+            ..opts("ext4")
+        };
+        let r = resolve(&o, &Profile::builtin(), &env(1 << 30)).unwrap();
+        assert_eq!(uuid::Uuid::from_bytes(r.settings.uuid).get_version_num(), 4);
     }
 }

@@ -392,8 +392,7 @@ impl Writer<'_> {
         // Resize inode.
         if let Some(dind) = l.resize_dind {
             let mut r = self.base_inode(S_IFREG | 0o600, 1);
-            let apb = bs / 4;
-            r.set_size((apb * apb + apb + 12) * bs);
+            r.set_size(super::geometry::resize_inode_size(l.block_size));
             r.i_block[13].set(dind as u32);
             let backups = self.backup_group_list().len() as u64;
             let blocks = 1 + u64::from(l.reserved_gdt_blocks) * (1 + backups);
