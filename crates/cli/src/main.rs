@@ -8,6 +8,7 @@ mod out;
 
 mod cmd_generate;
 mod cmd_info;
+mod cmd_journal;
 mod cmd_lazyinit;
 mod cmd_mkfs;
 mod errmsg;
@@ -36,6 +37,8 @@ enum Cmd {
     Lazyinit(cmd_lazyinit::LazyinitArgs),
     /// Show an ext4 filesystem's state, counts, times, geometry and lazy-init progress.
     Info(cmd_info::InfoArgs),
+    /// Dump or replay the jbd2 journal (offline, like logdump and e2fsck -E journal_only).
+    Journal(cmd_journal::JournalArgs),
     /// Write man pages or shell completions (for packaging).
     #[command(hide = true)]
     Generate(cmd_generate::GenerateArgs),
@@ -52,6 +55,7 @@ fn main() {
         Cmd::Mkfs(a) => cmd_mkfs::run(a),
         Cmd::Lazyinit(a) => cmd_lazyinit::run(a),
         Cmd::Info(a) => cmd_info::run(a),
+        Cmd::Journal(a) => cmd_journal::run(a),
         Cmd::Generate(a) => cmd_generate::run(a, Cli::command()),
     };
     let code = match res {
