@@ -102,7 +102,9 @@ fn replay_like_e2fsck(img: &Path, dir: &Path) -> (String, PathBuf) {
     );
     assert_eq!(a.s_feature_incompat.get(), b.s_feature_incompat.get());
     assert_eq!(a.s_state.get(), b.s_state.get(), "superblock state");
-    assert!(a.checksum_ok(), "superblock checksum");
+    if a.s_feature_ro_compat.get() & 0x400 != 0 {
+        assert!(a.checksum_ok(), "superblock checksum");
+    }
     let (ma, mb) = (dir.join("ours.masked"), dir.join("theirs.masked"));
     copy(&ours, &ma);
     copy(&theirs, &mb);
@@ -185,6 +187,45 @@ fn debugfs_image(dir: &Path, csum: Csum, bs: u32) -> PathBuf {
     let img = dir.join(format!("debugfs-{csum:?}-{bs}.img"));
     let size = if bs == 1024 { "16M" } else { "64M" };
     mkfs(&img, size, &["-b", &bs.to_string()]);
+    debugfs_transactions(&img, dir, csum, bs);
+    img
+}
+
+/// The log block where the journal superblock lives, from debugfs.
+fn journal_block(img: &Path, lblk: u64) -> u64 {
+    let out = run_ok(
+        tool("debugfs")
+            .args(["-R", &format!("bmap <8> {lblk}")])
+            .arg(img),
+    )
+    .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse::<u64>()
+        .unwrap()
+}
+
+/// Change the journal superblock of `img` (block size `bs`) and store its
+/// checksum again.
+fn patch_jsb(img: &Path, bs: u64, f: impl FnOnce(&mut [u8])) {
+    use ext4kit_format::checksum::jbd2;
+    use std::os::unix::fs::FileExt;
+    let at = journal_block(img, 0) * bs;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(img)
+        .unwrap();
+    let mut raw = vec![0u8; 1024];
+    file.read_exact_at(&mut raw, at).unwrap();
+    f(&mut raw);
+    let c = jbd2::superblock(&raw);
+    raw[0xFC..0x100].copy_from_slice(&c.to_be_bytes());
+    file.write_all_at(&raw, at).unwrap();
+}
+
+/// The debugfs transactions of [`debugfs_image`], written into `img`.
+fn debugfs_transactions(img: &Path, dir: &Path, csum: Csum, bs: u32) {
     let b = bs as usize;
     let pat: Vec<u8> = (0..3 * b).map(|i| ((i * 7 + 3) % 251) as u8).collect();
     fs::write(dir.join("pat"), &pat).unwrap();
@@ -200,13 +241,41 @@ fn debugfs_image(dir: &Path, csum: Csum, bs: u32) -> PathBuf {
     };
     let d = dir.display();
     debugfs_w(
-        &img,
+        img,
         &format!(
             "{jo}\njw -b 5000,5001,5002 {d}/pat\njw -b 5003 {d}/esc\njw -r 5001\n\
              jw -b 5004,5001 {d}/pat\njw -r 5000\njw -b 5005 -c {d}/pat2\njc\n"
         ),
     );
-    img
+}
+
+/// Check the home blocks the debugfs transactions leave after replay.
+fn check_debugfs_homes(ours: &Path, dir: &Path, bs: u32) {
+    let b = u64::from(bs);
+    let pat = fs::read(dir.join("pat")).unwrap();
+    let bsz = bs as usize;
+    assert_eq!(
+        read_block(ours, b, 5000),
+        vec![0u8; bsz],
+        "revoked block written"
+    );
+    assert_eq!(
+        read_block(ours, b, 5001),
+        pat[bsz..2 * bsz],
+        "newest copy of 5001"
+    );
+    assert_eq!(read_block(ours, b, 5002), pat[2 * bsz..], "5002");
+    assert_eq!(
+        read_block(ours, b, 5003)[..11],
+        *b"\xc0\x3b\x39\x98escaped",
+        "escape"
+    );
+    assert_eq!(read_block(ours, b, 5004), pat[..bsz], "5004");
+    assert_eq!(
+        read_block(ours, b, 5005),
+        vec![0u8; bsz],
+        "uncommitted block written"
+    );
 }
 
 // ---------------------------------------------------------------- tests
@@ -248,31 +317,7 @@ fn debugfs_transactions_replay_like_e2fsck() {
             line.contains("replayed 5 transactions (1..6), 4 blocks, 2 revoked tags"),
             "{line}"
         );
-        let b = u64::from(bs);
-        let pat = fs::read(dir.path().join("pat")).unwrap();
-        let bsz = bs as usize;
-        assert_eq!(
-            read_block(&ours, b, 5000),
-            vec![0u8; bsz],
-            "revoked block written"
-        );
-        assert_eq!(
-            read_block(&ours, b, 5001),
-            pat[bsz..2 * bsz],
-            "tid 4 copy of 5001"
-        );
-        assert_eq!(read_block(&ours, b, 5002), pat[2 * bsz..], "5002");
-        assert_eq!(
-            read_block(&ours, b, 5003)[..11],
-            *b"\xc0\x3b\x39\x98escaped",
-            "escape"
-        );
-        assert_eq!(read_block(&ours, b, 5004), pat[..bsz], "5004");
-        assert_eq!(
-            read_block(&ours, b, 5005),
-            vec![0u8; bsz],
-            "uncommitted block written"
-        );
+        check_debugfs_homes(&ours, dir.path(), bs);
         e2fsck_clean(&ours).unwrap();
         // A second replay finds a clean journal and changes nothing.
         let before = file_hash(&ours).unwrap();
@@ -280,6 +325,76 @@ fn debugfs_transactions_replay_like_e2fsck() {
         assert!(String::from_utf8_lossy(&again.stdout).contains("nothing to replay"));
         assert_eq!(file_hash(&ours).unwrap(), before);
     }
+}
+
+/// Transaction ids that cross 2^32 (the revoke of tid 0xffffffff does not
+/// hide tid 0's copy; tid 1's revoke hides tid 0xfffffffd's), a log that
+/// starts in the second of three extents (1 KiB blocks, 64 MiB journal),
+/// and an ext3 filesystem whose journal is block-mapped (indirect blocks).
+#[test]
+fn debugfs_tid_wrap_fragmented_and_block_mapped_journals() {
+    if let Err(why) = e2fs_tools() {
+        return skip(
+            "debugfs_tid_wrap_fragmented_and_block_mapped_journals",
+            &why,
+        );
+    }
+    let dir = image_dir();
+    let d = dir.path();
+    // tid wrap.
+    let img = d.join("tidwrap.img");
+    mkfs(&img, "16M", &["-b", "1024"]);
+    patch_jsb(&img, 1024, |j| {
+        j[0x18..0x1C].copy_from_slice(&0xFFFF_FFFDu32.to_be_bytes())
+    });
+    debugfs_transactions(&img, d, Csum::V3, 1024);
+    let dump = run_ok(ext4kit().args(["journal", "dump"]).arg(&img)).unwrap();
+    let dump = String::from_utf8_lossy(&dump.stdout).into_owned();
+    assert!(
+        dump.contains("Found sequence 0, descriptor block"),
+        "{dump}"
+    );
+    assert!(dump.contains("End of log before transaction 2\n"), "{dump}");
+    let (line, ours) = replay_like_e2fsck(&img, d);
+    assert!(
+        line.contains("5 transactions (4294967293..2), 4 blocks, 2 revoked"),
+        "{line}"
+    );
+    assert!(line.contains("next transaction 3"), "{line}");
+    check_debugfs_homes(&ours, d, 1024);
+    e2fsck_clean(&ours).unwrap();
+
+    // A fragmented journal; the log starts at log block 20000.
+    let img = d.join("frag.img");
+    mkfs(&img, "256M", &["-b", "1024", "-J", "size=64"]);
+    let (b0, b1) = (journal_block(&img, 16383), journal_block(&img, 16384));
+    assert_ne!(
+        b0 + 1,
+        b1,
+        "the journal is contiguous; the test needs extents"
+    );
+    patch_jsb(&img, 1024, |j| {
+        j[0x14..0x18].copy_from_slice(&20000u32.to_be_bytes())
+    });
+    debugfs_transactions(&img, d, Csum::V3, 1024);
+    let j = run_ok(ext4kit().args(["journal", "dump", "--json"]).arg(&img)).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+    assert_eq!(v["start"], 20000, "{v}");
+    assert_eq!(v["transactions"], 5, "{v}");
+    let (_, ours) = replay_like_e2fsck(&img, d);
+    check_debugfs_homes(&ours, d, 1024);
+    e2fsck_clean(&ours).unwrap();
+
+    // ext3: block-mapped journal, no journal checksums.
+    let img = d.join("ext3.img");
+    let _ = fs::remove_file(&img);
+    run_ok(tool("truncate").args(["-s", "16M"]).arg(&img)).unwrap();
+    run_ok(mke2fs(["-q", "-F", "-t", "ext3", "-b", "1024"]).arg(&img)).unwrap();
+    debugfs_transactions(&img, d, Csum::None, 1024);
+    let (line, ours) = replay_like_e2fsck(&img, d);
+    assert!(line.contains("replayed 5 transactions"), "{line}");
+    check_debugfs_homes(&ours, d, 1024);
+    e2fsck_clean(&ours).unwrap();
 }
 
 #[test]
@@ -345,21 +460,7 @@ fn refusals_are_one_line_and_write_nothing() {
     let fc = dir.path().join("fc.img");
     let fcdir = image_dir();
     copy(&debugfs_image(fcdir.path(), Csum::V3, 1024), &fc);
-    {
-        use ext4kit_format::checksum::jbd2;
-        use std::os::unix::fs::FileExt;
-        let f = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&fc)
-            .unwrap();
-        let mut raw = vec![0u8; 1024];
-        f.read_exact_at(&mut raw, jsb * 1024).unwrap();
-        raw[0x2B] |= 0x20;
-        let c = jbd2::superblock(&raw);
-        raw[0xFC..0x100].copy_from_slice(&c.to_be_bytes());
-        f.write_all_at(&raw, jsb * 1024).unwrap();
-    }
+    patch_jsb(&fc, 1024, |j| j[0x2B] |= 0x20);
     for (img, want) in [
         (&nj, "has no journal"),
         (&bad, "corrupt journal superblock: checksum"),
@@ -385,40 +486,32 @@ fn refusals_are_one_line_and_write_nothing() {
     }
 }
 
-/// Random corruption of the live log and the journal superblock: never a
-/// panic; a replay ext4kit accepts equals e2fsck's, one it refuses writes
-/// nothing and says so in one line.
-#[test]
-fn corrupted_logs_never_panic_and_match_e2fsck_or_refuse() {
-    if let Err(why) = e2fs_tools() {
-        return skip(
-            "corrupted_logs_never_panic_and_match_e2fsck_or_refuse",
-            &why,
-        );
-    }
-    use std::os::unix::fs::FileExt;
-    let cases: u64 = std::env::var("EXT4KIT_JOURNAL_FUZZ_CASES")
+fn fuzz_cases(default: u64) -> u64 {
+    std::env::var("EXT4KIT_JOURNAL_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(40);
-    let dir = image_dir();
-    let base = debugfs_image(dir.path(), Csum::V3, 1024);
-    // Journal blocks 0..=18 are live (superblock + 18 log blocks).
-    let phys: Vec<u64> = (0..20)
-        .map(|l| {
-            let out = run_ok(
-                tool("debugfs")
-                    .args(["-R", &format!("bmap <8> {l}")])
-                    .arg(&base),
-            )
-            .unwrap();
-            String::from_utf8_lossy(&out.stdout)
-                .trim()
-                .parse::<u64>()
-                .unwrap()
-        })
-        .collect();
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        .unwrap_or(default)
+}
+
+/// Corrupt 1-4 random bytes of the journal superblock or the live log of
+/// `base` (`bs`-byte blocks), `cases` times: ext4kit must never panic;
+/// when it replays, e2fsck must replay to the same bytes; when it refuses,
+/// it says so in one line and writes nothing. Returns (replayed, refused).
+fn fuzz_campaign(base: &Path, dir: &Path, bs: u64, cases: u64, seed: u64) -> (u32, u32) {
+    use std::os::unix::fs::FileExt;
+    let j = run_ok(ext4kit().args(["journal", "dump", "--json"]).arg(base)).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+    let maxlen = v["maxlen"].as_u64().unwrap();
+    let live = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["log_block"].as_u64().unwrap() + 2)
+        .max()
+        .unwrap()
+        .min(maxlen);
+    let phys: Vec<u64> = (0..live).map(|l| journal_block(base, l)).collect();
+    let mut x: u64 = seed | 1;
     let mut next = || {
         x ^= x << 13;
         x ^= x >> 7;
@@ -426,44 +519,41 @@ fn corrupted_logs_never_panic_and_match_e2fsck_or_refuse() {
         x
     };
     let (mut replayed, mut refused) = (0, 0);
+    let img = dir.join("fuzz.img");
+    let ours = dir.join("ours.img");
+    let theirs = dir.join("theirs.img");
     for case in 0..cases {
-        let img = dir.path().join("fuzz.img");
-        copy(&base, &img);
+        copy(base, &img);
         {
             let f = fs::OpenOptions::new().write(true).open(&img).unwrap();
-            let n = 1 + next() % 4;
-            for _ in 0..n {
+            for _ in 0..1 + next() % 4 {
                 // Mostly headers, tags and tails, where the decisions are.
-                let l = (next() % 20) as usize;
+                let l = (next() % live) as usize;
                 let off = match next() % 3 {
                     0 => next() % 64,
-                    1 => 1020 + next() % 4,
-                    _ => next() % 1024,
+                    1 => bs - 4 + next() % 4,
+                    _ => next() % bs,
                 };
                 let v = (next() & 0xFF) as u8;
-                f.write_all_at(&[v], phys[l] * 1024 + off).unwrap();
+                f.write_all_at(&[v], phys[l] * bs + off).unwrap();
             }
         }
-        let ours = dir.path().join("ours.img");
-        let theirs = dir.path().join("theirs.img");
         copy(&img, &ours);
         copy(&img, &theirs);
-        let before = file_hash(&ours).unwrap();
         let out = run(ext4kit().args(["journal", "replay"]).arg(&ours)).unwrap();
         let t = text(&out);
         assert!(!t.contains("panicked"), "case {case}: {t}");
         match out.status.code() {
+            Some(0) if !String::from_utf8_lossy(&out.stdout).contains("replayed") => {
+                // A clean journal or a log the kernel would discard.
+                sparse_equal(&ours, &img).unwrap_or_else(|d| panic!("case {case}: {d}: {t}"));
+            }
             Some(0) => {
                 let e = run(tool("timeout")
                     .args(["20", "e2fsck", "-E", "journal_only", "-y"])
                     .arg(&theirs))
                 .unwrap();
                 let et = text(&e);
-                if !String::from_utf8_lossy(&out.stdout).contains("replayed") {
-                    // Clean journal or a discarded log: nothing written.
-                    assert_eq!(file_hash(&ours).unwrap(), before, "case {case}: {t}");
-                    continue;
-                }
                 assert!(
                     e.status.code().is_some_and(|c| c <= 1) && et.contains("recovering journal"),
                     "case {case}: ext4kit replayed ({t}) but e2fsck did not: {et}"
@@ -480,17 +570,36 @@ fn corrupted_logs_never_panic_and_match_e2fsck_or_refuse() {
             Some(1) => {
                 let err = String::from_utf8_lossy(&out.stderr);
                 assert_eq!(err.lines().count(), 1, "case {case}: {err}");
-                assert_eq!(
-                    file_hash(&ours).unwrap(),
-                    before,
-                    "case {case}: refused but wrote"
-                );
+                sparse_equal(&ours, &img)
+                    .unwrap_or_else(|d| panic!("case {case}: refused but wrote: {d}"));
                 refused += 1;
             }
             c => panic!("case {case}: exit {c:?}: {t}"),
         }
     }
-    eprintln!("corrupted logs: {replayed} replayed like e2fsck, {refused} refused");
+    (replayed, refused)
+}
+
+/// Random corruption of debugfs-written logs (checksums v3, v2, none).
+#[test]
+fn corrupted_logs_never_panic_and_match_e2fsck_or_refuse() {
+    if let Err(why) = e2fs_tools() {
+        return skip(
+            "corrupted_logs_never_panic_and_match_e2fsck_or_refuse",
+            &why,
+        );
+    }
+    let n = fuzz_cases(40);
+    for (csum, cases, seed) in [
+        (Csum::V3, n / 2, 0x9E37_79B9_7F4A_7C15),
+        (Csum::V2, n / 4, 0x1234_5678_9ABC_DEF1),
+        (Csum::None, n / 4, 0x0F0F_1234_4321_F0F1),
+    ] {
+        let dir = image_dir();
+        let base = debugfs_image(dir.path(), csum, 1024);
+        let (ok, no) = fuzz_campaign(&base, dir.path(), 1024, cases, seed);
+        eprintln!("corrupted {csum:?} logs: {ok} replayed like e2fsck, {no} refused");
+    }
 }
 
 // ------------------------------------------------ kernel-made journals
@@ -641,6 +750,81 @@ fn kernel_dirty_journals_replay_like_e2fsck() {
             v["start"]
         );
         check_kernel_image(&img, d, "wrap");
+    }
+}
+
+/// The shutdown recipe on other journal formats the kernel writes:
+/// checksum v1 (`journal_checksum` without metadata_csum: crc32_be over
+/// each transaction), v1 with async commits (data=journal: data blocks in
+/// the log), 32-bit tags (no 64bit) and ext3's block-mapped journal.
+#[test]
+fn kernel_journal_formats_replay_like_e2fsck() {
+    if let Err(why) = kernel_ok() {
+        return skip("kernel_journal_formats_replay_like_e2fsck", &why);
+    }
+    let dir = image_dir();
+    let d = dir.path();
+    for (what, fstype, mkfs_args, opts, feature) in [
+        (
+            "v1",
+            "ext4",
+            "^metadata_csum",
+            "journal_checksum",
+            "checksum",
+        ),
+        (
+            "v1-async",
+            "ext4",
+            "^metadata_csum",
+            "journal_async_commit,data=journal",
+            "async_commit",
+        ),
+        ("32bit-v3", "ext4", "^64bit", "", "csum_v3"),
+        ("ext3", "ext3", "", "", "revoke"),
+    ] {
+        let img = d.join(format!("{what}.img"));
+        let _ = fs::remove_file(&img);
+        run_ok(tool("truncate").args(["-s", "16M"]).arg(&img)).unwrap();
+        let mut mk = mke2fs(["-q", "-F", "-t", fstype, "-b", "1024"]);
+        if !mkfs_args.is_empty() {
+            mk.args(["-O", mkfs_args]);
+        }
+        run_ok(mk.arg(&img)).unwrap();
+        let lo = LoopDev::attach(&img).unwrap();
+        let m = Mount::new(lo.path(), "ext4", (!opts.is_empty()).then_some(opts)).unwrap();
+        fs::create_dir(m.path().join("d")).unwrap();
+        for i in 1..=300 {
+            fs::write(
+                m.path().join(format!("d/file-long-name-{i}")),
+                format!("{i}\n"),
+            )
+            .unwrap();
+        }
+        fsync(&m.path().join("d"));
+        fs::remove_dir_all(m.path().join("d")).unwrap();
+        fs::write(m.path().join("last"), vec![7u8; 5000]).unwrap();
+        fsync(&m.path().join("last"));
+        shutdown_nologflush(m.path());
+        m.unmount().unwrap();
+        drop(lo);
+        let j = run_ok(ext4kit().args(["journal", "dump", "--json"]).arg(&img)).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+        assert!(
+            v["features"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f == feature),
+            "{what}: {}",
+            v["features"]
+        );
+        check_kernel_image(&img, d, what);
+        if what.starts_with("v1") {
+            // Corruptions of a kernel v1 log (crc32_be over transactions).
+            let (ok, no) = fuzz_campaign(&img, d, 1024, fuzz_cases(40) / 4, 0x5DEE_CE66_D1CE_4E5B);
+            eprintln!("corrupted kernel {what} logs: {ok} replayed like e2fsck, {no} refused");
+        }
+        fs::remove_file(&img).unwrap();
     }
 }
 
