@@ -1255,3 +1255,354 @@ pub fn apply(dev: &dyn Device, j: &Journal, rec: &Recovery) -> Result<Applied, R
         marked_error: state & STATE_ERROR != 0,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ext4kit::mkfs::{self, Env, MkfsOptions};
+    use ext4kit::profile::Profile;
+    use ext4kit_device::MemDevice;
+    use proptest::prelude::*;
+    use zerocopy::FromZeros;
+
+    const CONF: &str = "[defaults]\n\tbase_features = sparse_super,large_file,filetype,resize_inode,dir_index,ext_attr\n\tblocksize = 4096\n\tinode_size = 256\n\tinode_ratio = 16384\n[fs_types]\n\text4 = {\n\t\tfeatures = has_journal,extent,huge_file,flex_bg,metadata_csum,64bit,dir_nlink,extra_isize\n\t}\n";
+
+    /// A fresh 32 MiB ext4 (4 KiB blocks, 1024-block journal) in memory.
+    fn image() -> MemDevice {
+        let size = 32 << 20;
+        let opts = MkfsOptions {
+            fs_type: Some("ext4".into()),
+            uuid: Some("0b7e3c52-8f1d-4a6e-9c2b-5d4f3e2a1b09".into()),
+            extended: vec!["nodiscard".into()],
+            ..MkfsOptions::default()
+        };
+        let env = Env {
+            device_size: Some(size),
+            is_regular_file: false,
+            logical_sector_size: 512,
+            now: 1_700_000_000,
+            page_size: 4096,
+            uid: 0,
+            gid: 0,
+            kernel_lazy_itable_init: true,
+        };
+        let resolved = mkfs::resolve(&opts, &Profile::parse(CONF).unwrap(), &env).unwrap();
+        let dev = MemDevice::new(size);
+        mkfs::execute(&dev, mkfs::prepare(resolved, false).unwrap()).unwrap();
+        dev
+    }
+
+    /// One transaction to put in the log.
+    struct Txn {
+        tid: u32,
+        blocks: Vec<(u64, Vec<u8>)>,
+        revokes: Vec<u64>,
+        commit_time: u64,
+        commit: bool,
+    }
+
+    /// Write `txns` into the log from log block `start` (csum v3, 64bit),
+    /// set the jsb (s_start, s_sequence) and needs_recovery.
+    fn write_log(dev: &MemDevice, start: u32, txns: &[Txn]) -> Journal {
+        let j = Journal::open(dev).unwrap();
+        let bs = j.block_size as usize;
+        let fmt = LogFormat {
+            compat: 0,
+            incompat: JBD2_FEATURE_INCOMPAT_CSUM_V3
+                | JBD2_FEATURE_INCOMPAT_64BIT
+                | JBD2_FEATURE_INCOMPAT_REVOKE,
+        };
+        let seed = jcsum::seed(&j.jsb.s_uuid);
+        let mut pos = u64::from(start);
+        let put = |pos: &mut u64, block: &[u8]| {
+            let p = j.phys(*pos).unwrap();
+            dev.write_at(block, p * bs as u64).unwrap();
+            *pos += 1;
+            j.wrap(pos);
+        };
+        for t in txns {
+            if !t.revokes.is_empty() {
+                let mut b = vec![0u8; bs];
+                b[..12].copy_from_slice(JournalHeader::new(JBD2_REVOKE_BLOCK, t.tid).as_bytes());
+                let mut off = 16;
+                for r in &t.revokes {
+                    b[off..off + 8].copy_from_slice(&r.to_be_bytes());
+                    off += 8;
+                }
+                b[12..16].copy_from_slice(&(off as u32).to_be_bytes());
+                let c = jcsum::block_tail(seed, &b);
+                b[bs - 4..].copy_from_slice(&c.to_be_bytes());
+                put(&mut pos, &b);
+            }
+            if !t.blocks.is_empty() {
+                let mut d = vec![0u8; bs];
+                d[..12]
+                    .copy_from_slice(JournalHeader::new(JBD2_DESCRIPTOR_BLOCK, t.tid).as_bytes());
+                let mut off = 12;
+                let mut copies = Vec::new();
+                for (i, (home, data)) in t.blocks.iter().enumerate() {
+                    let mut copy = data.clone();
+                    let mut flags = if i == 0 { 0 } else { JBD2_FLAG_SAME_UUID };
+                    if copy[..4] == JBD2_MAGIC.to_be_bytes() {
+                        copy[..4].fill(0);
+                        flags |= JBD2_FLAG_ESCAPE;
+                    }
+                    if i + 1 == t.blocks.len() {
+                        flags |= JBD2_FLAG_LAST_TAG;
+                    }
+                    let tag = Tag {
+                        blocknr: *home,
+                        flags,
+                        checksum: jcsum::tag(seed, t.tid, &copy),
+                    };
+                    tag.write(&mut d[off..], fmt);
+                    off += 16;
+                    if i == 0 {
+                        d[off..off + 16].copy_from_slice(&j.jsb.s_uuid);
+                        off += 16;
+                    }
+                    copies.push(copy);
+                }
+                let c = jcsum::block_tail(seed, &d);
+                d[bs - 4..].copy_from_slice(&c.to_be_bytes());
+                put(&mut pos, &d);
+                for c in copies {
+                    put(&mut pos, &c);
+                }
+            }
+            if t.commit {
+                let mut c = vec![0u8; bs];
+                let mut h = CommitHeader::new_zeroed();
+                h.h_header = JournalHeader::new(JBD2_COMMIT_BLOCK, t.tid);
+                h.h_commit_sec.set(t.commit_time);
+                c[..size_of::<CommitHeader>()].copy_from_slice(h.as_bytes());
+                let s = jcsum::commit(seed, &c);
+                c[16..20].copy_from_slice(&s.to_be_bytes());
+                put(&mut pos, &c);
+            }
+        }
+        let mut jsb = j.jsb.clone();
+        jsb.s_feature_incompat.set(fmt.incompat);
+        jsb.s_checksum_type = JBD2_CRC32C_CHKSUM;
+        jsb.s_start.set(start);
+        jsb.s_sequence.set(txns.first().map_or(1, |t| t.tid));
+        jsb.s_checksum.set(0);
+        let c = jcsum::superblock(jsb.as_bytes());
+        jsb.s_checksum.set(c);
+        dev.write_at(jsb.as_bytes(), j.phys(0).unwrap() * bs as u64)
+            .unwrap();
+        let mut sb = j.sb.clone();
+        sb.s_feature_incompat
+            .set(sb.s_feature_incompat.get() | Incompat::RECOVER.bits());
+        sb.update_checksum();
+        dev.write_at(sb.as_bytes(), SUPERBLOCK_OFFSET).unwrap();
+        Journal::open(dev).unwrap()
+    }
+
+    fn block(fill: u8) -> Vec<u8> {
+        vec![fill; 4096]
+    }
+
+    fn txn(tid: u32, blocks: &[(u64, u8)], time: u64) -> Txn {
+        Txn {
+            tid,
+            blocks: blocks.iter().map(|&(b, f)| (b, block(f))).collect(),
+            revokes: vec![],
+            commit_time: time,
+            commit: true,
+        }
+    }
+
+    #[test]
+    fn runs_lookup_and_coverage() {
+        let runs = [
+            Run {
+                lblk: 0,
+                pblk: 100,
+                len: 4,
+            },
+            Run {
+                lblk: 4,
+                pblk: 200,
+                len: 2,
+            },
+        ];
+        assert_eq!(lookup(&runs, 0), Some(100));
+        assert_eq!(lookup(&runs, 3), Some(103));
+        assert_eq!(lookup(&runs, 5), Some(201));
+        assert_eq!(lookup(&runs, 6), None);
+        assert!(check_coverage(&runs, 6).is_ok());
+        assert!(check_coverage(&runs, 7).is_err());
+        assert!(check_coverage(&runs[1..], 6).is_err());
+    }
+
+    #[test]
+    fn log_wraps_at_maxlen_and_escapes_are_restored() {
+        let dev = image();
+        let j0 = Journal::open(&dev).unwrap();
+        let maxlen = j0.jsb.s_maxlen.get();
+        let mut magic = block(0x11);
+        magic[..4].copy_from_slice(&JBD2_MAGIC.to_be_bytes());
+        let mut t = txn(7, &[(3000, 1), (3001, 2), (3002, 3), (3003, 4)], 100);
+        t.blocks[1].1 = magic.clone();
+        let j = write_log(&dev, maxlen - 3, &[t, txn(8, &[(3000, 9)], 101)]);
+        let rec = recover(&dev, &j).unwrap();
+        assert_eq!((rec.start_tid, rec.end_tid, rec.next_sequence), (7, 9, 10));
+        assert_eq!(rec.writes.len(), 4);
+        assert_eq!(rec.writes[&3000], block(9), "the newer transaction wins");
+        assert_eq!(rec.writes[&3001], magic);
+        assert_eq!(rec.writes[&3003], block(4));
+        // The second transaction sits after the wrap.
+        assert!(rec.entries.iter().any(|e| e.tid == 8 && e.log_block < 10));
+        let done = apply(&dev, &j, &rec).unwrap();
+        assert_eq!(done.blocks_written, 4);
+        let after = Journal::open(&dev).unwrap();
+        assert_eq!(after.jsb.s_start.get(), 0);
+        assert_eq!(after.jsb.s_sequence.get(), 10);
+        assert_eq!(
+            after.sb.s_feature_incompat.get() & Incompat::RECOVER.bits(),
+            0
+        );
+        let mut b = vec![0u8; 4096];
+        dev.read_at(&mut b, 3001 * 4096).unwrap();
+        assert_eq!(b, magic);
+    }
+
+    #[test]
+    fn revokes_hide_older_copies_only() {
+        let dev = image();
+        let mut t2 = txn(2, &[(3001, 5)], 11);
+        t2.revokes = vec![3000, 3001];
+        let j = write_log(
+            &dev,
+            1,
+            &[
+                txn(1, &[(3000, 1), (3001, 1)], 10),
+                t2,
+                txn(3, &[(3000, 7)], 12),
+            ],
+        );
+        let rec = recover(&dev, &j).unwrap();
+        // 3001 logged in tid 2 is hidden by its own tid's revoke (the
+        // kernel never writes that); 3000 comes back in tid 3.
+        assert_eq!(rec.writes.keys().copied().collect::<Vec<_>>(), vec![3000]);
+        assert_eq!(rec.writes[&3000], block(7));
+        assert_eq!((rec.nr_revokes, rec.nr_revoke_hits), (2, 3));
+    }
+
+    #[test]
+    fn stale_descriptor_rule() {
+        for (later_time, ok) in [(5, true), (50, false)] {
+            let dev = image();
+            let j = write_log(
+                &dev,
+                1,
+                &[txn(1, &[(3000, 1)], 10), txn(2, &[(3001, 2)], later_time)],
+            );
+            // Break the second descriptor's tail (log block 4).
+            let p = j.phys(4).unwrap() * 4096 + 4095;
+            dev.write_at(&[0x5A], p).unwrap();
+            let res = recover(&dev, &j);
+            if ok {
+                let rec = res.unwrap();
+                assert_eq!(rec.end_tid, 2, "a stale block ends the log");
+                assert_eq!(rec.writes.keys().copied().collect::<Vec<_>>(), vec![3000]);
+            } else {
+                assert!(matches!(res, Err(RecoverError::Log { .. })), "{res:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_commit_checksum_ends_the_log_and_marks_the_error() {
+        let dev = image();
+        let j = write_log(
+            &dev,
+            1,
+            &[txn(1, &[(3000, 1)], 10), txn(2, &[(3001, 2)], 11)],
+        );
+        // Log: desc 1, data 2, commit 3 (tid 1), desc 4, data 5, commit 6.
+        dev.write_at(&[0x5A], j.phys(6).unwrap() * 4096 + 100)
+            .unwrap();
+        let rec = recover(&dev, &j).unwrap();
+        assert_eq!(rec.failed_commit, Some(2));
+        assert_eq!(rec.writes.keys().copied().collect::<Vec<_>>(), vec![3000]);
+        assert!(apply(&dev, &j, &rec).unwrap().marked_error);
+    }
+
+    #[test]
+    fn bad_tag_checksum_fails_the_recovery() {
+        let dev = image();
+        let j = write_log(&dev, 1, &[txn(1, &[(3000, 1), (3001, 1)], 10)]);
+        dev.write_at(&[0x5A], j.phys(3).unwrap() * 4096 + 7)
+            .unwrap();
+        assert!(matches!(recover(&dev, &j), Err(RecoverError::Log { .. })));
+    }
+
+    #[test]
+    fn tags_outside_the_filesystem_or_into_the_journal_are_refused() {
+        let dev = image();
+        let j0 = Journal::open(&dev).unwrap();
+        let inside = j0.phys(10).unwrap();
+        for home in [j0.fs_blocks, inside] {
+            let dev = image();
+            let j = write_log(&dev, 1, &[txn(1, &[(home, 1)], 10)]);
+            assert!(matches!(recover(&dev, &j), Err(RecoverError::Log { .. })));
+        }
+    }
+
+    #[test]
+    fn fast_commit_and_external_journals_are_refused() {
+        let dev = image();
+        let j = write_log(&dev, 1, &[txn(1, &[(3000, 1)], 10)]);
+        let mut jsb = j.jsb.clone();
+        jsb.s_feature_incompat
+            .set(jsb.s_feature_incompat.get() | JBD2_FEATURE_INCOMPAT_FAST_COMMIT);
+        jsb.s_checksum.set(0);
+        let c = jcsum::superblock(jsb.as_bytes());
+        jsb.s_checksum.set(c);
+        dev.write_at(jsb.as_bytes(), j.phys(0).unwrap() * 4096)
+            .unwrap();
+        let e = Journal::open(&dev).unwrap_err().to_string();
+        assert!(e.contains("fast_commit"), "{e}");
+        let mut sb = j.sb.clone();
+        sb.s_journal_dev.set(0x0801);
+        sb.update_checksum();
+        dev.write_at(sb.as_bytes(), SUPERBLOCK_OFFSET).unwrap();
+        let e = Journal::open(&dev).unwrap_err().to_string();
+        assert!(e.contains("external journals"), "{e}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        /// Random bytes anywhere in the jsb, the log, the superblock, the
+        /// descriptor table or the journal inode: no panic, ever.
+        #[test]
+        fn corruption_never_panics(muts in proptest::collection::vec((0u8..6, any::<u32>(), any::<u8>()), 1..8)) {
+            let dev = image();
+            let mut t1 = txn(1, &[(3000, 1), (3001, 2)], 10);
+            t1.revokes = vec![2999];
+            let j = write_log(&dev, 1, &[t1, txn(2, &[(3000, 3)], 11)]);
+            let inode_at = {
+                // Inode 8 in group 0's table.
+                let mut d = vec![0u8; 64];
+                dev.read_at(&mut d, 4096).unwrap();
+                let gd = GroupDesc::parse(&d).unwrap();
+                gd.inode_table() * 4096 + 7 * 256
+            };
+            for (area, off, v) in muts {
+                let at = match area {
+                    0 => SUPERBLOCK_OFFSET + u64::from(off % 1024),
+                    1 => 4096 + u64::from(off % 4096),
+                    2 => inode_at + u64::from(off % 256),
+                    3 => j.phys(0).unwrap() * 4096 + u64::from(off % 1024),
+                    _ => j.phys(1 + u64::from(off % 8)).unwrap() * 4096 + u64::from(off % 4096),
+                };
+                dev.write_at(&[v], at).unwrap();
+            }
+            if let Ok(j) = Journal::open(&dev) {
+                let (_rec, _res) = analyze(&dev, &j);
+            }
+        }
+    }
+}
