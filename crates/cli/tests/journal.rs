@@ -397,6 +397,28 @@ fn debugfs_tid_wrap_fragmented_and_block_mapped_journals() {
     e2fsck_clean(&ours).unwrap();
 }
 
+/// needs_recovery with an empty log: nothing to write, but like e2fsck the
+/// flag is cleared and the journal's sequence moves on by one.
+#[test]
+fn needs_recovery_with_an_empty_log() {
+    if let Err(why) = e2fs_tools() {
+        return skip("needs_recovery_with_an_empty_log", &why);
+    }
+    let dir = image_dir();
+    let img = dir.path().join("empty.img");
+    mkfs(&img, "16M", &["-b", "1024"]);
+    run_ok(
+        tool("debugfs")
+            .args(["-w", "-R", "feature needs_recovery"])
+            .arg(&img),
+    )
+    .unwrap();
+    let (line, ours) = replay_like_e2fsck(&img, dir.path());
+    assert!(line.contains("replayed 0 transactions"), "{line}");
+    assert!(line.contains("next transaction 2"), "{line}");
+    e2fsck_clean(&ours).unwrap();
+}
+
 #[test]
 fn dry_run_and_dump_write_nothing() {
     if let Err(why) = e2fs_tools() {
@@ -826,6 +848,26 @@ fn kernel_journal_formats_replay_like_e2fsck() {
         }
         fs::remove_file(&img).unwrap();
     }
+}
+
+/// The replay refuses an image another program holds (flock).
+#[test]
+fn replay_refuses_a_busy_image() {
+    if let Err(why) = e2fs_tools() {
+        return skip("replay_refuses_a_busy_image", &why);
+    }
+    let dir = image_dir();
+    let img = debugfs_image(dir.path(), Csum::V3, 1024);
+    let before = file_hash(&img).unwrap();
+    let held =
+        ext4kit_device::FileDevice::open(&img, ext4kit_device::OpenOptions::read_write()).unwrap();
+    let out = run(ext4kit().args(["journal", "replay"]).arg(&img)).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(err.contains("in use by another program"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    drop(held);
+    assert_eq!(file_hash(&img).unwrap(), before);
 }
 
 /// The replay refuses an image whose loop device is mounted.
