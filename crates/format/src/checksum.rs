@@ -322,6 +322,79 @@ mod tests {
         assert_eq!(jbd2::commit(seed, &commit), 0x833F_43A6);
     }
 
+    /// Checksum v1 (compat CHECKSUM, `-o journal_checksum` without
+    /// metadata_csum): the commit block's `h_chksum[0]` is crc32_be(~0)
+    /// over the transaction's descriptor and data blocks. A Linux 6.18
+    /// transaction (1 KiB blocks: a chmod, then EXT4_IOC_SHUTDOWN).
+    #[test]
+    fn jbd2_v1_vector_from_a_kernel_journal() {
+        let desc = sparse(
+            1024,
+            &[(0, "c03b3998000000010000000200000044"), (39, "010000000a")],
+        );
+        let itable = sparse(
+            1024,
+            &[
+                (
+                    512,
+                    "c04100000030000050a70e6b50a70e6b50a70e6b00000000000002001800000000000800000000000af3010004",
+                ),
+                (568, "0c00000024"),
+                (640, "20"),
+                (656, "50a70e6b"),
+                (
+                    768,
+                    "808100000000000000f1536551a70e6b00f1536500000000000001000000000000000800010000000af3000004",
+                ),
+                (896, "2000000084a8f026"),
+                (913, "f15365"),
+            ],
+        );
+        let sb = sparse(
+            1024,
+            &[
+                (1, "0800000020000099010000ce190000f407000001"),
+                (
+                    33,
+                    "200000002000000008000050a70e6b50a70e6b0100ffff53ef01000100000050a70e6b",
+                ),
+                (
+                    76,
+                    "01000000000000000b000000000100003c000000460200006b0000000123456789abcdef0123456789abcdef",
+                ),
+                (136, "2f746d702f6a762f6d"),
+                (206, "1f"),
+                (224, "08"),
+                (
+                    236,
+                    "41e7b39ca06643569fb3025cfa808a44010100000c0000000000000050a70e6b0af3030004",
+                ),
+                (
+                    284,
+                    "0200000030000000020000000f0000003300000011000000ef0300004302",
+                ),
+                (334, "10"),
+                (348, "2000200001"),
+                (372, "0400000033"),
+                (584, "2406"),
+            ],
+        );
+        let commit = sparse(
+            1024,
+            &[
+                (0, "c03b39980000000200000002010400002e75fab0"),
+                (52, "6b0ea751169c1017"),
+            ],
+        );
+        let mut c = crc32_be(!0, &desc);
+        c = crc32_be(c, &itable);
+        c = crc32_be(c, &sb);
+        // h_chksum_type 1 (crc32), h_chksum_size 4, then the sum.
+        assert_eq!(&commit[12..14], &[1, 4]);
+        assert_eq!(c, u32::from_be_bytes(commit[16..20].try_into().unwrap()));
+        assert_eq!(c, 0x2E75_FAB0);
+    }
+
     fn crc32c_bitwise(mut c: u32, d: &[u8]) -> u32 {
         for &b in d {
             c ^= u32::from(b);
