@@ -10,6 +10,7 @@ mod out;
 
 mod cmd_generate;
 mod cmd_info;
+mod cmd_journal;
 mod cmd_lazyinit;
 mod cmd_mkfs;
 mod errmsg;
@@ -39,6 +40,8 @@ enum Cmd {
     Lazyinit(cmd_lazyinit::LazyinitArgs),
     /// Show an ext4 filesystem's state, counts, times, geometry and lazy-init progress.
     Info(cmd_info::InfoArgs),
+    /// Dump or replay the jbd2 journal (offline, like logdump and e2fsck -E journal_only).
+    Journal(cmd_journal::JournalArgs),
     /// Write man pages or shell completions (for packaging).
     #[command(hide = true)]
     Generate(cmd_generate::GenerateArgs),
@@ -67,7 +70,7 @@ fn usage_error(prog: &str, e: &clap::Error) -> i32 {
             return 0;
         }
         ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
-            eprintln!("{prog}: missing command: mkfs, lazyinit or info (see --help)");
+            eprintln!("{prog}: missing command: mkfs, lazyinit, info or journal (see --help)");
             return 2;
         }
         _ => {}
@@ -143,7 +146,7 @@ fn main() {
                 let sub = argv
                     .get(1)
                     .map(|s| s.to_string_lossy().into_owned())
-                    .filter(|s| ["mkfs", "lazyinit", "info"].contains(&s.as_str()));
+                    .filter(|s| ["mkfs", "lazyinit", "info", "journal"].contains(&s.as_str()));
                 let prog = match sub {
                     Some(s) => format!("ext4kit {s}"),
                     None => "ext4kit".to_string(),
@@ -155,6 +158,7 @@ fn main() {
             Cmd::Mkfs(a) => cmd_mkfs::run(a, &Personality::Ext4kit),
             Cmd::Lazyinit(a) => cmd_lazyinit::run(a),
             Cmd::Info(a) => cmd_info::run(a),
+            Cmd::Journal(a) => cmd_journal::run(a),
             Cmd::Generate(a) => cmd_generate::run(a, Cli::command()),
         }
     };

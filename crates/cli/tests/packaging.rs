@@ -49,6 +49,7 @@ fn man_pages_generate_and_render() {
         names(&files),
         [
             "ext4kit-info.1",
+            "ext4kit-journal.1",
             "ext4kit-lazyinit.1",
             "ext4kit-mkfs.1",
             "ext4kit.1"
@@ -76,6 +77,11 @@ fn man_pages_generate_and_render() {
     for opt in ["\\-L", "\\-O", "\\-E", "\\-\\-json"] {
         assert!(mkfs.contains(opt), "ext4kit-mkfs.1 lacks {opt}");
     }
+    let journal = std::fs::read_to_string(man.join("ext4kit-journal.1")).unwrap();
+    assert!(
+        journal.contains("dump") && journal.contains("replay"),
+        "ext4kit-journal.1 lacks its subcommands"
+    );
     let top = std::fs::read_to_string(man.join("ext4kit.1")).unwrap();
     assert!(top.contains("ext4kit\\-mkfs(1)") && top.contains("ext4kit\\-info(1)"));
 

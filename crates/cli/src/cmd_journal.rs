@@ -1,0 +1,288 @@
+//! `ext4kit journal dump|replay`: look at and replay an ext4 filesystem's
+//! jbd2 journal offline (what `debugfs -R logdump` and
+//! `e2fsck -E journal_only` do).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use ext4kit_device::{Device, OpenOptions, open_device};
+use ext4kit_format::features::Incompat;
+use ext4kit_format::jbd2::*;
+use ext4kit_fs::journal::recover::{self, Journal, LogBlock, Recovery};
+use serde_json::json;
+
+#[derive(clap::Args, Debug)]
+pub struct JournalArgs {
+    #[command(subcommand)]
+    pub cmd: JournalCmd,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum JournalCmd {
+    /// List the live log: transactions, descriptor tags, revoke records,
+    /// commit blocks, and what a replay would write (like debugfs logdump).
+    /// Read-only.
+    Dump(DumpArgs),
+    /// Replay a dirty journal into the filesystem (scan, revoke, replay, as
+    /// the kernel and e2fsck do), then mark the journal empty and clear
+    /// needs_recovery. Refuses mounted or busy devices.
+    Replay(ReplayArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DumpArgs {
+    /// ext4 image file or block device.
+    #[arg(value_name = "DEVICE")]
+    pub device: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReplayArgs {
+    /// ext4 image file or block device.
+    #[arg(value_name = "DEVICE")]
+    pub device: PathBuf,
+    /// Report what would be replayed; write nothing.
+    #[arg(short = 'n', long = "dry-run")]
+    pub dry_run: bool,
+}
+
+pub fn run(args: &JournalArgs) -> anyhow::Result<i32> {
+    match &args.cmd {
+        JournalCmd::Dump(a) => dump(a),
+        JournalCmd::Replay(a) => replay(a),
+    }
+}
+
+fn feature_names(fmt: LogFormat) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if fmt.csum_v1() {
+        v.push("checksum");
+    }
+    for (bit, name) in [
+        (JBD2_FEATURE_INCOMPAT_REVOKE, "revoke"),
+        (JBD2_FEATURE_INCOMPAT_64BIT, "64bit"),
+        (JBD2_FEATURE_INCOMPAT_ASYNC_COMMIT, "async_commit"),
+        (JBD2_FEATURE_INCOMPAT_CSUM_V2, "csum_v2"),
+        (JBD2_FEATURE_INCOMPAT_CSUM_V3, "csum_v3"),
+        (JBD2_FEATURE_INCOMPAT_FAST_COMMIT, "fast_commit"),
+    ] {
+        if fmt.incompat & bit != 0 {
+            v.push(name);
+        }
+    }
+    v
+}
+
+fn open_journal(dev: &dyn Device, path: &Path) -> anyhow::Result<Journal> {
+    Journal::open(dev).with_context(|| format!("{}", path.display()))
+}
+
+fn needs_recovery(j: &Journal) -> bool {
+    j.sb.s_feature_incompat.get() & Incompat::RECOVER.bits() != 0
+}
+
+fn dump(args: &DumpArgs) -> anyhow::Result<i32> {
+    let path = &args.device;
+    let dev = open_device(path, OpenOptions::read_only())?;
+    let j = open_journal(dev.as_ref(), path)?;
+    let (rec, res) = recover::analyze(dev.as_ref(), &j);
+    let jsb = &j.jsb;
+    if args.json {
+        let entries: Vec<_> = rec
+            .entries
+            .iter()
+            .map(|e| match &e.kind {
+                LogBlock::Descriptor { tags, checksum_ok } => json!({
+                    "log_block": e.log_block, "tid": e.tid, "type": "descriptor",
+                    "checksum_ok": checksum_ok,
+                    "tags": tags.iter().map(|t| json!({
+                        "block": t.block, "log_block": t.log_block, "flags": t.flags,
+                        "escaped": t.flags & JBD2_FLAG_ESCAPE != 0,
+                    })).collect::<Vec<_>>(),
+                }),
+                LogBlock::Revoke {
+                    blocks,
+                    checksum_ok,
+                } => json!({
+                    "log_block": e.log_block, "tid": e.tid, "type": "revoke",
+                    "checksum_ok": checksum_ok, "blocks": blocks,
+                }),
+                LogBlock::Commit {
+                    sec,
+                    nsec,
+                    checksum_ok,
+                } => json!({
+                    "log_block": e.log_block, "tid": e.tid, "type": "commit",
+                    "checksum_ok": checksum_ok, "commit_sec": sec, "commit_nsec": nsec,
+                }),
+            })
+            .collect();
+        let v = json!({
+            "device": path.display().to_string(),
+            "needs_recovery": needs_recovery(&j),
+            "block_size": j.block_size,
+            "maxlen": jsb.s_maxlen.get(),
+            "first": jsb.s_first.get(),
+            "start": jsb.s_start.get(),
+            "sequence": jsb.s_sequence.get(),
+            "errno": jsb.s_errno.get() as i32,
+            "features": feature_names(j.fmt),
+            "entries": entries,
+            "end_tid": rec.end_tid,
+            "next_sequence": rec.next_sequence,
+            "failed_commit": rec.failed_commit,
+            "transactions": rec.transactions(),
+            "replay_blocks": rec.writes.len(),
+            "replay_tags": rec.nr_replays,
+            "revoke_records": rec.nr_revokes,
+            "revoked_tags": rec.nr_revoke_hits,
+            "error": res.as_ref().err().map(|e| e.to_string()),
+        });
+        outln!("{v}");
+        return Ok(0);
+    }
+    outln!(
+        "Journal: {} blocks of {} bytes, first {}, features: {}",
+        jsb.s_maxlen.get(),
+        j.block_size,
+        jsb.s_first.get(),
+        match feature_names(j.fmt) {
+            v if v.is_empty() => "(none)".to_string(),
+            v => v.join(" "),
+        }
+    );
+    outln!(
+        "needs_recovery: {}, s_start {}, s_sequence {}, s_errno {}",
+        if needs_recovery(&j) { "yes" } else { "no" },
+        jsb.s_start.get(),
+        jsb.s_sequence.get(),
+        jsb.s_errno.get() as i32
+    );
+    if !rec.dirty {
+        outln!("The log is empty.");
+        return Ok(0);
+    }
+    outln!(
+        "Journal starts at block {}, transaction {}",
+        jsb.s_start.get(),
+        jsb.s_sequence.get()
+    );
+    let bad = |ok: bool| if ok { "" } else { " (bad checksum)" };
+    for e in &rec.entries {
+        match &e.kind {
+            LogBlock::Descriptor { tags, checksum_ok } => {
+                outln!(
+                    "Found sequence {}, descriptor block at block {}{}",
+                    e.tid,
+                    e.log_block,
+                    bad(*checksum_ok)
+                );
+                for t in tags {
+                    outln!(
+                        "  FS block {} logged at journal block {} (flags {:#x})",
+                        t.block,
+                        t.log_block,
+                        t.flags
+                    );
+                }
+            }
+            LogBlock::Revoke {
+                blocks,
+                checksum_ok,
+            } => {
+                outln!(
+                    "Found sequence {}, revoke block at block {}, {} records{}",
+                    e.tid,
+                    e.log_block,
+                    blocks.len(),
+                    bad(*checksum_ok)
+                );
+                for b in blocks {
+                    outln!("  Revoke FS block {b}");
+                }
+            }
+            LogBlock::Commit {
+                sec,
+                nsec,
+                checksum_ok,
+            } => outln!(
+                "Found sequence {}, commit block at block {} (time {sec}.{nsec:09}){}",
+                e.tid,
+                e.log_block,
+                bad(*checksum_ok)
+            ),
+        }
+    }
+    outln!("End of log before transaction {}", rec.end_tid);
+    if let Some(t) = rec.failed_commit {
+        outln!("Transaction {t} has a bad commit checksum");
+    }
+    match res {
+        Ok(()) => outln!(
+            "Replay: {} transactions, {} blocks ({} tags, {} revoked by {} revoke records), next sequence {}",
+            rec.transactions(),
+            rec.writes.len(),
+            rec.nr_replays,
+            rec.nr_revoke_hits,
+            rec.nr_revokes,
+            rec.next_sequence
+        ),
+        Err(e) => outln!("Replay would fail: {e}"),
+    }
+    Ok(0)
+}
+
+fn summary(rec: &Recovery) -> String {
+    format!(
+        "{} transactions ({}..{}), {} blocks, {} revoked tags",
+        rec.transactions(),
+        rec.start_tid,
+        rec.end_tid,
+        rec.writes.len(),
+        rec.nr_revoke_hits
+    )
+}
+
+fn replay(args: &ReplayArgs) -> anyhow::Result<i32> {
+    let path = &args.device;
+    let opts = if args.dry_run {
+        OpenOptions::read_only()
+    } else {
+        OpenOptions::read_write()
+    };
+    // Refuses a mounted device (or a file behind a mounted loop device)
+    // and a device someone else holds exclusively.
+    let dev = open_device(path, opts)?;
+    let j = open_journal(dev.as_ref(), path)?;
+    let p = path.display();
+    if !needs_recovery(&j) {
+        if j.jsb.s_start.get() != 0 {
+            outln!(
+                "{p}: needs_recovery is clear but the journal has data; not replaying (the kernel discards such a log)"
+            );
+        } else {
+            outln!("{p}: the journal is clean, nothing to replay");
+        }
+        return Ok(0);
+    }
+    let rec = recover::recover(dev.as_ref(), &j).with_context(|| format!("{p}"))?;
+    if args.dry_run {
+        outln!("{p}: would replay {}", summary(&rec));
+        return Ok(0);
+    }
+    let done = recover::apply(dev.as_ref(), &j, &rec).with_context(|| format!("{p}"))?;
+    outln!(
+        "{p}: replayed {}; journal reset, next transaction {}{}",
+        summary(&rec),
+        rec.next_sequence,
+        if done.marked_error {
+            "; the filesystem is marked with errors (run e2fsck)"
+        } else {
+            ""
+        }
+    );
+    Ok(0)
+}

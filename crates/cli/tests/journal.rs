@@ -1,0 +1,892 @@
+//! `ext4kit journal dump|replay` against e2fsprogs: the oracle is byte
+//! equality with `e2fsck -E journal_only -y` run on a copy of the same
+//! image (bytes equal everywhere, the ext4 superblock compared without the
+//! fields that record when and how much was written).
+//!
+//! Corpus: transactions written by debugfs (`jo`/`jw`/`jc`: several
+//! transactions, revokes, an escaped block, an uncommitted tail) with
+//! journal checksums v3, v2 and none; as root with loop devices, dirty
+//! journals left by the kernel (a copy taken while mounted, a shutdown
+//! without log flush, a wrapped 4 MiB log); and randomly corrupted logs,
+//! which must never panic and either replay exactly like e2fsck or be
+//! refused with one line and nothing written.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::*;
+use ext4kit_format::superblock::Superblock;
+
+// ---------------------------------------------------------------- helpers
+
+fn e2fs_tools() -> Result<(), String> {
+    for t in ["mke2fs", "e2fsck", "debugfs"] {
+        if !have(t) {
+            return Err(format!("{t} not found"));
+        }
+    }
+    Ok(())
+}
+
+fn copy(src: &Path, dst: &Path) {
+    run_ok(tool("cp").arg("--sparse=always").arg(src).arg(dst)).unwrap();
+}
+
+/// Superblock fields that say when and how much was written, and the
+/// checksum over them: the only bytes allowed to differ from e2fsck's.
+fn mask_superblock(img: &Path) {
+    use std::os::unix::fs::FileExt;
+    let f = fs::OpenOptions::new().write(true).open(img).unwrap();
+    for (off, len) in [
+        (std::mem::offset_of!(Superblock, s_wtime), 4),
+        (std::mem::offset_of!(Superblock, s_wtime_hi), 1),
+        (std::mem::offset_of!(Superblock, s_kbytes_written), 8),
+        (std::mem::offset_of!(Superblock, s_checksum), 4),
+    ] {
+        f.write_all_at(&vec![0u8; len], 1024 + off as u64).unwrap();
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn sb_of(img: &Path) -> Superblock {
+    use std::os::unix::fs::FileExt;
+    let mut b = vec![0u8; 1024];
+    fs::File::open(img)
+        .unwrap()
+        .read_exact_at(&mut b, 1024)
+        .unwrap();
+    Superblock::parse(&b).unwrap()
+}
+
+const RECOVER: u32 = 0x4;
+
+/// Replay `img` with ext4kit (on `dir/ours.img`) and with
+/// `e2fsck -E journal_only -y` (on `dir/theirs.img`); both must succeed
+/// and give the same bytes. Returns ext4kit's output line and the path of
+/// its replayed image.
+fn replay_like_e2fsck(img: &Path, dir: &Path) -> (String, PathBuf) {
+    let ours = dir.join("ours.img");
+    let theirs = dir.join("theirs.img");
+    copy(img, &ours);
+    copy(img, &theirs);
+    let out = run(ext4kit().args(["journal", "replay"]).arg(&ours)).unwrap();
+    assert!(
+        out.status.success(),
+        "ext4kit replay failed: {}",
+        text(&out)
+    );
+    let e = run(tool("e2fsck")
+        .args(["-E", "journal_only", "-y"])
+        .arg(&theirs))
+    .unwrap();
+    assert!(
+        e.status.code().is_some_and(|c| c <= 1),
+        "e2fsck -E journal_only failed: {}",
+        text(&e)
+    );
+    let (a, b) = (sb_of(&ours), sb_of(&theirs));
+    assert_eq!(
+        a.s_feature_incompat.get() & RECOVER,
+        0,
+        "needs_recovery left set"
+    );
+    assert_eq!(a.s_feature_incompat.get(), b.s_feature_incompat.get());
+    assert_eq!(a.s_state.get(), b.s_state.get(), "superblock state");
+    if a.s_feature_ro_compat.get() & 0x400 != 0 {
+        assert!(a.checksum_ok(), "superblock checksum");
+    }
+    let (ma, mb) = (dir.join("ours.masked"), dir.join("theirs.masked"));
+    copy(&ours, &ma);
+    copy(&theirs, &mb);
+    mask_superblock(&ma);
+    mask_superblock(&mb);
+    sparse_equal(&ma, &mb).unwrap_or_else(|e| panic!("replay differs from e2fsck's: {e}"));
+    fs::remove_file(&ma).unwrap();
+    fs::remove_file(&mb).unwrap();
+    fs::remove_file(&theirs).unwrap();
+    (
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        ours,
+    )
+}
+
+/// After a crash replay the kernel and e2fsck leave the superblock's free
+/// counts stale; `e2fsck -fn` must exit 0 and complain about nothing else.
+fn e2fsck_clean_after_crash(img: &Path) -> Result<(), String> {
+    let out = run(tool("e2fsck").arg("-fn").arg(img))?;
+    let t = text(&out);
+    if out.status.code() != Some(0) {
+        return Err(format!("e2fsck -fn exit {}: {t}", out.status));
+    }
+    for line in t.lines() {
+        let ok = line.starts_with("e2fsck ")
+            || line.starts_with("Pass ")
+            || line.starts_with("Free blocks count wrong (")
+            || line.starts_with("Free inodes count wrong (")
+            || line == "Fix? no"
+            || line.is_empty()
+            || line.contains(" files (");
+        if !ok {
+            return Err(format!("unexpected e2fsck line {line:?}:\n{t}"));
+        }
+    }
+    Ok(())
+}
+
+fn mkfs(img: &Path, size: &str, args: &[&str]) {
+    let _ = fs::remove_file(img);
+    run_ok(tool("truncate").args(["-s", size]).arg(img)).unwrap();
+    run_ok(mke2fs(["-q", "-F", "-t", "ext4"]).args(args).arg(img)).unwrap();
+}
+
+fn debugfs_w(img: &Path, cmds: &str) {
+    let f = img.with_extension("cmds");
+    fs::write(&f, cmds).unwrap();
+    let out = run_ok(tool("debugfs").arg("-w").arg("-f").arg(&f).arg(img)).unwrap();
+    let t = text(&out);
+    assert!(
+        !t.contains("rror") && !t.contains("not open"),
+        "debugfs: {t}"
+    );
+}
+
+fn read_block(img: &Path, bs: u64, b: u64) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut v = vec![0u8; bs as usize];
+    fs::File::open(img)
+        .unwrap()
+        .read_exact_at(&mut v, b * bs)
+        .unwrap();
+    v
+}
+
+/// Which journal checksums a debugfs corpus image uses.
+#[derive(Clone, Copy, Debug)]
+enum Csum {
+    V3,
+    V2,
+    None,
+}
+
+/// A 1 KiB-block image with five committed transactions and one left
+/// uncommitted by debugfs: blocks 5000-5002 (tid 1), an escaped block 5003
+/// (tid 2), a revoke of 5001 (tid 3), 5004 and 5001 again (tid 4, replayed:
+/// newer than the revoke), a revoke of 5000 (tid 5: its tid-1 copy is not
+/// replayed), and 5005 in an uncommitted tid 6 (not replayed).
+fn debugfs_image(dir: &Path, csum: Csum, bs: u32) -> PathBuf {
+    let img = dir.join(format!("debugfs-{csum:?}-{bs}.img"));
+    let size = if bs == 1024 { "16M" } else { "64M" };
+    mkfs(&img, size, &["-b", &bs.to_string()]);
+    debugfs_transactions(&img, dir, csum, bs);
+    img
+}
+
+/// The log block where the journal superblock lives, from debugfs.
+fn journal_block(img: &Path, lblk: u64) -> u64 {
+    let out = run_ok(
+        tool("debugfs")
+            .args(["-R", &format!("bmap <8> {lblk}")])
+            .arg(img),
+    )
+    .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse::<u64>()
+        .unwrap()
+}
+
+/// Change the journal superblock of `img` (block size `bs`) and store its
+/// checksum again.
+fn patch_jsb(img: &Path, bs: u64, f: impl FnOnce(&mut [u8])) {
+    use ext4kit_format::checksum::jbd2;
+    use std::os::unix::fs::FileExt;
+    let at = journal_block(img, 0) * bs;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(img)
+        .unwrap();
+    let mut raw = vec![0u8; 1024];
+    file.read_exact_at(&mut raw, at).unwrap();
+    f(&mut raw);
+    let c = jbd2::superblock(&raw);
+    raw[0xFC..0x100].copy_from_slice(&c.to_be_bytes());
+    file.write_all_at(&raw, at).unwrap();
+}
+
+/// The debugfs transactions of [`debugfs_image`], written into `img`.
+fn debugfs_transactions(img: &Path, dir: &Path, csum: Csum, bs: u32) {
+    let b = bs as usize;
+    let pat: Vec<u8> = (0..3 * b).map(|i| ((i * 7 + 3) % 251) as u8).collect();
+    fs::write(dir.join("pat"), &pat).unwrap();
+    let mut esc = vec![0u8; b];
+    esc[..4].copy_from_slice(&[0xc0, 0x3b, 0x39, 0x98]);
+    esc[4..11].copy_from_slice(b"escaped");
+    fs::write(dir.join("esc"), &esc).unwrap();
+    fs::write(dir.join("pat2"), vec![b'B'; b]).unwrap();
+    let jo = match csum {
+        Csum::V3 => "jo -c",
+        Csum::V2 => "jo -c -v 2",
+        Csum::None => "jo",
+    };
+    let d = dir.display();
+    debugfs_w(
+        img,
+        &format!(
+            "{jo}\njw -b 5000,5001,5002 {d}/pat\njw -b 5003 {d}/esc\njw -r 5001\n\
+             jw -b 5004,5001 {d}/pat\njw -r 5000\njw -b 5005 -c {d}/pat2\njc\n"
+        ),
+    );
+}
+
+/// Check the home blocks the debugfs transactions leave after replay.
+fn check_debugfs_homes(ours: &Path, dir: &Path, bs: u32) {
+    let b = u64::from(bs);
+    let pat = fs::read(dir.join("pat")).unwrap();
+    let bsz = bs as usize;
+    assert_eq!(
+        read_block(ours, b, 5000),
+        vec![0u8; bsz],
+        "revoked block written"
+    );
+    assert_eq!(
+        read_block(ours, b, 5001),
+        pat[bsz..2 * bsz],
+        "newest copy of 5001"
+    );
+    assert_eq!(read_block(ours, b, 5002), pat[2 * bsz..], "5002");
+    assert_eq!(
+        read_block(ours, b, 5003)[..11],
+        *b"\xc0\x3b\x39\x98escaped",
+        "escape"
+    );
+    assert_eq!(read_block(ours, b, 5004), pat[..bsz], "5004");
+    assert_eq!(
+        read_block(ours, b, 5005),
+        vec![0u8; bsz],
+        "uncommitted block written"
+    );
+}
+
+// ---------------------------------------------------------------- tests
+
+#[test]
+fn debugfs_transactions_replay_like_e2fsck() {
+    if let Err(why) = e2fs_tools() {
+        return skip("debugfs_transactions_replay_like_e2fsck", &why);
+    }
+    for (csum, bs) in [
+        (Csum::V3, 1024),
+        (Csum::V2, 1024),
+        (Csum::None, 1024),
+        (Csum::V3, 4096),
+    ] {
+        let dir = image_dir();
+        let img = debugfs_image(dir.path(), csum, bs);
+        let feature = match csum {
+            Csum::V3 => "csum_v3",
+            Csum::V2 => "csum_v2",
+            Csum::None => "revoke 64bit\n",
+        };
+        let dump = run_ok(ext4kit().args(["journal", "dump"]).arg(&img)).unwrap();
+        let dump = String::from_utf8_lossy(&dump.stdout).into_owned();
+        assert!(dump.contains(feature), "{csum:?}: {dump}");
+        assert!(
+            dump.contains("FS block 5003 logged at journal block 7 (flags 0x9)"),
+            "{dump}"
+        );
+        assert!(dump.contains("Revoke FS block 5001"), "{dump}");
+        assert!(dump.contains("End of log before transaction 6"), "{dump}");
+        assert!(
+            dump.contains("Replay: 5 transactions, 4 blocks (4 tags, 2 revoked by 2 revoke records), next sequence 7"),
+            "{dump}"
+        );
+
+        let (line, ours) = replay_like_e2fsck(&img, dir.path());
+        assert!(
+            line.contains("replayed 5 transactions (1..6), 4 blocks, 2 revoked tags"),
+            "{line}"
+        );
+        check_debugfs_homes(&ours, dir.path(), bs);
+        e2fsck_clean(&ours).unwrap();
+        // A second replay finds a clean journal and changes nothing.
+        let before = file_hash(&ours).unwrap();
+        let again = run_ok(ext4kit().args(["journal", "replay"]).arg(&ours)).unwrap();
+        assert!(String::from_utf8_lossy(&again.stdout).contains("nothing to replay"));
+        assert_eq!(file_hash(&ours).unwrap(), before);
+    }
+}
+
+/// Transaction ids that cross 2^32 (the revoke of tid 0xffffffff does not
+/// hide tid 0's copy; tid 1's revoke hides tid 0xfffffffd's), a log that
+/// starts in the second of three extents (1 KiB blocks, 64 MiB journal),
+/// and an ext3 filesystem whose journal is block-mapped (indirect blocks).
+#[test]
+fn debugfs_tid_wrap_fragmented_and_block_mapped_journals() {
+    if let Err(why) = e2fs_tools() {
+        return skip(
+            "debugfs_tid_wrap_fragmented_and_block_mapped_journals",
+            &why,
+        );
+    }
+    let dir = image_dir();
+    let d = dir.path();
+    // tid wrap.
+    let img = d.join("tidwrap.img");
+    mkfs(&img, "16M", &["-b", "1024"]);
+    patch_jsb(&img, 1024, |j| {
+        j[0x18..0x1C].copy_from_slice(&0xFFFF_FFFDu32.to_be_bytes())
+    });
+    debugfs_transactions(&img, d, Csum::V3, 1024);
+    let dump = run_ok(ext4kit().args(["journal", "dump"]).arg(&img)).unwrap();
+    let dump = String::from_utf8_lossy(&dump.stdout).into_owned();
+    assert!(
+        dump.contains("Found sequence 0, descriptor block"),
+        "{dump}"
+    );
+    assert!(dump.contains("End of log before transaction 2\n"), "{dump}");
+    let (line, ours) = replay_like_e2fsck(&img, d);
+    assert!(
+        line.contains("5 transactions (4294967293..2), 4 blocks, 2 revoked"),
+        "{line}"
+    );
+    assert!(line.contains("next transaction 3"), "{line}");
+    check_debugfs_homes(&ours, d, 1024);
+    e2fsck_clean(&ours).unwrap();
+
+    // A fragmented journal; the log starts at log block 20000.
+    let img = d.join("frag.img");
+    mkfs(&img, "256M", &["-b", "1024", "-J", "size=64"]);
+    let (b0, b1) = (journal_block(&img, 16383), journal_block(&img, 16384));
+    assert_ne!(
+        b0 + 1,
+        b1,
+        "the journal is contiguous; the test needs extents"
+    );
+    patch_jsb(&img, 1024, |j| {
+        j[0x14..0x18].copy_from_slice(&20000u32.to_be_bytes())
+    });
+    debugfs_transactions(&img, d, Csum::V3, 1024);
+    let j = run_ok(ext4kit().args(["journal", "dump", "--json"]).arg(&img)).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+    assert_eq!(v["start"], 20000, "{v}");
+    assert_eq!(v["transactions"], 5, "{v}");
+    let (_, ours) = replay_like_e2fsck(&img, d);
+    check_debugfs_homes(&ours, d, 1024);
+    e2fsck_clean(&ours).unwrap();
+
+    // ext3: block-mapped journal, no journal checksums.
+    let img = d.join("ext3.img");
+    let _ = fs::remove_file(&img);
+    run_ok(tool("truncate").args(["-s", "16M"]).arg(&img)).unwrap();
+    run_ok(mke2fs(["-q", "-F", "-t", "ext3", "-b", "1024"]).arg(&img)).unwrap();
+    debugfs_transactions(&img, d, Csum::None, 1024);
+    let (line, ours) = replay_like_e2fsck(&img, d);
+    assert!(line.contains("replayed 5 transactions"), "{line}");
+    check_debugfs_homes(&ours, d, 1024);
+    e2fsck_clean(&ours).unwrap();
+}
+
+/// needs_recovery with an empty log: nothing to write, but like e2fsck the
+/// flag is cleared and the journal's sequence moves on by one.
+#[test]
+fn needs_recovery_with_an_empty_log() {
+    if let Err(why) = e2fs_tools() {
+        return skip("needs_recovery_with_an_empty_log", &why);
+    }
+    let dir = image_dir();
+    let img = dir.path().join("empty.img");
+    mkfs(&img, "16M", &["-b", "1024"]);
+    run_ok(
+        tool("debugfs")
+            .args(["-w", "-R", "feature needs_recovery"])
+            .arg(&img),
+    )
+    .unwrap();
+    let (line, ours) = replay_like_e2fsck(&img, dir.path());
+    assert!(line.contains("replayed 0 transactions"), "{line}");
+    assert!(line.contains("next transaction 2"), "{line}");
+    e2fsck_clean(&ours).unwrap();
+}
+
+#[test]
+fn dry_run_and_dump_write_nothing() {
+    if let Err(why) = e2fs_tools() {
+        return skip("dry_run_and_dump_write_nothing", &why);
+    }
+    let dir = image_dir();
+    let img = debugfs_image(dir.path(), Csum::V3, 1024);
+    let before = file_hash(&img).unwrap();
+    let out = run_ok(ext4kit().args(["journal", "replay", "-n"]).arg(&img)).unwrap();
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(line.contains("would replay 5 transactions"), "{line}");
+    assert_eq!(line.lines().count(), 1, "{line}");
+    let out = run_ok(ext4kit().args(["journal", "dump", "--json"]).arg(&img)).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["needs_recovery"], true);
+    assert_eq!(v["transactions"], 5);
+    assert_eq!(v["replay_blocks"], 4);
+    assert_eq!(v["revoked_tags"], 2);
+    assert_eq!(v["next_sequence"], 7);
+    assert!(v["error"].is_null());
+    let entries = v["entries"].as_array().unwrap();
+    assert_eq!(entries[0]["type"], "descriptor");
+    assert_eq!(entries[0]["tags"][2]["flags"], 0xa);
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["type"] == "revoke" && e["blocks"][0] == 5001)
+    );
+    assert_eq!(
+        file_hash(&img).unwrap(),
+        before,
+        "dump or -n wrote to the image"
+    );
+}
+
+#[test]
+fn refusals_are_one_line_and_write_nothing() {
+    if let Err(why) = e2fs_tools() {
+        return skip("refusals_are_one_line_and_write_nothing", &why);
+    }
+    let dir = image_dir();
+    // No journal at all.
+    let nj = dir.path().join("nojournal.img");
+    mkfs(&nj, "8M", &["-O", "^has_journal"]);
+    // A journal superblock with a broken checksum.
+    let bad = debugfs_image(dir.path(), Csum::V3, 1024);
+    let jsb = {
+        let out = run_ok(tool("debugfs").args(["-R", "bmap <8> 0"]).arg(&bad)).unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new().write(true).open(&bad).unwrap();
+        f.write_all_at(&[0x77], jsb * 1024 + 0x20).unwrap(); // s_errno
+    }
+    // Fast commits (jsb incompat 0x20, as the kernel sets it on a
+    // fast_commit filesystem) are refused: the log's end moves.
+    let fc = dir.path().join("fc.img");
+    let fcdir = image_dir();
+    copy(&debugfs_image(fcdir.path(), Csum::V3, 1024), &fc);
+    patch_jsb(&fc, 1024, |j| j[0x2B] |= 0x20);
+    for (img, want) in [
+        (&nj, "has no journal"),
+        (&bad, "corrupt journal superblock: checksum"),
+        (&fc, "fast_commit"),
+        (&dir.path().join("missing.img"), "No such file"),
+    ] {
+        let before = file_hash(img).ok();
+        for args in [&["journal", "replay"][..], &["journal", "dump"]] {
+            let out = run(ext4kit().args(args).arg(img)).unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(1),
+                "{args:?} {}: {}",
+                img.display(),
+                text(&out)
+            );
+            assert_eq!(err.lines().count(), 1, "{err}");
+            assert!(err.starts_with("ext4kit: ") && err.contains(want), "{err}");
+            assert!(err.contains(&*img.display().to_string()), "{err}");
+        }
+        assert_eq!(file_hash(img).ok(), before, "{} was written", img.display());
+    }
+}
+
+fn fuzz_cases(default: u64) -> u64 {
+    std::env::var("EXT4KIT_JOURNAL_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Corrupt 1-4 random bytes of the journal superblock or the live log of
+/// `base` (`bs`-byte blocks), `cases` times: ext4kit must never panic;
+/// when it replays, e2fsck must replay to the same bytes; when it refuses,
+/// it says so in one line and writes nothing. Returns (replayed, refused).
+fn fuzz_campaign(base: &Path, dir: &Path, bs: u64, cases: u64, seed: u64) -> (u32, u32) {
+    use std::os::unix::fs::FileExt;
+    let j = run_ok(ext4kit().args(["journal", "dump", "--json"]).arg(base)).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+    let maxlen = v["maxlen"].as_u64().unwrap();
+    let live = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["log_block"].as_u64().unwrap() + 2)
+        .max()
+        .unwrap()
+        .min(maxlen);
+    let phys: Vec<u64> = (0..live).map(|l| journal_block(base, l)).collect();
+    let mut x: u64 = seed | 1;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let (mut replayed, mut refused) = (0, 0);
+    let img = dir.join("fuzz.img");
+    let ours = dir.join("ours.img");
+    let theirs = dir.join("theirs.img");
+    for case in 0..cases {
+        copy(base, &img);
+        {
+            let f = fs::OpenOptions::new().write(true).open(&img).unwrap();
+            for _ in 0..1 + next() % 4 {
+                // Mostly headers, tags and tails, where the decisions are.
+                let l = (next() % live) as usize;
+                let off = match next() % 3 {
+                    0 => next() % 64,
+                    1 => bs - 4 + next() % 4,
+                    _ => next() % bs,
+                };
+                let v = (next() & 0xFF) as u8;
+                f.write_all_at(&[v], phys[l] * bs + off).unwrap();
+            }
+        }
+        copy(&img, &ours);
+        copy(&img, &theirs);
+        let out = run(ext4kit().args(["journal", "replay"]).arg(&ours)).unwrap();
+        let t = text(&out);
+        assert!(!t.contains("panicked"), "case {case}: {t}");
+        match out.status.code() {
+            Some(0) if !String::from_utf8_lossy(&out.stdout).contains("replayed") => {
+                // A clean journal or a log the kernel would discard.
+                sparse_equal(&ours, &img).unwrap_or_else(|d| panic!("case {case}: {d}: {t}"));
+            }
+            Some(0) => {
+                let e = run(tool("timeout")
+                    .args(["20", "e2fsck", "-E", "journal_only", "-y"])
+                    .arg(&theirs))
+                .unwrap();
+                let et = text(&e);
+                assert!(
+                    e.status.code().is_some_and(|c| c <= 1) && et.contains("recovering journal"),
+                    "case {case}: ext4kit replayed ({t}) but e2fsck did not: {et}"
+                );
+                let (a, b) = (sb_of(&ours), sb_of(&theirs));
+                assert_eq!(a.s_state.get(), b.s_state.get(), "case {case}: state");
+                assert_eq!(a.s_feature_incompat.get(), b.s_feature_incompat.get());
+                mask_superblock(&ours);
+                mask_superblock(&theirs);
+                sparse_equal(&ours, &theirs)
+                    .unwrap_or_else(|d| panic!("case {case}: differs from e2fsck: {d} ({t})"));
+                replayed += 1;
+            }
+            Some(1) => {
+                let err = String::from_utf8_lossy(&out.stderr);
+                assert_eq!(err.lines().count(), 1, "case {case}: {err}");
+                sparse_equal(&ours, &img)
+                    .unwrap_or_else(|d| panic!("case {case}: refused but wrote: {d}"));
+                refused += 1;
+            }
+            c => panic!("case {case}: exit {c:?}: {t}"),
+        }
+    }
+    (replayed, refused)
+}
+
+/// Random corruption of debugfs-written logs (checksums v3, v2, none).
+#[test]
+fn corrupted_logs_never_panic_and_match_e2fsck_or_refuse() {
+    if let Err(why) = e2fs_tools() {
+        return skip(
+            "corrupted_logs_never_panic_and_match_e2fsck_or_refuse",
+            &why,
+        );
+    }
+    let n = fuzz_cases(40);
+    for (csum, cases, seed) in [
+        (Csum::V3, n / 2, 0x9E37_79B9_7F4A_7C15),
+        (Csum::V2, n / 4, 0x1234_5678_9ABC_DEF1),
+        (Csum::None, n / 4, 0x0F0F_1234_4321_F0F1),
+    ] {
+        let dir = image_dir();
+        let base = debugfs_image(dir.path(), csum, 1024);
+        let (ok, no) = fuzz_campaign(&base, dir.path(), 1024, cases, seed);
+        eprintln!("corrupted {csum:?} logs: {ok} replayed like e2fsck, {no} refused");
+    }
+}
+
+// ------------------------------------------------ kernel-made journals
+
+/// Root, loop devices, python3 (for the shutdown ioctl) and e2fsprogs.
+fn kernel_ok() -> Result<(), String> {
+    e2fs_tools()?;
+    kernel_mount_available()?;
+    if !have("python3") {
+        return Err("python3 not found (needed for the EXT4_IOC_SHUTDOWN ioctl)".into());
+    }
+    Ok(())
+}
+
+/// fsync a path (file or directory).
+fn fsync(p: &Path) {
+    fs::File::open(p).unwrap().sync_all().unwrap();
+}
+
+/// `EXT4_IOC_SHUTDOWN` with `EXT4_GOING_FLAGS_NOLOGFLUSH`: the log keeps
+/// what was committed, nothing more reaches the disk.
+fn shutdown_nologflush(mnt: &Path) {
+    run_ok(
+        tool("python3")
+            .arg("-c")
+            .arg(
+                "import os,fcntl,struct,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.fsync(fd); \
+         fcntl.ioctl(fd,0x8004587D,struct.pack('I',2))",
+            )
+            .arg(mnt),
+    )
+    .unwrap();
+}
+
+/// Restores `/proc/sys/vm/dirty_writeback_centisecs` on drop.
+struct Writeback(String);
+
+impl Writeback {
+    fn off() -> Writeback {
+        const P: &str = "/proc/sys/vm/dirty_writeback_centisecs";
+        let old = fs::read_to_string(P).unwrap();
+        fs::write(P, "0").unwrap();
+        Writeback(old)
+    }
+}
+
+impl Drop for Writeback {
+    fn drop(&mut self) {
+        let _ = fs::write("/proc/sys/vm/dirty_writeback_centisecs", self.0.trim());
+    }
+}
+
+fn check_kernel_image(img: &Path, dir: &Path, what: &str) {
+    let j = run_ok(ext4kit().args(["journal", "dump", "--json"]).arg(img)).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+    assert_eq!(v["needs_recovery"], true, "{what}: {v}");
+    assert!(v["transactions"].as_u64().unwrap() >= 1, "{what}: {v}");
+    assert!(v["error"].is_null(), "{what}: {v}");
+    let (line, ours) = replay_like_e2fsck(img, dir);
+    eprintln!("{what}: {line}");
+    e2fsck_clean_after_crash(&ours).unwrap_or_else(|e| panic!("{what}: {e}"));
+}
+
+#[test]
+fn kernel_dirty_journals_replay_like_e2fsck() {
+    if let Err(why) = kernel_ok() {
+        return skip("kernel_dirty_journals_replay_like_e2fsck", &why);
+    }
+    let dir = image_dir();
+    let d = dir.path();
+
+    // (a) Writeback off, fsync, copy the backing file while mounted: one
+    // committed transaction, home blocks stale.
+    {
+        let base = d.join("base.img");
+        mkfs(&base, "256M", &["-b", "4096"]);
+        let lo = LoopDev::attach(&base).unwrap();
+        let m = Mount::new(lo.path(), "ext4", None).unwrap();
+        let copyimg = d.join("fsync-copy.img");
+        {
+            let _wb = Writeback::off();
+            fs::create_dir(m.path().join("d")).unwrap();
+            for i in 1..=200 {
+                fs::write(m.path().join(format!("d/f{i}")), format!("x{i}\n")).unwrap();
+            }
+            fsync(&m.path().join("d/f200"));
+            copy(&base, &copyimg);
+        }
+        m.unmount().unwrap();
+        drop(lo);
+        fs::remove_file(&base).unwrap();
+        check_kernel_image(&copyimg, d, "fsync-copy");
+        fs::remove_file(&copyimg).unwrap();
+    }
+
+    // (b) Shutdown without log flush after create/fsync/rm: several
+    // transactions and a revoke block.
+    {
+        let img = d.join("shutdown.img");
+        mkfs(&img, "64M", &["-b", "4096"]);
+        let lo = LoopDev::attach(&img).unwrap();
+        let m = Mount::new(lo.path(), "ext4", None).unwrap();
+        fs::create_dir(m.path().join("d")).unwrap();
+        for i in 1..=400 {
+            fs::write(m.path().join(format!("d/file-with-a-long-name-{i}")), b"").unwrap();
+        }
+        fsync(&m.path().join("d"));
+        fs::remove_dir_all(m.path().join("d")).unwrap();
+        shutdown_nologflush(m.path());
+        m.unmount().unwrap();
+        drop(lo);
+        let j = run_ok(ext4kit().args(["journal", "dump", "--json"]).arg(&img)).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+        assert!(
+            v["entries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["type"] == "revoke"),
+            "no revoke block in the shutdown log: {v}"
+        );
+        check_kernel_image(&img, d, "shutdown");
+        fs::remove_file(&img).unwrap();
+    }
+
+    // (c) A 4 MiB journal and many fsyncs: the live log wraps.
+    {
+        let img = d.join("wrap.img");
+        mkfs(&img, "256M", &["-b", "4096", "-J", "size=4"]);
+        let lo = LoopDev::attach(&img).unwrap();
+        let m = Mount::new(lo.path(), "ext4", None).unwrap();
+        for i in 0..3000u64 {
+            let p = m.path().join(format!("f{}", i % 300));
+            fs::write(&p, vec![b'x'; (100 + i) as usize]).unwrap();
+            fsync(&p);
+        }
+        shutdown_nologflush(m.path());
+        m.unmount().unwrap();
+        drop(lo);
+        let j = run_ok(ext4kit().args(["journal", "dump", "--json"]).arg(&img)).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+        let entries = v["entries"].as_array().unwrap();
+        let first = entries[0]["log_block"].as_u64().unwrap();
+        let last = entries.last().unwrap()["log_block"].as_u64().unwrap();
+        assert!(
+            last < first,
+            "the live log does not wrap (blocks {first}..{last}): {}",
+            v["start"]
+        );
+        check_kernel_image(&img, d, "wrap");
+    }
+}
+
+/// The shutdown recipe on other journal formats the kernel writes:
+/// checksum v1 (`journal_checksum` without metadata_csum: crc32_be over
+/// each transaction), v1 with async commits (data=journal: data blocks in
+/// the log), 32-bit tags (no 64bit) and ext3's block-mapped journal.
+#[test]
+fn kernel_journal_formats_replay_like_e2fsck() {
+    if let Err(why) = kernel_ok() {
+        return skip("kernel_journal_formats_replay_like_e2fsck", &why);
+    }
+    let dir = image_dir();
+    let d = dir.path();
+    for (what, fstype, mkfs_args, opts, feature) in [
+        (
+            "v1",
+            "ext4",
+            "^metadata_csum",
+            "journal_checksum",
+            "checksum",
+        ),
+        (
+            "v1-async",
+            "ext4",
+            "^metadata_csum",
+            "journal_async_commit,data=journal",
+            "async_commit",
+        ),
+        ("32bit-v3", "ext4", "^64bit", "", "csum_v3"),
+        ("ext3", "ext3", "", "", "revoke"),
+    ] {
+        let img = d.join(format!("{what}.img"));
+        let _ = fs::remove_file(&img);
+        run_ok(tool("truncate").args(["-s", "16M"]).arg(&img)).unwrap();
+        let mut mk = mke2fs(["-q", "-F", "-t", fstype, "-b", "1024"]);
+        if !mkfs_args.is_empty() {
+            mk.args(["-O", mkfs_args]);
+        }
+        run_ok(mk.arg(&img)).unwrap();
+        let lo = LoopDev::attach(&img).unwrap();
+        let m = Mount::new(lo.path(), "ext4", (!opts.is_empty()).then_some(opts)).unwrap();
+        fs::create_dir(m.path().join("d")).unwrap();
+        for i in 1..=300 {
+            fs::write(
+                m.path().join(format!("d/file-long-name-{i}")),
+                format!("{i}\n"),
+            )
+            .unwrap();
+        }
+        fsync(&m.path().join("d"));
+        fs::remove_dir_all(m.path().join("d")).unwrap();
+        fs::write(m.path().join("last"), vec![7u8; 5000]).unwrap();
+        fsync(&m.path().join("last"));
+        shutdown_nologflush(m.path());
+        m.unmount().unwrap();
+        drop(lo);
+        let j = run_ok(ext4kit().args(["journal", "dump", "--json"]).arg(&img)).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&j.stdout).unwrap();
+        assert!(
+            v["features"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f == feature),
+            "{what}: {}",
+            v["features"]
+        );
+        check_kernel_image(&img, d, what);
+        if what.starts_with("v1") {
+            // Corruptions of a kernel v1 log (crc32_be over transactions).
+            let (ok, no) = fuzz_campaign(&img, d, 1024, fuzz_cases(40) / 4, 0x5DEE_CE66_D1CE_4E5B);
+            eprintln!("corrupted kernel {what} logs: {ok} replayed like e2fsck, {no} refused");
+        }
+        fs::remove_file(&img).unwrap();
+    }
+}
+
+/// The replay refuses an image another program holds (flock).
+#[test]
+fn replay_refuses_a_busy_image() {
+    if let Err(why) = e2fs_tools() {
+        return skip("replay_refuses_a_busy_image", &why);
+    }
+    let dir = image_dir();
+    let img = debugfs_image(dir.path(), Csum::V3, 1024);
+    let before = file_hash(&img).unwrap();
+    let held =
+        ext4kit_device::FileDevice::open(&img, ext4kit_device::OpenOptions::read_write()).unwrap();
+    let out = run(ext4kit().args(["journal", "replay"]).arg(&img)).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(err.contains("in use by another program"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    drop(held);
+    assert_eq!(file_hash(&img).unwrap(), before);
+}
+
+/// The replay refuses an image whose loop device is mounted.
+#[test]
+fn replay_refuses_a_mounted_image() {
+    if let Err(why) = kernel_ok() {
+        return skip("replay_refuses_a_mounted_image", &why);
+    }
+    let dir = image_dir();
+    let img = dir.path().join("m.img");
+    mkfs(&img, "32M", &["-b", "4096"]);
+    let lo = LoopDev::attach(&img).unwrap();
+    let m = Mount::new(lo.path(), "ext4", None).unwrap();
+    for target in [img.as_path(), lo.path()] {
+        let out = run(ext4kit().args(["journal", "replay"]).arg(target)).unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        assert!(err.contains("is mounted"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    m.unmount().unwrap();
+}

@@ -1,0 +1,1610 @@
+//! Offline jbd2 recovery: the kernel's `jbd2_journal_recover` (the same
+//! `recovery.c` e2fsck uses), as a pure function from the device's bytes to
+//! a list of home writes.
+//!
+//! [`Journal::open`] reads the ext4 superblock and the journal inode, maps
+//! the inode's blocks (extents or ext2/3 block maps, every block checked
+//! against the filesystem's bounds) and validates the journal superblock.
+//! [`recover`] runs the three passes (SCAN finds the end of the log with the
+//! checksum rules, REVOKE builds the block -> highest-tid table, REPLAY
+//! collects every unrevoked tagged block with the escape undone) without
+//! writing anything. [`apply`] writes the result home, flushes, then resets
+//! the journal and clears `needs_recovery` as `e2fsck -E journal_only` does.
+//!
+//! Where the kernel's code has a quirk that decides which blocks are
+//! replayed (a `break` that only leaves the `switch`, tid 0 meaning "not
+//! set", a single subtraction in `wrap`), it is kept on purpose: the goal is
+//! the same home bytes as the kernel and e2fsck, not a cleaner reading.
+
+use std::collections::{BTreeMap, HashMap};
+
+use ext4kit_device::{Device, DeviceError};
+use ext4kit_format::Csum;
+use ext4kit_format::checksum::{self, jbd2 as jcsum};
+use ext4kit_format::extent::{EXTENT_MAGIC, Extent, ExtentHeader, ExtentIndex};
+use ext4kit_format::features::{Compat, Incompat, RoCompat};
+use ext4kit_format::group_desc::GroupDesc;
+use ext4kit_format::inode::{self, EXT4_EXTENTS_FL, EXT4_INLINE_DATA_FL};
+use ext4kit_format::jbd2::*;
+use ext4kit_format::superblock::{
+    EXT4_MAGIC, STATE_ERROR, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock,
+};
+use zerocopy::{FromBytes, IntoBytes};
+
+/// Why a journal could not be read or replayed. Each message is one line.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecoverError {
+    /// Not an ext4 filesystem at all.
+    #[error("not an ext2/3/4 filesystem (superblock magic is {0:#06x}, expected 0xef53)")]
+    NotExt4(u16),
+    /// The filesystem has no journal.
+    #[error("the filesystem has no journal")]
+    NoJournal,
+    /// A valid setup this code does not handle (external journal, fast
+    /// commits, an unknown journal feature...).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The ext4 superblock, descriptor or journal inode is damaged.
+    #[error("corrupt {what}: {detail}")]
+    Corrupt { what: &'static str, detail: String },
+    /// The journal superblock is damaged.
+    #[error("corrupt journal superblock: {0}")]
+    BadJournalSuperblock(String),
+    /// The log cannot be replayed (the kernel's -EFSBADCRC/-EIO/-EINVAL
+    /// cases, or a tag that points outside the filesystem).
+    #[error("journal block {block}: {detail}")]
+    Log { block: u64, detail: String },
+    /// A read, write or flush failed.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+fn corrupt(what: &'static str, detail: impl Into<String>) -> RecoverError {
+    RecoverError::Corrupt {
+        what,
+        detail: detail.into(),
+    }
+}
+
+fn bad_jsb(detail: impl Into<String>) -> RecoverError {
+    RecoverError::BadJournalSuperblock(detail.into())
+}
+
+fn log_err(block: u64, detail: impl Into<String>) -> RecoverError {
+    RecoverError::Log {
+        block,
+        detail: detail.into(),
+    }
+}
+
+/// Largest journal accepted, in blocks (mke2fs' limit for `-J size=`).
+pub const MAX_JOURNAL_BLOCKS: u32 = JBD2_MIN_JOURNAL_BLOCKS * 10000;
+
+/// A contiguous run of the journal inode: logical `lblk..lblk+len` at
+/// physical `pblk..`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub lblk: u32,
+    pub pblk: u64,
+    pub len: u32,
+}
+
+/// An opened internal journal: where its blocks are and what its
+/// superblock says.
+#[derive(Clone)]
+pub struct Journal {
+    /// Filesystem (and journal) block size.
+    pub block_size: u32,
+    /// Blocks in the filesystem.
+    pub fs_blocks: u64,
+    /// The ext4 superblock as read.
+    pub sb: Superblock,
+    /// The journal superblock as read.
+    pub jsb: JournalSuperblock,
+    /// Which checksums and tag forms the log uses.
+    pub fmt: LogFormat,
+    /// The journal inode's block runs, sorted, covering `0..s_maxlen`.
+    pub runs: Vec<Run>,
+    seed: u32,
+    first: u32,
+    last: u32,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("block_size", &self.block_size)
+            .field("fmt", &self.fmt)
+            .field("first", &self.first)
+            .field("last", &self.last)
+            .field("runs", &self.runs)
+            .finish_non_exhaustive()
+    }
+}
+
+fn read_block(dev: &dyn Device, bs: u32, block: u64) -> Result<Vec<u8>, RecoverError> {
+    let mut buf = vec![0u8; bs as usize];
+    let off = block
+        .checked_mul(u64::from(bs))
+        .ok_or_else(|| corrupt("block number", format!("{block} overflows")))?;
+    dev.read_at(&mut buf, off)?;
+    Ok(buf)
+}
+
+fn be32(b: &[u8], off: usize) -> u32 {
+    u32::from_be_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+fn le32(b: &[u8], off: usize) -> u32 {
+    u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+/// Read and sanity-check the primary ext4 superblock.
+pub fn read_superblock(dev: &dyn Device) -> Result<Superblock, RecoverError> {
+    if dev.size() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
+        return Err(corrupt(
+            "superblock",
+            format!("the device has only {} bytes", dev.size()),
+        ));
+    }
+    let mut raw = vec![0u8; SUPERBLOCK_SIZE];
+    dev.read_at(&mut raw, SUPERBLOCK_OFFSET)?;
+    let sb = Superblock::parse(&raw).ok_or_else(|| corrupt("superblock", "short read"))?;
+    if sb.s_magic.get() != EXT4_MAGIC {
+        return Err(RecoverError::NotExt4(sb.s_magic.get()));
+    }
+    let ro = RoCompat(sb.s_feature_ro_compat.get());
+    if ro.contains(RoCompat::METADATA_CSUM) && !sb.checksum_ok() {
+        return Err(corrupt(
+            "superblock",
+            format!(
+                "checksum {:#010x} does not match the computed {:#010x}",
+                sb.s_checksum.get(),
+                sb.compute_checksum()
+            ),
+        ));
+    }
+    Ok(sb)
+}
+
+impl Journal {
+    /// Open the filesystem's internal journal on `dev`.
+    pub fn open(dev: &dyn Device) -> Result<Journal, RecoverError> {
+        let sb = read_superblock(dev)?;
+        let compat = Compat(sb.s_feature_compat.get());
+        let incompat = Incompat(sb.s_feature_incompat.get());
+        if incompat.contains(Incompat::JOURNAL_DEV) {
+            return Err(RecoverError::Unsupported(
+                "this is an external journal device, not a filesystem".into(),
+            ));
+        }
+        let ino = sb.s_journal_inum.get();
+        if !compat.contains(Compat::HAS_JOURNAL) || (ino == 0 && sb.s_journal_dev.get() == 0) {
+            return Err(RecoverError::NoJournal);
+        }
+        if ino == 0 || sb.s_journal_dev.get() != 0 || sb.s_journal_uuid != [0; 16] {
+            return Err(RecoverError::Unsupported(
+                "external journals are not supported".into(),
+            ));
+        }
+        let bs = sb
+            .block_size()
+            .ok_or_else(|| corrupt("superblock", "block size out of range"))?;
+        let fs_blocks = sb.blocks_count();
+        if fs_blocks == 0 || fs_blocks.saturating_mul(u64::from(bs)) > dev.size() {
+            return Err(corrupt(
+                "superblock",
+                format!(
+                    "{fs_blocks} blocks of {bs} bytes do not fit the device ({} bytes)",
+                    dev.size()
+                ),
+            ));
+        }
+        let csum = Csum::from_superblock(&sb);
+        let raw_inode = read_inode(dev, &sb, bs, fs_blocks, ino)?;
+        if csum.metadata && !inode::checksum_ok(&raw_inode, ino, &csum) {
+            return Err(corrupt(
+                "journal inode",
+                format!("inode {ino} checksum does not match"),
+            ));
+        }
+        let node = ext4kit_format::Inode::parse(&raw_inode)
+            .ok_or_else(|| corrupt("journal inode", "short inode"))?;
+        let flags = node.i_flags.get();
+        if flags & EXT4_INLINE_DATA_FL != 0 {
+            return Err(corrupt("journal inode", "it has inline data"));
+        }
+        let size_blocks = node.size() / u64::from(bs);
+        if size_blocks < 2 {
+            return Err(corrupt(
+                "journal inode",
+                format!("size {} is too small", node.size()),
+            ));
+        }
+        let i_block = node.i_block.as_bytes().to_vec();
+        let mapper = Mapper {
+            dev,
+            bs,
+            fs_blocks,
+            first_data_block: u64::from(sb.s_first_data_block.get()),
+        };
+        let map = |limit: u32| -> Result<Vec<Run>, RecoverError> {
+            let mut runs = Vec::new();
+            if flags & EXT4_EXTENTS_FL != 0 {
+                mapper.extents(&i_block, limit, 0, &mut runs)?;
+            } else {
+                mapper.block_map(&i_block, limit, &mut runs)?;
+            }
+            runs.sort_by_key(|r| r.lblk);
+            Ok(runs)
+        };
+        // Block 0 first (the journal superblock), then the whole log.
+        let runs0 = map(1)?;
+        let jsb_blk = lookup(&runs0, 0).ok_or_else(|| {
+            corrupt(
+                "journal inode",
+                "its first block (the journal superblock) is not mapped",
+            )
+        })?;
+        let raw = read_block(dev, bs, jsb_blk)?;
+        let jsb = JournalSuperblock::parse(&raw).ok_or_else(|| bad_jsb("short block"))?;
+        let fmt = validate_jsb(&jsb, &raw, bs, size_blocks)?;
+        let maxlen = jsb.s_maxlen.get();
+        let runs = map(maxlen)?;
+        check_coverage(&runs, maxlen)?;
+        // No two logical blocks may share a physical block.
+        let mut phys: Vec<(u64, u64)> = runs
+            .iter()
+            .map(|r| (r.pblk, r.pblk + u64::from(r.len)))
+            .collect();
+        phys.sort_unstable();
+        if phys.windows(2).any(|w| w[1].0 < w[0].1) {
+            return Err(corrupt("journal inode", "two of its blocks overlap"));
+        }
+        let seed = jcsum::seed(&jsb.s_uuid);
+        Ok(Journal {
+            block_size: bs,
+            fs_blocks,
+            first: jsb.s_first.get(),
+            last: maxlen,
+            sb,
+            jsb,
+            fmt,
+            runs,
+            seed,
+        })
+    }
+
+    /// Physical block of log block `lblk`.
+    pub fn phys(&self, lblk: u64) -> Option<u64> {
+        u32::try_from(lblk).ok().and_then(|l| lookup(&self.runs, l))
+    }
+
+    /// Is physical block `pblk` one of the journal's own blocks?
+    pub fn contains_phys(&self, pblk: u64) -> bool {
+        self.runs
+            .iter()
+            .any(|r| pblk >= r.pblk && pblk < r.pblk + u64::from(r.len))
+    }
+
+    /// The kernel's `jread`: log block `offset`, refused past `s_maxlen`.
+    fn jread(&self, dev: &dyn Device, offset: u64) -> Result<Vec<u8>, RecoverError> {
+        if offset >= u64::from(self.last) {
+            return Err(log_err(
+                offset,
+                format!("past the end of the log ({} blocks)", self.last),
+            ));
+        }
+        let p = self
+            .phys(offset)
+            .ok_or_else(|| log_err(offset, "not mapped"))?;
+        read_block(dev, self.block_size, p)
+    }
+
+    /// The kernel's `wrap()` macro: one subtraction, no modulo.
+    fn wrap(&self, v: &mut u64) {
+        let last = u64::from(self.last);
+        if *v >= last {
+            *v -= last - u64::from(self.first);
+        }
+    }
+
+    fn tail_ok(&self, block: &[u8]) -> bool {
+        if !self.fmt.csum_v2or3() {
+            return true;
+        }
+        let n = block.len();
+        jcsum::block_tail(self.seed, block) == be32(block, n - 4)
+    }
+
+    fn commit_ok(&self, block: &[u8]) -> bool {
+        if !self.fmt.csum_v2or3() {
+            return true;
+        }
+        jcsum::commit(self.seed, block) == be32(block, 16)
+    }
+
+    fn tag_ok(&self, tag: &Tag, data: &[u8], tid: u32) -> bool {
+        if !self.fmt.csum_v2or3() {
+            return true;
+        }
+        let c = jcsum::tag(self.seed, tid, data);
+        if self.fmt.csum_v3() {
+            tag.checksum == c
+        } else {
+            tag.checksum == c & 0xFFFF
+        }
+    }
+
+    /// The tags of a descriptor block as the kernel walks them
+    /// (`count_tags`): offset of each tag in the block and the tag.
+    fn tags(&self, block: &[u8]) -> Vec<(usize, Tag)> {
+        let tb = self.fmt.tag_bytes();
+        let size = block.len() - self.fmt.tail_bytes();
+        let mut pos = size_of::<JournalHeader>();
+        let mut out = Vec::new();
+        while pos + tb <= size {
+            let Some(tag) = Tag::parse(&block[pos..], self.fmt) else {
+                break;
+            };
+            out.push((pos, tag));
+            pos += tb;
+            if tag.flags & JBD2_FLAG_SAME_UUID == 0 {
+                pos += 16;
+            }
+            if tag.flags & JBD2_FLAG_LAST_TAG != 0 {
+                break;
+            }
+        }
+        out
+    }
+}
+
+fn lookup(runs: &[Run], lblk: u32) -> Option<u64> {
+    let i = runs.partition_point(|r| r.lblk <= lblk);
+    let r = runs.get(i.checked_sub(1)?)?;
+    (lblk - r.lblk < r.len).then(|| r.pblk + u64::from(lblk - r.lblk))
+}
+
+fn check_coverage(runs: &[Run], maxlen: u32) -> Result<(), RecoverError> {
+    let mut next = 0u32;
+    for r in runs {
+        if r.lblk > next {
+            break;
+        }
+        if r.lblk < next {
+            return Err(corrupt(
+                "journal inode",
+                format!("logical block {} is mapped twice", r.lblk),
+            ));
+        }
+        next = r.lblk.saturating_add(r.len);
+        if next >= maxlen {
+            return Ok(());
+        }
+    }
+    Err(corrupt(
+        "journal inode",
+        format!("log block {next} (of {maxlen}) is not mapped"),
+    ))
+}
+
+fn read_inode(
+    dev: &dyn Device,
+    sb: &Superblock,
+    bs: u32,
+    fs_blocks: u64,
+    ino: u32,
+) -> Result<Vec<u8>, RecoverError> {
+    let ipg = sb.s_inodes_per_group.get();
+    let bpg = sb.s_blocks_per_group.get();
+    if ipg == 0 || bpg == 0 || ino > sb.s_inodes_count.get() {
+        return Err(corrupt(
+            "superblock",
+            format!("inode {ino} is outside the inode tables"),
+        ));
+    }
+    let inode_size = if sb.s_rev_level.get() == 0 {
+        128
+    } else {
+        u32::from(sb.s_inode_size.get())
+    };
+    if !(128..=bs).contains(&inode_size) || !inode_size.is_power_of_two() {
+        return Err(corrupt(
+            "superblock",
+            format!("inode size {inode_size} is invalid"),
+        ));
+    }
+    let group = (ino - 1) / ipg;
+    let desc_size = u32::from(sb.desc_size());
+    if desc_size < 32 || desc_size > bs || !desc_size.is_power_of_two() {
+        return Err(corrupt(
+            "superblock",
+            format!("descriptor size {desc_size} is invalid"),
+        ));
+    }
+    let gdt = u64::from(sb.s_first_data_block.get()) + 1;
+    let byte = u64::from(group) * u64::from(desc_size);
+    let dblk = gdt + byte / u64::from(bs);
+    if dblk >= fs_blocks {
+        return Err(corrupt(
+            "group descriptor",
+            format!("group {group}'s descriptor is outside the filesystem"),
+        ));
+    }
+    let blk = read_block(dev, bs, dblk)?;
+    let off = (byte % u64::from(bs)) as usize;
+    let gd = GroupDesc::parse(&blk[off..off + desc_size as usize])
+        .ok_or_else(|| corrupt("group descriptor", "short"))?;
+    let mut table = gd.inode_table();
+    if desc_size < 64 {
+        table &= 0xFFFF_FFFF;
+    }
+    let index = u64::from((ino - 1) % ipg);
+    let ipb = u64::from(bs / inode_size);
+    let iblk = table + index / ipb;
+    if table == 0 || iblk >= fs_blocks {
+        return Err(corrupt(
+            "group descriptor",
+            format!("group {group}'s inode table (block {table}) is outside the filesystem"),
+        ));
+    }
+    let b = read_block(dev, bs, iblk)?;
+    let o = ((index % ipb) * u64::from(inode_size)) as usize;
+    Ok(b[o..o + inode_size as usize].to_vec())
+}
+
+struct Mapper<'a> {
+    dev: &'a dyn Device,
+    bs: u32,
+    fs_blocks: u64,
+    first_data_block: u64,
+}
+
+impl Mapper<'_> {
+    fn check_phys(&self, pblk: u64, len: u64, what: &str) -> Result<(), RecoverError> {
+        let end = pblk.checked_add(len);
+        if pblk < self.first_data_block.max(1) || end.is_none_or(|e| e > self.fs_blocks) {
+            return Err(corrupt(
+                "journal inode",
+                format!(
+                    "{what} at block {pblk} (+{len}) is outside the filesystem ({} blocks)",
+                    self.fs_blocks
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Walk an extent node (`node` = header + entries), collecting runs for
+    /// logical blocks below `limit`.
+    fn extents(
+        &self,
+        node: &[u8],
+        limit: u32,
+        level: u32,
+        out: &mut Vec<Run>,
+    ) -> Result<(), RecoverError> {
+        let hdr = ExtentHeader::read_from_prefix(node)
+            .map(|(h, _)| h)
+            .map_err(|_| corrupt("journal inode", "short extent node"))?;
+        if hdr.eh_magic.get() != EXTENT_MAGIC {
+            return Err(corrupt("journal inode", "bad extent header magic"));
+        }
+        let entries = usize::from(hdr.eh_entries.get());
+        let max = usize::from(hdr.eh_max.get());
+        let depth = u32::from(hdr.eh_depth.get());
+        let room = (node.len() - 12) / 12;
+        if entries > max || max > room || depth > 5 || level > 5 || (level > 0 && depth >= level) {
+            return Err(corrupt(
+                "journal inode",
+                format!("extent node: {entries} entries, max {max}, depth {depth}"),
+            ));
+        }
+        for i in 0..entries {
+            let e = &node[12 + i * 12..24 + i * 12];
+            if depth == 0 {
+                let Ok(x) = Extent::read_from_bytes(e) else {
+                    continue;
+                };
+                let lblk = x.ee_block.get();
+                if lblk >= limit {
+                    continue;
+                }
+                let len = x.len();
+                self.check_phys(x.start(), u64::from(len), "an extent")?;
+                if len > 0 {
+                    out.push(Run {
+                        lblk,
+                        pblk: x.start(),
+                        len,
+                    });
+                }
+            } else {
+                let Ok(ix) = ExtentIndex::read_from_bytes(e) else {
+                    continue;
+                };
+                if ix.ei_block.get() >= limit {
+                    continue;
+                }
+                self.check_phys(ix.leaf(), 1, "an extent index block")?;
+                let child = read_block(self.dev, self.bs, ix.leaf())?;
+                let child_depth = u16::from_le_bytes([child[6], child[7]]);
+                if u32::from(child_depth) + 1 != depth {
+                    return Err(corrupt(
+                        "journal inode",
+                        format!("extent block {} has the wrong depth", ix.leaf()),
+                    ));
+                }
+                self.extents(&child, limit, depth, out)?;
+            }
+            if out.len() > MAX_JOURNAL_BLOCKS as usize {
+                return Err(corrupt("journal inode", "too many extents"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Walk an ext2/3 block map (12 direct, indirect, double, triple).
+    fn block_map(
+        &self,
+        i_block: &[u8],
+        limit: u32,
+        out: &mut Vec<Run>,
+    ) -> Result<(), RecoverError> {
+        let mut push = |lblk: u32, pblk: u64| {
+            if let Some(r) = out.last_mut()
+                && r.lblk + r.len == lblk
+                && r.pblk + u64::from(r.len) == pblk
+            {
+                r.len += 1;
+                return;
+            }
+            out.push(Run { lblk, pblk, len: 1 });
+        };
+        let per = u64::from(self.bs / 4);
+        let mut lblk: u64 = 0;
+        for i in 0..12 {
+            if lblk >= u64::from(limit) {
+                return Ok(());
+            }
+            let p = u64::from(le32(i_block, i * 4));
+            if p != 0 {
+                self.check_phys(p, 1, "a data block")?;
+                push(lblk as u32, p);
+            }
+            lblk += 1;
+        }
+        for level in 1..=3u32 {
+            if lblk >= u64::from(limit) {
+                return Ok(());
+            }
+            let p = u64::from(le32(i_block, (11 + level as usize) * 4));
+            let span = per.pow(level);
+            if p != 0 {
+                self.indirect(p, level, lblk, limit, &mut push)?;
+            }
+            lblk += span;
+        }
+        Ok(())
+    }
+
+    fn indirect(
+        &self,
+        p: u64,
+        level: u32,
+        base: u64,
+        limit: u32,
+        push: &mut dyn FnMut(u32, u64),
+    ) -> Result<(), RecoverError> {
+        self.check_phys(p, 1, "an indirect block")?;
+        let b = read_block(self.dev, self.bs, p)?;
+        let per = u64::from(self.bs / 4);
+        let span = per.pow(level - 1);
+        for i in 0..per {
+            let lblk = base + i * span;
+            if lblk >= u64::from(limit) {
+                break;
+            }
+            let c = u64::from(le32(&b, i as usize * 4));
+            if c == 0 {
+                continue;
+            }
+            if level == 1 {
+                self.check_phys(c, 1, "a data block")?;
+                push(lblk as u32, c);
+            } else {
+                self.indirect(c, level - 1, lblk, limit, push)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The checks of the kernel's and e2fsck's journal load.
+fn validate_jsb(
+    jsb: &JournalSuperblock,
+    raw: &[u8],
+    bs: u32,
+    size_blocks: u64,
+) -> Result<LogFormat, RecoverError> {
+    if jsb.h_magic.get() != JBD2_MAGIC {
+        return Err(bad_jsb(format!(
+            "magic {:#010x}, expected {JBD2_MAGIC:#010x}",
+            jsb.h_magic.get()
+        )));
+    }
+    match jsb.h_blocktype.get() {
+        JBD2_SUPERBLOCK_V2 => {}
+        JBD2_SUPERBLOCK_V1 => {
+            return Err(RecoverError::Unsupported(
+                "version 1 journal superblocks".into(),
+            ));
+        }
+        t => return Err(bad_jsb(format!("block type {t} is not a superblock"))),
+    }
+    let fmt = LogFormat::of(jsb);
+    if jsb.s_nr_users.get() > 1 {
+        return Err(RecoverError::Unsupported(
+            "journals shared by several filesystems".into(),
+        ));
+    }
+    let unknown = fmt.incompat & !JBD2_KNOWN_INCOMPAT_FEATURES;
+    if unknown != 0 {
+        return Err(RecoverError::Unsupported(format!(
+            "journal incompat features {unknown:#x}"
+        )));
+    }
+    let ro = jsb.s_feature_ro_compat.get() & !JBD2_KNOWN_ROCOMPAT_FEATURES;
+    if ro != 0 {
+        return Err(RecoverError::Unsupported(format!(
+            "journal ro_compat features {ro:#x}"
+        )));
+    }
+    if fmt.fast_commit() {
+        return Err(RecoverError::Unsupported(
+            "journals with fast commits (fast_commit)".into(),
+        ));
+    }
+    if fmt.csum_v2() && fmt.csum_v3() {
+        return Err(bad_jsb("both csum_v2 and csum_v3 are set"));
+    }
+    if fmt.csum_v2or3() && fmt.csum_v1() {
+        return Err(bad_jsb("checksum v1 and v2/v3 are both set"));
+    }
+    if fmt.csum_v2or3() {
+        if jsb.s_checksum_type != JBD2_CRC32C_CHKSUM {
+            return Err(bad_jsb(format!(
+                "checksum type {}, expected 4 (crc32c)",
+                jsb.s_checksum_type
+            )));
+        }
+        let c = jcsum::superblock(raw);
+        if c != jsb.s_checksum.get() {
+            return Err(bad_jsb(format!(
+                "checksum {:#010x} does not match the computed {c:#010x}",
+                jsb.s_checksum.get()
+            )));
+        }
+    }
+    if jsb.s_blocksize.get() != bs {
+        return Err(bad_jsb(format!(
+            "block size {} differs from the filesystem's {bs}",
+            jsb.s_blocksize.get()
+        )));
+    }
+    let maxlen = jsb.s_maxlen.get();
+    if u64::from(maxlen) > size_blocks {
+        return Err(bad_jsb(format!(
+            "s_maxlen {maxlen} is larger than the journal inode ({size_blocks} blocks)"
+        )));
+    }
+    if maxlen > MAX_JOURNAL_BLOCKS {
+        return Err(RecoverError::Unsupported(format!(
+            "journals larger than {MAX_JOURNAL_BLOCKS} blocks"
+        )));
+    }
+    let first = jsb.s_first.get();
+    if first == 0 || first >= maxlen {
+        return Err(bad_jsb(format!(
+            "s_first {first} is outside the log (s_maxlen {maxlen})"
+        )));
+    }
+    let start = jsb.s_start.get();
+    if start != 0 && (start < first || start >= maxlen) {
+        return Err(bad_jsb(format!(
+            "s_start {start} is outside the log ({first}..{maxlen})"
+        )));
+    }
+    Ok(fmt)
+}
+
+/// One tag as the dump shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TagInfo {
+    /// Home block.
+    pub block: u64,
+    /// Log block holding its copy.
+    pub log_block: u64,
+    /// Tag flags (escape, same_uuid, deleted, last_tag).
+    pub flags: u16,
+}
+
+/// What one log block in the live part of the log is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogBlock {
+    Descriptor {
+        tags: Vec<TagInfo>,
+        checksum_ok: bool,
+    },
+    Revoke {
+        blocks: Vec<u64>,
+        checksum_ok: bool,
+    },
+    Commit {
+        sec: u64,
+        nsec: u32,
+        checksum_ok: bool,
+    },
+}
+
+/// A log block found by the scan pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogEntry {
+    /// Position in the log.
+    pub log_block: u64,
+    /// Transaction id in its header.
+    pub tid: u32,
+    pub kind: LogBlock,
+}
+
+/// One home write of the replay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HomeWrite {
+    pub block: u64,
+    pub data: Vec<u8>,
+}
+
+/// The result of a recovery: what the log holds and what replay writes.
+#[derive(Clone, Debug, Default)]
+pub struct Recovery {
+    /// Was there anything to replay (`s_start != 0`)?
+    pub dirty: bool,
+    /// First transaction in the log (`s_sequence`).
+    pub start_tid: u32,
+    /// First transaction *not* replayed (the kernel's `end_transaction`).
+    pub end_tid: u32,
+    /// `s_sequence` after recovery (`end_tid + 1`, or `s_sequence + 1`
+    /// for an empty log, as jbd2 and e2fsck set it).
+    pub next_sequence: u32,
+    /// A transaction whose commit checksum failed (the kernel's
+    /// `j_failed_commit`), if any: the log ends before it and the
+    /// filesystem is marked in error.
+    pub failed_commit: Option<u32>,
+    /// Blocks of the live log in log order (scan pass).
+    pub entries: Vec<LogEntry>,
+    /// Tagged blocks written (counting repeats), revoke records, and
+    /// tags skipped because revoked.
+    pub nr_replays: u64,
+    pub nr_revokes: u64,
+    pub nr_revoke_hits: u64,
+    /// Final content of every block replay writes, by home block (a later
+    /// transaction's copy replaces an earlier one, as the writes would).
+    pub writes: BTreeMap<u64, Vec<u8>>,
+}
+
+impl Recovery {
+    /// The home writes in block order.
+    pub fn home_writes(&self) -> impl Iterator<Item = HomeWrite> + '_ {
+        self.writes.iter().map(|(&block, data)| HomeWrite {
+            block,
+            data: data.clone(),
+        })
+    }
+    /// Number of transactions replayed.
+    pub fn transactions(&self) -> u32 {
+        if self.dirty {
+            self.end_tid.wrapping_sub(self.start_tid)
+        } else {
+            0
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Pass {
+    Scan,
+    Revoke,
+    Replay,
+}
+
+#[derive(Default)]
+struct Info {
+    /// The kernel's `end_transaction`; 0 means "not found yet".
+    end: u32,
+    failed_commit: u32,
+}
+
+/// Run the kernel's recovery over the journal and return what it would
+/// write. Nothing is written. `Err` is returned where the kernel's
+/// recovery fails (then neither the kernel nor ext4kit writes anything
+/// sensible; e2fsck would write what it could and mark the fs for a check).
+pub fn recover(dev: &dyn Device, j: &Journal) -> Result<Recovery, RecoverError> {
+    let (rec, res) = analyze(dev, j);
+    res.map(|()| rec)
+}
+
+/// Like [`recover`], but also returns what the scan found when the
+/// recovery fails (for `journal dump`).
+pub fn analyze(dev: &dyn Device, j: &Journal) -> (Recovery, Result<(), RecoverError>) {
+    let mut rec = Recovery {
+        start_tid: j.jsb.s_sequence.get(),
+        ..Recovery::default()
+    };
+    if j.jsb.s_start.get() == 0 {
+        rec.end_tid = rec.start_tid;
+        rec.next_sequence = rec.start_tid.wrapping_add(1);
+        return (rec, Ok(()));
+    }
+    rec.dirty = true;
+    let mut info = Info::default();
+    let mut revoked: HashMap<u64, u32> = HashMap::new();
+    let mut res = do_one_pass(dev, j, Pass::Scan, &mut info, &mut revoked, &mut rec);
+    if res.is_ok() {
+        res = do_one_pass(dev, j, Pass::Revoke, &mut info, &mut revoked, &mut rec);
+    }
+    if res.is_ok() {
+        res = do_one_pass(dev, j, Pass::Replay, &mut info, &mut revoked, &mut rec);
+    }
+    rec.end_tid = info.end;
+    rec.next_sequence = info.end.wrapping_add(1);
+    rec.failed_commit = (info.failed_commit != 0).then_some(info.failed_commit);
+    if res.is_ok() {
+        // Refuse home writes that no sane log has: outside the
+        // filesystem, or into the journal itself (the replay would then
+        // read back its own writes).
+        for &b in rec.writes.keys() {
+            if b >= j.fs_blocks {
+                res = Err(log_err(
+                    0,
+                    format!(
+                        "a tag points at block {b}, beyond the filesystem ({} blocks)",
+                        j.fs_blocks
+                    ),
+                ));
+                break;
+            }
+            if j.contains_phys(b) {
+                res = Err(log_err(
+                    0,
+                    format!("a tag points at block {b}, inside the journal"),
+                ));
+                break;
+            }
+        }
+    }
+    (rec, res)
+}
+
+fn do_one_pass(
+    dev: &dyn Device,
+    j: &Journal,
+    pass: Pass,
+    info: &mut Info,
+    revoked: &mut HashMap<u64, u32>,
+    rec: &mut Recovery,
+) -> Result<(), RecoverError> {
+    let mut next_commit = j.jsb.s_sequence.get();
+    let mut next_block = u64::from(j.jsb.s_start.get());
+    let mut success: Option<RecoverError> = None;
+    let mut crc32_sum: u32 = !0;
+    let mut need_check_commit_time = false;
+    let mut last_commit_time: u64 = 0;
+    let mut block_error = false;
+    let tail = j.fmt.tail_bytes();
+    let tb = j.fmt.tag_bytes();
+    let mut steps: u64 = 0;
+
+    'log: loop {
+        // A log can't hold more blocks than s_maxlen per pass; a loop that
+        // goes on is a corrupt log the kernel would also walk forever on
+        // (it can't: tids differ), so stop it.
+        steps += 1;
+        if steps > 4 * u64::from(j.last) + 16 {
+            return Err(log_err(next_block, "the log does not end"));
+        }
+        if pass != Pass::Scan && tid_geq(next_commit, info.end) {
+            break;
+        }
+        let this_block = next_block;
+        let buf = j.jread(dev, next_block)?;
+        next_block += 1;
+        j.wrap(&mut next_block);
+
+        let hdr = JournalHeader::parse(&buf).ok_or_else(|| log_err(this_block, "short block"))?;
+        if hdr.h_magic.get() != JBD2_MAGIC {
+            break;
+        }
+        let blocktype = hdr.h_blocktype.get();
+        let sequence = hdr.h_sequence.get();
+        if sequence != next_commit {
+            break;
+        }
+
+        match blocktype {
+            JBD2_DESCRIPTOR_BLOCK => {
+                let csum_ok = j.tail_ok(&buf);
+                if !csum_ok {
+                    if pass != Pass::Scan {
+                        return Err(log_err(
+                            this_block,
+                            "invalid checksum in a descriptor block",
+                        ));
+                    }
+                    need_check_commit_time = true;
+                }
+                let tags = j.tags(&buf);
+                if pass == Pass::Scan {
+                    let mut lb = next_block;
+                    let mut infos = Vec::with_capacity(tags.len());
+                    for (_, t) in &tags {
+                        infos.push(TagInfo {
+                            block: t.blocknr,
+                            log_block: lb,
+                            flags: t.flags,
+                        });
+                        lb += 1;
+                        j.wrap(&mut lb);
+                    }
+                    rec.entries.push(LogEntry {
+                        log_block: this_block,
+                        tid: sequence,
+                        kind: LogBlock::Descriptor {
+                            tags: infos,
+                            checksum_ok: csum_ok,
+                        },
+                    });
+                }
+                if pass != Pass::Replay {
+                    if pass == Pass::Scan
+                        && j.fmt.csum_v1()
+                        && !need_check_commit_time
+                        && info.end == 0
+                    {
+                        // calc_chksums: crc32_be over the descriptor and
+                        // the blocks it describes. A read error only
+                        // leaves the `switch` in the kernel.
+                        crc32_sum = checksum::crc32_be(crc32_sum, &buf);
+                        for _ in 0..tags.len() {
+                            let io = next_block;
+                            next_block += 1;
+                            j.wrap(&mut next_block);
+                            match j.jread(dev, io) {
+                                Ok(b) => crc32_sum = checksum::crc32_be(crc32_sum, &b),
+                                Err(_) => continue 'log,
+                            }
+                        }
+                        continue;
+                    }
+                    next_block += tags.len() as u64;
+                    j.wrap(&mut next_block);
+                    continue;
+                }
+                // PASS_REPLAY: the walk of the replay loop (same bounds as
+                // count_tags).
+                let size = buf.len() - tail;
+                let mut pos = size_of::<JournalHeader>();
+                while pos + tb <= size {
+                    let Some(tag) = Tag::parse(&buf[pos..], j.fmt) else {
+                        break;
+                    };
+                    let io = next_block;
+                    next_block += 1;
+                    j.wrap(&mut next_block);
+                    match j.jread(dev, io) {
+                        Err(e) => {
+                            success.get_or_insert(e);
+                        }
+                        Ok(mut data) => {
+                            let blocknr = tag.blocknr;
+                            let is_revoked = revoked
+                                .get(&blocknr)
+                                .is_some_and(|&r| !tid_gt(next_commit, r));
+                            if is_revoked {
+                                rec.nr_revoke_hits += 1;
+                            } else if !j.tag_ok(&tag, &data, sequence) {
+                                success.get_or_insert(log_err(
+                                    io,
+                                    format!("invalid checksum of the copy of block {blocknr}"),
+                                ));
+                                block_error = true;
+                            } else {
+                                if tag.flags & JBD2_FLAG_ESCAPE != 0 {
+                                    data[..4].copy_from_slice(&JBD2_MAGIC.to_be_bytes());
+                                }
+                                rec.nr_replays += 1;
+                                rec.writes.insert(blocknr, data);
+                            }
+                        }
+                    }
+                    pos += tb;
+                    if tag.flags & JBD2_FLAG_SAME_UUID == 0 {
+                        pos += 16;
+                    }
+                    if tag.flags & JBD2_FLAG_LAST_TAG != 0 {
+                        break;
+                    }
+                }
+                continue;
+            }
+            JBD2_COMMIT_BLOCK => {
+                let commit_time = u64::from_be_bytes(buf[48..56].try_into().unwrap_or([0; 8]));
+                if need_check_commit_time {
+                    if commit_time >= last_commit_time {
+                        return Err(log_err(
+                            this_block,
+                            format!("invalid checksum found in transaction {next_commit}"),
+                        ));
+                    }
+                    // Stale blocks of an older log: the log ends here.
+                    break 'log;
+                }
+                let mut chksum_err = false;
+                if pass == Pass::Scan && j.fmt.csum_v1() {
+                    let ch = CommitHeader::parse(&buf)
+                        .ok_or_else(|| log_err(this_block, "short block"))?;
+                    let found = ch.h_chksum[0].get();
+                    if info.end != 0 {
+                        info.failed_commit = info.end;
+                        continue;
+                    }
+                    let matches = crc32_sum == found
+                        && ch.h_chksum_type == JBD2_CRC32_CHKSUM
+                        && ch.h_chksum_size == JBD2_CRC32_CHKSUM_SIZE;
+                    let unused = ch.h_chksum_type == 0 && ch.h_chksum_size == 0 && found == 0;
+                    if matches || unused {
+                        crc32_sum = !0;
+                    } else {
+                        chksum_err = true;
+                    }
+                }
+                // v1 failure jumps straight to the error handling, like
+                // the kernel's `goto chksum_error`.
+                let bad = pass == Pass::Scan && (chksum_err || !j.commit_ok(&buf));
+                if pass == Pass::Scan {
+                    rec.entries.push(LogEntry {
+                        log_block: this_block,
+                        tid: sequence,
+                        kind: LogBlock::Commit {
+                            sec: commit_time,
+                            nsec: be32(&buf, 56),
+                            checksum_ok: !bad,
+                        },
+                    });
+                }
+                if bad {
+                    if commit_time < last_commit_time {
+                        break 'log;
+                    }
+                    info.end = next_commit;
+                    if !j.fmt.async_commit() {
+                        info.failed_commit = next_commit;
+                        continue;
+                    }
+                }
+                if pass == Pass::Scan {
+                    last_commit_time = commit_time;
+                }
+                next_commit = next_commit.wrapping_add(1);
+                continue;
+            }
+            JBD2_REVOKE_BLOCK => {
+                let csum_ok = j.tail_ok(&buf);
+                if pass == Pass::Scan {
+                    if !csum_ok {
+                        need_check_commit_time = true;
+                    }
+                    rec.entries.push(LogEntry {
+                        log_block: this_block,
+                        tid: sequence,
+                        kind: LogBlock::Revoke {
+                            blocks: revoke_records(j, &buf).unwrap_or_default(),
+                            checksum_ok: csum_ok,
+                        },
+                    });
+                }
+                if pass != Pass::Revoke {
+                    continue;
+                }
+                let recs = revoke_records(j, &buf).ok_or_else(|| {
+                    log_err(this_block, "revoke block count is larger than the block")
+                })?;
+                for b in recs {
+                    rec.nr_revokes += 1;
+                    revoked
+                        .entry(b)
+                        .and_modify(|t| {
+                            if tid_gt(next_commit, *t) {
+                                *t = next_commit;
+                            }
+                        })
+                        .or_insert(next_commit);
+                }
+                continue;
+            }
+            _ => break 'log,
+        }
+    }
+
+    if pass == Pass::Scan {
+        if info.end == 0 {
+            info.end = next_commit;
+        }
+    } else if info.end != next_commit && success.is_none() {
+        success = Some(log_err(
+            next_block,
+            format!(
+                "recovery pass ended at transaction {next_commit}, expected {}",
+                info.end
+            ),
+        ));
+    }
+    if block_error && success.is_none() {
+        success = Some(log_err(next_block, "I/O error"));
+    }
+    match success {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The block numbers of a revoke block, or `None` when `r_count` is larger
+/// than the block allows (the kernel's -EINVAL).
+fn revoke_records(j: &Journal, buf: &[u8]) -> Option<Vec<u64>> {
+    let rcount = be32(buf, 12) as usize;
+    if rcount > buf.len() - j.fmt.tail_bytes() {
+        return None;
+    }
+    let rl = j.fmt.revoke_record_bytes();
+    let mut off = size_of::<RevokeHeader>();
+    let mut out = Vec::new();
+    while off + rl <= rcount {
+        let b = if rl == 4 {
+            u64::from(be32(buf, off))
+        } else {
+            u64::from_be_bytes(buf[off..off + 8].try_into().unwrap_or([0; 8]))
+        };
+        out.push(b);
+        off += rl;
+    }
+    Some(out)
+}
+
+/// What [`apply`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Home blocks written.
+    pub blocks_written: u64,
+    /// The filesystem was marked in error (journal `s_errno` or a failed
+    /// commit), as e2fsck does.
+    pub marked_error: bool,
+}
+
+/// Write a recovery home, then release the journal as e2fsck does: flush,
+/// journal superblock `s_start = 0`, `s_sequence = next`, `s_errno = 0`
+/// (checksum when v2/v3), ext4 superblock without `needs_recovery` (and
+/// with the error state when the journal recorded an error, `s_wtime` =
+/// now), flush.
+pub fn apply(dev: &dyn Device, j: &Journal, rec: &Recovery) -> Result<Applied, RecoverError> {
+    let bs = u64::from(j.block_size);
+    for (&b, data) in &rec.writes {
+        dev.write_at(data, b * bs)?;
+    }
+    dev.flush()?;
+
+    let jblk = j
+        .phys(0)
+        .ok_or_else(|| corrupt("journal inode", "block 0 is not mapped"))?;
+    let mut raw = read_block(dev, j.block_size, jblk)?;
+    let mut jsb = JournalSuperblock::parse(&raw).ok_or_else(|| bad_jsb("short block"))?;
+    let had_errno = jsb.s_errno.get() != 0 || rec.failed_commit.is_some();
+    jsb.s_sequence.set(rec.next_sequence);
+    jsb.s_start.set(0);
+    jsb.s_errno.set(0);
+    if j.fmt.csum_v2or3() {
+        jsb.s_checksum.set(0);
+        let c = jcsum::superblock(jsb.as_bytes());
+        jsb.s_checksum.set(c);
+    }
+    raw[..1024].copy_from_slice(jsb.as_bytes());
+    dev.write_at(&raw[..1024], jblk * bs)?;
+
+    // The superblock as replay left it (the log may hold its block).
+    let mut sbraw = vec![0u8; SUPERBLOCK_SIZE];
+    dev.read_at(&mut sbraw, SUPERBLOCK_OFFSET)?;
+    let mut sb = Superblock::parse(&sbraw).ok_or_else(|| corrupt("superblock", "short read"))?;
+    if sb.s_magic.get() != EXT4_MAGIC {
+        return Err(RecoverError::NotExt4(sb.s_magic.get()));
+    }
+    let inc = sb.s_feature_incompat.get() & !Incompat::RECOVER.bits();
+    sb.s_feature_incompat.set(inc);
+    let mut state = sb.s_state.get() | (j.sb.s_state.get() & STATE_ERROR);
+    if had_errno {
+        state |= STATE_ERROR;
+    }
+    sb.s_state.set(state);
+    let kb = sb.s_kbytes_written.get();
+    if kb != 0 {
+        let written = (rec.nr_replays.saturating_add(1)).saturating_mul(bs) >> 10;
+        sb.s_kbytes_written.set(kb.saturating_add(written));
+    }
+    // e2fsck stamps the write time when it writes the superblock.
+    if let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        let t = now.as_secs();
+        sb.s_wtime.set(t as u32);
+        sb.s_wtime_hi = (t >> 32) as u8;
+    }
+    if RoCompat(sb.s_feature_ro_compat.get()).contains(RoCompat::METADATA_CSUM) {
+        sb.update_checksum();
+    }
+    dev.write_at(sb.as_bytes(), SUPERBLOCK_OFFSET)?;
+    dev.flush()?;
+    Ok(Applied {
+        blocks_written: rec.writes.len() as u64,
+        marked_error: state & STATE_ERROR != 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ext4kit::mkfs::{self, Env, MkfsOptions};
+    use ext4kit::profile::Profile;
+    use ext4kit_device::MemDevice;
+    use proptest::prelude::*;
+    use zerocopy::FromZeros;
+
+    const CONF: &str = "[defaults]\n\tbase_features = sparse_super,large_file,filetype,resize_inode,dir_index,ext_attr\n\tblocksize = 4096\n\tinode_size = 256\n\tinode_ratio = 16384\n[fs_types]\n\text4 = {\n\t\tfeatures = has_journal,extent,huge_file,flex_bg,metadata_csum,64bit,dir_nlink,extra_isize\n\t}\n";
+
+    /// A fresh 32 MiB ext4 (4 KiB blocks, 1024-block journal) in memory.
+    fn image() -> MemDevice {
+        let size = 32 << 20;
+        let opts = MkfsOptions {
+            fs_type: Some("ext4".into()),
+            uuid: Some("0b7e3c52-8f1d-4a6e-9c2b-5d4f3e2a1b09".into()),
+            extended: vec!["nodiscard".into()],
+            ..MkfsOptions::default()
+        };
+        let env = Env {
+            device_size: Some(size),
+            is_regular_file: false,
+            logical_sector_size: 512,
+            physical_sector_size: 512,
+            io_hints: None,
+            now: 1_700_000_000,
+            page_size: 4096,
+            uid: 0,
+            gid: 0,
+            kernel_lazy_itable_init: true,
+        };
+        let resolved = mkfs::resolve(&opts, &Profile::parse(CONF).unwrap(), &env).unwrap();
+        let dev = MemDevice::new(size);
+        mkfs::execute(&dev, mkfs::prepare(resolved, false).unwrap()).unwrap();
+        dev
+    }
+
+    /// One transaction to put in the log.
+    struct Txn {
+        tid: u32,
+        blocks: Vec<(u64, Vec<u8>)>,
+        revokes: Vec<u64>,
+        commit_time: u64,
+        commit: bool,
+    }
+
+    /// Write `txns` into the log from log block `start` (csum v3, 64bit),
+    /// set the jsb (s_start, s_sequence) and needs_recovery.
+    fn write_log(dev: &MemDevice, start: u32, txns: &[Txn]) -> Journal {
+        let j = Journal::open(dev).unwrap();
+        let bs = j.block_size as usize;
+        let fmt = LogFormat {
+            compat: 0,
+            incompat: JBD2_FEATURE_INCOMPAT_CSUM_V3
+                | JBD2_FEATURE_INCOMPAT_64BIT
+                | JBD2_FEATURE_INCOMPAT_REVOKE,
+        };
+        let seed = jcsum::seed(&j.jsb.s_uuid);
+        let mut pos = u64::from(start);
+        let put = |pos: &mut u64, block: &[u8]| {
+            let p = j.phys(*pos).unwrap();
+            dev.write_at(block, p * bs as u64).unwrap();
+            *pos += 1;
+            j.wrap(pos);
+        };
+        for t in txns {
+            if !t.revokes.is_empty() {
+                let mut b = vec![0u8; bs];
+                b[..12].copy_from_slice(JournalHeader::new(JBD2_REVOKE_BLOCK, t.tid).as_bytes());
+                let mut off = 16;
+                for r in &t.revokes {
+                    b[off..off + 8].copy_from_slice(&r.to_be_bytes());
+                    off += 8;
+                }
+                b[12..16].copy_from_slice(&(off as u32).to_be_bytes());
+                let c = jcsum::block_tail(seed, &b);
+                b[bs - 4..].copy_from_slice(&c.to_be_bytes());
+                put(&mut pos, &b);
+            }
+            if !t.blocks.is_empty() {
+                let mut d = vec![0u8; bs];
+                d[..12]
+                    .copy_from_slice(JournalHeader::new(JBD2_DESCRIPTOR_BLOCK, t.tid).as_bytes());
+                let mut off = 12;
+                let mut copies = Vec::new();
+                for (i, (home, data)) in t.blocks.iter().enumerate() {
+                    let mut copy = data.clone();
+                    let mut flags = if i == 0 { 0 } else { JBD2_FLAG_SAME_UUID };
+                    if copy[..4] == JBD2_MAGIC.to_be_bytes() {
+                        copy[..4].fill(0);
+                        flags |= JBD2_FLAG_ESCAPE;
+                    }
+                    if i + 1 == t.blocks.len() {
+                        flags |= JBD2_FLAG_LAST_TAG;
+                    }
+                    let tag = Tag {
+                        blocknr: *home,
+                        flags,
+                        checksum: jcsum::tag(seed, t.tid, &copy),
+                    };
+                    tag.write(&mut d[off..], fmt);
+                    off += 16;
+                    if i == 0 {
+                        d[off..off + 16].copy_from_slice(&j.jsb.s_uuid);
+                        off += 16;
+                    }
+                    copies.push(copy);
+                }
+                let c = jcsum::block_tail(seed, &d);
+                d[bs - 4..].copy_from_slice(&c.to_be_bytes());
+                put(&mut pos, &d);
+                for c in copies {
+                    put(&mut pos, &c);
+                }
+            }
+            if t.commit {
+                let mut c = vec![0u8; bs];
+                let mut h = CommitHeader::new_zeroed();
+                h.h_header = JournalHeader::new(JBD2_COMMIT_BLOCK, t.tid);
+                h.h_commit_sec.set(t.commit_time);
+                c[..size_of::<CommitHeader>()].copy_from_slice(h.as_bytes());
+                let s = jcsum::commit(seed, &c);
+                c[16..20].copy_from_slice(&s.to_be_bytes());
+                put(&mut pos, &c);
+            }
+        }
+        let mut jsb = j.jsb.clone();
+        jsb.s_feature_incompat.set(fmt.incompat);
+        jsb.s_checksum_type = JBD2_CRC32C_CHKSUM;
+        jsb.s_start.set(start);
+        jsb.s_sequence.set(txns.first().map_or(1, |t| t.tid));
+        jsb.s_checksum.set(0);
+        let c = jcsum::superblock(jsb.as_bytes());
+        jsb.s_checksum.set(c);
+        dev.write_at(jsb.as_bytes(), j.phys(0).unwrap() * bs as u64)
+            .unwrap();
+        let mut sb = j.sb.clone();
+        sb.s_feature_incompat
+            .set(sb.s_feature_incompat.get() | Incompat::RECOVER.bits());
+        sb.update_checksum();
+        dev.write_at(sb.as_bytes(), SUPERBLOCK_OFFSET).unwrap();
+        Journal::open(dev).unwrap()
+    }
+
+    fn block(fill: u8) -> Vec<u8> {
+        vec![fill; 4096]
+    }
+
+    fn txn(tid: u32, blocks: &[(u64, u8)], time: u64) -> Txn {
+        Txn {
+            tid,
+            blocks: blocks.iter().map(|&(b, f)| (b, block(f))).collect(),
+            revokes: vec![],
+            commit_time: time,
+            commit: true,
+        }
+    }
+
+    #[test]
+    fn runs_lookup_and_coverage() {
+        let runs = [
+            Run {
+                lblk: 0,
+                pblk: 100,
+                len: 4,
+            },
+            Run {
+                lblk: 4,
+                pblk: 200,
+                len: 2,
+            },
+        ];
+        assert_eq!(lookup(&runs, 0), Some(100));
+        assert_eq!(lookup(&runs, 3), Some(103));
+        assert_eq!(lookup(&runs, 5), Some(201));
+        assert_eq!(lookup(&runs, 6), None);
+        assert!(check_coverage(&runs, 6).is_ok());
+        assert!(check_coverage(&runs, 7).is_err());
+        assert!(check_coverage(&runs[1..], 6).is_err());
+    }
+
+    #[test]
+    fn log_wraps_at_maxlen_and_escapes_are_restored() {
+        let dev = image();
+        let j0 = Journal::open(&dev).unwrap();
+        let maxlen = j0.jsb.s_maxlen.get();
+        let mut magic = block(0x11);
+        magic[..4].copy_from_slice(&JBD2_MAGIC.to_be_bytes());
+        let mut t = txn(7, &[(3000, 1), (3001, 2), (3002, 3), (3003, 4)], 100);
+        t.blocks[1].1 = magic.clone();
+        let j = write_log(&dev, maxlen - 3, &[t, txn(8, &[(3000, 9)], 101)]);
+        let rec = recover(&dev, &j).unwrap();
+        assert_eq!((rec.start_tid, rec.end_tid, rec.next_sequence), (7, 9, 10));
+        assert_eq!(rec.writes.len(), 4);
+        assert_eq!(rec.writes[&3000], block(9), "the newer transaction wins");
+        assert_eq!(rec.writes[&3001], magic);
+        assert_eq!(rec.writes[&3003], block(4));
+        // The second transaction sits after the wrap.
+        assert!(rec.entries.iter().any(|e| e.tid == 8 && e.log_block < 10));
+        let done = apply(&dev, &j, &rec).unwrap();
+        assert_eq!(done.blocks_written, 4);
+        let after = Journal::open(&dev).unwrap();
+        assert_eq!(after.jsb.s_start.get(), 0);
+        assert_eq!(after.jsb.s_sequence.get(), 10);
+        assert_eq!(
+            after.sb.s_feature_incompat.get() & Incompat::RECOVER.bits(),
+            0
+        );
+        let mut b = vec![0u8; 4096];
+        dev.read_at(&mut b, 3001 * 4096).unwrap();
+        assert_eq!(b, magic);
+    }
+
+    #[test]
+    fn revokes_hide_older_copies_only() {
+        let dev = image();
+        let mut t2 = txn(2, &[(3001, 5)], 11);
+        t2.revokes = vec![3000, 3001];
+        let j = write_log(
+            &dev,
+            1,
+            &[
+                txn(1, &[(3000, 1), (3001, 1)], 10),
+                t2,
+                txn(3, &[(3000, 7)], 12),
+            ],
+        );
+        let rec = recover(&dev, &j).unwrap();
+        // 3001 logged in tid 2 is hidden by its own tid's revoke (the
+        // kernel never writes that); 3000 comes back in tid 3.
+        assert_eq!(rec.writes.keys().copied().collect::<Vec<_>>(), vec![3000]);
+        assert_eq!(rec.writes[&3000], block(7));
+        assert_eq!((rec.nr_revokes, rec.nr_revoke_hits), (2, 3));
+    }
+
+    #[test]
+    fn stale_descriptor_rule() {
+        for (later_time, ok) in [(5, true), (50, false)] {
+            let dev = image();
+            let j = write_log(
+                &dev,
+                1,
+                &[txn(1, &[(3000, 1)], 10), txn(2, &[(3001, 2)], later_time)],
+            );
+            // Break the second descriptor's tail (log block 4).
+            let p = j.phys(4).unwrap() * 4096 + 4095;
+            dev.write_at(&[0x5A], p).unwrap();
+            let res = recover(&dev, &j);
+            if ok {
+                let rec = res.unwrap();
+                assert_eq!(rec.end_tid, 2, "a stale block ends the log");
+                assert_eq!(rec.writes.keys().copied().collect::<Vec<_>>(), vec![3000]);
+            } else {
+                assert!(matches!(res, Err(RecoverError::Log { .. })), "{res:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_commit_checksum_ends_the_log_and_marks_the_error() {
+        let dev = image();
+        let j = write_log(
+            &dev,
+            1,
+            &[txn(1, &[(3000, 1)], 10), txn(2, &[(3001, 2)], 11)],
+        );
+        // Log: desc 1, data 2, commit 3 (tid 1), desc 4, data 5, commit 6.
+        dev.write_at(&[0x5A], j.phys(6).unwrap() * 4096 + 100)
+            .unwrap();
+        let rec = recover(&dev, &j).unwrap();
+        assert_eq!(rec.failed_commit, Some(2));
+        assert_eq!(rec.writes.keys().copied().collect::<Vec<_>>(), vec![3000]);
+        assert!(apply(&dev, &j, &rec).unwrap().marked_error);
+    }
+
+    #[test]
+    fn bad_tag_checksum_fails_the_recovery() {
+        let dev = image();
+        let j = write_log(&dev, 1, &[txn(1, &[(3000, 1), (3001, 1)], 10)]);
+        dev.write_at(&[0x5A], j.phys(3).unwrap() * 4096 + 7)
+            .unwrap();
+        assert!(matches!(recover(&dev, &j), Err(RecoverError::Log { .. })));
+    }
+
+    #[test]
+    fn tags_outside_the_filesystem_or_into_the_journal_are_refused() {
+        let dev = image();
+        let j0 = Journal::open(&dev).unwrap();
+        let inside = j0.phys(10).unwrap();
+        for home in [j0.fs_blocks, inside] {
+            let dev = image();
+            let j = write_log(&dev, 1, &[txn(1, &[(home, 1)], 10)]);
+            assert!(matches!(recover(&dev, &j), Err(RecoverError::Log { .. })));
+        }
+    }
+
+    #[test]
+    fn fast_commit_and_external_journals_are_refused() {
+        let dev = image();
+        let j = write_log(&dev, 1, &[txn(1, &[(3000, 1)], 10)]);
+        let mut jsb = j.jsb.clone();
+        jsb.s_feature_incompat
+            .set(jsb.s_feature_incompat.get() | JBD2_FEATURE_INCOMPAT_FAST_COMMIT);
+        jsb.s_checksum.set(0);
+        let c = jcsum::superblock(jsb.as_bytes());
+        jsb.s_checksum.set(c);
+        dev.write_at(jsb.as_bytes(), j.phys(0).unwrap() * 4096)
+            .unwrap();
+        let e = Journal::open(&dev).unwrap_err().to_string();
+        assert!(e.contains("fast_commit"), "{e}");
+        let mut sb = j.sb.clone();
+        sb.s_journal_dev.set(0x0801);
+        sb.update_checksum();
+        dev.write_at(sb.as_bytes(), SUPERBLOCK_OFFSET).unwrap();
+        let e = Journal::open(&dev).unwrap_err().to_string();
+        assert!(e.contains("external journals"), "{e}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        /// Random bytes anywhere in the jsb, the log, the superblock, the
+        /// descriptor table or the journal inode: no panic, ever.
+        #[test]
+        fn corruption_never_panics(muts in proptest::collection::vec((0u8..6, any::<u32>(), any::<u8>()), 1..8)) {
+            let dev = image();
+            let mut t1 = txn(1, &[(3000, 1), (3001, 2)], 10);
+            t1.revokes = vec![2999];
+            let j = write_log(&dev, 1, &[t1, txn(2, &[(3000, 3)], 11)]);
+            let inode_at = {
+                // Inode 8 in group 0's table.
+                let mut d = vec![0u8; 64];
+                dev.read_at(&mut d, 4096).unwrap();
+                let gd = GroupDesc::parse(&d).unwrap();
+                gd.inode_table() * 4096 + 7 * 256
+            };
+            for (area, off, v) in muts {
+                let at = match area {
+                    0 => SUPERBLOCK_OFFSET + u64::from(off % 1024),
+                    1 => 4096 + u64::from(off % 4096),
+                    2 => inode_at + u64::from(off % 256),
+                    3 => j.phys(0).unwrap() * 4096 + u64::from(off % 1024),
+                    _ => j.phys(1 + u64::from(off % 8)).unwrap() * 4096 + u64::from(off % 4096),
+                };
+                dev.write_at(&[v], at).unwrap();
+            }
+            if let Ok(j) = Journal::open(&dev) {
+                let (_rec, _res) = analyze(&dev, &j);
+            }
+        }
+    }
+}
