@@ -23,6 +23,11 @@ pub const WORK_EWMA_ALPHA: f64 = 0.3;
 pub const LOAD_IDLE: f64 = 0.05;
 /// Foreign load at and above which the pressure is full (`max_mult`).
 pub const LOAD_BUSY: f64 = 0.5;
+/// Share of foreign requests during our work below which they exert no
+/// pressure (our own requests are estimated, so this one is noisy).
+pub const REQ_IDLE: f64 = 0.2;
+/// Share of foreign requests at and above which the pressure is full.
+pub const REQ_BUSY: f64 = 0.7;
 /// Share of all CPUs' time busy while we are idle below which the CPUs
 /// count as idle.
 pub const CPU_IDLE: f64 = 0.10;
@@ -227,7 +232,9 @@ impl Ewma {
 ///    block layer completes per request of ours (requests get split, and
 ///    on an image file the host filesystem adds its own). `r̂` is learned
 ///    (EWMA) from units whose following idle window was quiet (busy <
-///    [`QUIET`]); until then this estimate is not used.
+///    [`QUIET`]); until then this estimate is not used. The ratio varies
+///    with the mix of a unit's requests, so this signal has its own, higher
+///    thresholds ([`REQ_IDLE`]..[`REQ_BUSY`]).
 /// 3. **Our own slowdown** (LEDBAT-style: a background transfer yields
 ///    when its own latency grows): the cost of a unit, work time per
 ///    request issued, smoothed over about [`COST_TAU`] of work, against its
@@ -243,7 +250,9 @@ impl Ewma {
 ///    cost (time constant [`BASE_RELAX`] of idle time): a slowdown that
 ///    nothing else explains is eventually taken as the new normal.
 ///
-/// The multiplier moves towards the target by [`BACKOFF_GAIN`] of the gap
+/// A pressure counts only as far as the previous unit showed it too (the
+/// smaller of the two is used): single outliers are common on an idle
+/// machine. The multiplier moves towards the target by [`BACKOFF_GAIN`] of the gap
 /// per unit when it must rise, and falls by at least [`RECOVER_GAIN`] of
 /// the gap per unit, faster after long waits (time constant
 /// [`RECOVER_TAU`] of wall time): back off at once, speed up soon after the
@@ -288,6 +297,8 @@ pub struct Pacer {
     /// Baseline cost (seconds per request) and the units measured so far.
     base: Option<f64>,
     cost_units: u32,
+    /// The pressure of the previous unit, before debouncing.
+    prev_pressure: f64,
     /// The last signals (for reports and tests).
     signals: Signals,
     have_signal: bool,
@@ -339,6 +350,7 @@ impl Pacer {
             cost_reqs: 0.0,
             base: None,
             cost_units: 0,
+            prev_pressure: 0.0,
             signals: Signals::default(),
             have_signal: false,
         }
@@ -473,7 +485,7 @@ impl Pacer {
         self.signals.requests = match self.ratio.get() {
             Some(r) if dios > 0 => {
                 let foreign = (dios as f64 - r * our_requests as f64).max(0.0) / dios as f64;
-                pressure(foreign, LOAD_IDLE, LOAD_BUSY)
+                pressure(foreign, REQ_IDLE, REQ_BUSY)
             }
             _ => 0.0,
         };
@@ -492,10 +504,15 @@ impl Pacer {
             0.0
         };
 
-        let p = self
+        let now_p = self
             .idle_pressure
             .max(self.signals.requests)
             .max(slow_pressure);
+        // One unit alone is not believed: a single slow unit, a burst of
+        // someone's requests or a tick of CPU in a short window are common
+        // on an idle machine. Sustained load shows in two units in a row.
+        let p = now_p.min(self.prev_pressure);
+        self.prev_pressure = now_p;
         self.signals.pressure = p;
         let target = f64::from(max_mult) * p;
         let since = self
@@ -822,16 +839,16 @@ mod tests {
     fn adaptive_sees_foreign_requests_during_work() {
         // The disk is barely busy while we sleep (below LOAD_IDLE, so the
         // idle window alone would not slow us down), but during our work
-        // as many foreign requests complete as our own.
+        // three times as many foreign requests complete as our own.
         let mut p = adaptive();
         let mut sim = Sim::new();
         sim.run(&mut p, IDLE, Duration::from_secs(1));
         let mut m = 0.0;
         for _ in 0..10 {
             p.before_work(sim.now, Some(sim.sample()));
-            sim.pass(25 * MS, 1.0, 2.0 * 24.0 / 0.025, 0.5, 0.0);
+            sim.pass(25 * MS, 1.0, 4.0 * 24.0 / 0.025, 0.5, 0.0);
             let wait = p.after_work(sim.now, 25 * MS, 6, Some(sim.sample()));
-            sim.pass(wait, 0.03, 1000.0, 0.0, 0.0);
+            sim.pass(wait, 0.03, 4000.0, 0.0, 0.0);
             m = p.multiplier();
         }
         assert!(m > 50.0, "{m}");
