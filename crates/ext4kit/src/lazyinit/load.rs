@@ -28,9 +28,10 @@ pub struct LoadSample {
     pub stall_io_us: Option<u64>,
     pub stall_cpu_us: Option<u64>,
     /// CPU time of the whole machine so far, summed over all CPUs, in
-    /// `/proc/stat` ticks: busy (user, nice, system, irq, softirq, steal)
-    /// and in all (busy + idle + iowait). Sampled by the kernel at each
-    /// timer tick, so only sums over many short windows are meaningful.
+    /// `/proc/stat` ticks: busy (user, nice, system, irq, softirq, steal;
+    /// less our own process's user and system time) and in all (busy +
+    /// idle + iowait). Sampled by the kernel at each timer tick, so only
+    /// sums over many short windows are meaningful.
     pub cpu: Option<CpuTicks>,
 }
 
@@ -68,8 +69,32 @@ pub fn parse_proc_stat_cpu(text: &str) -> Option<CpuTicks> {
     })
 }
 
+/// The CPU time (user + system, ticks) of the process whose
+/// `/proc/<pid>/stat` this is: fields 14 and 15 after the `(comm)`.
+pub fn parse_proc_pid_stat_cpu(text: &str) -> Option<u64> {
+    // comm may contain spaces and parentheses: split after the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state); utime is field 14, stime 15.
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some(utime.saturating_add(stime))
+}
+
+/// The machine's CPU ticks, less our own process's: what the rest of the
+/// machine used. (Both are counted on the same timer ticks, so this takes
+/// out exactly the ticks that caught us, e.g. reporting progress right
+/// after a unit.)
 fn read_cpu() -> Option<CpuTicks> {
-    parse_proc_stat_cpu(&std::fs::read_to_string("/proc/stat").ok()?)
+    let mut c = parse_proc_stat_cpu(&std::fs::read_to_string("/proc/stat").ok()?)?;
+    if let Some(own) = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .as_deref()
+        .and_then(parse_proc_pid_stat_cpu)
+    {
+        c.busy = c.busy.saturating_sub(own);
+    }
+    Some(c)
 }
 
 /// The `total=` of the "some" line of a `/proc/pressure/*` file.
@@ -198,6 +223,18 @@ mod tests {
         assert_eq!(parse_proc_stat_cpu("cpu0 1 2 3 4 5 6 7 8\n"), None);
         assert_eq!(parse_proc_stat_cpu("cpu 1 2 x 4 5 6 7 8\n"), None);
         assert_eq!(parse_proc_stat_cpu("cpu 1 2 3\n"), None);
+    }
+
+    #[test]
+    fn parses_proc_pid_stat() {
+        let t = "8452 (a b) c) R 8449 8449 6823 0 -1 4194304 123 0 0 0 17 4 0 0 20 0 1\n";
+        assert_eq!(parse_proc_pid_stat_cpu(t), Some(21));
+        assert_eq!(parse_proc_pid_stat_cpu("8452 (cat) R 1 2"), None);
+        assert_eq!(parse_proc_pid_stat_cpu("no parenthesis"), None);
+        let own = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        if !own.is_empty() {
+            assert!(parse_proc_pid_stat_cpu(&own).is_some(), "{own}");
+        }
     }
 
     #[test]
