@@ -36,12 +36,12 @@ pub const CPU_IDLE: f64 = 0.15;
 pub const CPU_BUSY: f64 = 0.40;
 /// Own slowdown (smoothed unit cost over its baseline) below which it
 /// exerts no pressure.
-pub const SLOW_IDLE: f64 = 1.3;
+pub const SLOW_IDLE: f64 = 1.6;
 /// Own slowdown above which the next idle window is made longer (a
 /// quarter of the unit's work time instead of 1/20) to look closer.
-pub const SLOW_SUSPECT: f64 = 1.15;
+pub const SLOW_SUSPECT: f64 = 1.4;
 /// Own slowdown at and above which the pressure is full.
-pub const SLOW_BUSY: f64 = 2.0;
+pub const SLOW_BUSY: f64 = 2.5;
 /// Work time over which the own unit cost is smoothed.
 pub const COST_TAU: Duration = Duration::from_millis(100);
 /// Units measured before the own slowdown is used.
@@ -61,7 +61,7 @@ pub const RECOVER_TAU: Duration = Duration::from_millis(250);
 pub const QUIET: f64 = 0.01;
 /// Time constant (of idle time) of the foreign-busy estimate: older idle
 /// windows weigh `exp(-t / IDLE_TAU)`.
-pub const IDLE_TAU: Duration = Duration::from_millis(50);
+pub const IDLE_TAU: Duration = Duration::from_millis(20);
 /// The longest observation window adaptive pacing adds after a unit (it is
 /// 1/20 of the unit's work time, up to this).
 pub const MAX_PROBE: Duration = Duration::from_millis(50);
@@ -811,7 +811,7 @@ mod tests {
             slowdown: 2.0,
             ..IDLE
         };
-        let m = sim.run(&mut p, fg, Duration::from_millis(300));
+        let m = sim.run(&mut p, fg, Duration::from_secs(1));
         assert!(m >= 10.0, "{m}");
         assert!(p.signals().slowdown > 1.5, "{:?}", p.signals());
         let duty = sim.duty(&mut p, fg, Duration::from_secs(5));
@@ -824,7 +824,7 @@ mod tests {
         // And when the contention goes away the baseline follows down at
         // once: a second slowdown is seen again.
         sim.run(&mut p, IDLE, Duration::from_secs(5));
-        let m = sim.run(&mut p, fg, Duration::from_millis(300));
+        let m = sim.run(&mut p, fg, Duration::from_secs(1));
         assert!(m >= 10.0, "{m}");
     }
 
