@@ -480,6 +480,7 @@ EOF
     bg_start() { # args... -> bg_pid, bg_loop, bg_json
         mkimg "$img" 1T
         attach "$img"; bg_loop=$loop; no_discard "$bg_loop"
+        sync   # mke2fs's writeback is not the foreground
         bg_json=$work/bg.json
         "$ext4kit" lazyinit --json "$@" "$bg_loop" >"$bg_json" 2>"$work/bg.err" &
         bg_pid=$!
@@ -567,9 +568,9 @@ EOF
     ic0=(); icA=(); icAm=(); ic_fsck=clean
     for r in $(seq "$idle_runs"); do
         for m in 0 A; do
-            sync; sleep 1
             mkimg "$img" "$idle_size"
             attach "$img"; l=$loop; no_discard "$l"
+            sync; sleep 2   # mke2fs's writeback is not ours to measure
             if [[ $m == 0 ]]; then ours_run "$l" --mult 0; else ours_run "$l" --pace adaptive; fi
             read -r bm bl bn < <(batch_mult "$work/ours.json")
             detach "$l"
