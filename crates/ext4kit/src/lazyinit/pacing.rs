@@ -30,10 +30,10 @@ pub const REQ_IDLE: f64 = 0.2;
 pub const REQ_BUSY: f64 = 0.7;
 /// Share of all CPUs' time busy while we are idle below which the CPUs
 /// count as idle.
-pub const CPU_IDLE: f64 = 0.08;
+pub const CPU_IDLE: f64 = 0.15;
 /// CPU busy share at and above which the pressure is full (one busy CPU of
 /// two is 0.5).
-pub const CPU_BUSY: f64 = 0.33;
+pub const CPU_BUSY: f64 = 0.40;
 /// Own slowdown (smoothed unit cost over its baseline) below which it
 /// exerts no pressure.
 pub const SLOW_IDLE: f64 = 1.6;
