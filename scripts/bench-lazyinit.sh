@@ -27,8 +27,10 @@
 #   3. pacing: kernel init_itable=10 vs ours --mult 10 / 4 / 0, on cheap
 #      groups (holes) and on costly ones (real writes, old data)
 #   4. foreground cost: postmark on another image's mount (same disk) alone,
-#      with ours (--mult 10) and with ours (--pace adaptive) running, plus
-#      the share of disk busy time (io_ticks) our runs take alone
+#      with ours (--mult 10) and with ours (--pace adaptive) running; the
+#      same with a direct-I/O dd writing to the disk as the foreground; the
+#      share of disk busy time (io_ticks) our runs take alone; and the idle
+#      completion time of --pace adaptive vs --mult 0 on the same job
 #
 # The report (markdown) goes to stdout, progress to stderr.
 #
@@ -36,7 +38,12 @@
 #   BENCH_FULL=1      1 TiB for the real-writes row (default 256 GiB) and an
 #                     8 GiB old-data image (default 4 GiB); ~+5 minutes
 #   BENCH_RUNS        runs per contender for section 1 (default 3)
-#   BENCH_PM_RUNS     postmark runs per case in section 4 (default 5)
+#   BENCH_PM_RUNS     postmark and dd runs per case in section 4 (default 5)
+#   BENCH_DD_MIB      MiB the dd foreground of section 4 writes (default 2048)
+#   BENCH_IDLE_RUNS   runs per contender of the idle completion (default 3)
+#   BENCH_IDLE_SIZE   image size of the idle completion job (default 1T, the
+#                     foreground cases' job; smaller only for a quick try)
+#   BENCH_SECTIONS    which sections to run (default "1 2 3 4"), e.g. "4"
 #   BENCH_NO_KPACE=1  skip the kernel init_itable=10 run (~70 s)
 #   EXT4KIT           ext4kit binary (default target/release/ext4kit)
 #
@@ -50,6 +57,11 @@ ext4kit=${EXT4KIT:-$repo/target/release/ext4kit}
 full=${BENCH_FULL:-0}
 runs=${BENCH_RUNS:-3}
 pm_runs=${BENCH_PM_RUNS:-5}
+dd_mib=${BENCH_DD_MIB:-2048}
+idle_runs=${BENCH_IDLE_RUNS:-3}
+idle_size=${BENCH_IDLE_SIZE:-1T}
+sections=" ${BENCH_SECTIONS:-1 2 3 4} "
+want() { [[ $sections == *" $1 "* ]]; }
 
 log() { printf '%s\n' "$*" >&2; }
 die() { log "bench-lazyinit: $*"; exit 1; }
@@ -73,6 +85,9 @@ have_postmark=0
 command -v postmark >/dev/null && have_postmark=1
 [[ $runs =~ ^[1-9][0-9]*$ ]] || die "BENCH_RUNS must be a positive integer"
 [[ $pm_runs =~ ^[1-9][0-9]*$ ]] || die "BENCH_PM_RUNS must be a positive integer"
+[[ $dd_mib =~ ^[1-9][0-9]*$ ]] || die "BENCH_DD_MIB must be a positive integer"
+[[ $idle_runs =~ ^[1-9][0-9]*$ ]] || die "BENCH_IDLE_RUNS must be a positive integer"
+for x in $sections; do [[ $x =~ ^[1-4]$ ]] || die "BENCH_SECTIONS: '$x' is not a section (1-4)"; done
 
 if [[ ! -x $ext4kit ]]; then
     [[ -z ${EXT4KIT:-} ]] || die "EXT4KIT=$ext4kit is not executable"
@@ -315,12 +330,13 @@ facts_model=$(echo $facts_model)
 [[ -n $facts_model ]] || facts_model="no model string ($(basename "$(readlink -f "$disk/device/driver" 2>/dev/null || echo unknown)") driver)"
 facts_disk="$disk_name ($(($(cat "$disk/size") * 512 / 1073741824)) GiB, rotational=$(cat "$disk/queue/rotational" 2>/dev/null || echo ?), $facts_model)"
 facts_fs="$(findmnt -no SOURCE,FSTYPE,OPTIONS -T "$work" | awk '{print $1, $2, $3}')"
-facts_e2fs=$(mke2fs -V 2>&1 | head -1)
+facts_e2fs=$(mke2fs -V 2>&1 | sed -n 1p)  # sed reads it all: no SIGPIPE under pipefail
 facts_date=$(date -u '+%Y-%m-%d %H:%M UTC')
 
-# =========================================================================
-log "1. full speed, 1 TiB sparse lazy image (x$runs, interleaved)"
 img=$work/lazy.img
+# =========================================================================
+if want 1; then
+log "1. full speed, 1 TiB sparse lazy image (x$runs, interleaved)"
 k1=(); k1a=(); o1=(); k1g=(); o1g=(); k1f=clean; o1f=clean; k1z=; o1z=
 for r in $(seq "$runs"); do
     mkimg "$img" 1T
@@ -336,8 +352,10 @@ for r in $(seq "$runs"); do
 done
 k1med=$(median "${k1[@]}"); o1med=$(median "${o1[@]}")
 ratio1=$(awk -v o="$o1med" -v k="$k1med" 'BEGIN{printf "%.3f", o / k}')
+fi
 
 # =========================================================================
+if want 2; then
 log "2. real writes ($rw_size sparse image; old-data ${old_gib} GiB image)"
 mkimg "$img" "$rw_size"
 kernel_run "$img" init_itable=0 nodiscard
@@ -388,8 +406,11 @@ sync -f "$work"; a=$(alloc "$old")
 o3=("$o_secs" "$b" "$a" "$(fsck_ok "$old")" "$(zeroed_groups "$old")")
 o3work=$o_work
 old_itable=$((o_zeroed + o_skipped))
+rm -f -- "$old"
+fi
 
 # =========================================================================
+if want 3; then
 log "3. pacing"
 pace_rows=()
 for kind in file1t loop; do
@@ -415,18 +436,22 @@ for kind in file1t loop; do
     unset P
 done
 rm -f -- "$img"
-rm -f -- "$old"
-if [[ ${BENCH_NO_KPACE:-0} != 1 ]]; then
+if [[ ${BENCH_NO_KPACE:-0} != 1 ]] && want 1; then
     log "  kernel init_itable=10 on 1 TiB (about 70 s)"
     mkimg "$img" 1T
     kernel_run "$img" init_itable=10
     kpace=("$k_secs" "$k_fsck" "$k_groups" "$k_active")
 fi
+fi
 
 # =========================================================================
 pm_done=0
-if [[ $have_postmark == 1 ]]; then
-    log "4. foreground cost: postmark x$pm_runs per case, interleaved"
+if want 4 && [[ $have_postmark == 0 ]]; then
+    log "4. skipped: postmark is not installed"
+fi
+if want 4 && [[ $have_postmark == 1 ]]; then
+    load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+    log "4. foreground cost: postmark and dd x$pm_runs per case, interleaved (load average $load_before)"
     pmimg=$work/postmark.img
     truncate -s 32G "$pmimg"
     mke2fs -F -q -t ext4 -E lazy_itable_init=0,lazy_journal_init=0 "$pmimg"
@@ -455,6 +480,7 @@ EOF
     bg_start() { # args... -> bg_pid, bg_loop, bg_json
         mkimg "$img" 1T
         attach "$img"; bg_loop=$loop; no_discard "$bg_loop"
+        sync   # mke2fs's writeback is not the foreground
         bg_json=$work/bg.json
         "$ext4kit" lazyinit --json "$@" "$bg_loop" >"$bg_json" 2>"$work/bg.err" &
         bg_pid=$!
@@ -467,34 +493,52 @@ EOF
         detach "$bg_loop"
         rm -f -- "$img"
     }
-    declare -A PM=() PMB=() PMO=() PMM=()
-    for r in $(seq "$pm_runs"); do
-        for c in a b c; do
-            sync; sleep 1
-            case $c in
-                b) bg_start --mult 10; sleep 1 ;;
-                c) bg_start --pace adaptive; sleep 1 ;;
-            esac
-            i0=$(io_ticks); t0=$(now)
-            postmark "$work/pm.cfg" >"$work/pm.out" 2>&1 || die "postmark failed: $(cat "$work/pm.out")"
-            t1=$(now); i1=$(io_ticks)
-            secs=$(sub "$t1" "$t0")
-            PM[$c]+="$secs "
-            PMB[$c]+="$(awk -v d=$((i1 - i0)) -v t="$secs" 'BEGIN{printf "%.1f", d / 10 / t}') "
-            extra=
-            if [[ $c != a ]]; then
-                bg_stop
-                [[ $bg_alive == 1 ]] || extra=" (ours FINISHED before postmark!)"
-                [[ $bg_alive == 0 || $bg_rc == 130 ]] || die "ext4kit lazyinit exited $bg_rc: $(cat "$work/bg.err")"
-                PMO[$c]+="$bg_alive "
-                read -r bm bl bn < <(batch_mult "$bg_json")
-                PMM[$c]+="$bm/$bl "
-                extra+=" ours: median mult $bm, load $bl over $bn batches"
-            fi
-            log "    run $r case $c: postmark ${secs}s, disk busy $(echo ${PMB[$c]} | awk '{print $NF}')%$extra"
-            log "      $(tail -n 1 "$work/pm.out")"
+    # The foregrounds (output in $work/fg.out, last line shown in the log).
+    fg_postmark() {
+        postmark "$work/pm.cfg" >"$work/fg.out" 2>&1 || die "postmark failed: $(cat "$work/fg.out")"
+    }
+    fg_dd() { # direct I/O to a new file next to the images (same disk)
+        rm -f -- "$work/dd.out"
+        dd if=/dev/zero of="$work/dd.out" bs=1M count="$dd_mib" oflag=direct conv=fsync \
+            >"$work/fg.out" 2>&1 || die "dd failed: $(cat "$work/fg.out")"
+        rm -f -- "$work/dd.out"
+    }
+    # fg_cases KIND FUNCTION: (a) alone, (b) with --mult 10, (c) with
+    # --pace adaptive, interleaved a b c a b c ...; results in FT, FB, FO,
+    # FM keyed "KIND.CASE".
+    declare -A FT=() FB=() FO=() FM=()
+    fg_cases() {
+        local kind=$1 fn=$2 r c i0 t0 i1 t1 secs extra bm bl bn
+        for r in $(seq "$pm_runs"); do
+            for c in a b c; do
+                sync; sleep 1
+                case $c in
+                    b) bg_start --mult 10; sleep 1 ;;
+                    c) bg_start --pace adaptive; sleep 1 ;;
+                esac
+                i0=$(io_ticks); t0=$(now)
+                $fn
+                t1=$(now); i1=$(io_ticks)
+                secs=$(sub "$t1" "$t0")
+                FT[$kind.$c]+="$secs "
+                FB[$kind.$c]+="$(awk -v d=$((i1 - i0)) -v t="$secs" 'BEGIN{printf "%.1f", d / 10 / t}') "
+                extra=
+                if [[ $c != a ]]; then
+                    bg_stop
+                    [[ $bg_alive == 1 ]] || extra=" (ours FINISHED before the foreground!)"
+                    [[ $bg_alive == 0 || $bg_rc == 130 ]] || die "ext4kit lazyinit exited $bg_rc: $(cat "$work/bg.err")"
+                    FO[$kind.$c]+="$bg_alive "
+                    read -r bm bl bn < <(batch_mult "$bg_json")
+                    FM[$kind.$c]+="$bm/$bl "
+                    extra+=" ours: median mult $bm, load $bl over $bn batches"
+                fi
+                log "    $kind run $r case $c: ${secs}s, disk busy $(echo ${FB[$kind.$c]} | awk '{print $NF}')%$extra"
+                log "      $(tail -n 1 "$work/fg.out")"
+            done
         done
-    done
+    }
+    fg_cases postmark fg_postmark
+    fg_cases dd fg_dd
     # Ours alone: share of disk busy time over 15 s.
     alone() { # label args...
         local label=$1; shift
@@ -518,6 +562,26 @@ EOF
     alone0=("$al_busy" "$al_work" "$al_slept" "$al_zeroed" "$al_groups")
     umount "$pmmnt"
     detach "$pml"
+    # Idle completion: the same job to the end, --mult 0 vs --pace adaptive,
+    # interleaved; nothing else runs.
+    log "  idle completion: --mult 0 vs --pace adaptive x$idle_runs, interleaved"
+    ic0=(); icA=(); icAm=(); ic_fsck=clean
+    for r in $(seq "$idle_runs"); do
+        for m in 0 A; do
+            mkimg "$img" "$idle_size"
+            attach "$img"; l=$loop; no_discard "$l"
+            sync; sleep 2   # mke2fs's writeback is not ours to measure
+            if [[ $m == 0 ]]; then ours_run "$l" --mult 0; else ours_run "$l" --pace adaptive; fi
+            read -r bm bl bn < <(batch_mult "$work/ours.json")
+            detach "$l"
+            [[ ${o_groups%/*} == "${o_groups#*/}" ]] || die "idle completion: groups $o_groups"
+            if [[ $r == "$idle_runs" ]]; then f=$(fsck_ok "$img"); [[ $f == clean ]] || ic_fsck=$f; fi
+            ic_bytes=$o_zeroed
+            if [[ $m == 0 ]]; then ic0+=("$o_secs"); else icA+=("$o_secs"); icAm+=("$bm/$bl"); fi
+            rm -f -- "$img"
+        done
+    done
+    load_after=$(cut -d' ' -f1-3 /proc/loadavg)
     pm_done=1
 fi
 
@@ -546,6 +610,9 @@ from \`mount\` of the image's loop device until every group descriptor (read
 through the loop device every 50 ms) has ITABLE_ZEROED. ext4kit time: wall
 time of \`ext4kit lazyinit\`. Allocation: \`stat -c %b\` × 512 before/after.
 Every result was checked with \`e2fsck -fn\` and dumpe2fs's group flags.
+EOF
+if want 1; then
+    cat <<EOF
 
 ### 1. Full speed, 1 TiB sparse lazy image ($runs runs each, median (min–max))
 
@@ -559,6 +626,10 @@ phase alone: **$(awk -v o="$o1med" -v k="$(median "${k1a[@]}")" 'BEGIN{printf "%
 The kernel's time from mount includes the random start delay of its lazyinit
 request (\`lr_next_sched\` = now + up to \`EXT4_DEF_LI_MAX_START_DELAY\` = 5 s),
 hence the second column.
+EOF
+fi
+if want 2; then
+    cat <<EOF
 
 ### 2. Real writes
 
@@ -579,6 +650,10 @@ mke2fs on it (the inode tables, $(mib "$old_itable") of them, keep the old bytes
 | kernel, init_itable=0, loop discard off | ${k3n[0]} / ${k3n[5]} | $(gib "${k3n[1]}") | $(gib "${k3n[2]}") | $(growth "${k3n[1]}" "${k3n[2]}") | ${k3n[4]/ //} | ${k3n[3]} |
 | kernel, init_itable=0, loop default (punch) | ${k3d[0]} / ${k3d[5]} | $(gib "${k3d[1]}") | $(gib "${k3d[2]}") | $(growth "${k3d[1]}" "${k3d[2]}") | ${k3d[4]/ //} | ${k3d[3]} |
 | ext4kit --mult 0 on the image file | ${o3[0]} | $(gib "${o3[1]}") | $(gib "${o3[2]}") | $(growth "${o3[1]}" "${o3[2]}") | ${o3[4]/ //} | ${o3[3]} |
+EOF
+fi
+if want 3; then
+    cat <<EOF
 
 ### 3. Pacing
 
@@ -601,6 +676,7 @@ for row in "${pace_rows[@]}"; do
     pg=$(awk -v t="$s0" -v g="$g" 'BEGIN{printf "%.3f ms", t * 1000 / g}')
     echo "| $name | $g ($nb) | ${s0} s | $pg | ${s4} s | $(ratio "$s4" "$s0") | $(ratio "$sl4" "$w4"), $br4 | ${s10} s | $(awk -v a="$s10" -v b="$s0" 'BEGIN{printf "%.2f", (a - b) / b}') | $(ratio "$sl10" "$w10"), $br10 |"
 done
+fi
 if [[ -n ${kpace[0]:-} ]]; then
     cat <<EOF
 
@@ -613,43 +689,76 @@ ext4kit --mult 10 on the same image: see the first row of the table above.
 EOF
 fi
 
+# fg_table KIND: the rows of one foreground's table
+fg_table() {
+    local kind=$1 c name mc ma alive mm
+    ma=$(median ${FT[$kind.a]})
+    for c in a b c; do
+        case $c in
+            a) name="(a) $kind alone" ;;
+            b) name="(b) + ext4kit lazyinit (--mult 10)" ;;
+            c) name="(c) + ext4kit lazyinit --pace adaptive" ;;
+        esac
+        mc=$(median ${FT[$kind.$c]})
+        alive=-; mm=-
+        if [[ $c != a ]]; then
+            alive="$(echo ${FO[$kind.$c]} | tr ' ' '\n' | grep -c 1)/$pm_runs"
+            mm=$(echo ${FM[$kind.$c]} | tr ' ' ',')
+        fi
+        echo "| $name | $(med ${FT[$kind.$c]}) | $(awk -v a="$mc" -v b="$ma" 'BEGIN{printf "%+.1f%%", (a / b - 1) * 100}') | $(med ${FB[$kind.$c]}) | $alive | $mm |"
+    done
+}
 if [[ $pm_done == 1 ]]; then
     cat <<EOF
 
-### 4. Foreground cost (postmark)
+### 4. Foreground cost
+
+Load average (1, 5, 15 min) when this section started: $load_before; at its end: $load_after.
+Ours works on a fresh 1 TiB lazy image attached to a loop device with
+discard off, so it writes 16 GiB of real zeros (on the image file itself it
+only skips holes: ~0.1 s in total, nothing to overlap); it is started 1 s
+before the foreground and stopped (SIGINT) when the foreground ends. Each
+foreground runs $pm_runs times per case, interleaved (a b c a b c ...); median
+(min–max). Disk busy = Δio_ticks of /sys/block/$disk_name/stat ÷ wall time.
+"vs (a)" compares medians.
+
+#### postmark
 
 postmark on a 32 GiB ext4 image (non-lazy mkfs) mounted through its own loop
 device, image in the same directory (same disk, $disk_name). Parameters: the seed
 thread's, unchanged (\`number 50000\`, \`transactions 50000\`,
 \`read/write 4096\`, \`bias read 5\`, \`bias create 5\`, \`size 1000 200000\`,
-\`buffering false\`). $pm_runs runs per case, interleaved
-(a b c a b c ...); median (min–max). Ours works on a fresh 1 TiB lazy image
-attached to a loop device with discard off, so it writes 16 GiB of real
-zeros (on the image file itself it only skips holes: ~0.1 s in total, nothing
-to overlap); it is started 1 s before postmark and stopped (SIGINT) when
-postmark ends. Disk busy = Δio_ticks of /sys/block/$disk_name/stat ÷ wall time.
+\`buffering false\`).
 
 | case | postmark seconds | vs (a) | disk busy % | ours still running at the end | ours' median multiplier/load per run |
 |---|---|---|---|---|---|
 EOF
-    ma=$(median ${PM[a]})
-    for c in a b c; do
-        case $c in
-            a) name="(a) postmark alone" ;;
-            b) name="(b) + ext4kit lazyinit (--mult 10)" ;;
-            c) name="(c) + ext4kit lazyinit --pace adaptive" ;;
-        esac
-        mc=$(median ${PM[$c]})
-        alive=-; mm=-
-        if [[ $c != a ]]; then
-            alive="$(echo ${PMO[$c]} | tr ' ' '\n' | grep -c 1)/$pm_runs"
-            mm=$(echo ${PMM[$c]} | tr ' ' ',')
-        fi
-        echo "| $name | $(med ${PM[$c]}) | $(awk -v a="$mc" -v b="$ma" 'BEGIN{printf "%+.1f%%", (a / b - 1) * 100}') | $(med ${PMB[$c]}) | $alive | $mm |"
-    done
+    fg_table postmark
     cat <<EOF
 
-Ours alone on the same kind of job (15 s, then SIGINT); disk idle baseline: ${idle_busy}% busy.
+#### dd, direct I/O
+
+\`dd if=/dev/zero of=FILE bs=1M count=$dd_mib oflag=direct conv=fsync\`, FILE a new
+file next to the images (same disk, $disk_name).
+
+| case | dd seconds | vs (a) | disk busy % | ours still running at the end | ours' median multiplier/load per run |
+|---|---|---|---|---|---|
+EOF
+    fg_table dd
+    cat <<EOF
+
+#### Idle completion
+
+The same job ($idle_size lazy image on a loop device, discard off: $(mib "$ic_bytes") of
+zeros) to the end with nothing else running, $idle_runs runs each, interleaved;
+wall time of \`ext4kit lazyinit\`, median (min–max); e2fsck of the last images: $ic_fsck.
+
+| contender | seconds | vs --mult 0 | median multiplier/load of the batches, per run |
+|---|---|---|---|
+| --mult 0 | $(med "${ic0[@]}") | 1.00 | - |
+| --pace adaptive | $(med "${icA[@]}") | $(ratio "$(median "${icA[@]}")" "$(median "${ic0[@]}")") | $(echo "${icAm[@]}" | tr ' ' ',') |
+
+Ours alone on the foreground cases' job (15 s, then SIGINT); disk idle baseline: ${idle_busy}% busy.
 
 | ours alone | disk busy % | work ms | slept ms | sleep/work | zeroed in 15 s |
 |---|---|---|---|---|---|
@@ -657,7 +766,7 @@ Ours alone on the same kind of job (15 s, then SIGINT); disk idle baseline: ${id
 | --pace adaptive | ${aloneA[0]} | ${aloneA[1]} | ${aloneA[2]} | $(ratio "${aloneA[2]}" "${aloneA[1]}") | $(mib "${aloneA[3]}") |
 | --mult 0 | ${alone0[0]} | ${alone0[1]} | ${alone0[2]} | $(ratio "${alone0[2]}" "${alone0[1]}") | $(mib "${alone0[3]}") |
 EOF
-else
+elif want 4; then
     printf '\n### 4. Foreground cost\n\nSkipped: postmark is not installed.\n'
 fi
 log "done"

@@ -7,6 +7,8 @@
 //! the disk had at least one request in flight. For an image file the disk
 //! is the one holding the filesystem the file lives on
 //! ([`ext4kit_device::backing_sysfs_dir`]); for a partition, the whole disk.
+//! Each sample also carries the machine's CPU time (`/proc/stat`) and its
+//! pressure stall totals (`/proc/pressure/{io,cpu}`) where they exist.
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +27,74 @@ pub struct LoadSample {
     /// competes with our I/O path, e.g. through a loop device).
     pub stall_io_us: Option<u64>,
     pub stall_cpu_us: Option<u64>,
+    /// CPU time of the whole machine so far, summed over all CPUs, in
+    /// `/proc/stat` ticks: busy (user, nice, system, irq, softirq, steal;
+    /// less our own process's user and system time) and in all (busy +
+    /// idle + iowait). Sampled by the kernel at each timer tick, so only
+    /// sums over many short windows are meaningful.
+    pub cpu: Option<CpuTicks>,
+}
+
+/// CPU ticks of the whole machine (see [`LoadSample::cpu`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuTicks {
+    pub busy: u64,
+    pub total: u64,
+}
+
+/// The aggregate `cpu` line of `/proc/stat`.
+pub fn parse_proc_stat_cpu(text: &str) -> Option<CpuTicks> {
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    // user nice system idle iowait irq softirq steal [guest guest_nice]
+    // (guest time is already included in user).
+    if f.len() < 7 {
+        return None;
+    }
+    let steal = f.get(7).copied().unwrap_or(0);
+    let busy = f[0]
+        .saturating_add(f[1])
+        .saturating_add(f[2])
+        .saturating_add(f[5])
+        .saturating_add(f[6])
+        .saturating_add(steal);
+    Some(CpuTicks {
+        busy,
+        total: busy.saturating_add(f[3]).saturating_add(f[4]),
+    })
+}
+
+/// The CPU time (user + system, ticks) of the process whose
+/// `/proc/<pid>/stat` this is: fields 14 and 15 after the `(comm)`.
+pub fn parse_proc_pid_stat_cpu(text: &str) -> Option<u64> {
+    // comm may contain spaces and parentheses: split after the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state); utime is field 14, stime 15.
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some(utime.saturating_add(stime))
+}
+
+/// The machine's CPU ticks, less our own process's: what the rest of the
+/// machine used. (Both are counted on the same timer ticks, so this takes
+/// out exactly the ticks that caught us, e.g. reporting progress right
+/// after a unit.)
+fn read_cpu() -> Option<CpuTicks> {
+    let mut c = parse_proc_stat_cpu(&std::fs::read_to_string("/proc/stat").ok()?)?;
+    if let Some(own) = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .as_deref()
+        .and_then(parse_proc_pid_stat_cpu)
+    {
+        c.busy = c.busy.saturating_sub(own);
+    }
+    Some(c)
 }
 
 /// The `total=` of the "some" line of a `/proc/pressure/*` file.
@@ -98,6 +168,7 @@ impl LoadSignal for SysfsLoad {
         let mut s = parse_block_stat(&std::fs::read_to_string(&self.stat).ok()?)?;
         s.stall_io_us = read_psi("io");
         s.stall_cpu_us = read_psi("cpu");
+        s.cpu = read_cpu();
         Some(s)
     }
 }
@@ -128,6 +199,42 @@ mod tests {
         let t = "some avg10=3.87 avg60=5.75 avg300=9.98 total=547762103\nfull avg10=3.72 avg60=5.09 avg300=6.68 total=337668240\n";
         assert_eq!(parse_psi_some_total(t), Some(547_762_103));
         assert_eq!(parse_psi_some_total("full total=1\n"), None);
+    }
+
+    #[test]
+    fn parses_proc_stat() {
+        let t = "cpu  92440 3 17085 64366 2383 5 323 1808 7 0\ncpu0 45679 0 8919 32899 674 0 91 908 0 0\nintr 1\n";
+        let busy = 92440 + 3 + 17085 + 5 + 323 + 1808;
+        assert_eq!(
+            parse_proc_stat_cpu(t),
+            Some(CpuTicks {
+                busy,
+                total: busy + 64366 + 2383
+            })
+        );
+        // Old kernels: no steal field.
+        assert_eq!(
+            parse_proc_stat_cpu("cpu 1 2 3 4 5 6 7\n"),
+            Some(CpuTicks {
+                busy: 1 + 2 + 3 + 6 + 7,
+                total: 1 + 2 + 3 + 6 + 7 + 4 + 5
+            })
+        );
+        assert_eq!(parse_proc_stat_cpu("cpu0 1 2 3 4 5 6 7 8\n"), None);
+        assert_eq!(parse_proc_stat_cpu("cpu 1 2 x 4 5 6 7 8\n"), None);
+        assert_eq!(parse_proc_stat_cpu("cpu 1 2 3\n"), None);
+    }
+
+    #[test]
+    fn parses_proc_pid_stat() {
+        let t = "8452 (a b) c) R 8449 8449 6823 0 -1 4194304 123 0 0 0 17 4 0 0 20 0 1\n";
+        assert_eq!(parse_proc_pid_stat_cpu(t), Some(21));
+        assert_eq!(parse_proc_pid_stat_cpu("8452 (cat) R 1 2"), None);
+        assert_eq!(parse_proc_pid_stat_cpu("no parenthesis"), None);
+        let own = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        if !own.is_empty() {
+            assert!(parse_proc_pid_stat_cpu(&own).is_some(), "{own}");
+        }
     }
 
     #[test]

@@ -51,8 +51,10 @@
 //! HZ-free, on a monotonic nanosecond clock. Fixed pacing (the default,
 //! like the kernel's `init_itable=10`): after each unit, wait `mult ×` the
 //! EWMA of the measured unit durations. Adaptive pacing: the multiplier
-//! follows the foreign load on the disk's own counters, from 0 when idle to
-//! `max_mult` (100) under load. Details in [`pacing::Pacer`].
+//! follows the strongest contention signal (disk, CPU and stall shares in
+//! our idle windows, foreign requests and the rise of our own unit cost
+//! during our work), from 0 when idle to `max_mult` (100) under load.
+//! Details in [`pacing::Pacer`].
 //!
 //! # Zero detection
 //!
