@@ -1,7 +1,102 @@
 //! ext4kit's read-write ext4 engine.
 //!
-//! This first step holds journal recovery only ([`journal::recover`]): the
-//! kernel's three-pass jbd2 replay, as a list of home writes that a
-//! read-only caller can overlay in memory and a writer can apply.
+//! Layers (see `docs/ARCHITECTURE.md`, "Read-write engine"):
+//! - [`journal`]: jbd2 recovery ([`journal::recover`]) and, above it, the
+//!   transaction/commit/checkpoint writer;
+//! - a block cache that every metadata read and write goes through;
+//! - allocators, inodes, extents, directories, xattrs: code that reads
+//!   blocks through [`BlockRead`] and changes them only inside a
+//!   transaction handle.
+//!
+//! [`BlockRead`] is the one seam between the metadata code and where blocks
+//! come from: the device itself ([`DeviceBlocks`]), the device with a
+//! journal replayed in memory (read-only opens of a dirty filesystem), or
+//! the block cache of a running transaction.
 
+pub mod error;
 pub mod journal;
+
+use std::collections::HashMap;
+
+use ext4kit_device::Device;
+
+pub use error::FsError;
+
+/// Reads filesystem blocks by number. Implementations must be usable from
+/// several threads at once.
+pub trait BlockRead: Send + Sync {
+    /// The filesystem block size in bytes.
+    fn block_size(&self) -> u32;
+
+    /// Number of blocks in the filesystem (reads at or past it fail).
+    fn block_count(&self) -> u64;
+
+    /// Read block `blk` into `buf` (`buf.len() == block_size()`).
+    fn read_block(&self, blk: u64, buf: &mut [u8]) -> Result<(), FsError>;
+
+    /// Read block `blk` into a new buffer.
+    fn block(&self, blk: u64) -> Result<Vec<u8>, FsError> {
+        let mut buf = vec![0u8; self.block_size() as usize];
+        self.read_block(blk, &mut buf)?;
+        Ok(buf)
+    }
+}
+
+/// Blocks straight from a device, optionally with an overlay of block
+/// images that take precedence (the home writes of a journal replayed in
+/// memory, for read-only opens that must not write).
+pub struct DeviceBlocks<'d> {
+    dev: &'d dyn Device,
+    block_size: u32,
+    block_count: u64,
+    overlay: HashMap<u64, Vec<u8>>,
+}
+
+impl<'d> DeviceBlocks<'d> {
+    /// `block_count` is the filesystem's (`s_blocks_count`), checked
+    /// against the device size by the caller.
+    pub fn new(dev: &'d dyn Device, block_size: u32, block_count: u64) -> Self {
+        DeviceBlocks {
+            dev,
+            block_size,
+            block_count,
+            overlay: HashMap::new(),
+        }
+    }
+
+    /// Make `blk` read as `data` (one block) without touching the device.
+    pub fn overlay(&mut self, blk: u64, data: Vec<u8>) {
+        self.overlay.insert(blk, data);
+    }
+
+    /// The device underneath.
+    pub fn device(&self) -> &'d dyn Device {
+        self.dev
+    }
+}
+
+impl BlockRead for DeviceBlocks<'_> {
+    fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    fn block_count(&self) -> u64 {
+        self.block_count
+    }
+
+    fn read_block(&self, blk: u64, buf: &mut [u8]) -> Result<(), FsError> {
+        if blk >= self.block_count {
+            return Err(FsError::BlockOutOfRange {
+                block: blk,
+                count: self.block_count,
+            });
+        }
+        if let Some(data) = self.overlay.get(&blk) {
+            let n = buf.len().min(data.len());
+            buf[..n].copy_from_slice(&data[..n]);
+            return Ok(());
+        }
+        self.dev.read_at(buf, blk * u64::from(self.block_size))?;
+        Ok(())
+    }
+}
