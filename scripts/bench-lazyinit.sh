@@ -296,15 +296,29 @@ print(s["elapsed_ms"], sum(x["work_ms"] for x in d), s["slept_ms"],
       f'{sum(x["groups_done"] for x in d)}/{sum(x["groups_total"] for x in d)}')
 PY
 }
-batch_mult() { # json-lines file -> median multiplier and load of the batches
+batch_mult() { # json-lines file -> time-weighted median multiplier and load of the batches
     python3 - "$1" <<'PY'
-import json, sys, statistics
-m, l = [], []
+import json, sys
+# Each batch weighs its work plus the wait after it: the multiplier that
+# was in effect for half of the run's time, not of its batches (short
+# batches at full speed would outnumber the long waits of a paced phase).
+b = []
 for line in open(sys.argv[1]):
     try: v = json.loads(line)
     except ValueError: continue
-    if v.get("event") == "batch": m.append(v["mult"]); l.append(v["load"])
-print(f"{statistics.median(m):.2f} {statistics.median(l):.3f} {len(m)}" if m else "- - 0")
+    if v.get("event") == "batch":
+        b.append((v["work_us"] + v["wait_us"], v["mult"], v["load"]))
+def wmedian(pairs):
+    pairs = sorted(pairs, key=lambda p: p[1])
+    half, acc = sum(w for w, _ in pairs) / 2, 0
+    for w, x in pairs:
+        acc += w
+        if acc >= half: return x
+    return pairs[-1][1]
+if b and sum(x[0] for x in b) > 0:
+    print(f"{wmedian([(w, m) for w, m, _ in b]):.2f} {wmedian([(w, l) for w, _, l in b]):.3f} {len(b)}")
+else:
+    print("- - 0")
 PY
 }
 
@@ -730,7 +744,7 @@ thread's, unchanged (\`number 50000\`, \`transactions 50000\`,
 \`read/write 4096\`, \`bias read 5\`, \`bias create 5\`, \`size 1000 200000\`,
 \`buffering false\`).
 
-| case | postmark seconds | vs (a) | disk busy % | ours still running at the end | ours' median multiplier/load per run |
+| case | postmark seconds | vs (a) | disk busy % | ours still running at the end | ours' time-weighted median multiplier/load per run |
 |---|---|---|---|---|---|
 EOF
     fg_table postmark
@@ -741,7 +755,7 @@ EOF
 \`dd if=/dev/zero of=FILE bs=1M count=$dd_mib oflag=direct conv=fsync\`, FILE a new
 file next to the images (same disk, $disk_name).
 
-| case | dd seconds | vs (a) | disk busy % | ours still running at the end | ours' median multiplier/load per run |
+| case | dd seconds | vs (a) | disk busy % | ours still running at the end | ours' time-weighted median multiplier/load per run |
 |---|---|---|---|---|---|
 EOF
     fg_table dd
@@ -753,7 +767,7 @@ The same job ($idle_size lazy image on a loop device, discard off: $(mib "$ic_by
 zeros) to the end with nothing else running, $idle_runs runs each, interleaved;
 wall time of \`ext4kit lazyinit\`, median (min–max); e2fsck of the last images: $ic_fsck.
 
-| contender | seconds | vs --mult 0 | median multiplier/load of the batches, per run |
+| contender | seconds | vs --mult 0 | time-weighted median multiplier/load, per run |
 |---|---|---|---|
 | --mult 0 | $(med "${ic0[@]}") | 1.00 | - |
 | --pace adaptive | $(med "${icA[@]}") | $(ratio "$(median "${icA[@]}")" "$(median "${ic0[@]}")") | $(echo "${icAm[@]}" | tr ' ' ',') |

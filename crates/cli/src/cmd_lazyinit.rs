@@ -18,6 +18,12 @@ use ext4kit_device::{Device, OpenOptions, open_device};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 
+/// Longest batch of a paced run while it runs at full speed (adaptive
+/// pacing seeing no load): long enough that the flushes that close batches
+/// cost a few percent, short enough that a foreground starting meanwhile
+/// waits little behind it before pacing sees it.
+const IDLE_BATCH_TIME: Duration = Duration::from_millis(40);
+
 /// Exit code when stopped by a signal: 128 + its number, as a shell
 /// reports a process killed by it (SIGINT 130, SIGTERM 143). Progress is
 /// kept; rerun to resume.
@@ -215,10 +221,11 @@ pub fn run(args: &LazyinitArgs) -> anyhow::Result<i32> {
             },
         },
         max_batch_groups: args.max_batch_groups.unwrap_or(u32::MAX).max(1),
-        // Paced runs work in short bursts, like the kernel's one group at a
-        // time, so that foreground I/O never waits long behind ours.
+        // Paced batches are short (Options::paced_batch_time), batches at
+        // full speed long enough that their flushes cost little; adaptive
+        // pacing switches between the two with the load it sees.
         max_batch_time: if paced {
-            Duration::from_millis(10)
+            IDLE_BATCH_TIME
         } else {
             Options::default().max_batch_time
         },

@@ -15,8 +15,13 @@ pub struct Options {
     /// Most groups committed together (they also always share one
     /// descriptor block).
     pub max_batch_groups: u32,
-    /// A batch is closed once its work took this long.
+    /// A batch is closed once its work took this long, while the pacer
+    /// runs at full speed (`--mult 0`, or adaptive pacing seeing no load).
     pub max_batch_time: Duration,
+    /// ... and this long while the pacer waits between batches: short
+    /// bursts, like the kernel's one group at a time, so that foreground
+    /// I/O never waits long behind ours.
+    pub paced_batch_time: Duration,
     /// [`Engine::run`] sleeps in slices of at most this, checking the stop
     /// flag in between.
     pub sleep_slice: Duration,
@@ -28,6 +33,7 @@ impl Default for Options {
             pace: Pace::default(),
             max_batch_groups: u32::MAX,
             max_batch_time: Duration::from_millis(100),
+            paced_batch_time: Duration::from_millis(10),
             sleep_slice: Duration::from_millis(100),
         }
     }
@@ -321,6 +327,11 @@ impl<'a, 'd> Engine<'a, 'd> {
         slot.job.image.verify_desc_block_unchanged(di)?;
         let mut requests = 1u64;
         let mut done: Vec<(u32, ZeroStats)> = Vec::new();
+        let batch_time = if slot.pacer.full_speed() {
+            opts.max_batch_time
+        } else {
+            opts.paced_batch_time
+        };
         while let Some(w) = slot.job.pending.get(done.len()) {
             if geom.desc_block_index(w.group) != di
                 || done.len() as u64 >= u64::from(opts.max_batch_groups)
@@ -332,7 +343,7 @@ impl<'a, 'd> Engine<'a, 'd> {
             requests += st.requests;
             done.push((w.group, st));
             if stop.is_some_and(|f| f.load(Ordering::SeqCst))
-                || clock.now().saturating_sub(t0) >= opts.max_batch_time
+                || clock.now().saturating_sub(t0) >= batch_time
             {
                 break;
             }
@@ -583,6 +594,39 @@ mod tests {
         );
         // Sleeps come in slices no longer than the slice option.
         assert!(clock.sleeps().iter().all(|&d| d <= opts.sleep_slice));
+    }
+
+    #[test]
+    fn full_speed_batches_are_long_paced_ones_short() {
+        // 48 groups, 16 per descriptor block; each group's table takes
+        // ~1 ms to zero on `Slow`. Batches close after max_batch_time at
+        // full speed and after paced_batch_time while pacing waits.
+        let batches = |mult: u32| {
+            let clock = FakeClock::new();
+            let dev = Slow {
+                inner: synthetic(true, 48),
+                clock: &clock,
+            };
+            fill_tables(&dev.inner, 48);
+            let job = Job::prepare(&dev).expect("prepare");
+            let opts = Options {
+                pace: Pace::Fixed { mult },
+                max_batch_time: Duration::from_millis(8),
+                paced_batch_time: Duration::from_millis(2),
+                ..Options::default()
+            };
+            let mut n = 0;
+            let s = Engine::new(vec![job], opts, &clock).run(&mut |e: &Event<'_>| {
+                if matches!(e, Event::Batch { .. }) {
+                    n += 1;
+                }
+            });
+            assert!(s.complete());
+            n
+        };
+        let (fast, paced) = (batches(0), batches(1));
+        assert!(fast >= 2, "{fast}");
+        assert!(paced >= 3 * fast, "{paced} vs {fast}");
     }
 
     #[test]

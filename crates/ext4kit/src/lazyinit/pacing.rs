@@ -374,6 +374,19 @@ impl Pacer {
         }
     }
 
+    /// Does the next unit run at full speed, with no wait planned after
+    /// it? True for `--mult 0`, and for adaptive pacing while its
+    /// multiplier is 0 and the last unit showed no pressure at all. The
+    /// engine makes such units longer (fewer flushes per byte).
+    pub fn full_speed(&self) -> bool {
+        match self.pace {
+            Pace::Fixed { mult } => mult == 0,
+            Pace::Adaptive { .. } => {
+                self.have_signal && self.level == 0.0 && self.prev_pressure == 0.0
+            }
+        }
+    }
+
     /// The pressure behind the current multiplier (0..1; adaptive only):
     /// the largest of the [`Signals`].
     pub fn load(&self) -> f64 {
@@ -752,6 +765,23 @@ mod tests {
         // Split factor learned: ~4 block requests per request of ours.
         let r = p.ratio.get().expect("calibrated");
         assert!((r - 4.0).abs() < 0.2, "{r}");
+    }
+
+    #[test]
+    fn full_speed_only_without_load() {
+        assert!(Pacer::new(Pace::Fixed { mult: 0 }).full_speed());
+        assert!(!Pacer::new(Pace::Fixed { mult: 10 }).full_speed());
+        // Adaptive: not before a signal was seen (the fallback applies),
+        // yes on an idle machine, no as soon as load shows.
+        let mut p = adaptive();
+        assert!(!p.full_speed());
+        let mut sim = Sim::new();
+        sim.run(&mut p, IDLE, Duration::from_secs(2));
+        assert!(p.full_speed());
+        let busy = Foreground { cpu: 0.5, ..IDLE };
+        sim.run(&mut p, busy, Duration::from_millis(200));
+        assert!(!p.full_speed());
+        assert!(p.multiplier() > 0.0);
     }
 
     #[test]
