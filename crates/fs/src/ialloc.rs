@@ -1,0 +1,1 @@
+//! Inode allocation (placeholder).
