@@ -872,3 +872,6 @@ fn top(sets: &[BTreeSet<u32>], from: u32) -> Option<(usize, u32)> {
             .map(|&g| (o, g))
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,458 @@
+//! The allocators against a naive model (sets of block and inode numbers),
+//! on real mkfs layouts in memory.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use ext4kit::mkfs::{self, Env, MkfsOptions};
+use ext4kit::profile::Profile;
+use ext4kit_device::{Device, MemDevice};
+use ext4kit_format::Superblock;
+use proptest::prelude::*;
+
+use super::*;
+use crate::DeviceBlocks;
+use crate::groups::{DescTable, DirtySet, Layout};
+use crate::ialloc::InodeAlloc;
+
+const CONF: &str = "[defaults]\n\tbase_features = sparse_super,large_file,filetype,resize_inode,dir_index,ext_attr\n\tblocksize = 1024\n\tinode_size = 256\n\tinode_ratio = 16384\n[fs_types]\n\text4 = {\n\t\tfeatures = has_journal,extent,huge_file,flex_bg,metadata_csum,64bit,dir_nlink,extra_isize\n\t}\n";
+
+/// A fresh ext4 in memory (1 KiB blocks: 8 MiB groups).
+pub(crate) fn image(size: u64, extra: &[&str]) -> MemDevice {
+    let opts = MkfsOptions {
+        fs_type: Some("ext4".into()),
+        uuid: Some("0b7e3c52-8f1d-4a6e-9c2b-5d4f3e2a1b09".into()),
+        extended: vec!["nodiscard".into()],
+        features: extra.iter().map(|s| s.to_string()).collect(),
+        ..MkfsOptions::default()
+    };
+    let env = Env {
+        device_size: Some(size),
+        is_regular_file: false,
+        logical_sector_size: 512,
+        physical_sector_size: 512,
+        io_hints: None,
+        now: 1_700_000_000,
+        page_size: 4096,
+        uid: 0,
+        gid: 0,
+        kernel_lazy_itable_init: true,
+    };
+    let resolved = mkfs::resolve(&opts, &Profile::parse(CONF).unwrap(), &env).unwrap();
+    let dev = MemDevice::new(size);
+    mkfs::execute(&dev, mkfs::prepare(resolved, false).unwrap()).unwrap();
+    dev
+}
+
+/// One shared image per configuration: the allocators never write.
+fn cached(
+    slot: &'static std::sync::OnceLock<MemDevice>,
+    size: u64,
+    extra: &[&str],
+) -> &'static MemDevice {
+    slot.get_or_init(|| image(size, extra))
+}
+
+static FLEX40: std::sync::OnceLock<MemDevice> = std::sync::OnceLock::new();
+static NOFLEX24: std::sync::OnceLock<MemDevice> = std::sync::OnceLock::new();
+
+pub(crate) struct Open {
+    pub layout: Layout,
+    pub descs: Arc<DescTable>,
+    pub ba: Arc<BlockAlloc>,
+    pub ia: InodeAlloc,
+}
+
+pub(crate) fn open(dev: &MemDevice, discard: bool) -> Open {
+    let mut buf = vec![0u8; 1024];
+    dev.read_at(&mut buf, 1024).unwrap();
+    let sb = Superblock::parse(&buf).unwrap();
+    let layout = Layout::from_superblock(&sb).unwrap();
+    let rd = DeviceBlocks::new(dev, layout.block_size, layout.blocks_count);
+    let descs = Arc::new(DescTable::read(layout.clone(), &rd).unwrap());
+    let dirty = Arc::new(DirtySet::default());
+    let ba = Arc::new(BlockAlloc::open(&descs, dirty.clone(), discard));
+    let ia = InodeAlloc::open(descs.clone(), ba.clone(), dirty);
+    Open {
+        layout,
+        descs,
+        ba,
+        ia,
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc { len: u32, goal: Option<u16> },
+    Free { pick: u16, skip: u16, len: u16 },
+    DoubleFree { pick: u16 },
+    Commit,
+    Discard { pick: u16 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (1u32..20_000, proptest::option::of(any::<u16>()))
+            .prop_map(|(len, goal)| Op::Alloc { len, goal }),
+        3 => (any::<u16>(), any::<u16>(), 1u16..5000)
+            .prop_map(|(pick, skip, len)| Op::Free { pick, skip, len }),
+        1 => any::<u16>().prop_map(|pick| Op::DoubleFree { pick }),
+        2 => Just(Op::Commit),
+        2 => any::<u16>().prop_map(|pick| Op::Discard { pick }),
+    ]
+}
+
+fn blocks_of(ext: &[(u64, u32)]) -> impl Iterator<Item = u64> + '_ {
+    ext.iter().flat_map(|&(s, n)| s..s + u64::from(n))
+}
+
+/// Run `ops` on the allocator and on the model; check after every step.
+fn run_model(dev: &MemDevice, discard: bool, ops: &[Op]) -> Result<(), TestCaseError> {
+    let o = open(dev, discard);
+    let l = &o.layout;
+    let rd = DeviceBlocks::new(dev, l.block_size, l.blocks_count);
+    // The model: allocatable, busy per tid, discarding, and what we own.
+    let mut avail: BTreeSet<u64> = BTreeSet::new();
+    for g in 0..l.group_count {
+        for (s, n) in o.ba.free_ranges(&rd, g).unwrap() {
+            avail.extend(s..s + u64::from(n));
+        }
+    }
+    let mut busy: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
+    let mut discarding: Vec<(u64, u32)> = Vec::new();
+    let mut owned: Vec<(u64, u32)> = Vec::new();
+    // Start near the wrap of tids.
+    let mut tid: u32 = u32::MAX - 3;
+    for op in ops {
+        match *op {
+            Op::Alloc { len, goal } => {
+                let goal = goal.map(|x| l.blocks_count * u64::from(x) / 65536);
+                let mut req = AllocRequest::new(u64::from(len), 0);
+                req.goal = goal;
+                req.max_extent = if len % 2 == 0 { 32768 } else { 32767 };
+                let r = o.ba.alloc(&rd, &req);
+                let busy_n: usize = busy.values().map(|s| s.len()).sum::<usize>()
+                    + discarding.iter().map(|d| d.1 as usize).sum::<usize>();
+                match r {
+                    Ok(a) => {
+                        prop_assert!(avail.len() as u64 >= u64::from(len));
+                        let got: Vec<u64> = blocks_of(&a.extents).collect();
+                        prop_assert_eq!(got.len() as u64, u64::from(len));
+                        for b in &got {
+                            prop_assert!(avail.remove(b), "block {} handed out but not free", b);
+                        }
+                        for &(s, n) in &a.extents {
+                            prop_assert!(n <= req.max_extent);
+                            prop_assert!(a.dirty.contains(&l.group_of(s)));
+                        }
+                        owned.extend(a.extents);
+                    }
+                    Err(FsError::NoSpace { .. }) => {
+                        prop_assert!((avail.len() as u64) < u64::from(len));
+                        prop_assert!(
+                            busy_n == 0 || ((avail.len() + busy_n) as u64) < u64::from(len)
+                        );
+                    }
+                    Err(FsError::SpaceBusy { .. }) => {
+                        prop_assert!((avail.len() as u64) < u64::from(len));
+                        prop_assert!(((avail.len() + busy_n) as u64) >= u64::from(len));
+                    }
+                    Err(e) => return Err(TestCaseError::fail(format!("alloc: {e}"))),
+                }
+            }
+            Op::Free { pick, skip, len } => {
+                if owned.is_empty() {
+                    continue;
+                }
+                let i = usize::from(pick) % owned.len();
+                let (s, n) = owned[i];
+                let skip = u32::from(skip) % n;
+                let len = u32::from(len).min(n - skip);
+                let fs = s + u64::from(skip);
+                o.ba.free(&rd, tid, fs, len).unwrap();
+                // Keep what is left owned.
+                owned.swap_remove(i);
+                if skip > 0 {
+                    owned.push((s, skip));
+                }
+                if skip + len < n {
+                    owned.push((fs + u64::from(len), n - skip - len));
+                }
+                busy.entry(tid).or_default().extend(fs..fs + u64::from(len));
+            }
+            Op::DoubleFree { pick } => {
+                // A range that is free (allocatable or busy) must be refused.
+                let Some(&b) = avail.iter().nth(usize::from(pick) % avail.len().max(1)) else {
+                    continue;
+                };
+                let before = o.ba.free_blocks();
+                prop_assert!(o.ba.free(&rd, tid, b, 1).is_err());
+                prop_assert_eq!(o.ba.free_blocks(), before);
+            }
+            Op::Commit => {
+                let got = o.ba.committed(tid);
+                let mut want: BTreeSet<u64> = BTreeSet::new();
+                for (_, s) in std::mem::take(&mut busy) {
+                    want.extend(s);
+                }
+                let got_blocks: BTreeSet<u64> = blocks_of(&got).collect();
+                prop_assert_eq!(&got_blocks, &want);
+                if discard {
+                    discarding.extend(got);
+                } else {
+                    avail.extend(want);
+                }
+                tid = tid.wrapping_add(1);
+            }
+            Op::Discard { pick } => {
+                if discarding.is_empty() {
+                    continue;
+                }
+                let i = usize::from(pick) % discarding.len();
+                let (s, n) = discarding.swap_remove(i);
+                // Release it in two halves, as a discard split by the
+                // device's limit would.
+                let h = n / 2;
+                if h > 0 {
+                    o.ba.discarded(s, h).unwrap();
+                }
+                o.ba.discarded(s + u64::from(h), n - h).unwrap();
+                avail.extend(s..s + u64::from(n));
+            }
+        }
+        let busy_n: u64 = busy.values().map(|s| s.len() as u64).sum::<u64>()
+            + discarding.iter().map(|d| u64::from(d.1)).sum::<u64>();
+        prop_assert_eq!(o.ba.available_blocks(), avail.len() as u64);
+        prop_assert_eq!(o.ba.busy_blocks(), busy_n);
+    }
+    // Rendered bitmaps and descriptors agree with the model.
+    let mut disk_free = avail.clone();
+    for s in busy.values() {
+        disk_free.extend(s);
+    }
+    for &(s, n) in &discarding {
+        disk_free.extend(s..s + u64::from(n));
+    }
+    let dirty = o.ba.take_dirty();
+    for d in &dirty {
+        let imgs = o.ia.render_group(&rd, d.group).unwrap();
+        prop_assert!(imgs.desc.checksum_ok(&l.csum, d.group, l.desc_size));
+        let gs = l.group_start(d.group);
+        let n = l.blocks_in_group(d.group);
+        let want_free = (gs..gs + u64::from(n))
+            .filter(|b| disk_free.contains(b))
+            .count();
+        prop_assert_eq!(imgs.desc.free_blocks() as usize, want_free);
+        if let Some((blk, img)) = imgs.block_bitmap {
+            prop_assert_eq!(blk, imgs.desc.block_bitmap());
+            for i in 0..l.block_size * 8 {
+                let set = img[(i / 8) as usize] & (1 << (i % 8)) != 0;
+                let free = i < n && disk_free.contains(&(gs + u64::from(i)));
+                prop_assert_eq!(set, !free, "group {} bit {}", d.group, i);
+            }
+            prop_assert_eq!(
+                imgs.desc.block_bitmap_csum(),
+                l.bitmap_csum(&img[..l.block_bitmap_bytes()])
+            );
+        }
+    }
+    for g in 0..l.group_count {
+        if !dirty.iter().any(|d| d.group == g) {
+            // Untouched groups: what is on disk is still right.
+            let gs = l.group_start(g);
+            let n = l.blocks_in_group(g);
+            let want_free = (gs..gs + u64::from(n))
+                .filter(|b| disk_free.contains(b))
+                .count();
+            prop_assert_eq!(o.descs.get(g).free_blocks() as usize, want_free);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    #[test]
+    fn blocks_match_the_model(ops in proptest::collection::vec(op(), 1..60), discard in any::<bool>()) {
+        run_model(cached(&FLEX40, 40 << 20, &[]), discard, &ops)?;
+    }
+
+    #[test]
+    fn blocks_match_the_model_without_flex_bg(ops in proptest::collection::vec(op(), 1..40)) {
+        run_model(cached(&NOFLEX24, 24 << 20, &["^flex_bg"]), false, &ops)?;
+    }
+}
+
+/// A fresh filesystem: large requests get whole free groups, one extent
+/// each, and no bitmap is read for them.
+#[test]
+fn large_request_takes_whole_groups() {
+    let dev = image(200 << 20, &[]);
+    let o = open(&dev, false);
+    let l = &o.layout;
+    let rd = DeviceBlocks::new(&dev, l.block_size, l.blocks_count);
+    let before = o.ba.stats();
+    let a =
+        o.ba.alloc(
+            &rd,
+            &AllocRequest::new(10 * u64::from(l.blocks_per_group), 0),
+        )
+        .unwrap();
+    let st = o.ba.stats();
+    assert_eq!(st.bitmap_reads, before.bitmap_reads);
+    assert!(a.extents.len() <= 12, "{:?}", a.extents);
+    // Whole groups, merged where they are adjacent (up to 32768).
+    assert!(
+        a.extents
+            .iter()
+            .all(|e| e.1.is_multiple_of(l.blocks_per_group)),
+        "{:?}",
+        a.extents
+    );
+    // Every group visited gave an extent, or was the goal group.
+    assert!(st.groups_visited - before.groups_visited <= 3 * a.extents.len() as u64 + 2);
+}
+
+/// No space, and busy space, are told apart.
+#[test]
+fn enospc_versus_wait_for_commit() {
+    let dev = image(16 << 20, &[]);
+    let o = open(&dev, true);
+    let l = &o.layout;
+    let rd = DeviceBlocks::new(&dev, l.block_size, l.blocks_count);
+    let all = o.ba.available_blocks();
+    let a = o.ba.alloc(&rd, &AllocRequest::new(all, 0)).unwrap();
+    assert!(matches!(
+        o.ba.alloc(&rd, &AllocRequest::new(1, 0)),
+        Err(FsError::NoSpace { .. })
+    ));
+    let (s, n) = a.extents[0];
+    o.ba.free(&rd, 7, s, n).unwrap();
+    assert!(matches!(
+        o.ba.alloc(&rd, &AllocRequest::new(1, 0)),
+        Err(FsError::SpaceBusy { .. })
+    ));
+    let freed = o.ba.committed(7);
+    assert_eq!(freed, vec![(s, n)]);
+    // Discard on: still busy until the discard completes.
+    assert!(matches!(
+        o.ba.alloc(&rd, &AllocRequest::new(1, 0)),
+        Err(FsError::SpaceBusy { .. })
+    ));
+    o.ba.discarded(s, n).unwrap();
+    let b =
+        o.ba.alloc(&rd, &AllocRequest::new(u64::from(n), 0))
+            .unwrap();
+    assert_eq!(b.extents, vec![(s, n)]);
+}
+
+#[derive(Clone, Debug)]
+enum IOp {
+    Alloc { parent: u16, dir: bool },
+    Free { pick: u16 },
+}
+
+fn iop() -> impl Strategy<Value = IOp> {
+    prop_oneof![
+        3 => (any::<u16>(), any::<bool>()).prop_map(|(parent, dir)| IOp::Alloc { parent, dir }),
+        1 => any::<u16>().prop_map(|pick| IOp::Free { pick }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Inodes: never handed out twice, never past the watermark of an
+    /// unzeroed table, counts and rendered bitmaps/descriptors as the
+    /// model says.
+    #[test]
+    fn inodes_match_the_model(ops in proptest::collection::vec(iop(), 1..300)) {
+        let dev = cached(&FLEX40, 40 << 20, &[]);
+        let o = open(dev, false);
+        let l = &o.layout;
+        let rd = DeviceBlocks::new(dev, l.block_size, l.blocks_count);
+        let ipg = l.inodes_per_group;
+        let mut used: BTreeMap<u32, bool> = BTreeMap::new(); // ino -> is_dir
+        let mut dirs: Vec<u32> = vec![2];
+        let base_free = o.ia.free_inodes();
+        for op in &ops {
+            match *op {
+                IOp::Alloc { parent, dir } => {
+                    let p = dirs[usize::from(parent) % dirs.len()];
+                    let a = o.ia.alloc(&rd, p, dir).unwrap();
+                    prop_assert!(a.ino >= l.first_ino);
+                    prop_assert!(used.insert(a.ino, dir).is_none(), "inode {} twice", a.ino);
+                    prop_assert_eq!(a.group, (a.ino - 1) / ipg);
+                    if dir { dirs.push(a.ino); }
+                }
+                IOp::Free { pick } => {
+                    let files: Vec<u32> = used.keys().copied().collect();
+                    if files.is_empty() { continue; }
+                    let ino = files[usize::from(pick) % files.len()];
+                    let dir = used[&ino];
+                    if dir && dirs.len() > 1 {
+                        dirs.retain(|&d| d != ino);
+                    } else if dir {
+                        continue;
+                    }
+                    o.ia.free(&rd, ino, dir).unwrap();
+                    used.remove(&ino);
+                    prop_assert!(o.ia.free(&rd, ino, dir).is_err());
+                }
+            }
+            prop_assert_eq!(o.ia.free_inodes(), base_free - used.len() as u64);
+        }
+        for d in o.ba.take_dirty() {
+            let g = d.group;
+            let imgs = o.ia.render_group(&rd, g).unwrap();
+            prop_assert!(imgs.desc.checksum_ok(&l.csum, g, l.desc_size));
+            let mine: Vec<u32> = used.keys().copied().filter(|i| (i - 1) / ipg == g).collect();
+            if let Some((_, img)) = &imgs.inode_bitmap {
+                for i in 0..ipg {
+                    let ino = g * ipg + i + 1;
+                    let set = img[(i / 8) as usize] & (1 << (i % 8)) != 0;
+                    // mkfs used 1..=11 (reserved inodes and lost+found).
+                    let want = used.contains_key(&ino) || (g == 0 && ino <= l.first_ino);
+                    prop_assert_eq!(set, want, "inode {}", ino);
+                }
+                prop_assert_eq!(
+                    imgs.desc.inode_bitmap_csum(),
+                    l.bitmap_csum(&img[..l.inode_bitmap_bytes()])
+                );
+            }
+            // Every used inode lies below the watermark.
+            let wm = ipg - imgs.desc.itable_unused();
+            for ino in &mine {
+                prop_assert!((ino - 1) % ipg < wm);
+            }
+            prop_assert_eq!(imgs.desc.flags() & ext4kit_format::group_desc::BG_INODE_UNINIT, 0);
+            let ndirs = mine.iter().filter(|i| used[i]).count() as u32;
+            let base_dirs = if g == 0 { 2 } else { 0 }; // root, lost+found
+            prop_assert_eq!(imgs.desc.used_dirs(), ndirs + base_dirs);
+        }
+    }
+}
+
+/// While a group is being zeroed, allocation keeps out of it.
+#[test]
+fn zeroing_lock_keeps_allocation_out() {
+    let dev = image(40 << 20, &[]);
+    let o = open(&dev, false);
+    let l = &o.layout;
+    let rd = DeviceBlocks::new(&dev, l.block_size, l.blocks_count);
+    let guard = o.ia.lock_group_for_zeroing(0).unwrap();
+    assert!(guard.zero_from > o.descs.get(0).inode_table());
+    for _ in 0..50 {
+        let a = o.ia.alloc(&rd, 12, false).unwrap();
+        assert_ne!(a.group, 0);
+    }
+    guard.mark_zeroed();
+    let a = o.ia.alloc(&rd, 12, false).unwrap();
+    assert_eq!(a.group, 0);
+    let imgs = o.ia.render_group(&rd, 0).unwrap();
+    assert_ne!(
+        imgs.desc.flags() & ext4kit_format::group_desc::BG_INODE_ZEROED,
+        0
+    );
+}
