@@ -9,10 +9,11 @@ use std::sync::Arc;
 
 use common::*;
 use ext4kit_device::{Device, FileDevice, OpenOptions};
-use ext4kit_format::Superblock;
-use ext4kit_fs::DeviceBlocks;
-use ext4kit_fs::balloc::BlockAlloc;
+use ext4kit_format::{Inode, Superblock};
+use ext4kit_fs::balloc::{AllocRequest, BlockAlloc};
 use ext4kit_fs::groups::{DescTable, DirtySet, Layout};
+use ext4kit_fs::ialloc::InodeAlloc;
+use ext4kit_fs::{BlockRead, DeviceBlocks};
 
 struct Fs {
     dev: FileDevice,
@@ -177,4 +178,191 @@ fn free_extents_equal_dumpe2fs() {
             fs.layout.group_count, st.groups_from_layout
         );
     }
+}
+
+/// A regular file inode owning `extents` (at most 4, depth 0).
+fn file_inode(layout: &Layout, extents: &[(u64, u32)]) -> Inode {
+    use ext4kit_format::extent::EXTENT_MAGIC;
+    let mut ino = Inode::default();
+    ino.i_mode.set(ext4kit_format::inode::S_IFREG | 0o644);
+    ino.i_links_count.set(1);
+    for t in [&mut ino.i_atime, &mut ino.i_ctime, &mut ino.i_mtime] {
+        t.set(1_700_000_000);
+    }
+    ino.i_flags.set(ext4kit_format::inode::EXT4_EXTENTS_FL);
+    if layout.inode_size > 128 {
+        ino.i_extra_isize.set(ext4kit_format::inode::EXTRA_ISIZE);
+    }
+    let total: u64 = extents.iter().map(|e| u64::from(e.1)).sum();
+    ino.set_size(total * u64::from(layout.block_size));
+    ino.set_blocks_512(total * u64::from(layout.block_size) / 512);
+    let mut ib = [0u8; 60];
+    ib[0..2].copy_from_slice(&EXTENT_MAGIC.to_le_bytes());
+    ib[2..4].copy_from_slice(&(extents.len() as u16).to_le_bytes());
+    ib[4..6].copy_from_slice(&4u16.to_le_bytes());
+    let mut lblk = 0u32;
+    for (i, &(s, n)) in extents.iter().enumerate() {
+        let e = &mut ib[12 + 12 * i..24 + 12 * i];
+        e[0..4].copy_from_slice(&lblk.to_le_bytes());
+        e[4..6].copy_from_slice(&(n as u16).to_le_bytes());
+        e[6..8].copy_from_slice(&((s >> 32) as u16).to_le_bytes());
+        e[8..12].copy_from_slice(&(s as u32).to_le_bytes());
+        lblk += n;
+    }
+    ino.i_block_bytes_mut().copy_from_slice(&ib);
+    ino
+}
+
+/// Allocate inodes and blocks with the engine's allocators on mke2fs
+/// images, write the rendered bitmaps and descriptors (and minimal inodes
+/// owning the blocks, linked into / with debugfs) without a journal:
+/// e2fsck -fn finds nothing to say.
+#[test]
+fn allocations_pass_e2fsck() {
+    if !have("mke2fs") || !have("debugfs") || !have("e2fsck") {
+        return skip("allocations_pass_e2fsck", "e2fsprogs not installed");
+    }
+    let dir = image_dir();
+    let configs: &[(&str, u64, &[&str])] = &[
+        ("ck-4k", 3 * GIB, &["-t", "ext4"]),
+        (
+            "ck-1k-gdtcsum-32",
+            160 * MIB,
+            &[
+                "-t",
+                "ext4",
+                "-b",
+                "1024",
+                "-O",
+                "^metadata_csum,^64bit,uninit_bg",
+            ],
+        ),
+        ("ck-noflex", 2 * GIB, &["-t", "ext4", "-O", "^flex_bg"]),
+        (
+            "ck-metabg",
+            3 * GIB,
+            &["-t", "ext4", "-O", "meta_bg,^resize_inode"],
+        ),
+    ];
+    for (name, size, args) in configs {
+        let img = mkfs(dir.path(), name, *size, args);
+        let owners = {
+            let fs = Fs::open(&img, true);
+            allocate_and_write(&fs, name)
+        };
+        let cmds: String = owners
+            .iter()
+            .map(|ino| format!("ln <{ino}> /f{ino}\n"))
+            .collect();
+        let cmdfile = dir.path().join(format!("{name}.cmds"));
+        std::fs::write(&cmdfile, cmds).unwrap();
+        run_ok(tool("debugfs").arg("-w").arg("-f").arg(&cmdfile).arg(&img)).unwrap();
+        let summary = e2fsck_clean(&img).unwrap_or_else(|e| panic!("{name}: {e}"));
+        eprintln!("{name}: {summary}");
+    }
+}
+
+/// The test's "transaction": allocate, free some, commit, render, write.
+/// Returns the inodes to link.
+fn allocate_and_write(fs: &Fs, name: &str) -> Vec<u32> {
+    let l = &fs.layout;
+    let rd = fs.blocks();
+    let descs = Arc::new(DescTable::read(l.clone(), &rd).unwrap());
+    let dirty = Arc::new(DirtySet::default());
+    let ba = Arc::new(BlockAlloc::open(&descs, dirty.clone(), false));
+    let ia = InodeAlloc::open(descs.clone(), ba.clone(), dirty);
+    let mut inodes: Vec<(u32, Vec<(u64, u32)>)> = Vec::new();
+    let lens = [1u64, 7, 300, 5000, 40_000, 100_000, 3, 70_000, 12, 9000];
+    let mut scratch = Vec::new();
+    for (k, &len) in lens.iter().enumerate() {
+        let len = len.min(l.blocks_count / 16);
+        let a = ia.alloc(&rd, 2, false).unwrap();
+        let mut req = AllocRequest::new(len, a.group);
+        if k % 3 == 2 {
+            req.max_extent = 32767;
+        }
+        let got = ba.alloc(&rd, &req).unwrap();
+        // A scratch allocation between files, freed and committed below.
+        scratch.push(
+            ba.alloc(&rd, &AllocRequest::new(len / 3 + 1, a.group))
+                .unwrap(),
+        );
+        let mut chunks = got.extents.chunks(4);
+        let first = chunks.next().unwrap().to_vec();
+        inodes.push((a.ino, first));
+        for c in chunks {
+            let b = ia.alloc(&rd, 2, false).unwrap();
+            inodes.push((b.ino, c.to_vec()));
+        }
+    }
+    // Files "near a parent" in other groups: INODE_UNINIT (and
+    // BLOCK_UNINIT) groups get their first inodes and blocks.
+    for g in [l.group_count / 2, l.group_count - 1, 3.min(l.group_count - 1)] {
+        let parent = g * l.inodes_per_group + 1;
+        for len in [1u64, 20] {
+            let a = ia.alloc(&rd, parent, false).unwrap();
+            let got = ba.alloc(&rd, &AllocRequest::new(len, a.group)).unwrap();
+            assert!(got.extents.len() <= 4);
+            inodes.push((a.ino, got.extents));
+        }
+    }
+    // An inode allocated and freed again in the same transaction.
+    let gone = ia.alloc(&rd, 2, false).unwrap();
+    ia.free(&rd, gone.ino, false).unwrap();
+    for s in &scratch {
+        for &(b, n) in &s.extents {
+            ba.free(&rd, 1, b, n).unwrap();
+        }
+    }
+    assert!(!ba.committed(1).is_empty(), "{name}");
+    // Render and write every changed group, then the descriptor blocks.
+    let mut desc_blocks = std::collections::BTreeSet::new();
+    for d in ba.take_dirty() {
+        let im = ia.render_group(&rd, d.group).unwrap();
+        for (blk, data) in [im.block_bitmap, im.inode_bitmap].into_iter().flatten() {
+            fs.dev
+                .write_at(&data, blk * u64::from(l.block_size))
+                .unwrap();
+        }
+        desc_blocks.insert(im.desc_block);
+    }
+    for i in desc_blocks {
+        let (blk, data) = descs.block_image(i);
+        fs.dev
+            .write_at(&data, blk * u64::from(l.block_size))
+            .unwrap();
+    }
+    // The minimal inodes.
+    let isz = l.inode_size as usize;
+    for (ino, ext) in &inodes {
+        let g = (ino - 1) / l.inodes_per_group;
+        let idx = (ino - 1) % l.inodes_per_group;
+        let blk = descs.get(g).inode_table() + u64::from(idx / l.inodes_per_block());
+        let off = (idx % l.inodes_per_block()) as usize * isz;
+        let mut buf = rd.block(blk).unwrap();
+        file_inode(l, ext).write_to(&mut buf[off..off + isz], *ino, &l.csum);
+        fs.dev
+            .write_at(&buf, blk * u64::from(l.block_size))
+            .unwrap();
+    }
+    // Superblock counts.
+    let mut sbuf = vec![0u8; 1024];
+    fs.dev.read_at(&mut sbuf, 1024).unwrap();
+    let fb = ba.free_blocks();
+    sbuf[0x0C..0x10].copy_from_slice(&(fb as u32).to_le_bytes());
+    sbuf[0x158..0x15C].copy_from_slice(&((fb >> 32) as u32).to_le_bytes());
+    sbuf[0x10..0x14].copy_from_slice(&(ia.free_inodes() as u32).to_le_bytes());
+    if l.csum.metadata {
+        let c = Superblock::parse(&sbuf).unwrap().compute_checksum();
+        sbuf[0x3FC..].copy_from_slice(&c.to_le_bytes());
+    }
+    fs.dev.write_at(&sbuf, 1024).unwrap();
+    fs.dev.flush().unwrap();
+    eprintln!(
+        "{name}: {} inodes, {} bitmaps read, {} groups visited",
+        inodes.len(),
+        ba.stats().bitmap_reads,
+        ba.stats().groups_visited
+    );
+    inodes.into_iter().map(|(i, _)| i).collect()
 }
