@@ -297,7 +297,11 @@ fn allocate_and_write(fs: &Fs, name: &str) -> Vec<u32> {
     }
     // Files "near a parent" in other groups: INODE_UNINIT (and
     // BLOCK_UNINIT) groups get their first inodes and blocks.
-    for g in [l.group_count / 2, l.group_count - 1, 3.min(l.group_count - 1)] {
+    for g in [
+        l.group_count / 2,
+        l.group_count - 1,
+        3.min(l.group_count - 1),
+    ] {
         let parent = g * l.inodes_per_group + 1;
         for len in [1u64, 20] {
             let a = ia.alloc(&rd, parent, false).unwrap();
