@@ -62,8 +62,12 @@ fn bench(img: &Path, gib: u64) -> Result<(), FsError> {
     let descs = Arc::new(DescTable::read(layout.clone(), &rd)?);
     let desc_ms = ms(t_desc);
     let dirty = Arc::new(DirtySet::default());
+    let t_ba = Instant::now();
     let ba = Arc::new(BlockAlloc::open(&descs, dirty.clone(), false));
+    let ba_ms = ms(t_ba);
+    let t_ia = Instant::now();
     let ia = InodeAlloc::open(descs.clone(), ba.clone(), dirty);
+    let ia_ms = ms(t_ia);
     let open_ms = ms(t_open);
 
     let len = (gib << 30) / u64::from(layout.block_size);
@@ -89,7 +93,7 @@ fn bench(img: &Path, gib: u64) -> Result<(), FsError> {
     }
     let render_ms = ms(t_render);
     out(&format!(
-        "{}: {} groups ({} from the layout), open {open_ms:.1} ms (descriptors {desc_ms:.1} ms); \
+        "{}: {} groups ({} from the layout), open {open_ms:.1} ms (descriptors {desc_ms:.1}, block allocator {ba_ms:.1}, inode allocator {ia_ms:.1} ms); \
          allocate {gib} GiB: {alloc_ms:.2} ms, {} extents, {} bitmap reads, {} groups visited; \
          render {render_ms:.1} ms: {} groups, {bitmaps} bitmap blocks, {} descriptor blocks",
         img.display(),

@@ -398,6 +398,11 @@ impl DescTable {
         v.get(g as usize).cloned().unwrap_or_default()
     }
 
+    /// A copy of every current descriptor.
+    pub fn snapshot(&self) -> Vec<GroupDesc> {
+        self.descs.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Replace group `g`'s descriptor (the caller has set its checksum).
     pub fn set(&self, g: u32, d: GroupDesc) {
         let mut v = self.descs.write().unwrap_or_else(|e| e.into_inner());

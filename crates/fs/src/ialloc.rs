@@ -108,8 +108,7 @@ impl InodeAlloc {
         let mut free_in = Vec::with_capacity(layout.group_count as usize);
         let mut dirs_in = Vec::with_capacity(layout.group_count as usize);
         let (mut ft, mut dt) = (0u64, 0u64);
-        for g in 0..layout.group_count {
-            let d = descs.get(g);
+        for d in descs.snapshot() {
             let csum = layout.group_csum;
             let ig = IGroup {
                 bitmap: None,

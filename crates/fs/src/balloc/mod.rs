@@ -186,15 +186,14 @@ impl BlockAlloc {
     pub fn open(descs: &DescTable, dirty: Arc<DirtySet>, discard: bool) -> Self {
         let layout = descs.layout().clone();
         let n = layout.group_count as usize;
-        let all: Vec<GroupDesc> = (0..layout.group_count).map(|g| descs.get(g)).collect();
+        let all: Vec<GroupDesc> = descs.snapshot();
         let runs = layout::metadata_runs(&layout, &all);
         let mut groups = Vec::with_capacity(n);
         let mut largest = Vec::with_capacity(n);
         let mut avail_in = Vec::with_capacity(n);
-        let mut index = Index {
-            ready: vec![BTreeSet::new(); ORDERS],
-            unread: vec![BTreeSet::new(); ORDERS],
-        };
+        // Groups come in order: collect, then build each set in bulk.
+        let mut ready: Vec<Vec<u32>> = vec![Vec::new(); ORDERS];
+        let mut unread: Vec<Vec<u32>> = vec![Vec::new(); ORDERS];
         let mut total = 0u64;
         let mut from_layout = 0;
         for (g, d) in all.iter().enumerate() {
@@ -229,12 +228,8 @@ impl BlockAlloc {
             };
             bg.key = key_of(&bg);
             match bg.key {
-                Key::Ready(o) => {
-                    index.ready[o].insert(g);
-                }
-                Key::Unread(o) => {
-                    index.unread[o].insert(g);
-                }
+                Key::Ready(o) => ready[o].push(g),
+                Key::Unread(o) => unread[o].push(g),
                 Key::None => {}
             }
             total += u64::from(bg.avail_count());
@@ -246,6 +241,10 @@ impl BlockAlloc {
             avail_in.push(AtomicU32::new(bg.avail_count()));
             groups.push(Mutex::new(bg));
         }
+        let index = Index {
+            ready: ready.into_iter().map(BTreeSet::from_iter).collect(),
+            unread: unread.into_iter().map(BTreeSet::from_iter).collect(),
+        };
         BlockAlloc {
             bitmap_at: all.iter().map(|d| d.block_bitmap()).collect(),
             disk_csum: all.iter().map(|d| d.block_bitmap_csum()).collect(),

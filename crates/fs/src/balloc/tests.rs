@@ -456,3 +456,95 @@ fn zeroing_lock_keeps_allocation_out() {
         0
     );
 }
+
+/// Several threads allocating and freeing at once never share a block.
+#[test]
+fn concurrent_allocations_are_disjoint() {
+    let dev = cached(&FLEX40, 40 << 20, &[]);
+    let o = open(dev, false);
+    let l = o.layout.clone();
+    let before = o.ba.available_blocks();
+    let results: Vec<Vec<(u64, u32)>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4u32)
+            .map(|t| {
+                let ba = o.ba.clone();
+                let l = l.clone();
+                s.spawn(move || {
+                    let rd = DeviceBlocks::new(dev, l.block_size, l.blocks_count);
+                    let mut kept = Vec::new();
+                    for i in 0..200u32 {
+                        let len = u64::from(1 + (i * 37 + t * 11) % 40);
+                        let a = ba.alloc(&rd, &AllocRequest::new(len, t)).unwrap();
+                        if i % 3 == 0 {
+                            for &(b, n) in &a.extents {
+                                ba.free(&rd, t, b, n).unwrap();
+                            }
+                        } else {
+                            kept.extend(a.extents);
+                        }
+                    }
+                    kept
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut all: Vec<(u64, u32)> = results.into_iter().flatten().collect();
+    all.sort_unstable();
+    for w in all.windows(2) {
+        assert!(
+            w[0].0 + u64::from(w[0].1) <= w[1].0,
+            "{:?} overlaps {:?}",
+            w[0],
+            w[1]
+        );
+    }
+    let kept: u64 = all.iter().map(|e| u64::from(e.1)).sum();
+    for t in 0..4 {
+        o.ba.committed(t);
+    }
+    assert_eq!(o.ba.available_blocks(), before - kept);
+    assert_eq!(o.ba.busy_blocks(), 0);
+}
+
+/// Consecutive allocations with the previous end as goal are contiguous;
+/// a file's first blocks come from its inode's group when it has room.
+#[test]
+fn goal_locality() {
+    let dev = cached(&FLEX40, 40 << 20, &[]);
+    let o = open(dev, false);
+    let l = &o.layout;
+    let rd = DeviceBlocks::new(dev, l.block_size, l.blocks_count);
+    let a = o.ba.alloc(&rd, &AllocRequest::new(10, 3)).unwrap();
+    assert_eq!(l.group_of(a.extents[0].0), 3);
+    let mut end = a.extents[0].0 + 10;
+    for len in [1u64, 5, 100, 17] {
+        let mut req = AllocRequest::new(len, 0);
+        req.goal = Some(end);
+        let b = o.ba.alloc(&rd, &req).unwrap();
+        assert_eq!(b.extents, vec![(end, len as u32)]);
+        end += len;
+    }
+}
+
+/// Top-level directories spread over flex groups; files stay with their
+/// parent's group.
+#[test]
+fn orlov_spreads_top_level_directories() {
+    let dev = image(200 << 20, &["^flex_bg"]);
+    let o = open(&dev, false);
+    let l = &o.layout;
+    let rd = DeviceBlocks::new(&dev, l.block_size, l.blocks_count);
+    let groups: BTreeSet<u32> = (0..8)
+        .map(|_| o.ia.alloc(&rd, 2, true).unwrap().group)
+        .collect();
+    assert!(groups.len() >= 4, "{groups:?}");
+    let d = o.ia.alloc(&rd, 2, true).unwrap();
+    for _ in 0..5 {
+        let f = o.ia.alloc(&rd, d.ino, false).unwrap();
+        assert_eq!(f.group, d.group);
+    }
+    // A subdirectory stays in its parent's group while it has room.
+    let sub = o.ia.alloc(&rd, d.ino, true).unwrap();
+    assert_eq!(sub.group, d.group);
+}
