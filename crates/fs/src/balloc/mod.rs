@@ -715,7 +715,7 @@ impl BlockAlloc {
             match merged.last_mut() {
                 Some(last)
                     if last.0 + u64::from(last.1) == s
-                        && self.layout.group_of(last.0) == self.layout.group_of(s) =>
+                        && u64::from(last.1) + u64::from(n) <= u64::from(u32::MAX) =>
                 {
                     last.1 += n
                 }
