@@ -4,7 +4,7 @@
 //! at most 32767 blocks each), then render what the transaction would
 //! journal. Prints times, bitmap blocks read and groups visited.
 //!
-//! `cargo run --release -p ext4kit-fs --example alloc_bench [DIR] [GiB]`
+//! `cargo run --release -p ext4kit-fs --example alloc_bench [DIR] [GiB] [RUNS]`
 //! (DIR: where the sparse images go, default the system temp dir; it must
 //! take a 16 TiB sparse file, e.g. ext4, xfs or tmpfs).
 
@@ -44,6 +44,18 @@ fn mkfs(img: &Path, size: u64) -> Result<(), String> {
         return Err(format!("mke2fs failed on {}", img.display()));
     }
     Ok(())
+}
+
+/// Peak resident set size so far, from /proc (0 where unavailable).
+fn peak_rss_mib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb / 1024)
 }
 
 fn ms(t: Instant) -> f64 {
@@ -95,7 +107,8 @@ fn bench(img: &Path, gib: u64) -> Result<(), FsError> {
     out(&format!(
         "{}: {} groups ({} from the layout), open {open_ms:.1} ms (descriptors {desc_ms:.1}, block allocator {ba_ms:.1}, inode allocator {ia_ms:.1} ms); \
          allocate {gib} GiB: {alloc_ms:.2} ms, {} extents, {} bitmap reads, {} groups visited; \
-         render {render_ms:.1} ms: {} groups, {bitmaps} bitmap blocks, {} descriptor blocks",
+         render {render_ms:.1} ms: {} groups, {bitmaps} bitmap blocks, {} descriptor blocks; \
+         peak RSS {} MiB",
         img.display(),
         layout.group_count,
         st.groups_from_layout,
@@ -103,7 +116,8 @@ fn bench(img: &Path, gib: u64) -> Result<(), FsError> {
         st.bitmap_reads,
         st.groups_visited,
         groups.len(),
-        desc_blocks.len()
+        desc_blocks.len(),
+        peak_rss_mib()
     ));
     Ok(())
 }
@@ -115,14 +129,26 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
     let gib: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(50);
+    let runs: u32 = args.next().and_then(|s| s.parse().ok()).unwrap_or(1);
     let sizes = [("1t", 1u64 << 40), ("16t", (16u64 << 40) - 4096)];
     let mut failed = false;
     for (name, size) in sizes {
         let img = dir.join(format!("alloc_bench_{name}.img"));
-        let r = mkfs(&img, size)
-            .map_err(|e| e.to_string())
-            .and_then(|()| bench(&img, gib).map_err(|e| format!("{}: {e}", img.display())));
-        let _ = std::fs::remove_file(&img);
+        // ALLOC_BENCH_KEEP=1: keep the images and reuse them next time.
+        let keep = std::env::var_os("ALLOC_BENCH_KEEP").is_some();
+        let made = if keep && img.exists() {
+            Ok(())
+        } else {
+            mkfs(&img, size)
+        };
+        let r = made.and_then(|()| {
+            (0..runs)
+                .try_for_each(|_| bench(&img, gib))
+                .map_err(|e| format!("{}: {e}", img.display()))
+        });
+        if !keep {
+            let _ = std::fs::remove_file(&img);
+        }
         if let Err(e) = r {
             let _ = writeln!(std::io::stderr(), "alloc_bench: {e}");
             failed = true;

@@ -400,7 +400,12 @@ impl DescTable {
 
     /// A copy of every current descriptor.
     pub fn snapshot(&self) -> Vec<GroupDesc> {
-        self.descs.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.with_all(<[GroupDesc]>::to_vec)
+    }
+
+    /// Run `f` over every current descriptor (read-locked, no copy).
+    pub fn with_all<R>(&self, f: impl FnOnce(&[GroupDesc]) -> R) -> R {
+        f(&self.descs.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Replace group `g`'s descriptor (the caller has set its checksum).

@@ -108,24 +108,26 @@ impl InodeAlloc {
         let mut free_in = Vec::with_capacity(layout.group_count as usize);
         let mut dirs_in = Vec::with_capacity(layout.group_count as usize);
         let (mut ft, mut dt) = (0u64, 0u64);
-        for d in descs.snapshot() {
-            let csum = layout.group_csum;
-            let ig = IGroup {
-                bitmap: None,
-                inode_uninit: csum && d.flags() & BG_INODE_UNINIT != 0,
-                zeroed: d.flags() & BG_INODE_ZEROED != 0,
-                free: d.free_inodes(),
-                dirs: d.used_dirs(),
-                unused: if csum { d.itable_unused() } else { 0 },
-                zeroing: false,
-                changed: false,
-            };
-            ft += u64::from(ig.free);
-            dt += u64::from(ig.dirs);
-            free_in.push(AtomicU32::new(ig.free));
-            dirs_in.push(AtomicU32::new(ig.dirs));
-            groups.push(Mutex::new(ig));
-        }
+        descs.with_all(|all| {
+            for d in all {
+                let csum = layout.group_csum;
+                let ig = IGroup {
+                    bitmap: None,
+                    inode_uninit: csum && d.flags() & BG_INODE_UNINIT != 0,
+                    zeroed: d.flags() & BG_INODE_ZEROED != 0,
+                    free: d.free_inodes(),
+                    dirs: d.used_dirs(),
+                    unused: if csum { d.itable_unused() } else { 0 },
+                    zeroing: false,
+                    changed: false,
+                };
+                ft += u64::from(ig.free);
+                dt += u64::from(ig.dirs);
+                free_in.push(AtomicU32::new(ig.free));
+                dirs_in.push(AtomicU32::new(ig.dirs));
+                groups.push(Mutex::new(ig));
+            }
+        });
         InodeAlloc {
             layout,
             descs,

@@ -184,10 +184,12 @@ impl BlockAlloc {
     /// `discard`: freed ranges stay busy after their commit until
     /// [`BlockAlloc::discarded`].
     pub fn open(descs: &DescTable, dirty: Arc<DirtySet>, discard: bool) -> Self {
-        let layout = descs.layout().clone();
+        descs.with_all(|all| Self::build(descs.layout().clone(), all, dirty, discard))
+    }
+
+    fn build(layout: Layout, all: &[GroupDesc], dirty: Arc<DirtySet>, discard: bool) -> Self {
         let n = layout.group_count as usize;
-        let all: Vec<GroupDesc> = descs.snapshot();
-        let runs = layout::metadata_runs(&layout, &all);
+        let runs = layout::metadata_runs(&layout, all);
         let mut groups = Vec::with_capacity(n);
         let mut largest = Vec::with_capacity(n);
         let mut avail_in = Vec::with_capacity(n);
