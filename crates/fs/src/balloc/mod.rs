@@ -74,6 +74,10 @@ pub struct AllocRequest {
     /// Longest extent to hand out: 32768 (`EXT_INIT_MAX_LEN`) for
     /// initialized extents, 32767 for unwritten ones.
     pub max_extent: u32,
+    /// Blocks that must stay allocatable afterwards: the superblock's
+    /// reserved blocks (`s_r_blocks_count`) for an unprivileged caller, as
+    /// the kernel's `ext4_has_free_clusters`; 0 for root.
+    pub keep_free: u64,
 }
 
 impl AllocRequest {
@@ -83,6 +87,7 @@ impl AllocRequest {
             goal: None,
             goal_group,
             max_extent: ext4kit_format::extent::EXT_INIT_MAX_LEN,
+            keep_free: 0,
         }
     }
 }
@@ -392,7 +397,10 @@ impl BlockAlloc {
         if req.max_extent == 0 {
             return Err(FsError::InvalidRequest("max extent length 0".into()));
         }
-        self.check_space(req.len)?;
+        let need = req.len.saturating_add(req.keep_free);
+        if self.available_blocks() < need {
+            return Err(self.space_error(need));
+        }
         let mut out: Vec<(u64, u32)> = Vec::new();
         let mut dirty = BTreeSet::new();
         let mut remaining = req.len;
@@ -408,7 +416,7 @@ impl BlockAlloc {
                 Ok(Some(p)) => p,
                 Ok(None) => {
                     self.undo(&out);
-                    return Err(self.space_error(req.len));
+                    return Err(self.space_error(need));
                 }
                 Err(e) => {
                     self.undo(&out);
@@ -433,14 +441,6 @@ impl BlockAlloc {
             extents: out,
             dirty: dirty.into_iter().collect(),
         })
-    }
-
-    fn check_space(&self, len: u64) -> Result<(), FsError> {
-        if self.available_blocks() >= len {
-            Ok(())
-        } else {
-            Err(self.space_error(len))
-        }
     }
 
     fn space_error(&self, len: u64) -> FsError {

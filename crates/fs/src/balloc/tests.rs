@@ -322,6 +322,13 @@ fn enospc_versus_wait_for_commit() {
     let l = &o.layout;
     let rd = DeviceBlocks::new(&dev, l.block_size, l.blocks_count);
     let all = o.ba.available_blocks();
+    // Reserved blocks stay free for an unprivileged caller.
+    let mut req = AllocRequest::new(all - 100, 0);
+    req.keep_free = 101;
+    assert!(matches!(
+        o.ba.alloc(&rd, &req),
+        Err(FsError::NoSpace { .. })
+    ));
     let a = o.ba.alloc(&rd, &AllocRequest::new(all, 0)).unwrap();
     assert!(matches!(
         o.ba.alloc(&rd, &AllocRequest::new(1, 0)),
@@ -547,4 +554,88 @@ fn orlov_spreads_top_level_directories() {
     // A subdirectory stays in its parent's group while it has room.
     let sub = o.ia.alloc(&rd, d.ino, true).unwrap();
     assert_eq!(sub.group, d.group);
+}
+
+/// Write every changed group's bitmaps and descriptor block to `dev`
+/// (test-only, unjournaled).
+fn write_back(dev: &MemDevice, o: &Open) {
+    let l = &o.layout;
+    let rd = DeviceBlocks::new(dev, l.block_size, l.blocks_count);
+    let mut blocks = BTreeSet::new();
+    for d in o.ba.take_dirty() {
+        let im = o.ia.render_group(&rd, d.group).unwrap();
+        for (b, img) in [im.block_bitmap, im.inode_bitmap].into_iter().flatten() {
+            dev.write_at(&img, b * u64::from(l.block_size)).unwrap();
+        }
+        blocks.insert(im.desc_block);
+    }
+    for i in blocks {
+        let (b, img) = o.descs.block_image(i);
+        dev.write_at(&img, b * u64::from(l.block_size)).unwrap();
+    }
+}
+
+/// Groups that need their bitmap are read only when a search wants them:
+/// not for a request they cannot hold, and once for one they can.
+#[test]
+fn unread_groups_are_read_only_when_useful() {
+    let dev = image(40 << 20, &[]);
+    {
+        let o = open(&dev, false);
+        let l = &o.layout;
+        let rd = DeviceBlocks::new(&dev, l.block_size, l.blocks_count);
+        // Leave groups 2 and 3 partly used (so their free count no longer
+        // matches the layout).
+        for g in [2u32, 3] {
+            o.ba.alloc(&rd, &AllocRequest::new(3000, g)).unwrap();
+        }
+        write_back(&dev, &o);
+    }
+    let o = open(&dev, false);
+    let l = &o.layout;
+    let rd = DeviceBlocks::new(&dev, l.block_size, l.blocks_count);
+    let unread = u64::from(l.group_count) - o.ba.stats().groups_from_layout;
+    assert!(unread >= 2, "{unread}");
+    // 8000 blocks fit no partly used group: served by a free one, no read.
+    let a = o.ba.alloc(&rd, &AllocRequest::new(8000, 2)).unwrap();
+    assert_eq!(o.ba.stats().bitmap_reads, 0);
+    assert_eq!(a.extents.len(), 1);
+    // A small request with goal group 3: its bitmap is read, once.
+    let b = o.ba.alloc(&rd, &AllocRequest::new(10, 3)).unwrap();
+    assert_eq!(l.group_of(b.extents[0].0), 3);
+    o.ba.alloc(&rd, &AllocRequest::new(10, 3)).unwrap();
+    assert_eq!(o.ba.stats().bitmap_reads, 1);
+    // The bitmap on disk was what we rendered: allocated blocks are taken.
+    let gs = l.group_start(3);
+    let free = o.ba.free_ranges(&rd, 3).unwrap();
+    let free_n: u64 = free.iter().map(|r| u64::from(r.1)).sum();
+    assert_eq!(
+        free_n,
+        u64::from(l.blocks_in_group(3)) - 3000 - 20 - u64::from(l.base_meta_blocks(3))
+    );
+    assert!(free.iter().all(|r| r.0 >= gs));
+}
+
+/// The search does not grow with the number of groups: the same request
+/// on a 32x larger fresh filesystem visits as many groups and reads no
+/// bitmap either.
+#[test]
+fn search_cost_is_flat_in_the_group_count() {
+    let visits = |size: u64| {
+        let dev = image(size, &[]);
+        let o = open(&dev, false);
+        let l = &o.layout;
+        let rd = DeviceBlocks::new(&dev, l.block_size, l.blocks_count);
+        let mut req = AllocRequest::new(40_000, 0);
+        req.max_extent = 32767;
+        let a = o.ba.alloc(&rd, &req).unwrap();
+        let st = o.ba.stats();
+        assert_eq!(st.bitmap_reads, 0);
+        (st.groups_visited, a.extents.len())
+    };
+    // 8 groups against 256 (1 KiB blocks).
+    let small = visits(64 << 20);
+    let large = visits(2 << 30);
+    assert_eq!(small.1, large.1);
+    assert!(large.0 <= small.0 + 2, "{small:?} {large:?}");
 }
