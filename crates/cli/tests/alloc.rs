@@ -331,7 +331,7 @@ fn allocate_and_write(fs: &Fs, name: &str) -> Vec<u32> {
     // Render and write every changed group, then the descriptor blocks.
     let mut desc_blocks = std::collections::BTreeSet::new();
     for d in ba.take_dirty() {
-        let im = ia.render_group(&rd, d.group).unwrap();
+        let im = ia.render(&rd, &d).unwrap();
         for (blk, data) in [im.block_bitmap, im.inode_bitmap].into_iter().flatten() {
             fs.dev
                 .write_at(&data, blk * u64::from(l.block_size))

@@ -96,7 +96,7 @@ fn bench(img: &Path, gib: u64) -> Result<(), FsError> {
     let mut bitmaps = 0;
     let mut desc_blocks = std::collections::BTreeSet::new();
     for d in &groups {
-        let im = ia.render_group(&rd, d.group)?;
+        let im = ia.render(&rd, d)?;
         bitmaps += usize::from(im.block_bitmap.is_some()) + usize::from(im.inode_bitmap.is_some());
         desc_blocks.insert(im.desc_block);
     }

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT, BG_INODE_ZEROED, GroupDesc};
 
 use crate::balloc::BlockAlloc;
-use crate::groups::{DescTable, DirtySet, Layout};
+use crate::groups::{DescTable, DirtySet, GroupDirty, Layout};
 use crate::{BlockRead, FsError};
 
 const ROOT_INO: u32 = 2;
@@ -510,9 +510,26 @@ impl InodeAlloc {
     /// [`BlockAlloc::take_dirty`], then journal the bitmaps and the
     /// descriptor blocks ([`DescTable::block_image`]) of those groups.
     pub fn render_group(&self, rd: &dyn BlockRead, g: u32) -> Result<GroupImages, FsError> {
+        self.render_sides(rd, g, true, true)
+    }
+
+    /// [`InodeAlloc::render_group`] limited to the sides `d` says changed:
+    /// an inode-only change in a group whose block bitmap was never read
+    /// reads and rewrites no block bitmap (and the reverse).
+    pub fn render(&self, rd: &dyn BlockRead, d: &GroupDirty) -> Result<GroupImages, FsError> {
+        self.render_sides(rd, d.group, d.block_bitmap, d.inode_bitmap)
+    }
+
+    fn render_sides(
+        &self,
+        rd: &dyn BlockRead,
+        g: u32,
+        block_side: bool,
+        inode_side: bool,
+    ) -> Result<GroupImages, FsError> {
         let l = &self.layout;
         let mut d = self.descs.get(g);
-        let bs = self.balloc.render(rd, g)?;
+        let bs = self.balloc.render(rd, g, block_side)?;
         let mut flags = d.flags();
         d.set_free_blocks(bs.free_blocks);
         let mut block_bitmap = None;
@@ -539,7 +556,8 @@ impl InodeAlloc {
             if ig.zeroed {
                 flags |= BG_INODE_ZEROED;
             }
-            if ig.changed
+            if inode_side
+                && ig.changed
                 && let Some(bm) = &ig.bitmap
             {
                 let mut img = vec![0xFFu8; l.block_size as usize];

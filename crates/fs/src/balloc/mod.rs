@@ -822,8 +822,22 @@ impl BlockAlloc {
     /// Group `g`'s block side as it must be written: the bitmap block
     /// (`None` while the group is still `BLOCK_UNINIT`: nothing to write),
     /// its free count and whether `BLOCK_UNINIT` stays set.
-    pub fn render(&self, rd: &dyn BlockRead, g: u32) -> Result<BlockSide, FsError> {
+    /// Without `with_bitmap` (the block side did not change) nothing is
+    /// read or rendered: only the counts are returned.
+    pub fn render(
+        &self,
+        rd: &dyn BlockRead,
+        g: u32,
+        with_bitmap: bool,
+    ) -> Result<BlockSide, FsError> {
         let mut bg = self.group(g)?;
+        if !with_bitmap {
+            return Ok(BlockSide {
+                free_blocks: bg.disk_free,
+                block_uninit: bg.block_uninit,
+                bitmap: None,
+            });
+        }
         self.load(rd, g, &mut bg)?;
         let l = &self.layout;
         let bitmap = (!bg.block_uninit).then(|| {

@@ -235,7 +235,7 @@ fn run_model(dev: &MemDevice, discard: bool, ops: &[Op]) -> Result<(), TestCaseE
     }
     let dirty = o.ba.take_dirty();
     for d in &dirty {
-        let imgs = o.ia.render_group(&rd, d.group).unwrap();
+        let imgs = o.ia.render(&rd, d).unwrap();
         prop_assert!(imgs.desc.checksum_ok(&l.csum, d.group, l.desc_size));
         let gs = l.group_start(d.group);
         let n = l.blocks_in_group(d.group);
@@ -563,7 +563,7 @@ fn write_back(dev: &MemDevice, o: &Open) {
     let rd = DeviceBlocks::new(dev, l.block_size, l.blocks_count);
     let mut blocks = BTreeSet::new();
     for d in o.ba.take_dirty() {
-        let im = o.ia.render_group(&rd, d.group).unwrap();
+        let im = o.ia.render(&rd, &d).unwrap();
         for (b, img) in [im.block_bitmap, im.inode_bitmap].into_iter().flatten() {
             dev.write_at(&img, b * u64::from(l.block_size)).unwrap();
         }
@@ -638,4 +638,25 @@ fn search_cost_is_flat_in_the_group_count() {
     let large = visits(2 << 30);
     assert_eq!(small.1, large.1);
     assert!(large.0 <= small.0 + 2, "{small:?} {large:?}");
+}
+
+/// Creating a file in group 0 (whose block bitmap is not known from the
+/// layout) renders its inode side only: no block bitmap read or written.
+#[test]
+fn inode_only_change_reads_no_block_bitmap() {
+    let dev = cached(&FLEX40, 40 << 20, &[]);
+    let o = open(dev, false);
+    let l = &o.layout;
+    let rd = DeviceBlocks::new(dev, l.block_size, l.blocks_count);
+    let a = o.ia.alloc(&rd, 2, false).unwrap();
+    assert_eq!(a.group, 0);
+    let dirty = o.ba.take_dirty();
+    assert_eq!(dirty.len(), 1);
+    assert!(!dirty[0].block_bitmap && dirty[0].inode_bitmap);
+    let im = o.ia.render(&rd, &dirty[0]).unwrap();
+    assert!(im.block_bitmap.is_none());
+    assert!(im.inode_bitmap.is_some());
+    assert_eq!(o.ba.stats().bitmap_reads, 0);
+    assert!(im.desc.checksum_ok(&l.csum, 0, l.desc_size));
+    assert_eq!(im.desc.free_blocks(), o.descs.get(0).free_blocks());
 }
