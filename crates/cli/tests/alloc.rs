@@ -238,6 +238,8 @@ fn allocations_pass_e2fsck() {
             ],
         ),
         ("ck-noflex", 2 * GIB, &["-t", "ext4", "-O", "^flex_bg"]),
+        ("ck-32bit-csum", 2 * GIB, &["-t", "ext4", "-O", "^64bit"]),
+        ("ck-2k-flex4", GIB, &["-t", "ext4", "-b", "2048", "-G", "4"]),
         (
             "ck-metabg",
             3 * GIB,
