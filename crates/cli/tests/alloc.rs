@@ -261,7 +261,50 @@ fn allocations_pass_e2fsck() {
         run_ok(tool("debugfs").arg("-w").arg("-f").arg(&cmdfile).arg(&img)).unwrap();
         let summary = e2fsck_clean(&img).unwrap_or_else(|e| panic!("{name}: {e}"));
         eprintln!("{name}: {summary}");
+        // Reopened, what was written reads back as dumpe2fs sees it.
+        {
+            let fs = Fs::open(&img, false);
+            let rd = fs.blocks();
+            let descs = DescTable::read(fs.layout.clone(), &rd).unwrap();
+            let ba = BlockAlloc::open(&descs, Arc::new(DirtySet::default()), false);
+            for (g, w) in dumpe2fs_free(&img).iter().enumerate() {
+                assert_eq!(
+                    &ba.free_ranges(&rd, g as u32).unwrap(),
+                    w,
+                    "{name}: group {g}"
+                );
+            }
+        }
+        kernel_uses(&img, name, &owners);
     }
+}
+
+/// Root with loop devices: the kernel mounts the result, sees the files,
+/// allocates more itself, and e2fsck stays clean.
+fn kernel_uses(img: &Path, name: &str, owners: &[u32]) {
+    if let Err(why) = kernel_mount_available() {
+        return skip(
+            &format!("allocations_pass_e2fsck kernel part ({name})"),
+            &why,
+        );
+    }
+    {
+        let lo = LoopDev::attach(img).unwrap();
+        let m = Mount::new(lo.path(), "ext4", None).unwrap();
+        for ino in owners {
+            let p = m.path().join(format!("f{ino}"));
+            let md =
+                std::fs::metadata(&p).unwrap_or_else(|e| panic!("{name}: {}: {e}", p.display()));
+            assert!(md.is_file(), "{name}: {}", p.display());
+        }
+        let big = m.path().join("kernel-fallocated");
+        run_ok(tool("fallocate").arg("-l").arg("64M").arg(&big)).unwrap();
+        std::fs::write(m.path().join("kernel-written"), vec![7u8; 3 << 20]).unwrap();
+        std::fs::create_dir(m.path().join("kernel-dir")).unwrap();
+        eprintln!("{name}: the kernel mounted it on {} and allocated", m.path().display());
+        m.unmount().unwrap();
+    }
+    e2fsck_clean(img).unwrap_or_else(|e| panic!("{name} after the kernel: {e}"));
 }
 
 /// The test's "transaction": allocate, free some, commit, render, write.
