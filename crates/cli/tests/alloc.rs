@@ -148,6 +148,7 @@ fn free_extents_equal_dumpe2fs() {
     let dir = image_dir();
     for (name, size, args) in CONFIGS {
         let img = mkfs(dir.path(), name, *size, args);
+        e2fsck_clean(&img).unwrap_or_else(|e| panic!("{name}: {e}"));
         let fs = Fs::open(&img, false);
         let rd = fs.blocks();
         let descs = DescTable::read(fs.layout.clone(), &rd).unwrap();
