@@ -302,7 +302,10 @@ fn kernel_uses(img: &Path, name: &str, owners: &[u32]) {
         run_ok(tool("fallocate").arg("-l").arg("64M").arg(&big)).unwrap();
         std::fs::write(m.path().join("kernel-written"), vec![7u8; 3 << 20]).unwrap();
         std::fs::create_dir(m.path().join("kernel-dir")).unwrap();
-        eprintln!("{name}: the kernel mounted it on {} and allocated", m.path().display());
+        eprintln!(
+            "{name}: the kernel mounted it on {} and allocated",
+            m.path().display()
+        );
         m.unmount().unwrap();
     }
     e2fsck_clean(img).unwrap_or_else(|e| panic!("{name} after the kernel: {e}"));

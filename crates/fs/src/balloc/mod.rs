@@ -275,6 +275,23 @@ impl BlockAlloc {
         &self.layout
     }
 
+    /// The goal block for an inode's first data block (the kernel's
+    /// `ext4_inode_to_goal_block` with delalloc): the start of its group;
+    /// with flex groups of 4 or more, the first group of the flex group is
+    /// left to directories and special files, regular files start in the
+    /// second.
+    pub fn goal_for_inode(&self, inode_group: u32, regular: bool) -> u64 {
+        let l = &self.layout;
+        let mut g = inode_group.min(l.group_count - 1);
+        if l.flex_size >= 4 {
+            g -= g % l.flex_size;
+            if regular && g + 1 < l.group_count {
+                g += 1;
+            }
+        }
+        l.group_start(g)
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> AllocStats {
         AllocStats {

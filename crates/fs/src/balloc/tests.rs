@@ -534,6 +534,19 @@ fn goal_locality() {
     }
 }
 
+#[test]
+fn inode_goals_follow_the_kernel() {
+    let dev = cached(&FLEX40, 40 << 20, &[]);
+    let o = open(dev, false);
+    let l = &o.layout;
+    assert_eq!(l.flex_size, 16);
+    assert_eq!(o.ba.goal_for_inode(3, true), l.group_start(1));
+    assert_eq!(o.ba.goal_for_inode(3, false), l.group_start(0));
+    let dev = cached(&NOFLEX24, 24 << 20, &["^flex_bg"]);
+    let o = open(dev, false);
+    assert_eq!(o.ba.goal_for_inode(2, true), o.layout.group_start(2));
+}
+
 /// Top-level directories spread over flex groups; files stay with their
 /// parent's group.
 #[test]
