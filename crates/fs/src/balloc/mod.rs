@@ -442,6 +442,7 @@ impl BlockAlloc {
             };
             remaining -= u64::from(piece.1);
             dirty.insert(self.layout.group_of(piece.0));
+            dirty.insert(self.layout.group_of(piece.0 + u64::from(piece.1) - 1));
             goal = Some(piece.0 + u64::from(piece.1)).filter(|&b| b < self.layout.blocks_count);
             goal_group = self.layout.group_of(piece.0);
             match out.last_mut() {
@@ -507,7 +508,13 @@ impl BlockAlloc {
         goal_group: u32,
         want: u32,
     ) -> Result<Option<(u64, u32)>, FsError> {
-        // (0), (1): the goal block, then the goal group.
+        // (0), (1): the goal block (also across the end of its group), then
+        // the goal group.
+        if let Some(b) = goal
+            && let Some(p) = self.try_span(b, want)?
+        {
+            return Ok(Some(p));
+        }
         let g0 = goal.map_or(goal_group, |b| self.layout.group_of(b));
         let rel = goal.map(|b| (b - self.layout.group_start(g0)) as u32);
         if let Some(p) = self.try_group(rd, g0, want, rel, true, false)? {
@@ -558,6 +565,52 @@ impl BlockAlloc {
                 return Ok(Some(p));
             }
         }
+    }
+
+    /// `want` blocks from `goal` on when the free range at `goal` runs to
+    /// the end of its group and the next group's first range continues it
+    /// (physically contiguous, e.g. flex_bg data groups): the piece spans
+    /// the two groups. Locks them in ascending order.
+    fn try_span(&self, goal: u64, want: u32) -> Result<Option<(u64, u32)>, FsError> {
+        let l = &self.layout;
+        let g = l.group_of(goal);
+        if g + 1 >= l.group_count {
+            return Ok(None);
+        }
+        let rel = (goal - l.group_start(g)) as u32;
+        let n = l.blocks_in_group(g);
+        let mut a = self.group(g)?;
+        if !a.ready {
+            return Ok(None);
+        }
+        let Some(r) = a.avail.range_at(rel) else {
+            return Ok(None);
+        };
+        let have = r.0 + r.1 - rel;
+        if have >= want || r.0 + r.1 != n {
+            return Ok(None);
+        }
+        let mut b = self.group(g + 1)?;
+        if !b.ready {
+            return Ok(None);
+        }
+        let rest = want - have;
+        if b.avail.range_at(0).is_none_or(|r2| r2.1 < rest) {
+            return Ok(None);
+        }
+        self.groups_visited.fetch_add(2, Ordering::Relaxed);
+        for (gg, bg, s, len) in [(g, &mut a, rel, have), (g + 1, &mut b, 0, rest)] {
+            if !bg.avail.remove(s, len) {
+                return Ok(None);
+            }
+            bg.disk_free -= len;
+            bg.block_uninit = false;
+            self.avail_total
+                .fetch_sub(u64::from(len), Ordering::Relaxed);
+            self.reindex(gg, bg);
+            self.dirty.mark(gg, true, false);
+        }
+        Ok(Some((goal, want)))
     }
 
     /// Nearest group (at or after `from`, wrapping) in the ready (or
