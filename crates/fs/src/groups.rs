@@ -145,7 +145,9 @@ impl Layout {
     /// Blocks in group `g` (the last group may be short).
     pub fn blocks_in_group(&self, g: u32) -> u32 {
         let start = self.group_start(g);
-        (self.blocks_count - start).min(u64::from(self.blocks_per_group)) as u32
+        self.blocks_count
+            .saturating_sub(start)
+            .min(u64::from(self.blocks_per_group)) as u32
     }
 
     /// The group holding block `blk` (`blk >= first_data_block`).

@@ -380,7 +380,11 @@ impl InodeAlloc {
         }
         self.load(rd, g, &mut ig)?;
         let ipg = l.inodes_per_group;
-        let watermark = if ig.inode_uninit { 0 } else { ipg - ig.unused };
+        let watermark = if ig.inode_uninit {
+            0
+        } else {
+            ipg.saturating_sub(ig.unused)
+        };
         // The lowest free slot that is a usable inode number.
         let first = if g == 0 { l.first_ino - 1 } else { 0 };
         let bm = ig.bitmap.as_deref().unwrap_or(&[]);
@@ -491,7 +495,7 @@ impl InodeAlloc {
         let used = if ig.inode_uninit {
             0
         } else {
-            l.inodes_per_group - ig.unused
+            l.inodes_per_group.saturating_sub(ig.unused)
         };
         let first =
             self.descs.get(g).inode_table() + u64::from(used.div_ceil(l.inodes_per_block()));

@@ -625,7 +625,8 @@ impl BlockAlloc {
         };
         let lo = order(want);
         let ngroups = self.layout.group_count;
-        let dist = |g: u32| (g + ngroups - from) % ngroups;
+        let dist =
+            |g: u32| (u64::from(g) + u64::from(ngroups) - u64::from(from)) % u64::from(ngroups);
         let mut best: Option<u32> = None;
         let mut consider = |g: u32| {
             if best.is_none_or(|b| dist(g) < dist(b)) {
