@@ -478,6 +478,32 @@ impl BlockAlloc {
         }
     }
 
+    /// Return blocks allocated by a handle that failed before anything on
+    /// disk pointed at them (its transaction never referenced them, so no
+    /// busy period is needed): they are allocatable again at once. Every
+    /// block must be in use.
+    pub fn give_back(&self, rd: &dyn BlockRead, extents: &[(u64, u32)]) -> Result<(), FsError> {
+        for &(s, n) in extents {
+            for (g, rel, m) in self.pieces(s, n)? {
+                let mut bg = self.group(g)?;
+                self.load(rd, g, &mut bg)?;
+                if bg.avail.overlaps(rel, m) || bg.busy.overlaps(rel, m) {
+                    return Err(FsError::InvalidRequest(format!(
+                        "giving back blocks {s}..{} that are not all in use",
+                        s + u64::from(n)
+                    )));
+                }
+            }
+        }
+        self.undo(extents);
+        for &(s, n) in extents {
+            for (g, _, _) in self.pieces(s, n)? {
+                self.dirty.mark(g, true, false);
+            }
+        }
+        Ok(())
+    }
+
     /// Give back pieces of a failed allocation (never visible to anyone).
     fn undo(&self, pieces: &[(u64, u32)]) {
         for &(s, n) in pieces {

@@ -88,6 +88,7 @@ enum Op {
     DoubleFree { pick: u16 },
     Commit,
     Discard { pick: u16 },
+    GiveBack { pick: u16 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -99,6 +100,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<u16>().prop_map(|pick| Op::DoubleFree { pick }),
         2 => Just(Op::Commit),
         2 => any::<u16>().prop_map(|pick| Op::Discard { pick }),
+        1 => any::<u16>().prop_map(|pick| Op::GiveBack { pick }),
     ]
 }
 
@@ -203,6 +205,17 @@ fn run_model(dev: &MemDevice, discard: bool, ops: &[Op]) -> Result<(), TestCaseE
                     avail.extend(want);
                 }
                 tid = tid.wrapping_add(1);
+            }
+            Op::GiveBack { pick } => {
+                if owned.is_empty() {
+                    continue;
+                }
+                let i = usize::from(pick) % owned.len();
+                let (s, n) = owned.swap_remove(i);
+                o.ba.give_back(&rd, &[(s, n)]).unwrap();
+                // Twice is refused.
+                prop_assert!(o.ba.give_back(&rd, &[(s, n)]).is_err());
+                avail.extend(s..s + u64::from(n));
             }
             Op::Discard { pick } => {
                 if discarding.is_empty() {
