@@ -21,6 +21,27 @@ pub enum FsError {
     /// A metadata structure failed its checksum, magic or bounds check.
     #[error("corrupt {what}: {detail}")]
     Corrupt { what: &'static str, detail: String },
+    /// Not enough free space (blocks or inodes).
+    #[error("no space left: {wanted} wanted, {available} free")]
+    NoSpace { wanted: u64, available: u64 },
+    /// Enough space only counting blocks freed by transactions that have
+    /// not committed yet (or whose discard is in flight): commit (or wait
+    /// for the discards) and retry.
+    #[error(
+        "no space left until a commit: {wanted} wanted, {available} free, {busy} waiting for a commit or discard"
+    )]
+    SpaceBusy {
+        wanted: u64,
+        available: u64,
+        busy: u64,
+    },
+    /// A filesystem feature this part of the engine does not handle.
+    #[error("unsupported filesystem feature: {what}")]
+    Unsupported { what: String },
+    /// A caller's request that cannot be right (freeing free blocks, a
+    /// group that does not exist).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
 }
 
 impl FsError {

@@ -13,7 +13,10 @@
 //! journal replayed in memory (read-only opens of a dirty filesystem), or
 //! the block cache of a running transaction.
 
+pub mod balloc;
 pub mod error;
+pub mod groups;
+pub mod ialloc;
 pub mod journal;
 
 use std::collections::HashMap;

@@ -1,0 +1,272 @@
+//! A set of block ranges inside one group: sorted, disjoint, never two
+//! adjacent ranges (they are merged), offsets relative to the group start.
+//! A fresh group holds one to three ranges, a fragmented one up to half
+//! its blocks; operations are a binary search plus a vector move.
+
+/// Free (or busy) ranges of one group, as `(start, len)` pairs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExtentSet {
+    v: Vec<(u32, u32)>,
+    total: u64,
+}
+
+impl ExtentSet {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Build from sorted, disjoint ranges (adjacent ones are merged).
+    pub fn from_sorted(runs: impl IntoIterator<Item = (u32, u32)>) -> Self {
+        let mut s = Self::new();
+        for (a, n) in runs {
+            if n == 0 {
+                continue;
+            }
+            match s.v.last_mut() {
+                Some(last) if last.0 + last.1 == a => last.1 += n,
+                _ => s.v.push((a, n)),
+            }
+            s.total += u64::from(n);
+        }
+        s
+    }
+
+    /// The clear bits `0..nbits` of a bitmap as ranges.
+    pub fn from_clear_bits(bitmap: &[u8], nbits: u32) -> Self {
+        let mut runs = Vec::new();
+        let mut i = 0u32;
+        while i < nbits {
+            // Skip set bits a byte at a time where possible.
+            let byte = bitmap.get((i / 8) as usize).copied().unwrap_or(0xFF);
+            if i.is_multiple_of(8) && byte == 0xFF {
+                i += 8;
+                continue;
+            }
+            if byte & (1 << (i % 8)) != 0 {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < nbits {
+                let b = bitmap.get((i / 8) as usize).copied().unwrap_or(0xFF);
+                if i.is_multiple_of(8) && b == 0 && i + 8 <= nbits {
+                    i += 8;
+                    continue;
+                }
+                if b & (1 << (i % 8)) != 0 {
+                    break;
+                }
+                i += 1;
+            }
+            runs.push((start, i - start));
+        }
+        Self::from_sorted(runs)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.v.is_empty()
+    }
+
+    /// Number of blocks in the set.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Longest range.
+    pub fn largest(&self) -> u32 {
+        self.v.iter().map(|r| r.1).max().unwrap_or(0)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.v.iter().copied()
+    }
+
+    /// Number of ranges.
+    pub fn len(&self) -> usize {
+        self.v.len()
+    }
+
+    /// Does any block of `[s, s+n)` lie in the set?
+    pub fn overlaps(&self, s: u32, n: u32) -> bool {
+        let end = u64::from(s) + u64::from(n);
+        let i = self
+            .v
+            .partition_point(|r| u64::from(r.0) + u64::from(r.1) <= u64::from(s));
+        self.v.get(i).is_some_and(|r| u64::from(r.0) < end)
+    }
+
+    /// Is all of `[s, s+n)` in the set?
+    pub fn contains(&self, s: u32, n: u32) -> bool {
+        let i = self.v.partition_point(|r| r.0 <= s);
+        i > 0 && {
+            let r = self.v[i - 1];
+            u64::from(s) + u64::from(n) <= u64::from(r.0) + u64::from(r.1)
+        }
+    }
+
+    /// Add `[s, s+n)`; refuses (returns false, set unchanged) if any of it
+    /// is already in the set.
+    pub fn insert(&mut self, s: u32, n: u32) -> bool {
+        if n == 0 {
+            return true;
+        }
+        if self.overlaps(s, n) {
+            return false;
+        }
+        let i = self.v.partition_point(|r| r.0 < s);
+        let join_prev = i > 0 && self.v[i - 1].0 + self.v[i - 1].1 == s;
+        let join_next = i < self.v.len() && s + n == self.v[i].0;
+        match (join_prev, join_next) {
+            (true, true) => {
+                let next = self.v.remove(i);
+                self.v[i - 1].1 += n + next.1;
+            }
+            (true, false) => self.v[i - 1].1 += n,
+            (false, true) => {
+                self.v[i].0 = s;
+                self.v[i].1 += n;
+            }
+            (false, false) => self.v.insert(i, (s, n)),
+        }
+        self.total += u64::from(n);
+        true
+    }
+
+    /// Remove `[s, s+n)`, which must lie inside one range of the set;
+    /// returns false (set unchanged) otherwise.
+    pub fn remove(&mut self, s: u32, n: u32) -> bool {
+        if n == 0 {
+            return true;
+        }
+        if !self.contains(s, n) {
+            return false;
+        }
+        let i = self.v.partition_point(|r| r.0 <= s) - 1;
+        let (rs, rn) = self.v[i];
+        let head = s - rs;
+        let tail = rs + rn - (s + n);
+        match (head, tail) {
+            (0, 0) => {
+                self.v.remove(i);
+            }
+            (0, t) => self.v[i] = (s + n, t),
+            (h, 0) => self.v[i].1 = h,
+            (h, t) => {
+                self.v[i].1 = h;
+                self.v.insert(i + 1, (s + n, t));
+            }
+        }
+        self.total -= u64::from(n);
+        true
+    }
+
+    /// The parts of `[s, s+n)` that are in the set.
+    pub fn intersect(&self, s: u32, n: u32) -> Vec<(u32, u32)> {
+        let end = s + n;
+        let i = self.v.partition_point(|r| r.0 + r.1 <= s);
+        let mut out = Vec::new();
+        for &(rs, rn) in &self.v[i..] {
+            if rs >= end {
+                break;
+            }
+            let a = rs.max(s);
+            let b = (rs + rn).min(end);
+            if a < b {
+                out.push((a, b - a));
+            }
+        }
+        out
+    }
+
+    /// The range containing block `b`, if any.
+    pub fn range_at(&self, b: u32) -> Option<(u32, u32)> {
+        let i = self.v.partition_point(|r| r.0 <= b);
+        (i > 0)
+            .then(|| self.v[i - 1])
+            .filter(|r| u64::from(b) < u64::from(r.0) + u64::from(r.1))
+    }
+
+    /// First range of at least `want` blocks starting at or after `from`,
+    /// else the first such range before it.
+    pub fn first_fit(&self, from: u32, want: u32) -> Option<(u32, u32)> {
+        let i = self.v.partition_point(|r| r.0 < from);
+        self.v[i..]
+            .iter()
+            .chain(self.v[..i].iter())
+            .find(|r| r.1 >= want)
+            .copied()
+    }
+
+    /// The (first) longest range.
+    pub fn largest_range(&self) -> Option<(u32, u32)> {
+        let mut best: Option<(u32, u32)> = None;
+        for &r in &self.v {
+            if best.is_none_or(|b| r.1 > b.1) {
+                best = Some(r);
+            }
+        }
+        best
+    }
+
+    /// Clear the bits of the set's blocks in `bitmap` (others untouched).
+    pub fn clear_bits(&self, bitmap: &mut [u8]) {
+        for &(s, n) in &self.v {
+            for b in s..s + n {
+                if let Some(byte) = bitmap.get_mut((b / 8) as usize) {
+                    *byte &= !(1 << (b % 8));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    fn blocks(s: &ExtentSet) -> BTreeSet<u32> {
+        s.iter().flat_map(|(a, n)| a..a + n).collect()
+    }
+
+    proptest! {
+        #[test]
+        fn matches_a_set_of_blocks(ops in proptest::collection::vec((any::<bool>(), 0u32..200, 1u32..20), 1..200)) {
+            let mut s = ExtentSet::new();
+            let mut m = BTreeSet::new();
+            for (ins, a, n) in ops {
+                let r: BTreeSet<u32> = (a..a + n).collect();
+                if ins {
+                    let ok = r.is_disjoint(&m);
+                    prop_assert_eq!(s.insert(a, n), ok);
+                    if ok { m.extend(r); }
+                } else {
+                    let ok = r.is_subset(&m) && s.contains(a, n);
+                    let removed = s.remove(a, n);
+                    prop_assert_eq!(removed, ok);
+                    if ok { for b in r { m.remove(&b); } }
+                }
+                prop_assert_eq!(blocks(&s), m.clone());
+                prop_assert_eq!(s.total(), m.len() as u64);
+                for w in s.v.windows(2) {
+                    prop_assert!(w[0].0 + w[0].1 < w[1].0);
+                }
+            }
+            let mut bm = vec![0xFFu8; 32];
+            s.clear_bits(&mut bm);
+            prop_assert_eq!(ExtentSet::from_clear_bits(&bm, 256), s);
+        }
+    }
+
+    #[test]
+    fn bitmap_runs() {
+        let mut bm = vec![0u8; 8];
+        bm[0] = 0b0000_0101;
+        bm[7] = 0x80;
+        let s = ExtentSet::from_clear_bits(&bm, 64);
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![(1, 1), (3, 60)]);
+        let s = ExtentSet::from_clear_bits(&bm, 20);
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![(1, 1), (3, 17)]);
+    }
+}

@@ -1,0 +1,989 @@
+//! The block allocator (issue 7 item 5, seed 003).
+//!
+//! It never writes to the device. It keeps, per group, the exact free
+//! ranges once they are known and tells its caller (the transaction layer)
+//! which groups changed ([`Allocation::dirty`], [`BlockAlloc::take_dirty`]);
+//! the caller renders their bitmap blocks and descriptors
+//! ([`crate::ialloc::InodeAlloc::render_group`]) and journals them.
+//!
+//! **Free space without I/O.** At open, a `BLOCK_UNINIT` group, and a group
+//! whose free count equals its blocks minus the metadata placed in it, is
+//! known exactly from the layout ([`layout`]); only other groups ("unread")
+//! need their bitmap, and it is read (checksum verified) only when a search
+//! wants that group.
+//!
+//! **Index.** Ready groups sit in per-order sets by their longest free
+//! range (`floor(log2(len))`, the kernel's `bb_largest_free_order` lists of
+//! `mb_optimize_scan`); unread groups in per-order sets by their free count.
+//! A search looks at one ordered set per order (`O(orders × log groups)`),
+//! never at every group, and reads no bitmap of a group whose free count
+//! is below the request.
+//!
+//! **Criteria ladder** per extent: (0) the goal block itself, (1) the goal
+//! group (its bitmap read if needed), (2) the ready group nearest the goal
+//! (in group order, so the goal's flex group first) whose longest range
+//! fits, (3) unread groups whose free count fits (bitmap read), (4) the
+//! longest range anywhere (the request is then split).
+//!
+//! **Busy extents.** Freed blocks are free on disk at once (the freeing
+//! transaction's bitmap shows them free) but not allocatable until
+//! [`BlockAlloc::committed`] for their transaction and, with discard on,
+//! until [`BlockAlloc::discarded`]. When only busy space could satisfy a
+//! request the error is [`FsError::SpaceBusy`], not [`FsError::NoSpace`].
+//!
+//! Locks: one mutex per group, one for the index, one for the busy log;
+//! order group → index → busy log; searches hold only the index.
+
+pub mod extents;
+pub mod layout;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, GroupDesc};
+use ext4kit_format::jbd2::tid_geq;
+
+use crate::groups::{DescTable, DirtySet, GroupDirty, Layout};
+use crate::{BlockRead, FsError};
+use extents::ExtentSet;
+
+/// Orders kept in the index (block groups hold at most 2^19 blocks).
+const ORDERS: usize = 32;
+/// Groups of the "maybe" order probed before moving to sure fits.
+const PROBE: usize = 16;
+
+fn order(x: u32) -> usize {
+    debug_assert!(x > 0);
+    (31 - x.leading_zeros()) as usize
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One block allocation request.
+#[derive(Clone, Copy, Debug)]
+pub struct AllocRequest {
+    /// Blocks wanted (all of them, or an error).
+    pub len: u64,
+    /// Preferred first block: the block after the file's last allocation.
+    pub goal: Option<u64>,
+    /// Preferred group when there is no goal block: the inode's group.
+    pub goal_group: u32,
+    /// Longest extent to hand out: 32768 (`EXT_INIT_MAX_LEN`) for
+    /// initialized extents, 32767 for unwritten ones.
+    pub max_extent: u32,
+    /// Blocks that must stay allocatable afterwards: the superblock's
+    /// reserved blocks (`s_r_blocks_count`) for an unprivileged caller, as
+    /// the kernel's `ext4_has_free_clusters`; 0 for root.
+    pub keep_free: u64,
+}
+
+impl AllocRequest {
+    pub fn new(len: u64, goal_group: u32) -> Self {
+        AllocRequest {
+            len,
+            goal: None,
+            goal_group,
+            max_extent: ext4kit_format::extent::EXT_INIT_MAX_LEN,
+            keep_free: 0,
+        }
+    }
+}
+
+/// The result of [`BlockAlloc::alloc`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Allocation {
+    /// `(first block, length)`, in allocation order; physically adjacent
+    /// pieces are merged up to `max_extent`.
+    pub extents: Vec<(u64, u32)>,
+    /// Groups whose block bitmap and descriptor this allocation changed.
+    pub dirty: Vec<u32>,
+}
+
+/// Counters for benchmarks and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocStats {
+    /// Block bitmaps read from the [`BlockRead`].
+    pub bitmap_reads: u64,
+    /// Groups locked and examined by searches.
+    pub groups_visited: u64,
+    /// Groups known without I/O at open.
+    pub groups_from_layout: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Key {
+    None,
+    Ready(usize),
+    Unread(usize),
+}
+
+#[derive(Debug)]
+struct BGroup {
+    /// Free ranges known (from the layout or a read bitmap).
+    ready: bool,
+    /// Allocatable ranges (free on disk and not busy).
+    avail: ExtentSet,
+    /// Free on disk but waiting for a commit or a discard.
+    busy: ExtentSet,
+    /// Free count on disk: the descriptor's while unread.
+    disk_free: u32,
+    /// The descriptor still says BLOCK_UNINIT.
+    block_uninit: bool,
+    key: Key,
+}
+
+impl BGroup {
+    fn avail_count(&self) -> u32 {
+        if self.ready {
+            self.avail.total() as u32
+        } else {
+            self.disk_free
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Index {
+    ready: Vec<BTreeSet<u32>>,
+    unread: Vec<BTreeSet<u32>>,
+}
+
+/// A freed range waiting for its commit (or its discard).
+#[derive(Debug, Default)]
+struct BusyLog {
+    /// tid → ranges freed by it.
+    by_tid: BTreeMap<u32, Vec<(u64, u32)>>,
+    /// Committed ranges whose discard is in flight: start → len.
+    discarding: BTreeMap<u64, u32>,
+}
+
+/// The block allocator of one filesystem. Shared between threads (`&self`).
+#[derive(Debug)]
+pub struct BlockAlloc {
+    layout: Layout,
+    /// Where each group's block bitmap is (never changes).
+    bitmap_at: Vec<u64>,
+    /// Block bitmap checksum of each descriptor at open.
+    disk_csum: Vec<u32>,
+    groups: Vec<Mutex<BGroup>>,
+    /// Longest allocatable range per group (0 while unread).
+    largest: Vec<AtomicU32>,
+    /// Allocatable blocks per group (descriptor count while unread).
+    avail_in: Vec<AtomicU32>,
+    index: Mutex<Index>,
+    busy: Mutex<BusyLog>,
+    dirty: Arc<DirtySet>,
+    discard: bool,
+    avail_total: AtomicU64,
+    busy_total: AtomicU64,
+    bitmap_reads: AtomicU64,
+    groups_visited: AtomicU64,
+    from_layout: u64,
+}
+
+impl BlockAlloc {
+    /// Build the allocator from the descriptors, without any I/O.
+    /// `discard`: freed ranges stay busy after their commit until
+    /// [`BlockAlloc::discarded`].
+    pub fn open(descs: &DescTable, dirty: Arc<DirtySet>, discard: bool) -> Self {
+        descs.with_all(|all| Self::build(descs.layout().clone(), all, dirty, discard))
+    }
+
+    fn build(layout: Layout, all: &[GroupDesc], dirty: Arc<DirtySet>, discard: bool) -> Self {
+        let n = layout.group_count as usize;
+        let runs = layout::metadata_runs(&layout, all);
+        let mut groups = Vec::with_capacity(n);
+        let mut largest = Vec::with_capacity(n);
+        let mut avail_in = Vec::with_capacity(n);
+        // Groups come in order: collect, then build each set in bulk.
+        let mut ready: Vec<Vec<u32>> = vec![Vec::new(); ORDERS];
+        let mut unread: Vec<Vec<u32>> = vec![Vec::new(); ORDERS];
+        let mut total = 0u64;
+        let mut from_layout = 0;
+        for (g, d) in all.iter().enumerate() {
+            let g = g as u32;
+            let uninit = layout.group_csum && d.flags() & BG_BLOCK_UNINIT != 0;
+            let free_set = if uninit {
+                Some(layout::layout_free(&layout, g, d, &runs, true))
+            } else {
+                let s = layout::layout_free(&layout, g, d, &runs, false);
+                (s.total() == u64::from(d.free_blocks())).then_some(s)
+            };
+            let mut bg = match free_set {
+                Some(s) => {
+                    from_layout += 1;
+                    BGroup {
+                        ready: true,
+                        disk_free: s.total() as u32,
+                        avail: s,
+                        busy: ExtentSet::new(),
+                        block_uninit: uninit,
+                        key: Key::None,
+                    }
+                }
+                None => BGroup {
+                    ready: false,
+                    avail: ExtentSet::new(),
+                    busy: ExtentSet::new(),
+                    disk_free: d.free_blocks(),
+                    block_uninit: false,
+                    key: Key::None,
+                },
+            };
+            bg.key = key_of(&bg);
+            match bg.key {
+                Key::Ready(o) => ready[o].push(g),
+                Key::Unread(o) => unread[o].push(g),
+                Key::None => {}
+            }
+            total += u64::from(bg.avail_count());
+            largest.push(AtomicU32::new(if bg.ready {
+                bg.avail.largest()
+            } else {
+                0
+            }));
+            avail_in.push(AtomicU32::new(bg.avail_count()));
+            groups.push(Mutex::new(bg));
+        }
+        let index = Index {
+            ready: ready.into_iter().map(BTreeSet::from_iter).collect(),
+            unread: unread.into_iter().map(BTreeSet::from_iter).collect(),
+        };
+        BlockAlloc {
+            bitmap_at: all.iter().map(|d| d.block_bitmap()).collect(),
+            disk_csum: all.iter().map(|d| d.block_bitmap_csum()).collect(),
+            layout,
+            groups,
+            largest,
+            avail_in,
+            index: Mutex::new(index),
+            busy: Mutex::new(BusyLog::default()),
+            dirty,
+            discard,
+            avail_total: AtomicU64::new(total),
+            busy_total: AtomicU64::new(0),
+            bitmap_reads: AtomicU64::new(0),
+            groups_visited: AtomicU64::new(0),
+            from_layout,
+        }
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The goal block for an inode's first data block (the kernel's
+    /// `ext4_inode_to_goal_block` with delalloc): the start of its group;
+    /// with flex groups of 4 or more, the first group of the flex group is
+    /// left to directories and special files, regular files start in the
+    /// second.
+    pub fn goal_for_inode(&self, inode_group: u32, regular: bool) -> u64 {
+        let l = &self.layout;
+        let mut g = inode_group.min(l.group_count - 1);
+        if l.flex_size >= 4 {
+            g -= g % l.flex_size;
+            if regular && g + 1 < l.group_count {
+                g += 1;
+            }
+        }
+        l.group_start(g)
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> AllocStats {
+        AllocStats {
+            bitmap_reads: self.bitmap_reads.load(Ordering::Relaxed),
+            groups_visited: self.groups_visited.load(Ordering::Relaxed),
+            groups_from_layout: self.from_layout,
+        }
+    }
+
+    /// Free blocks as the superblock counts them (busy ones included).
+    pub fn free_blocks(&self) -> u64 {
+        self.avail_total.load(Ordering::Relaxed) + self.busy_total.load(Ordering::Relaxed)
+    }
+
+    /// Blocks that can be allocated now.
+    pub fn available_blocks(&self) -> u64 {
+        self.avail_total.load(Ordering::Relaxed)
+    }
+
+    /// Blocks freed but waiting for a commit or a discard.
+    pub fn busy_blocks(&self) -> u64 {
+        self.busy_total.load(Ordering::Relaxed)
+    }
+
+    /// Allocatable blocks of group `g` (the descriptor's count while its
+    /// bitmap is unread). Lock-free, for the inode allocator's heuristics.
+    pub fn group_available(&self, g: u32) -> u32 {
+        self.avail_in
+            .get(g as usize)
+            .map_or(0, |a| a.load(Ordering::Relaxed))
+    }
+
+    /// Take (and clear) the groups changed since the last call, block and
+    /// inode side together.
+    pub fn take_dirty(&self) -> Vec<GroupDirty> {
+        self.dirty.take()
+    }
+
+    fn group(&self, g: u32) -> Result<MutexGuard<'_, BGroup>, FsError> {
+        self.groups
+            .get(g as usize)
+            .map(lock)
+            .ok_or_else(|| FsError::InvalidRequest(format!("group {g} does not exist")))
+    }
+
+    /// Re-file `g` in the index and refresh its lock-free numbers. Called
+    /// with the group locked.
+    fn reindex(&self, g: u32, bg: &mut BGroup) {
+        let key = key_of(bg);
+        self.largest[g as usize].store(
+            if bg.ready { bg.avail.largest() } else { 0 },
+            Ordering::Relaxed,
+        );
+        self.avail_in[g as usize].store(bg.avail_count(), Ordering::Relaxed);
+        if key == bg.key {
+            return;
+        }
+        let mut ix = lock(&self.index);
+        match bg.key {
+            Key::Ready(o) => {
+                ix.ready[o].remove(&g);
+            }
+            Key::Unread(o) => {
+                ix.unread[o].remove(&g);
+            }
+            Key::None => {}
+        }
+        match key {
+            Key::Ready(o) => {
+                ix.ready[o].insert(g);
+            }
+            Key::Unread(o) => {
+                ix.unread[o].insert(g);
+            }
+            Key::None => {}
+        }
+        bg.key = key;
+    }
+
+    /// Read and check group `g`'s block bitmap (group locked).
+    fn load(&self, rd: &dyn BlockRead, g: u32, bg: &mut BGroup) -> Result<(), FsError> {
+        if bg.ready {
+            return Ok(());
+        }
+        let l = &self.layout;
+        let blk = self.bitmap_at[g as usize];
+        let buf = rd.block(blk)?;
+        self.bitmap_reads.fetch_add(1, Ordering::Relaxed);
+        // The checksum of the descriptor we opened with: an unread group
+        // has never been rendered, so that is still the disk's.
+        let stored = self.disk_csum[g as usize];
+        if !l.bitmap_csum_ok(stored, &buf[..l.block_bitmap_bytes()]) {
+            return Err(FsError::corrupt(
+                "block bitmap",
+                format!("group {g} (block {blk}): checksum mismatch"),
+            ));
+        }
+        let free = ExtentSet::from_clear_bits(&buf, l.blocks_in_group(g));
+        if free.total() != u64::from(bg.disk_free) {
+            return Err(FsError::corrupt(
+                "block bitmap",
+                format!(
+                    "group {g} (block {blk}): {} free blocks, the descriptor says {}",
+                    free.total(),
+                    bg.disk_free
+                ),
+            ));
+        }
+        bg.avail = free;
+        bg.ready = true;
+        self.reindex(g, bg);
+        Ok(())
+    }
+
+    /// Allocate `req.len` blocks, or nothing.
+    pub fn alloc(&self, rd: &dyn BlockRead, req: &AllocRequest) -> Result<Allocation, FsError> {
+        if req.len == 0 {
+            return Ok(Allocation::default());
+        }
+        if req.max_extent == 0 {
+            return Err(FsError::InvalidRequest("max extent length 0".into()));
+        }
+        let need = req.len.saturating_add(req.keep_free);
+        if self.available_blocks() < need {
+            return Err(self.space_error(need));
+        }
+        let mut out: Vec<(u64, u32)> = Vec::new();
+        let mut dirty = BTreeSet::new();
+        let mut remaining = req.len;
+        let mut goal = req
+            .goal
+            .filter(|&b| b >= self.layout.first_data_block && b < self.layout.blocks_count);
+        let mut goal_group = req.goal_group.min(self.layout.group_count - 1);
+        while remaining > 0 {
+            let want = remaining
+                .min(u64::from(req.max_extent))
+                .min(u64::from(self.layout.blocks_per_group)) as u32;
+            let piece = match self.alloc_piece(rd, goal, goal_group, want) {
+                Ok(Some(p)) => p,
+                Ok(None) => {
+                    self.undo(&out);
+                    return Err(self.space_error(need));
+                }
+                Err(e) => {
+                    self.undo(&out);
+                    return Err(e);
+                }
+            };
+            remaining -= u64::from(piece.1);
+            dirty.insert(self.layout.group_of(piece.0));
+            dirty.insert(self.layout.group_of(piece.0 + u64::from(piece.1) - 1));
+            goal = Some(piece.0 + u64::from(piece.1)).filter(|&b| b < self.layout.blocks_count);
+            goal_group = self.layout.group_of(piece.0);
+            match out.last_mut() {
+                Some(last)
+                    if last.0 + u64::from(last.1) == piece.0
+                        && u64::from(last.1) + u64::from(piece.1) <= u64::from(req.max_extent) =>
+                {
+                    last.1 += piece.1
+                }
+                _ => out.push(piece),
+            }
+        }
+        Ok(Allocation {
+            extents: out,
+            dirty: dirty.into_iter().collect(),
+        })
+    }
+
+    fn space_error(&self, len: u64) -> FsError {
+        let avail = self.available_blocks();
+        let busy = self.busy_blocks();
+        if avail + busy >= len && busy > 0 {
+            FsError::SpaceBusy {
+                wanted: len,
+                available: avail,
+                busy,
+            }
+        } else {
+            FsError::NoSpace {
+                wanted: len,
+                available: avail,
+            }
+        }
+    }
+
+    /// Return blocks allocated by a handle that failed before anything on
+    /// disk pointed at them (its transaction never referenced them, so no
+    /// busy period is needed): they are allocatable again at once. Every
+    /// block must be in use.
+    pub fn give_back(&self, rd: &dyn BlockRead, extents: &[(u64, u32)]) -> Result<(), FsError> {
+        for &(s, n) in extents {
+            for (g, rel, m) in self.pieces(s, n)? {
+                let mut bg = self.group(g)?;
+                self.load(rd, g, &mut bg)?;
+                if bg.avail.overlaps(rel, m) || bg.busy.overlaps(rel, m) {
+                    return Err(FsError::InvalidRequest(format!(
+                        "giving back blocks {s}..{} that are not all in use",
+                        s + u64::from(n)
+                    )));
+                }
+            }
+        }
+        self.undo(extents);
+        for &(s, n) in extents {
+            for (g, _, _) in self.pieces(s, n)? {
+                self.dirty.mark(g, true, false);
+            }
+        }
+        Ok(())
+    }
+
+    /// Give back pieces of a failed allocation (never visible to anyone).
+    fn undo(&self, pieces: &[(u64, u32)]) {
+        for &(s, n) in pieces {
+            let mut b = s;
+            let end = s + u64::from(n);
+            while b < end {
+                let g = self.layout.group_of(b);
+                let ge = self.layout.group_start(g) + u64::from(self.layout.blocks_in_group(g));
+                let part = (end.min(ge) - b) as u32;
+                if let Ok(mut bg) = self.group(g) {
+                    let rel = (b - self.layout.group_start(g)) as u32;
+                    if bg.avail.insert(rel, part) {
+                        bg.disk_free += part;
+                        self.avail_total
+                            .fetch_add(u64::from(part), Ordering::Relaxed);
+                        self.reindex(g, &mut bg);
+                    }
+                }
+                b += u64::from(part);
+            }
+        }
+    }
+
+    fn alloc_piece(
+        &self,
+        rd: &dyn BlockRead,
+        goal: Option<u64>,
+        goal_group: u32,
+        want: u32,
+    ) -> Result<Option<(u64, u32)>, FsError> {
+        // (0), (1): the goal block (also across the end of its group), then
+        // the goal group.
+        if let Some(b) = goal
+            && let Some(p) = self.try_span(b, want)?
+        {
+            return Ok(Some(p));
+        }
+        let g0 = goal.map_or(goal_group, |b| self.layout.group_of(b));
+        let rel = goal.map(|b| (b - self.layout.group_start(g0)) as u32);
+        if let Some(p) = self.try_group(rd, g0, want, rel, true, false)? {
+            return Ok(Some(p));
+        }
+        // (2): a ready group whose longest range fits, nearest the goal.
+        let mut tried = 0;
+        while let Some(g) = self.find(want, g0, false) {
+            if let Some(p) = self.try_group(rd, g, want, None, false, false)? {
+                return Ok(Some(p));
+            }
+            tried += 1;
+            if tried > 64 {
+                break;
+            }
+        }
+        // (3): unread groups with enough free blocks: read their bitmaps.
+        while let Some(g) = self.find(want, g0, true) {
+            if let Some(p) = self.try_group(rd, g, want, None, true, false)? {
+                return Ok(Some(p));
+            }
+        }
+        // (4): the longest range anywhere; the request gets split.
+        loop {
+            let (best_ready, best_unread) = {
+                let ix = lock(&self.index);
+                (top(&ix.ready, g0), top(&ix.unread, g0))
+            };
+            let pick = match (best_ready, best_unread) {
+                (Some((o, g)), Some((ou, gu))) => {
+                    if ou > o {
+                        (gu, true)
+                    } else {
+                        (g, false)
+                    }
+                }
+                (Some((_, g)), None) => (g, false),
+                (None, Some((_, gu))) => (gu, true),
+                (None, None) => return Ok(None),
+            };
+            if pick.1 {
+                let mut bg = self.group(pick.0)?;
+                self.groups_visited.fetch_add(1, Ordering::Relaxed);
+                self.load(rd, pick.0, &mut bg)?;
+                continue;
+            }
+            if let Some(p) = self.try_group(rd, pick.0, want, None, false, true)? {
+                return Ok(Some(p));
+            }
+        }
+    }
+
+    /// `want` blocks from `goal` on when the free range at `goal` runs to
+    /// the end of its group and the next group's first range continues it
+    /// (physically contiguous, e.g. flex_bg data groups): the piece spans
+    /// the two groups. Locks them in ascending order.
+    fn try_span(&self, goal: u64, want: u32) -> Result<Option<(u64, u32)>, FsError> {
+        let l = &self.layout;
+        let g = l.group_of(goal);
+        if g + 1 >= l.group_count {
+            return Ok(None);
+        }
+        let rel = (goal - l.group_start(g)) as u32;
+        let n = l.blocks_in_group(g);
+        let mut a = self.group(g)?;
+        if !a.ready {
+            return Ok(None);
+        }
+        let Some(r) = a.avail.range_at(rel) else {
+            return Ok(None);
+        };
+        let have = r.0 + r.1 - rel;
+        if have >= want || r.0 + r.1 != n {
+            return Ok(None);
+        }
+        let mut b = self.group(g + 1)?;
+        if !b.ready {
+            return Ok(None);
+        }
+        let rest = want - have;
+        if b.avail.range_at(0).is_none_or(|r2| r2.1 < rest) {
+            return Ok(None);
+        }
+        self.groups_visited.fetch_add(2, Ordering::Relaxed);
+        for (gg, bg, s, len) in [(g, &mut a, rel, have), (g + 1, &mut b, 0, rest)] {
+            if !bg.avail.remove(s, len) {
+                return Ok(None);
+            }
+            bg.disk_free -= len;
+            bg.block_uninit = false;
+            self.avail_total
+                .fetch_sub(u64::from(len), Ordering::Relaxed);
+            self.reindex(gg, bg);
+            self.dirty.mark(gg, true, false);
+        }
+        Ok(Some((goal, want)))
+    }
+
+    /// Nearest group (at or after `from`, wrapping) in the ready (or
+    /// unread) index that can hold `want` blocks.
+    fn find(&self, want: u32, from: u32, unread: bool) -> Option<u32> {
+        let ix = lock(&self.index);
+        let sets = if unread { &ix.unread } else { &ix.ready };
+        let numbers = if unread {
+            &self.avail_in
+        } else {
+            &self.largest
+        };
+        let lo = order(want);
+        let ngroups = self.layout.group_count;
+        let dist =
+            |g: u32| (u64::from(g) + u64::from(ngroups) - u64::from(from)) % u64::from(ngroups);
+        let mut best: Option<u32> = None;
+        let mut consider = |g: u32| {
+            if best.is_none_or(|b| dist(g) < dist(b)) {
+                best = Some(g);
+            }
+        };
+        let start = if want.is_power_of_two() {
+            lo
+        } else {
+            // Groups of order `lo` fit only if their exact number does.
+            let set = &sets[lo];
+            if let Some(g) = set
+                .range(from..)
+                .chain(set.range(..from))
+                .take(PROBE)
+                .find(|&&g| numbers[g as usize].load(Ordering::Relaxed) >= want)
+            {
+                consider(*g);
+            }
+            lo + 1
+        };
+        for set in &sets[start.min(ORDERS)..] {
+            if let Some(&g) = set.range(from..).next().or_else(|| set.iter().next()) {
+                consider(g);
+            }
+        }
+        best
+    }
+
+    /// Try to take `want` blocks (or, with `any`, the longest range up to
+    /// `want`) from group `g`; near `rel` when given.
+    fn try_group(
+        &self,
+        rd: &dyn BlockRead,
+        g: u32,
+        want: u32,
+        rel: Option<u32>,
+        may_load: bool,
+        any: bool,
+    ) -> Result<Option<(u64, u32)>, FsError> {
+        self.groups_visited.fetch_add(1, Ordering::Relaxed);
+        let mut bg = self.group(g)?;
+        if !bg.ready {
+            if !may_load || bg.disk_free < want {
+                return Ok(None);
+            }
+            self.load(rd, g, &mut bg)?;
+        }
+        let (start, len) = if any {
+            match bg.avail.largest_range() {
+                Some((s, n)) => (s, n.min(want)),
+                None => return Ok(None),
+            }
+        } else {
+            let at_goal = rel
+                .and_then(|r| bg.avail.range_at(r).map(|x| (r, x)))
+                .filter(|(r, x)| x.0 + x.1 - r >= want)
+                .map(|(r, _)| r);
+            match at_goal.or_else(|| bg.avail.first_fit(rel.unwrap_or(0), want).map(|x| x.0)) {
+                Some(s) => (s, want),
+                None => return Ok(None),
+            }
+        };
+        if !bg.avail.remove(start, len) {
+            return Ok(None);
+        }
+        bg.disk_free -= len;
+        bg.block_uninit = false;
+        self.avail_total
+            .fetch_sub(u64::from(len), Ordering::Relaxed);
+        self.reindex(g, &mut bg);
+        self.dirty.mark(g, true, false);
+        Ok(Some((self.layout.group_start(g) + u64::from(start), len)))
+    }
+
+    /// Split `[start, start+len)` into per-group pieces `(g, rel, n)`,
+    /// refusing ranges outside the groups.
+    fn pieces(&self, start: u64, len: u32) -> Result<Vec<(u32, u32, u32)>, FsError> {
+        let l = &self.layout;
+        let end = start.saturating_add(u64::from(len));
+        if len == 0 || start < l.first_data_block || end > l.blocks_count {
+            return Err(FsError::InvalidRequest(format!(
+                "blocks {start}..{end} are outside the filesystem's groups"
+            )));
+        }
+        let mut v = Vec::new();
+        let mut b = start;
+        while b < end {
+            let g = l.group_of(b);
+            let gs = l.group_start(g);
+            let ge = gs + u64::from(l.blocks_in_group(g));
+            let n = (end.min(ge) - b) as u32;
+            v.push((g, (b - gs) as u32, n));
+            b += u64::from(n);
+        }
+        Ok(v)
+    }
+
+    /// Free `[start, start+len)` in transaction `tid`. The blocks must be
+    /// in use; they become free on disk now and allocatable after
+    /// [`BlockAlloc::committed`]`(tid)` (and their discard, if on).
+    pub fn free(&self, rd: &dyn BlockRead, tid: u32, start: u64, len: u32) -> Result<(), FsError> {
+        let parts = self.pieces(start, len)?;
+        // Check everything before changing anything.
+        for &(g, rel, n) in &parts {
+            let mut bg = self.group(g)?;
+            self.load(rd, g, &mut bg)?;
+            if bg.avail.overlaps(rel, n) || bg.busy.overlaps(rel, n) {
+                return Err(FsError::InvalidRequest(format!(
+                    "freeing blocks {start}..{} that are not all in use",
+                    start + u64::from(len)
+                )));
+            }
+            if rel < self.layout.base_meta_blocks(g) {
+                return Err(FsError::InvalidRequest(format!(
+                    "freeing group {g}'s superblock/descriptor blocks"
+                )));
+            }
+        }
+        let mut log = Vec::with_capacity(parts.len());
+        for (g, rel, n) in parts {
+            let mut bg = self.group(g)?;
+            if !bg.busy.insert(rel, n) {
+                continue;
+            }
+            bg.disk_free += n;
+            bg.block_uninit = false;
+            self.busy_total.fetch_add(u64::from(n), Ordering::Relaxed);
+            self.reindex(g, &mut bg);
+            self.dirty.mark(g, true, false);
+            log.push((self.layout.group_start(g) + u64::from(rel), n));
+        }
+        lock(&self.busy).by_tid.entry(tid).or_default().extend(log);
+        Ok(())
+    }
+
+    /// Transaction `tid` (and every earlier one) is durable. Returns the
+    /// ranges they freed, merged: the per-commit discard hook's input.
+    /// Without discard they are allocatable now; with it they stay busy
+    /// until [`BlockAlloc::discarded`].
+    pub fn committed(&self, tid: u32) -> Vec<(u64, u32)> {
+        let mut ranges: Vec<(u64, u32)> = {
+            let mut log = lock(&self.busy);
+            let done: Vec<u32> = log
+                .by_tid
+                .keys()
+                .copied()
+                .filter(|&t| tid_geq(tid, t))
+                .collect();
+            let mut v = Vec::new();
+            for t in done {
+                v.extend(log.by_tid.remove(&t).unwrap_or_default());
+            }
+            v
+        };
+        ranges.sort_unstable();
+        let mut merged: Vec<(u64, u32)> = Vec::with_capacity(ranges.len());
+        for (s, n) in ranges {
+            match merged.last_mut() {
+                Some(last)
+                    if last.0 + u64::from(last.1) == s
+                        && u64::from(last.1) + u64::from(n) <= u64::from(u32::MAX) =>
+                {
+                    last.1 += n
+                }
+                _ => merged.push((s, n)),
+            }
+        }
+        if self.discard {
+            let mut log = lock(&self.busy);
+            for &(s, n) in &merged {
+                log.discarding.insert(s, n);
+            }
+        } else {
+            for &(s, n) in &merged {
+                self.release(s, n);
+            }
+        }
+        merged
+    }
+
+    /// The discard of a committed range finished (or was given up): its
+    /// blocks become allocatable. `[start, start+len)` must lie inside one
+    /// range returned by [`BlockAlloc::committed`].
+    pub fn discarded(&self, start: u64, len: u32) -> Result<(), FsError> {
+        {
+            let mut log = lock(&self.busy);
+            let (&s, &n) = log
+                .discarding
+                .range(..=start)
+                .next_back()
+                .filter(|(s, n)| start + u64::from(len) <= **s + u64::from(**n))
+                .ok_or_else(|| {
+                    FsError::InvalidRequest(format!(
+                        "blocks {start}..{} are not waiting for a discard",
+                        start + u64::from(len)
+                    ))
+                })?;
+            log.discarding.remove(&s);
+            if start > s {
+                log.discarding.insert(s, (start - s) as u32);
+            }
+            let end = start + u64::from(len);
+            let rend = s + u64::from(n);
+            if rend > end {
+                log.discarding.insert(end, (rend - end) as u32);
+            }
+        }
+        self.release(start, len);
+        Ok(())
+    }
+
+    /// Busy → allocatable.
+    fn release(&self, start: u64, len: u32) {
+        let Ok(parts) = self.pieces(start, len) else {
+            return;
+        };
+        for (g, rel, n) in parts {
+            let Ok(mut bg) = self.group(g) else { continue };
+            if bg.busy.remove(rel, n) && bg.avail.insert(rel, n) {
+                self.busy_total.fetch_sub(u64::from(n), Ordering::Relaxed);
+                self.avail_total.fetch_add(u64::from(n), Ordering::Relaxed);
+                self.reindex(g, &mut bg);
+            }
+        }
+    }
+
+    /// Clear `BLOCK_UNINIT` of group `g` (the inode allocator does, as the
+    /// kernel's `__ext4_new_inode` does, before using a group's inodes).
+    pub fn init_group(&self, g: u32) -> Result<(), FsError> {
+        let mut bg = self.group(g)?;
+        if bg.block_uninit {
+            bg.block_uninit = false;
+            self.dirty.mark(g, true, false);
+        }
+        Ok(())
+    }
+
+    /// Is block `b` allocatable now? (Tests and checkers.)
+    pub fn is_available(&self, rd: &dyn BlockRead, b: u64) -> Result<bool, FsError> {
+        let l = &self.layout;
+        if b < l.first_data_block || b >= l.blocks_count {
+            return Ok(false);
+        }
+        let g = l.group_of(b);
+        let mut bg = self.group(g)?;
+        self.load(rd, g, &mut bg)?;
+        Ok(bg.avail.contains((b - l.group_start(g)) as u32, 1))
+    }
+
+    /// Group `g`'s free ranges on disk (allocatable and busy), absolute,
+    /// sorted; reads the bitmap if the group is unread.
+    pub fn free_ranges(&self, rd: &dyn BlockRead, g: u32) -> Result<Vec<(u64, u32)>, FsError> {
+        let mut bg = self.group(g)?;
+        self.load(rd, g, &mut bg)?;
+        let mut all = bg.avail.clone();
+        for (s, n) in bg.busy.iter() {
+            all.insert(s, n);
+        }
+        let gs = self.layout.group_start(g);
+        Ok(all.iter().map(|(s, n)| (gs + u64::from(s), n)).collect())
+    }
+
+    /// Group `g`'s block side as it must be written: the bitmap block
+    /// (`None` while the group is still `BLOCK_UNINIT`: nothing to write),
+    /// its free count and whether `BLOCK_UNINIT` stays set.
+    /// Without `with_bitmap` (the block side did not change) nothing is
+    /// read or rendered: only the counts are returned.
+    pub fn render(
+        &self,
+        rd: &dyn BlockRead,
+        g: u32,
+        with_bitmap: bool,
+    ) -> Result<BlockSide, FsError> {
+        let mut bg = self.group(g)?;
+        if !with_bitmap {
+            return Ok(BlockSide {
+                free_blocks: bg.disk_free,
+                block_uninit: bg.block_uninit,
+                bitmap: None,
+            });
+        }
+        self.load(rd, g, &mut bg)?;
+        let l = &self.layout;
+        let bitmap = (!bg.block_uninit).then(|| {
+            let mut buf = vec![0xFFu8; l.block_size as usize];
+            bg.avail.clear_bits(&mut buf);
+            bg.busy.clear_bits(&mut buf);
+            let csum = l.bitmap_csum(&buf[..l.block_bitmap_bytes()]);
+            (self.bitmap_at[g as usize], buf, csum)
+        });
+        Ok(BlockSide {
+            free_blocks: bg.disk_free,
+            block_uninit: bg.block_uninit,
+            bitmap,
+        })
+    }
+}
+
+/// See [`BlockAlloc::render`].
+#[derive(Clone, Debug)]
+pub struct BlockSide {
+    pub free_blocks: u32,
+    pub block_uninit: bool,
+    /// `(block number, block image, checksum)`.
+    pub bitmap: Option<(u64, Vec<u8>, u32)>,
+}
+
+fn key_of(bg: &BGroup) -> Key {
+    if bg.ready {
+        match bg.avail.largest() {
+            0 => Key::None,
+            n => Key::Ready(order(n)),
+        }
+    } else {
+        match bg.disk_free {
+            0 => Key::None,
+            n => Key::Unread(order(n)),
+        }
+    }
+}
+
+/// Highest nonempty order and its group nearest `from`.
+fn top(sets: &[BTreeSet<u32>], from: u32) -> Option<(usize, u32)> {
+    sets.iter().enumerate().rev().find_map(|(o, s)| {
+        s.range(from..)
+            .next()
+            .or_else(|| s.iter().next())
+            .map(|&g| (o, g))
+    })
+}
+
+#[cfg(test)]
+mod tests;

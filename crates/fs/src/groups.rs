@@ -1,0 +1,435 @@
+//! The group-descriptor table and the static layout of block groups, as the
+//! allocators need them: where each group starts, which blocks of it the
+//! superblock/descriptor backups take (`ext4_num_base_meta_clusters`), where
+//! descriptor blocks live (meta_bg included), and a descriptor-checksummed
+//! read of the whole table through [`BlockRead`].
+//!
+//! Small and self-contained on purpose: the mount and the transaction layer
+//! can take [`Layout`] and [`read_descriptors`] as they are, or replace them
+//! with their own table and keep the allocators.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use ext4kit_format::features::{Compat, Incompat, RoCompat};
+use ext4kit_format::group_desc::GroupDesc;
+use ext4kit_format::{Csum, Superblock};
+
+use crate::{BlockRead, FsError};
+
+/// Static numbers of a filesystem, derived once from its superblock.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    pub block_size: u32,
+    pub blocks_count: u64,
+    pub first_data_block: u64,
+    pub blocks_per_group: u32,
+    pub inodes_per_group: u32,
+    pub inodes_count: u32,
+    pub inode_size: u32,
+    pub first_ino: u32,
+    pub group_count: u32,
+    /// Bytes per descriptor (32 or 64).
+    pub desc_size: usize,
+    pub desc_per_block: u32,
+    /// Blocks of the descriptor table (`s_gdb_count`).
+    pub desc_blocks: u32,
+    pub reserved_gdt_blocks: u32,
+    /// Blocks of one inode table.
+    pub itable_blocks: u32,
+    /// Groups per flex group (1 without flex_bg).
+    pub flex_size: u32,
+    pub meta_bg: bool,
+    pub first_meta_bg: u32,
+    sparse_super: bool,
+    sparse_super2: bool,
+    backup_bgs: [u32; 2],
+    /// Descriptor checksums (metadata_csum or gdt_csum) are kept, and with
+    /// them `bg_itable_unused` and the UNINIT flags.
+    pub group_csum: bool,
+    pub csum: Csum,
+}
+
+fn bad_sb(detail: impl Into<String>) -> FsError {
+    FsError::corrupt("superblock", detail)
+}
+
+impl Layout {
+    /// Derive the layout from a parsed superblock; refuses what the
+    /// allocators do not handle (bigalloc) and impossible numbers.
+    pub fn from_superblock(sb: &Superblock) -> Result<Self, FsError> {
+        let block_size = sb
+            .block_size()
+            .ok_or_else(|| bad_sb("block size out of range"))?;
+        let ro = RoCompat(sb.s_feature_ro_compat.get());
+        let inc = Incompat(sb.s_feature_incompat.get());
+        let compat = Compat(sb.s_feature_compat.get());
+        if ro.contains(RoCompat::BIGALLOC) {
+            return Err(FsError::Unsupported {
+                what: "bigalloc (cluster allocation)".into(),
+            });
+        }
+        let bpg = sb.s_blocks_per_group.get();
+        let ipg = sb.s_inodes_per_group.get();
+        if bpg == 0 || bpg > block_size * 8 || !bpg.is_multiple_of(8) {
+            return Err(bad_sb(format!("blocks per group {bpg}")));
+        }
+        if ipg == 0 || ipg > block_size * 8 || !ipg.is_multiple_of(8) {
+            return Err(bad_sb(format!("inodes per group {ipg}")));
+        }
+        let blocks_count = sb.blocks_count();
+        let first_data_block = u64::from(sb.s_first_data_block.get());
+        if blocks_count <= first_data_block {
+            return Err(bad_sb(format!("blocks count {blocks_count}")));
+        }
+        let groups = (blocks_count - first_data_block).div_ceil(u64::from(bpg));
+        let group_count =
+            u32::try_from(groups).map_err(|_| bad_sb(format!("{groups} block groups")))?;
+        if u64::from(group_count) * u64::from(ipg) != u64::from(sb.s_inodes_count.get()) {
+            return Err(bad_sb(format!(
+                "inodes count {} != {group_count} groups x {ipg}",
+                sb.s_inodes_count.get()
+            )));
+        }
+        let desc_size = usize::from(sb.desc_size());
+        if !(32..=1024).contains(&desc_size) || !desc_size.is_power_of_two() {
+            return Err(bad_sb(format!("descriptor size {desc_size}")));
+        }
+        let desc_per_block = block_size / desc_size as u32;
+        let desc_blocks = group_count.div_ceil(desc_per_block);
+        let inode_size = u32::from(sb.s_inode_size.get());
+        if inode_size < 128 || inode_size > block_size || !inode_size.is_power_of_two() {
+            return Err(bad_sb(format!("inode size {inode_size}")));
+        }
+        let itable_blocks = (ipg * inode_size).div_ceil(block_size);
+        let flex_size = if inc.contains(Incompat::FLEX_BG) {
+            let log = sb.s_log_groups_per_flex;
+            if log > 31 {
+                return Err(bad_sb(format!("log groups per flex {log}")));
+            }
+            1u32 << log
+        } else {
+            1
+        };
+        Ok(Layout {
+            block_size,
+            blocks_count,
+            first_data_block,
+            blocks_per_group: bpg,
+            inodes_per_group: ipg,
+            inodes_count: sb.s_inodes_count.get(),
+            inode_size,
+            first_ino: sb.s_first_ino.get().max(11),
+            group_count,
+            desc_size,
+            desc_per_block,
+            desc_blocks,
+            reserved_gdt_blocks: u32::from(sb.s_reserved_gdt_blocks.get()),
+            itable_blocks,
+            flex_size,
+            meta_bg: inc.contains(Incompat::META_BG),
+            first_meta_bg: sb.s_first_meta_bg.get(),
+            sparse_super: ro.contains(RoCompat::SPARSE_SUPER),
+            sparse_super2: compat.contains(Compat::SPARSE_SUPER2),
+            backup_bgs: [sb.s_backup_bgs[0].get(), sb.s_backup_bgs[1].get()],
+            group_csum: ro.contains(RoCompat::METADATA_CSUM) || ro.contains(RoCompat::GDT_CSUM),
+            csum: Csum::from_superblock(sb),
+        })
+    }
+
+    /// First block of group `g`.
+    pub fn group_start(&self, g: u32) -> u64 {
+        self.first_data_block + u64::from(g) * u64::from(self.blocks_per_group)
+    }
+
+    /// Blocks in group `g` (the last group may be short).
+    pub fn blocks_in_group(&self, g: u32) -> u32 {
+        let start = self.group_start(g);
+        self.blocks_count
+            .saturating_sub(start)
+            .min(u64::from(self.blocks_per_group)) as u32
+    }
+
+    /// The group holding block `blk` (`blk >= first_data_block`).
+    pub fn group_of(&self, blk: u64) -> u32 {
+        (blk.saturating_sub(self.first_data_block) / u64::from(self.blocks_per_group)) as u32
+    }
+
+    /// The flex group of `g`.
+    pub fn flex_of(&self, g: u32) -> u32 {
+        g / self.flex_size
+    }
+
+    /// Number of flex groups.
+    pub fn flex_count(&self) -> u32 {
+        self.group_count.div_ceil(self.flex_size)
+    }
+
+    /// Does group `g` hold a superblock backup (`ext4_bg_has_super`)?
+    pub fn has_super(&self, g: u32) -> bool {
+        if g == 0 {
+            return true;
+        }
+        if self.sparse_super2 {
+            return self.backup_bgs.contains(&g);
+        }
+        if g <= 1 || !self.sparse_super {
+            return true;
+        }
+        if g.is_multiple_of(2) {
+            return false;
+        }
+        [3u32, 5, 7].iter().any(|&base| {
+            let mut p = base;
+            while p < g {
+                match p.checked_mul(base) {
+                    Some(n) => p = n,
+                    None => return false,
+                }
+            }
+            p == g
+        })
+    }
+
+    /// Blocks at the start of group `g` taken by the superblock backup, the
+    /// descriptor blocks and the reserved GDT blocks: the kernel's
+    /// `ext4_num_base_meta_clusters`.
+    pub fn base_meta_blocks(&self, g: u32) -> u32 {
+        let sup = u32::from(self.has_super(g));
+        if !self.meta_bg
+            || u64::from(g) < u64::from(self.first_meta_bg) * u64::from(self.desc_per_block)
+        {
+            if sup == 0 {
+                return 0;
+            }
+            let gdb = if self.meta_bg {
+                self.first_meta_bg
+            } else {
+                self.desc_blocks
+            };
+            sup + gdb + self.reserved_gdt_blocks
+        } else {
+            let r = g % self.desc_per_block;
+            let meta = u32::from(r == 0 || r == 1 || r == self.desc_per_block - 1);
+            sup + meta
+        }
+    }
+
+    /// Block number of primary descriptor block `i` (`descriptor_loc`).
+    pub fn desc_block(&self, i: u32) -> u64 {
+        if !self.meta_bg || i < self.first_meta_bg {
+            return self.first_data_block + 1 + u64::from(i);
+        }
+        let g = i.saturating_mul(self.desc_per_block);
+        self.group_start(g) + u64::from(self.has_super(g))
+    }
+
+    /// Index of the descriptor block holding group `g`'s descriptor.
+    pub fn desc_block_of(&self, g: u32) -> u32 {
+        g / self.desc_per_block
+    }
+
+    /// Inodes per inode-table block.
+    pub fn inodes_per_block(&self) -> u32 {
+        self.block_size / self.inode_size
+    }
+
+    /// Bytes of a block bitmap that its checksum covers.
+    pub fn block_bitmap_bytes(&self) -> usize {
+        self.blocks_per_group as usize / 8
+    }
+
+    /// Bytes of an inode bitmap that its checksum covers.
+    pub fn inode_bitmap_bytes(&self) -> usize {
+        self.inodes_per_group as usize / 8
+    }
+
+    /// Store a bitmap checksum as the kernel does: the high half only with
+    /// 64-byte descriptors.
+    pub fn bitmap_csum(&self, bytes: &[u8]) -> u32 {
+        let c = self.csum.bitmap(bytes);
+        if self.desc_size >= 64 { c } else { c & 0xFFFF }
+    }
+
+    /// Does a stored bitmap checksum match `bytes`? Always true without
+    /// metadata_csum.
+    pub fn bitmap_csum_ok(&self, stored: u32, bytes: &[u8]) -> bool {
+        !self.csum.metadata || self.bitmap_csum(bytes) == stored
+    }
+}
+
+/// Read and check (checksum, locations inside the filesystem) every group
+/// descriptor of the primary table.
+pub fn read_descriptors(layout: &Layout, rd: &dyn BlockRead) -> Result<Vec<GroupDesc>, FsError> {
+    let mut out = Vec::with_capacity(layout.group_count as usize);
+    let ds = layout.desc_size;
+    let mut buf = vec![0u8; layout.block_size as usize];
+    for i in 0..layout.desc_blocks {
+        rd.read_block(layout.desc_block(i), &mut buf)?;
+        for k in 0..layout.desc_per_block {
+            let g = i * layout.desc_per_block + k;
+            if g >= layout.group_count {
+                break;
+            }
+            let off = k as usize * ds;
+            let d = GroupDesc::parse(&buf[off..off + ds])
+                .ok_or_else(|| FsError::corrupt("group descriptor", format!("group {g}")))?;
+            if !d.checksum_ok(&layout.csum, g, ds) {
+                return Err(FsError::corrupt(
+                    "group descriptor",
+                    format!("group {g}: checksum mismatch"),
+                ));
+            }
+            let itb = u64::from(layout.itable_blocks);
+            for (what, s, n) in [
+                ("block bitmap", d.block_bitmap(), 1),
+                ("inode bitmap", d.inode_bitmap(), 1),
+                ("inode table", d.inode_table(), itb),
+            ] {
+                if s < layout.first_data_block || s.saturating_add(n) > layout.blocks_count {
+                    return Err(FsError::corrupt(
+                        "group descriptor",
+                        format!("group {g}: {what} at block {s} is outside the filesystem"),
+                    ));
+                }
+            }
+            if d.free_blocks() > layout.blocks_in_group(g) {
+                return Err(FsError::corrupt(
+                    "group descriptor",
+                    format!("group {g}: free blocks count {}", d.free_blocks()),
+                ));
+            }
+            if d.free_inodes() > layout.inodes_per_group
+                || d.itable_unused() > layout.inodes_per_group
+            {
+                return Err(FsError::corrupt(
+                    "group descriptor",
+                    format!("group {g}: free or unused inodes count too large"),
+                ));
+            }
+            out.push(d);
+        }
+    }
+    Ok(out)
+}
+
+/// What changed in one group since the caller last took the dirty set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupDirty {
+    pub group: u32,
+    /// The block bitmap must be rewritten (render it).
+    pub block_bitmap: bool,
+    /// The inode bitmap must be rewritten.
+    pub inode_bitmap: bool,
+}
+
+/// Groups whose bitmaps or descriptor changed. Every entry implies that
+/// the group's descriptor changed too.
+#[derive(Debug, Default)]
+pub struct DirtySet {
+    inner: Mutex<BTreeMap<u32, (bool, bool)>>,
+}
+
+impl DirtySet {
+    pub fn mark(&self, group: u32, block_bitmap: bool, inode_bitmap: bool) {
+        let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let e = m.entry(group).or_default();
+        e.0 |= block_bitmap;
+        e.1 |= inode_bitmap;
+    }
+
+    /// Take (and clear) the dirty groups, in group order.
+    pub fn take(&self) -> Vec<GroupDirty> {
+        let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut *m)
+            .into_iter()
+            .map(|(group, (b, i))| GroupDirty {
+                group,
+                block_bitmap: b,
+                inode_bitmap: i,
+            })
+            .collect()
+    }
+
+    /// Dirty groups without clearing them.
+    pub fn peek(&self) -> Vec<GroupDirty> {
+        let m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        m.iter()
+            .map(|(&group, &(b, i))| GroupDirty {
+                group,
+                block_bitmap: b,
+                inode_bitmap: i,
+            })
+            .collect()
+    }
+}
+
+/// The current group descriptors, in memory. Read once at open; the
+/// allocators' rendering ([`crate::ialloc::InodeAlloc::render_group`])
+/// writes each changed group's new descriptor back here, and
+/// [`DescTable::block_image`] serializes a whole descriptor block for the
+/// journal.
+#[derive(Debug)]
+pub struct DescTable {
+    layout: Layout,
+    descs: std::sync::RwLock<Vec<GroupDesc>>,
+}
+
+impl DescTable {
+    /// Read the primary descriptor table (checked, see [`read_descriptors`]).
+    pub fn read(layout: Layout, rd: &dyn BlockRead) -> Result<Self, FsError> {
+        let descs = read_descriptors(&layout, rd)?;
+        Ok(Self::from_descs(layout, descs))
+    }
+
+    /// From descriptors the caller already has (one per group).
+    pub fn from_descs(layout: Layout, descs: Vec<GroupDesc>) -> Self {
+        DescTable {
+            layout,
+            descs: std::sync::RwLock::new(descs),
+        }
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// A copy of group `g`'s current descriptor.
+    pub fn get(&self, g: u32) -> GroupDesc {
+        let v = self.descs.read().unwrap_or_else(|e| e.into_inner());
+        v.get(g as usize).cloned().unwrap_or_default()
+    }
+
+    /// A copy of every current descriptor.
+    pub fn snapshot(&self) -> Vec<GroupDesc> {
+        self.with_all(<[GroupDesc]>::to_vec)
+    }
+
+    /// Run `f` over every current descriptor (read-locked, no copy).
+    pub fn with_all<R>(&self, f: impl FnOnce(&[GroupDesc]) -> R) -> R {
+        f(&self.descs.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Replace group `g`'s descriptor (the caller has set its checksum).
+    pub fn set(&self, g: u32, d: GroupDesc) {
+        let mut v = self.descs.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot) = v.get_mut(g as usize) {
+            *slot = d;
+        }
+    }
+
+    /// Descriptor block `i` as it must be written: `(block number, bytes)`.
+    /// Unused tail bytes of the last block are zero.
+    pub fn block_image(&self, i: u32) -> (u64, Vec<u8>) {
+        let l = &self.layout;
+        let mut buf = vec![0u8; l.block_size as usize];
+        let v = self.descs.read().unwrap_or_else(|e| e.into_inner());
+        for k in 0..l.desc_per_block {
+            let g = i * l.desc_per_block + k;
+            let Some(d) = v.get(g as usize) else { break };
+            let off = k as usize * l.desc_size;
+            buf[off..off + l.desc_size].copy_from_slice(d.on_disk(l.desc_size));
+        }
+        (l.desc_block(i), buf)
+    }
+}

@@ -1,0 +1,616 @@
+//! The inode allocator, and the rendering of a changed group (bitmaps and
+//! descriptor) for the transaction layer.
+//!
+//! Placement follows the kernel's `ialloc.c` in simplified form:
+//! directories spread with Orlov (`find_group_orlov`: top-level ones to a
+//! flex group with above-average free inodes and blocks and the fewest
+//! directories; others stay in the parent's flex group unless it has too
+//! many directories or too little free space), files stay near their
+//! parent (`find_group_other`: the parent's flex group, then a hashed
+//! quadratic probe, then a linear one). Within a group the lowest free
+//! inode is taken.
+//!
+//! Inodes come only from the initialized part of a table: the lowest free
+//! inode is at most at the `bg_itable_unused` watermark (`ipg - unused`),
+//! which then moves up past it, as the kernel keeps it; a group whose
+//! lowest free inode lies past the watermark of a table that is not
+//! `ITABLE_ZEROED` is skipped. `INODE_UNINIT` groups are used without
+//! reading their bitmap (all free); `BLOCK_UNINIT` is cleared in a group
+//! whose inodes start being used, as `__ext4_new_inode` does.
+//!
+//! **Lazy-init interlock.** [`InodeAlloc::lock_group_for_zeroing`] marks a
+//! group as being zeroed (waiting for an allocation in it to finish): while
+//! the guard lives, allocation skips the group, so no inode is handed out
+//! in a range being zeroed; [`ZeroingGuard::mark_zeroed`] records
+//! `ITABLE_ZEROED` (journal it after the zeros are durable).
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT, BG_INODE_ZEROED, GroupDesc};
+
+use crate::balloc::BlockAlloc;
+use crate::groups::{DescTable, DirtySet, GroupDirty, Layout};
+use crate::{BlockRead, FsError};
+
+const ROOT_INO: u32 = 2;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Debug)]
+struct IGroup {
+    /// The inode bitmap (`ipg` bits) once read or materialized.
+    bitmap: Option<Vec<u8>>,
+    inode_uninit: bool,
+    zeroed: bool,
+    free: u32,
+    dirs: u32,
+    unused: u32,
+    /// Online lazy init is zeroing this group's table.
+    zeroing: bool,
+    /// Set when the group's state was rendered from a read bitmap or
+    /// changed (the inode side must be rewritten).
+    changed: bool,
+}
+
+/// One allocated inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InodeAllocation {
+    pub ino: u32,
+    pub group: u32,
+    /// The inode-table block holding the inode lay entirely past the old
+    /// watermark: its bytes are undefined, start from a zeroed block
+    /// instead of reading it.
+    pub fresh_block: bool,
+}
+
+/// What [`InodeAlloc::render_group`] produces for one changed group.
+#[derive(Clone, Debug, Default)]
+pub struct GroupImages {
+    /// `(block number, image)` of the block bitmap, if it is to be written.
+    pub block_bitmap: Option<(u64, Vec<u8>)>,
+    /// `(block number, image)` of the inode bitmap, if it is to be written.
+    pub inode_bitmap: Option<(u64, Vec<u8>)>,
+    /// The new descriptor (already stored in the [`DescTable`]).
+    pub desc: GroupDesc,
+    /// Index of the descriptor block holding it
+    /// ([`DescTable::block_image`]).
+    pub desc_block: u32,
+}
+
+/// The inode allocator; also the one place that renders a group's
+/// descriptor from both allocators' state.
+#[derive(Debug)]
+pub struct InodeAlloc {
+    layout: Layout,
+    descs: Arc<DescTable>,
+    balloc: Arc<BlockAlloc>,
+    dirty: Arc<DirtySet>,
+    groups: Vec<Mutex<IGroup>>,
+    free_in: Vec<AtomicU32>,
+    dirs_in: Vec<AtomicU32>,
+    free_total: AtomicU64,
+    dirs_total: AtomicU64,
+    bitmap_reads: AtomicU64,
+    /// Spreads top-level directories (the kernel hashes the name or takes a
+    /// random start).
+    spread: AtomicU32,
+}
+
+impl InodeAlloc {
+    /// From the descriptors, without I/O. `dirty` must be the set the block
+    /// allocator was opened with.
+    pub fn open(descs: Arc<DescTable>, balloc: Arc<BlockAlloc>, dirty: Arc<DirtySet>) -> Self {
+        let layout = descs.layout().clone();
+        let mut groups = Vec::with_capacity(layout.group_count as usize);
+        let mut free_in = Vec::with_capacity(layout.group_count as usize);
+        let mut dirs_in = Vec::with_capacity(layout.group_count as usize);
+        let (mut ft, mut dt) = (0u64, 0u64);
+        descs.with_all(|all| {
+            for d in all {
+                let csum = layout.group_csum;
+                let ig = IGroup {
+                    bitmap: None,
+                    inode_uninit: csum && d.flags() & BG_INODE_UNINIT != 0,
+                    zeroed: d.flags() & BG_INODE_ZEROED != 0,
+                    free: d.free_inodes(),
+                    dirs: d.used_dirs(),
+                    unused: if csum { d.itable_unused() } else { 0 },
+                    zeroing: false,
+                    changed: false,
+                };
+                ft += u64::from(ig.free);
+                dt += u64::from(ig.dirs);
+                free_in.push(AtomicU32::new(ig.free));
+                dirs_in.push(AtomicU32::new(ig.dirs));
+                groups.push(Mutex::new(ig));
+            }
+        });
+        InodeAlloc {
+            layout,
+            descs,
+            balloc,
+            dirty,
+            groups,
+            free_in,
+            dirs_in,
+            free_total: AtomicU64::new(ft),
+            dirs_total: AtomicU64::new(dt),
+            bitmap_reads: AtomicU64::new(0),
+            spread: AtomicU32::new(0),
+        }
+    }
+
+    /// Free inodes (the superblock's count).
+    pub fn free_inodes(&self) -> u64 {
+        self.free_total.load(Ordering::Relaxed)
+    }
+
+    /// Directories in use.
+    pub fn used_dirs(&self) -> u64 {
+        self.dirs_total.load(Ordering::Relaxed)
+    }
+
+    /// Inode bitmaps read so far.
+    pub fn bitmap_reads(&self) -> u64 {
+        self.bitmap_reads.load(Ordering::Relaxed)
+    }
+
+    fn group(&self, g: u32) -> Result<MutexGuard<'_, IGroup>, FsError> {
+        self.groups
+            .get(g as usize)
+            .map(lock)
+            .ok_or_else(|| FsError::InvalidRequest(format!("group {g} does not exist")))
+    }
+
+    fn group_of(&self, ino: u32) -> Result<(u32, u32), FsError> {
+        if ino == 0 || ino > self.layout.inodes_count {
+            return Err(FsError::InvalidRequest(format!(
+                "inode {ino} does not exist"
+            )));
+        }
+        let ipg = self.layout.inodes_per_group;
+        Ok(((ino - 1) / ipg, (ino - 1) % ipg))
+    }
+
+    /// Read (or materialize) group `g`'s inode bitmap; group locked.
+    fn load(&self, rd: &dyn BlockRead, g: u32, ig: &mut IGroup) -> Result<(), FsError> {
+        if ig.bitmap.is_some() {
+            return Ok(());
+        }
+        let n = self.layout.inode_bitmap_bytes();
+        if ig.inode_uninit {
+            ig.bitmap = Some(vec![0u8; n]);
+            return Ok(());
+        }
+        let d = self.descs.get(g);
+        let buf = rd.block(d.inode_bitmap())?;
+        self.bitmap_reads.fetch_add(1, Ordering::Relaxed);
+        if !self.layout.bitmap_csum_ok(d.inode_bitmap_csum(), &buf[..n]) {
+            return Err(FsError::corrupt(
+                "inode bitmap",
+                format!("group {g} (block {}): checksum mismatch", d.inode_bitmap()),
+            ));
+        }
+        let used: u32 = buf[..n].iter().map(|b| b.count_ones()).sum();
+        if self.layout.inodes_per_group - used != ig.free {
+            return Err(FsError::corrupt(
+                "inode bitmap",
+                format!(
+                    "group {g}: {} free inodes, the descriptor says {}",
+                    self.layout.inodes_per_group - used,
+                    ig.free
+                ),
+            ));
+        }
+        ig.bitmap = Some(buf[..n].to_vec());
+        Ok(())
+    }
+
+    /// Allocate an inode for a new file (`is_dir`: a directory) whose
+    /// parent directory is `parent`.
+    pub fn alloc(
+        &self,
+        rd: &dyn BlockRead,
+        parent: u32,
+        is_dir: bool,
+    ) -> Result<InodeAllocation, FsError> {
+        if self.free_inodes() == 0 {
+            return Err(FsError::NoSpace {
+                wanted: 1,
+                available: 0,
+            });
+        }
+        let (pg, _) = self.group_of(parent)?;
+        let order = if is_dir {
+            self.orlov(parent, pg)
+        } else {
+            self.near(parent, pg)
+        };
+        for g in order {
+            if let Some(a) = self.try_group(rd, g, is_dir)? {
+                return Ok(a);
+            }
+        }
+        // Every group, in order from the parent's (skipped ones may have
+        // been busy or raced).
+        let n = self.layout.group_count;
+        for i in 0..n {
+            if let Some(a) = self.try_group(rd, (pg + i) % n, is_dir)? {
+                return Ok(a);
+            }
+        }
+        Err(FsError::NoSpace {
+            wanted: 1,
+            available: self.free_inodes(),
+        })
+    }
+
+    fn flex_stats(&self, f: u32) -> (u64, u64, u64) {
+        let fs = self.layout.flex_size;
+        let (mut fi, mut fb, mut dirs) = (0, 0, 0);
+        for g in f * fs..((f + 1) * fs).min(self.layout.group_count) {
+            fi += u64::from(self.free_in[g as usize].load(Ordering::Relaxed));
+            dirs += u64::from(self.dirs_in[g as usize].load(Ordering::Relaxed));
+            fb += u64::from(self.balloc.group_available(g));
+        }
+        (fi, fb, dirs)
+    }
+
+    /// Groups of flex group `f` with free inodes, in order.
+    fn flex_members(&self, f: u32) -> impl Iterator<Item = u32> + '_ {
+        let fs = self.layout.flex_size;
+        (f * fs..((f + 1) * fs).min(self.layout.group_count))
+            .filter(|&g| self.free_in[g as usize].load(Ordering::Relaxed) > 0)
+    }
+
+    /// Candidate groups for a directory (simplified `find_group_orlov`).
+    fn orlov(&self, parent: u32, pg: u32) -> Vec<u32> {
+        let l = &self.layout;
+        let nflex = u64::from(l.flex_count());
+        let freei = self.free_inodes();
+        let freeb = self.balloc.available_blocks();
+        let ndirs = self.used_dirs();
+        let avefreei = freei / nflex;
+        let avefreeb = freeb / nflex;
+        let per_flex_inodes = u64::from(l.inodes_per_group) * u64::from(l.flex_size);
+        let per_flex_blocks = u64::from(l.blocks_per_group) * u64::from(l.flex_size);
+        let nf = l.flex_count();
+        if parent == ROOT_INO {
+            let start = self
+                .spread
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_mul(2_654_435_761)
+                % nf;
+            let mut best: Option<(u64, u32)> = None;
+            for i in 0..nf {
+                let f = (start + i) % nf;
+                let (fi, fb, dirs) = self.flex_stats(f);
+                if fi < avefreei.max(1) || fb < avefreeb {
+                    continue;
+                }
+                if best.is_none_or(|(d, _)| dirs < d) {
+                    best = Some((dirs, f));
+                }
+            }
+            if let Some((_, f)) = best {
+                return self.flex_members(f).collect();
+            }
+        } else {
+            let max_dirs = ndirs / nflex + per_flex_inodes / 16;
+            let min_inodes = avefreei.saturating_sub(per_flex_inodes / 4).max(1);
+            let min_blocks = avefreeb.saturating_sub(per_flex_blocks / 4);
+            let pf = l.flex_of(pg);
+            for i in 0..nf {
+                let f = (pf + i) % nf;
+                let (fi, fb, dirs) = self.flex_stats(f);
+                if dirs >= max_dirs || fi < min_inodes || fb < min_blocks {
+                    continue;
+                }
+                return self.flex_members(f).collect();
+            }
+        }
+        // Fallback: the first group from the parent's with at least the
+        // average free inodes.
+        let n = l.group_count;
+        let avg = freei / u64::from(n);
+        (0..n)
+            .map(|i| (pg + i) % n)
+            .filter(|&g| {
+                let f = u64::from(self.free_in[g as usize].load(Ordering::Relaxed));
+                f > 0 && f >= avg
+            })
+            .take(4)
+            .collect()
+    }
+
+    /// Candidate groups for a non-directory (simplified
+    /// `find_group_other`).
+    fn near(&self, parent: u32, pg: u32) -> Vec<u32> {
+        let l = &self.layout;
+        let n = l.group_count;
+        let mut v: Vec<u32> = Vec::new();
+        if l.flex_size > 1 {
+            let first = pg - pg % l.flex_size;
+            let last = (first + l.flex_size).min(n);
+            v.extend(
+                (pg..last)
+                    .chain(first..pg)
+                    .filter(|&g| self.free_in[g as usize].load(Ordering::Relaxed) > 0),
+            );
+            if !v.is_empty() {
+                return v;
+            }
+            // The next flex group with room, Orlov-style.
+            return self.orlov(parent.max(ROOT_INO + 1), last % n);
+        }
+        let has = |g: u32| {
+            self.free_in[g as usize].load(Ordering::Relaxed) > 0
+                && self.balloc.group_available(g) > 0
+        };
+        if has(pg) {
+            v.push(pg);
+        }
+        let mut g = (pg + parent % n) % n;
+        let mut i = 1u32;
+        while i < n {
+            g = (g + i) % n;
+            if has(g) {
+                v.push(g);
+                break;
+            }
+            i <<= 1;
+        }
+        v
+    }
+
+    /// Take the lowest free inode of group `g`, if allowed.
+    fn try_group(
+        &self,
+        rd: &dyn BlockRead,
+        g: u32,
+        is_dir: bool,
+    ) -> Result<Option<InodeAllocation>, FsError> {
+        let l = &self.layout;
+        let mut ig = self.group(g)?;
+        if ig.zeroing || ig.free == 0 {
+            return Ok(None);
+        }
+        self.load(rd, g, &mut ig)?;
+        let ipg = l.inodes_per_group;
+        let watermark = if ig.inode_uninit {
+            0
+        } else {
+            ipg.saturating_sub(ig.unused)
+        };
+        // The lowest free slot that is a usable inode number.
+        let first = if g == 0 { l.first_ino - 1 } else { 0 };
+        let bm = ig.bitmap.as_deref().unwrap_or(&[]);
+        let Some(i) = (first..ipg).find(|&i| bm[(i / 8) as usize] & (1 << (i % 8)) == 0) else {
+            return Ok(None);
+        };
+        if l.group_csum && i > watermark && !ig.zeroed {
+            // Past the initialized part of a table nobody zeroed.
+            return Ok(None);
+        }
+        let ino = g * ipg + i + 1;
+        if ino > l.inodes_count {
+            return Ok(None);
+        }
+        if let Some(bm) = ig.bitmap.as_mut() {
+            bm[(i / 8) as usize] |= 1 << (i % 8);
+        }
+        ig.free -= 1;
+        if is_dir {
+            ig.dirs += 1;
+            self.dirs_total.fetch_add(1, Ordering::Relaxed);
+        }
+        let ipb = l.inodes_per_block();
+        let fresh_block = l.group_csum && (i - i % ipb) >= watermark;
+        if l.group_csum && i >= watermark {
+            ig.unused = ipg - i - 1;
+        }
+        ig.inode_uninit = false;
+        ig.changed = true;
+        self.free_total.fetch_sub(1, Ordering::Relaxed);
+        self.free_in[g as usize].store(ig.free, Ordering::Relaxed);
+        self.dirs_in[g as usize].store(ig.dirs, Ordering::Relaxed);
+        drop(ig);
+        if l.group_csum {
+            self.balloc.init_group(g)?;
+        }
+        self.dirty.mark(g, false, true);
+        Ok(Some(InodeAllocation {
+            ino,
+            group: g,
+            fresh_block,
+        }))
+    }
+
+    /// Free inode `ino` (its bit is clear from this transaction on; inodes
+    /// need no busy period: their table block is journaled).
+    pub fn free(&self, rd: &dyn BlockRead, ino: u32, is_dir: bool) -> Result<(), FsError> {
+        let (g, i) = self.group_of(ino)?;
+        if ino < self.layout.first_ino {
+            return Err(FsError::InvalidRequest(format!("inode {ino} is reserved")));
+        }
+        let mut ig = self.group(g)?;
+        self.load(rd, g, &mut ig)?;
+        if is_dir && ig.dirs == 0 {
+            return Err(FsError::InvalidRequest(format!(
+                "freeing directory inode {ino} in group {g} with no directories"
+            )));
+        }
+        let Some(bm) = ig.bitmap.as_mut() else {
+            return Ok(());
+        };
+        let (byte, bit) = ((i / 8) as usize, 1u8 << (i % 8));
+        if bm[byte] & bit == 0 {
+            return Err(FsError::InvalidRequest(format!(
+                "freeing inode {ino}, which is not in use"
+            )));
+        }
+        bm[byte] &= !bit;
+        ig.free += 1;
+        if is_dir {
+            ig.dirs -= 1;
+            self.dirs_total.fetch_sub(1, Ordering::Relaxed);
+        }
+        ig.changed = true;
+        self.free_total.fetch_add(1, Ordering::Relaxed);
+        self.free_in[g as usize].store(ig.free, Ordering::Relaxed);
+        self.dirs_in[g as usize].store(ig.dirs, Ordering::Relaxed);
+        drop(ig);
+        self.dirty.mark(g, false, true);
+        Ok(())
+    }
+
+    /// Is inode `ino` in use? (Tests and checkers.)
+    pub fn in_use(&self, rd: &dyn BlockRead, ino: u32) -> Result<bool, FsError> {
+        let (g, i) = self.group_of(ino)?;
+        let mut ig = self.group(g)?;
+        self.load(rd, g, &mut ig)?;
+        Ok(ig
+            .bitmap
+            .as_ref()
+            .is_some_and(|b| b[(i / 8) as usize] & (1 << (i % 8)) != 0))
+    }
+
+    /// Keep allocation out of group `g` while its inode table is zeroed by
+    /// the online lazy initializer. Waits for an allocation in the group to
+    /// finish; returns the first table block past the watermark (the
+    /// kernel's zeroing start). Allocation skips the group until the guard
+    /// is dropped.
+    pub fn lock_group_for_zeroing(&self, g: u32) -> Result<ZeroingGuard<'_>, FsError> {
+        let mut ig = self.group(g)?;
+        if ig.zeroing {
+            return Err(FsError::InvalidRequest(format!(
+                "group {g} is already being zeroed"
+            )));
+        }
+        ig.zeroing = true;
+        let l = &self.layout;
+        let used = if ig.inode_uninit {
+            0
+        } else {
+            l.inodes_per_group.saturating_sub(ig.unused)
+        };
+        let first =
+            self.descs.get(g).inode_table() + u64::from(used.div_ceil(l.inodes_per_block()));
+        Ok(ZeroingGuard {
+            ia: self,
+            group: g,
+            zero_from: first,
+            zero_end: self.descs.get(g).inode_table() + u64::from(l.itable_blocks),
+        })
+    }
+
+    /// Group `g` as it must be written now: bitmaps that changed and the
+    /// new descriptor (free counts, flags, bitmap checksums,
+    /// `bg_itable_unused`, descriptor checksum), which is also stored in
+    /// the [`DescTable`]. Call it for each group of
+    /// [`BlockAlloc::take_dirty`], then journal the bitmaps and the
+    /// descriptor blocks ([`DescTable::block_image`]) of those groups.
+    pub fn render_group(&self, rd: &dyn BlockRead, g: u32) -> Result<GroupImages, FsError> {
+        self.render_sides(rd, g, true, true)
+    }
+
+    /// [`InodeAlloc::render_group`] limited to the sides `d` says changed:
+    /// an inode-only change in a group whose block bitmap was never read
+    /// reads and rewrites no block bitmap (and the reverse).
+    pub fn render(&self, rd: &dyn BlockRead, d: &GroupDirty) -> Result<GroupImages, FsError> {
+        self.render_sides(rd, d.group, d.block_bitmap, d.inode_bitmap)
+    }
+
+    fn render_sides(
+        &self,
+        rd: &dyn BlockRead,
+        g: u32,
+        block_side: bool,
+        inode_side: bool,
+    ) -> Result<GroupImages, FsError> {
+        let l = &self.layout;
+        let mut d = self.descs.get(g);
+        let bs = self.balloc.render(rd, g, block_side)?;
+        let mut flags = d.flags();
+        d.set_free_blocks(bs.free_blocks);
+        let mut block_bitmap = None;
+        if !bs.block_uninit {
+            flags &= !BG_BLOCK_UNINIT;
+            if let Some((blk, img, csum)) = bs.bitmap {
+                if l.csum.metadata {
+                    d.set_block_bitmap_csum(csum);
+                }
+                block_bitmap = Some((blk, img));
+            }
+        }
+        let mut inode_bitmap = None;
+        {
+            let ig = self.group(g)?;
+            d.set_free_inodes(ig.free);
+            d.set_used_dirs(ig.dirs);
+            if l.group_csum {
+                d.set_itable_unused(ig.unused);
+            }
+            if !ig.inode_uninit {
+                flags &= !BG_INODE_UNINIT;
+            }
+            if ig.zeroed {
+                flags |= BG_INODE_ZEROED;
+            }
+            if inode_side
+                && ig.changed
+                && let Some(bm) = &ig.bitmap
+            {
+                let mut img = vec![0xFFu8; l.block_size as usize];
+                img[..bm.len()].copy_from_slice(bm);
+                if l.csum.metadata {
+                    d.set_inode_bitmap_csum(l.bitmap_csum(bm));
+                }
+                inode_bitmap = Some((d.inode_bitmap(), img));
+            }
+        }
+        d.set_flags(flags);
+        if l.group_csum {
+            d.update_checksum(&l.csum, g, l.desc_size);
+        }
+        self.descs.set(g, d.clone());
+        Ok(GroupImages {
+            block_bitmap,
+            inode_bitmap,
+            desc: d,
+            desc_block: l.desc_block_of(g),
+        })
+    }
+}
+
+/// See [`InodeAlloc::lock_group_for_zeroing`].
+#[derive(Debug)]
+pub struct ZeroingGuard<'a> {
+    ia: &'a InodeAlloc,
+    group: u32,
+    /// First inode-table block to zero.
+    pub zero_from: u64,
+    /// End (exclusive) of the inode table.
+    pub zero_end: u64,
+}
+
+impl ZeroingGuard<'_> {
+    /// The zeros are durable: record `ITABLE_ZEROED` (the group becomes
+    /// dirty; journal its descriptor).
+    pub fn mark_zeroed(self) {
+        let mut ig = lock(&self.ia.groups[self.group as usize]);
+        ig.zeroed = true;
+        drop(ig);
+        self.ia.dirty.mark(self.group, false, false);
+    }
+}
+
+impl Drop for ZeroingGuard<'_> {
+    fn drop(&mut self) {
+        let mut ig = lock(&self.ia.groups[self.group as usize]);
+        ig.zeroing = false;
+    }
+}
