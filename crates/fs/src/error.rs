@@ -21,6 +21,20 @@ pub enum FsError {
     /// A metadata structure failed its checksum, magic or bounds check.
     #[error("corrupt {what}: {detail}")]
     Corrupt { what: &'static str, detail: String },
+    /// A valid filesystem (or journal) that the read-write engine does
+    /// not handle; the message names the feature.
+    #[error("unsupported for writing: {0}")]
+    Unsupported(String),
+    /// The journal was aborted by an earlier write error: no further
+    /// changes are accepted (ext4's errors=remount-ro behaviour).
+    #[error("the journal is aborted after an earlier error: {0}")]
+    Aborted(String),
+    /// A handle changed more distinct blocks than the credits it reserved.
+    #[error("transaction handle exceeded its {0} block credits")]
+    NoCredits(u32),
+    /// One handle asked for more blocks than a transaction may hold.
+    #[error("a handle of {wanted} blocks exceeds the largest transaction ({max} blocks)")]
+    TooBig { wanted: u32, max: u32 },
 }
 
 impl FsError {

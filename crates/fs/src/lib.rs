@@ -13,6 +13,7 @@
 //! journal replayed in memory (read-only opens of a dirty filesystem), or
 //! the block cache of a running transaction.
 
+pub mod cache;
 pub mod error;
 pub mod journal;
 
