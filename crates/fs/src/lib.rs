@@ -16,6 +16,7 @@
 pub mod cache;
 pub mod error;
 pub mod journal;
+pub mod rw;
 
 use std::collections::HashMap;
 
