@@ -1288,7 +1288,7 @@ pub fn apply(dev: &dyn Device, j: &Journal, rec: &Recovery) -> Result<Applied, R
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use ext4kit::mkfs::{self, Env, MkfsOptions};
     use ext4kit::profile::Profile;
@@ -1299,7 +1299,7 @@ mod tests {
     const CONF: &str = "[defaults]\n\tbase_features = sparse_super,large_file,filetype,resize_inode,dir_index,ext_attr\n\tblocksize = 4096\n\tinode_size = 256\n\tinode_ratio = 16384\n[fs_types]\n\text4 = {\n\t\tfeatures = has_journal,extent,huge_file,flex_bg,metadata_csum,64bit,dir_nlink,extra_isize\n\t}\n";
 
     /// A fresh 32 MiB ext4 (4 KiB blocks, 1024-block journal) in memory.
-    fn image() -> MemDevice {
+    pub(crate) fn image() -> MemDevice {
         let size = 32 << 20;
         let opts = MkfsOptions {
             fs_type: Some("ext4".into()),

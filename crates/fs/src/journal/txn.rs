@@ -215,10 +215,10 @@ impl JournalWriter {
         jsb.s_feature_compat.set(compat);
         jsb.s_feature_incompat.set(incompat);
         let fmt = LogFormat { compat, incompat };
+        // jbd2_journal_set_features sets the type with v2/v3; clearing
+        // the features leaves it alone.
         if fmt.csum_v2or3() {
             jsb.s_checksum_type = JBD2_CRC32C_CHKSUM;
-        } else if opts.csum == JournalCsum::Kernel {
-            jsb.s_checksum_type = 0;
         }
         let jsb_dirty = (compat, incompat, jsb.s_checksum_type) != old;
         let jsb_block = journal
@@ -588,5 +588,187 @@ impl Handle<'_> {
 impl Drop for Handle<'_> {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::recover::{self, tests::image};
+    use ext4kit_device::MemDevice;
+
+    /// A writer over a fresh 32 MiB ext4 (4 KiB blocks, 1024-block log).
+    fn writer(opts: JournalOptions) -> (Arc<MemDevice>, JournalWriter) {
+        let mem = Arc::new(image());
+        let j = Journal::open(&*mem).unwrap();
+        let dev: Arc<dyn Device> = mem.clone();
+        (mem, JournalWriter::new(dev, j, opts).unwrap())
+    }
+
+    /// Free blocks near the end of the image.
+    fn free(k: u64) -> u64 {
+        (32 << 20) / 4096 - 1 - k
+    }
+
+    fn replayed(mem: &MemDevice) -> recover::Recovery {
+        let j = Journal::open(mem).unwrap();
+        recover::recover(mem, &j).unwrap()
+    }
+
+    #[test]
+    fn handles_join_one_transaction_and_commit_makes_it_replayable() {
+        let (mem, w) = writer(JournalOptions::default());
+        assert!(w.format().csum_v3());
+        let tid = w.running_tid();
+        let mut a = w.start(2).unwrap();
+        let mut b = w.start(1).unwrap();
+        a.modify(free(0), |d| d[0] = 1).unwrap();
+        b.modify(free(1), |d| d[0] = 2).unwrap();
+        a.modify(free(0), |d| d[1] = 3).unwrap(); // same block: no credit
+        assert_eq!(a.credits(), 1);
+        assert!(matches!(
+            b.modify(free(2), |_| ()),
+            Err(FsError::NoCredits(1))
+        ));
+        assert_eq!((a.tid(), b.tid()), (tid, tid));
+        drop((a, b));
+        // Nothing reaches the device before the commit.
+        assert_eq!(mem.to_bytes()[(free(0) * 4096) as usize], 0);
+        assert_eq!(w.cache().block(free(0)).unwrap()[..2], [1, 3]);
+        assert_eq!(w.commit().unwrap(), Some(tid));
+        assert_eq!(w.commit().unwrap(), None);
+        assert_eq!(w.last_committed(), tid);
+        // Still not home (no checkpoint), but replay writes it.
+        assert_eq!(mem.to_bytes()[(free(0) * 4096) as usize], 0);
+        let rec = replayed(&mem);
+        assert_eq!(rec.transactions(), 1);
+        assert_eq!(rec.writes[&free(0)][..2], [1, 3]);
+        assert_eq!(rec.writes[&free(1)][0], 2);
+        w.checkpoint().unwrap();
+        assert_eq!(mem.to_bytes()[(free(0) * 4096) as usize], 1);
+        assert!(replayed(&mem).writes.is_empty());
+    }
+
+    #[test]
+    fn revokes_hide_older_copies_and_relogging_cancels_them() {
+        let (mem, w) = writer(JournalOptions::default());
+        for (blk, v) in [(free(0), 7u8), (free(1), 8)] {
+            let mut h = w.start(1).unwrap();
+            h.modify(blk, |d| d.fill(v)).unwrap();
+        }
+        w.commit().unwrap();
+        let mut h = w.start(1).unwrap();
+        h.revoke(free(0)).unwrap();
+        h.revoke(free(1)).unwrap();
+        h.modify(free(1), |d| d[0] = 9).unwrap(); // re-logged: revoke cancelled
+        drop(h);
+        let freed = Arc::new(Mutex::new(Vec::new()));
+        let f2 = freed.clone();
+        w.set_freed_hook(Box::new(move |tid, ext| {
+            lock(&f2).push((tid, ext.to_vec()));
+        }));
+        let mut h = w.start(0).unwrap();
+        h.free_extent(free(0), 1);
+        let tid = h.tid();
+        drop(h);
+        assert!(
+            lock(&freed).is_empty(),
+            "the hook runs only after the commit"
+        );
+        w.commit().unwrap();
+        assert_eq!(*lock(&freed), vec![(tid, vec![(free(0), 1)])]);
+        assert!(w.format().incompat & JBD2_FEATURE_INCOMPAT_REVOKE != 0);
+        let rec = replayed(&mem);
+        assert_eq!(rec.nr_revokes, 1);
+        assert!(!rec.writes.contains_key(&free(0)));
+        assert_eq!(rec.writes[&free(1)][..2], [9, 8]);
+        // The revoked block's committed image is never checkpointed.
+        w.checkpoint().unwrap();
+        assert_eq!(mem.to_bytes()[(free(0) * 4096) as usize], 0);
+    }
+
+    #[test]
+    fn a_full_transaction_commits_before_the_next_handle_and_tick_honours_the_interval() {
+        let (_mem, w) = writer(JournalOptions {
+            max_transaction: Some(8),
+            commit_interval: Duration::from_millis(50),
+            ..JournalOptions::default()
+        });
+        assert!(matches!(
+            w.start(9),
+            Err(FsError::TooBig { wanted: 9, max: 8 })
+        ));
+        let first = w.running_tid();
+        {
+            let mut h = w.start(6).unwrap();
+            for k in 0..6 {
+                h.modify(free(k), |d| d[0] = 1).unwrap();
+            }
+        }
+        // 6 + 3 > 8: the running transaction is committed first.
+        let h = w.start(3).unwrap();
+        assert_eq!(h.tid(), first.wrapping_add(1));
+        assert_eq!(w.last_committed(), first);
+        drop(h);
+        let mut h = w.start(1).unwrap();
+        h.modify(free(10), |d| d[0] = 1).unwrap();
+        drop(h);
+        assert_eq!(w.tick().unwrap(), None);
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(w.tick().unwrap(), Some(first.wrapping_add(1)));
+        w.commit_tid(first).unwrap();
+        assert_eq!(w.stats().commits, 2);
+    }
+
+    #[test]
+    fn many_threads_and_many_commits_wrap_the_log() {
+        let (mem, w) = writer(JournalOptions::default());
+        let w = Arc::new(w);
+        let mut threads = Vec::new();
+        for t in 0..4u64 {
+            let w = w.clone();
+            threads.push(std::thread::spawn(move || {
+                for i in 0..150u64 {
+                    let mut h = w.start(4).unwrap();
+                    for k in 0..4 {
+                        let blk = free(t * 4 + k);
+                        h.modify(blk, |d| {
+                            let v = u64::from_le_bytes(d[..8].try_into().unwrap()) + 1;
+                            d[..8].copy_from_slice(&v.to_le_bytes());
+                        })
+                        .unwrap();
+                    }
+                    let tid = h.tid();
+                    drop(h);
+                    if i % 2 == 0 {
+                        w.commit_tid(tid).unwrap();
+                    }
+                }
+            }));
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+        w.commit().unwrap();
+        assert!(w.stats().checkpoints >= 1, "{:?}", w.stats());
+        let rec = replayed(&mem);
+        let home = mem.to_bytes();
+        for b in 0..16 {
+            let blk = free(b);
+            let img = rec
+                .writes
+                .get(&blk)
+                .cloned()
+                .unwrap_or_else(|| home[(blk * 4096) as usize..][..4096].to_vec());
+            assert_eq!(
+                u64::from_le_bytes(img[..8].try_into().unwrap()),
+                150,
+                "block {b}"
+            );
+        }
+        w.shutdown().unwrap();
+        assert!(w.start(1).is_err());
+        let j = Journal::open(&*mem).unwrap();
+        assert_eq!(j.jsb.s_start.get(), 0);
     }
 }
