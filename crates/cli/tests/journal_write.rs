@@ -681,13 +681,16 @@ fn crash_run(
 
 /// (transactions, touched blocks per transaction, cut at every Nth op
 /// outside the window around the first checkpoint, e2fsck every Nth
-/// checked cut). `EXT4KIT_CRASH_CAMPAIGN=big`: every op, more e2fsck.
+/// cut). The default cuts at every op (log writes are merged into runs,
+/// so a transaction is a handful of ops); `EXT4KIT_CRASH_CAMPAIGN=big`
+/// runs a longer workload (the log wraps three times) with e2fsck on every
+/// other cut.
 fn campaign_size() -> (u32, usize, u64, u64) {
     match std::env::var("EXT4KIT_CRASH_CAMPAIGN").ok().as_deref() {
-        Some("big") => (60, 40, 1, 10),
+        Some("big") => (80, 60, 1, 2),
         // ~45 log blocks per transaction: the 1024-block log fills and
         // wraps (with a checkpoint) around transaction 23.
-        _ => (25, 40, 60, 5),
+        _ => (25, 40, 1, 25),
     }
 }
 

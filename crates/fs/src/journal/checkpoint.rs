@@ -4,6 +4,8 @@
 //! little room in the log, on request, and at clean close, where the
 //! journal is then marked empty (`s_start = 0`).
 
+use super::commit::MAX_RUN;
+use super::log::write_blocks;
 use super::txn::{JournalWriter, LogState, lock};
 use crate::FsError;
 
@@ -26,10 +28,13 @@ impl JournalWriter {
         if list.is_empty() && log.ring.live.is_empty() {
             return Ok(());
         }
-        let bs = u64::from(self.journal.block_size);
-        for (b, _, img) in &list {
-            self.dev.write_at(img, b * bs)?;
-        }
+        // `list` is sorted by block: neighbours merge into one write.
+        write_blocks(
+            &*self.dev,
+            self.journal.block_size,
+            list.iter().map(|(b, _, img)| (*b, &img[..])),
+            MAX_RUN,
+        )?;
         self.dev.flush()?;
         log.ring.clear();
         if !log.jsb_empty {

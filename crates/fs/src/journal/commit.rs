@@ -17,9 +17,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use ext4kit_format::jbd2::JBD2_FEATURE_INCOMPAT_REVOKE;
 
-use super::log::LiveTxn;
+use super::log::{LiveTxn, write_blocks};
 use super::txn::{JournalWriter, LogState, Transaction, lock};
 use crate::FsError;
+
+/// Largest single write the writer issues, in blocks.
+pub(crate) const MAX_RUN: usize = 256;
 
 impl JournalWriter {
     /// Commit the running transaction (waiting for its open handles) and
@@ -76,7 +79,7 @@ impl JournalWriter {
             st.last_committed = tid;
             self.cond.notify_all();
         }
-        if let Some(h) = lock(&self.hook).as_ref() {
+        for h in lock(&self.hooks).iter() {
             h(tid, &txn.freed);
         }
         lock(&self.stats).commits += 1;
@@ -115,13 +118,15 @@ impl JournalWriter {
         }
         let bs = u64::from(self.journal.block_size);
         let start = log.ring.head;
+        let mut placed = Vec::with_capacity(rblocks.len() + enc.blocks.len());
         for b in rblocks.iter().chain(enc.blocks.iter()) {
             let pos = log.ring.take();
             let p = self.journal.phys(u64::from(pos)).ok_or_else(|| {
                 FsError::corrupt("journal inode", format!("log block {pos} is not mapped"))
             })?;
-            self.dev.write_at(b, p * bs)?;
+            placed.push((p, &b[..]));
         }
+        write_blocks(&*self.dev, self.journal.block_size, placed, MAX_RUN)?;
         if log.jsb_empty {
             log.jsb.s_start.set(start);
             log.jsb.s_sequence.set(tid);

@@ -181,6 +181,44 @@ impl LogCodec {
     }
 }
 
+/// Write `blocks` (physical block, one block of data), merging runs of
+/// consecutive physical blocks into single writes (at most `max_run`
+/// blocks each). Order between runs is irrelevant: a flush follows.
+pub fn write_blocks<'a>(
+    dev: &dyn ext4kit_device::Device,
+    block_size: u32,
+    blocks: impl IntoIterator<Item = (u64, &'a [u8])>,
+    max_run: usize,
+) -> Result<u64, ext4kit_device::DeviceError> {
+    let bs = u64::from(block_size);
+    let mut run: Vec<u8> = Vec::new();
+    let mut run_start = 0u64;
+    let mut run_len = 0u64;
+    let mut writes = 0;
+    let mut flush = |run: &mut Vec<u8>, start: u64, len: &mut u64| {
+        if *len == 0 {
+            return Ok(());
+        }
+        writes += 1;
+        let r = dev.write_at(run, start * bs);
+        run.clear();
+        *len = 0;
+        r
+    };
+    for (p, data) in blocks {
+        if run_len > 0 && (p != run_start + run_len || run_len as usize >= max_run) {
+            flush(&mut run, run_start, &mut run_len)?;
+        }
+        if run_len == 0 {
+            run_start = p;
+        }
+        run.extend_from_slice(data);
+        run_len += 1;
+    }
+    flush(&mut run, run_start, &mut run_len)?;
+    Ok(writes)
+}
+
 /// A transaction in the live part of the log (committed, not yet
 /// checkpointed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -317,6 +355,31 @@ mod tests {
             jcsum::block_tail(c.seed, d),
             u32::from_be_bytes(d[1020..].try_into().unwrap())
         );
+    }
+
+    #[test]
+    fn neighbouring_blocks_merge_into_one_write() {
+        use ext4kit_device::{Device, FaultDevice, MemDevice};
+        let dev = FaultDevice::new(MemDevice::new(64 * 1024));
+        let (a, b, c) = (vec![1u8; 1024], vec![2u8; 1024], vec![3u8; 1024]);
+        let n = write_blocks(
+            &dev,
+            1024,
+            [
+                (5, &a[..]),
+                (6, &b[..]),
+                (9, &c[..]),
+                (10, &a[..]),
+                (11, &b[..]),
+            ],
+            2,
+        )
+        .unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(dev.pending_ops(), 3);
+        let mut r = vec![0u8; 1024];
+        dev.read_at(&mut r, 11 * 1024).unwrap();
+        assert_eq!(r, b);
     }
 
     #[test]

@@ -161,7 +161,7 @@ pub struct JournalWriter {
     pub(crate) state: Mutex<TxnState>,
     pub(crate) cond: Condvar,
     pub(crate) log: Mutex<LogState>,
-    pub(crate) hook: Mutex<Option<FreedHook>>,
+    pub(crate) hooks: Mutex<Vec<FreedHook>>,
     pub(crate) stats: Mutex<JournalStats>,
 }
 
@@ -263,7 +263,7 @@ impl JournalWriter {
                 jsb_dirty,
                 codec,
             }),
-            hook: Mutex::new(None),
+            hooks: Mutex::new(Vec::new()),
             stats: Mutex::new(JournalStats::default()),
             journal,
         };
@@ -308,9 +308,12 @@ impl JournalWriter {
         *lock(&self.stats)
     }
 
-    /// Install the hook called with each durable commit's freed extents.
-    pub fn set_freed_hook(&self, hook: FreedHook) {
-        *lock(&self.hook) = Some(hook);
+    /// Add a hook called with each durable commit's freed extents (the
+    /// allocator's "busy extents are free now", the mount's discard);
+    /// hooks run in the order added, on the committing thread, and must
+    /// not start handles or commit.
+    pub fn add_freed_hook(&self, hook: FreedHook) {
+        lock(&self.hooks).push(hook);
     }
 
     /// The tid the next handle joins.
@@ -664,7 +667,7 @@ mod tests {
         drop(h);
         let freed = Arc::new(Mutex::new(Vec::new()));
         let f2 = freed.clone();
-        w.set_freed_hook(Box::new(move |tid, ext| {
+        w.add_freed_hook(Box::new(move |tid, ext| {
             lock(&f2).push((tid, ext.to_vec()));
         }));
         let mut h = w.start(0).unwrap();
