@@ -811,3 +811,64 @@ fn crash_at_every_write_recovers_a_committed_prefix() {
     // Only the two in-place superblock writes (open, close) can tear it.
     assert!(torn_sb <= 4, "{torn_sb} torn superblocks");
 }
+
+// ------------------------------------------------- alternating writers
+
+/// The kernel leaves a dirty journal (committed by an fsync, then a
+/// shutdown without log flush), ext4kit's open replays it and writes on
+/// top, closes cleanly, and the kernel mounts the result.
+#[test]
+fn kernel_then_ext4kit_then_kernel() {
+    const WHAT: &str = "kernel_then_ext4kit_then_kernel";
+    if let Err(why) = tools().and_then(|()| kernel_mount_available()) {
+        return skip(WHAT, &why);
+    }
+    if !have("python3") || !have("debugfs") {
+        return skip(WHAT, "python3 or debugfs not found");
+    }
+    let dir = image_dir();
+    let img = mkimg(dir.path(), "alt.img", "64M", &["-b", "4096"]);
+    {
+        let lo = LoopDev::attach(&img).unwrap();
+        let m = Mount::new(lo.path(), "ext4", None).unwrap();
+        fs::write(m.path().join("k"), b"kernel data\n").unwrap();
+        run_ok(tool("chmod").arg("751").arg(m.path())).unwrap();
+        run_ok(tool("chown").arg("7:8").arg(m.path())).unwrap();
+        // fsync commits the running transaction; the shutdown keeps what
+        // was committed in the log and writes nothing more.
+        run_ok(
+            tool("python3")
+                .arg("-c")
+                .arg(
+                    "import os,fcntl,struct,sys; fd=os.open(sys.argv[1],os.O_RDONLY); \
+                     os.fsync(os.open(sys.argv[1]+'/k',os.O_RDONLY)); os.fsync(fd); \
+                     fcntl.ioctl(fd,0x8004587D,struct.pack('I',2))",
+                )
+                .arg(m.path()),
+        )
+        .unwrap();
+        m.unmount().unwrap();
+    }
+    {
+        let dev = FileDevice::open(&img, OpenOptions::read_only()).unwrap();
+        let j = Journal::open(&dev).unwrap();
+        assert_ne!(j.jsb.s_start.get(), 0, "the kernel left no dirty journal");
+    }
+    let fs = RwFs::open(open_file(&img), RwOptions::default()).unwrap();
+    assert!(fs.open_report().replayed >= 1, "{:?}", fs.open_report());
+    let st = state_of(fs.blocks());
+    assert_eq!(
+        (st.root.0, st.root.1, st.root.2),
+        (0o751, 7, 8),
+        "kernel's changes"
+    );
+    let touch = touch_blocks(&fs, 8);
+    for i in 1..=3 {
+        txn(&fs, i, &touch, Extras::default()).unwrap();
+    }
+    fs.close().unwrap();
+    e2fsck_clean(&img).unwrap();
+    let out = run_ok(tool("debugfs").args(["-R", "cat /k"]).arg(&img)).unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "kernel data\n");
+    kernel_check(&img, dir.path(), &expected(3), WHAT);
+}

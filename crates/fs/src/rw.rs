@@ -40,7 +40,7 @@ use crate::journal::recover::{
     self, Journal, analyze, apply, read_superblock, read_superblock_with,
 };
 use crate::journal::{Handle, JournalOptions, JournalWriter};
-use crate::{BlockRead, FsError};
+use crate::{BlockRead, DeviceBlocks, FsError};
 
 /// incompat features the read-write engine handles.
 pub const RW_INCOMPAT: u32 = Incompat::FILETYPE.bits()
@@ -143,7 +143,9 @@ impl Geometry {
         };
         if geo.inodes_per_group == 0
             || !(128..=block_size).contains(&geo.inode_size)
+            || !geo.inode_size.is_power_of_two()
             || !(32..=block_size).contains(&geo.desc_size)
+            || !geo.desc_size.is_power_of_two()
         {
             return Err(FsError::corrupt(
                 "superblock",
@@ -184,7 +186,7 @@ pub fn locate_inode(
         ));
     }
     let off = u64::from(index) * u64::from(g.inode_size);
-    let blk = gd.inode_table() + off / bs;
+    let blk = gd.inode_table().saturating_add(off / bs);
     if blk >= g.blocks {
         return Err(FsError::corrupt(
             "group descriptor",
@@ -207,6 +209,39 @@ pub fn read_inode(blocks: &dyn BlockRead, g: &Geometry, ino: u32) -> Result<Vec<
         ));
     }
     Ok(slot)
+}
+
+/// Free blocks and free inodes summed over the group descriptors (what
+/// the kernel's counters hold and its unmount writes to the superblock).
+pub fn summary_counts(blocks: &dyn BlockRead, sb: &Superblock) -> Result<(u64, u32), FsError> {
+    let bs = u64::from(blocks.block_size());
+    let bpg = u64::from(sb.s_blocks_per_group.get());
+    let first = u64::from(sb.s_first_data_block.get());
+    let desc = u64::from(sb.desc_size());
+    if bpg == 0 || desc == 0 || sb.blocks_count() <= first {
+        return Err(FsError::corrupt(
+            "superblock",
+            "group geometry out of range",
+        ));
+    }
+    let groups = (sb.blocks_count() - first).div_ceil(bpg);
+    let per_block = bs / desc;
+    let (mut fb, mut fi) = (0u64, 0u64);
+    for gdt in 0..groups.div_ceil(per_block) {
+        let b = blocks.block(first + 1 + gdt)?;
+        for k in 0..per_block {
+            let g = gdt * per_block + k;
+            if g >= groups {
+                break;
+            }
+            let o = (k * desc) as usize;
+            let gd = GroupDesc::parse(&b[o..o + desc as usize])
+                .ok_or_else(|| FsError::corrupt("group descriptor", format!("group {g}")))?;
+            fb += u64::from(gd.free_blocks());
+            fi += u64::from(gd.free_inodes());
+        }
+    }
+    Ok((fb, u32::try_from(fi).unwrap_or(u32::MAX)))
 }
 
 /// A filesystem open for writing (see the module docs).
@@ -396,7 +431,19 @@ impl RwFs {
         let st = self.w.stats();
         let written_kb = ((st.log_blocks_written + st.home_blocks_written + 2) * bs) >> 10;
         let (t, _) = now();
-        write_sb_direct(&**self.w.device(), |sb| {
+        // Everything is home now: the summary counts come from the group
+        // descriptors, as the kernel's unmount writes its counters.
+        let dev = &**self.w.device();
+        let (free_blocks, free_inodes) = {
+            let sb = self.superblock_on_disk()?;
+            summary_counts(
+                &DeviceBlocks::new(dev, self.geo.block_size, self.geo.blocks),
+                &sb,
+            )?
+        };
+        write_sb_direct(dev, |sb| {
+            sb.set_free_blocks_count(free_blocks);
+            sb.s_free_inodes_count.set(free_inodes);
             let inc = sb.s_feature_incompat.get() & !Incompat::RECOVER.bits();
             sb.s_feature_incompat.set(inc);
             stamp(&mut sb.s_wtime, &mut sb.s_wtime_hi, t);
@@ -405,6 +452,12 @@ impl RwFs {
                 sb.s_kbytes_written.set(kb.saturating_add(written_kb));
             }
         })
+    }
+
+    fn superblock_on_disk(&self) -> Result<Superblock, FsError> {
+        let mut raw = vec![0u8; SUPERBLOCK_SIZE];
+        self.w.device().read_at(&mut raw, SUPERBLOCK_OFFSET)?;
+        Superblock::parse(&raw).ok_or_else(|| FsError::corrupt("superblock", "short read"))
     }
 
     /// Stop without writing anything more (a test hook: the device stays

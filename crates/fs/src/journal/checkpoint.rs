@@ -12,6 +12,9 @@ use crate::FsError;
 impl JournalWriter {
     /// Checkpoint everything committed so far.
     pub fn checkpoint(&self) -> Result<(), FsError> {
+        if let Some(a) = self.aborted() {
+            return Err(FsError::Aborted(a));
+        }
         let mut log = lock(&self.log);
         let next = self.running_tid();
         self.checkpoint_locked(&mut log, next)

@@ -724,6 +724,35 @@ mod tests {
     }
 
     #[test]
+    fn a_write_error_aborts_the_journal_and_nothing_goes_home() {
+        use ext4kit_device::FaultDevice;
+        let mem = Arc::new(image());
+        let before = mem.to_bytes();
+        let fault = FaultDevice::new(mem.clone());
+        let ctl = fault.control();
+        let dev: Arc<dyn Device> = Arc::new(fault);
+        let j = Journal::open(&*dev).unwrap();
+        let w = JournalWriter::new(dev, j, JournalOptions::default()).unwrap();
+        let mut h = w.start(1).unwrap();
+        h.modify(free(0), |d| d[0] = 1).unwrap();
+        drop(h);
+        ctl.fail_after(1); // the log write succeeds, the flush fails
+        let e = w.commit().unwrap_err();
+        assert!(matches!(e, FsError::Aborted(_)), "{e}");
+        assert!(matches!(w.start(1), Err(FsError::Aborted(_))));
+        assert!(matches!(w.checkpoint(), Err(FsError::Aborted(_))));
+        assert!(w.shutdown().is_err());
+        drop(w);
+        // Only the jsb features may have been flushed at open; no home
+        // block and no commit block reached the device.
+        let after = mem.to_bytes();
+        let b = (free(0) * 4096) as usize;
+        assert_eq!(after[b], before[b]);
+        let rec = replayed(&mem);
+        assert_eq!(rec.transactions(), 0);
+    }
+
+    #[test]
     fn many_threads_and_many_commits_wrap_the_log() {
         let (mem, w) = writer(JournalOptions::default());
         let w = Arc::new(w);
