@@ -460,6 +460,24 @@ fn committed_journal_replays_like_e2fsck_and_the_kernel() {
             txns: 40,
             touch: 60,
         },
+        // 2 KiB blocks, upstream 1.47's extra ext4 defaults (the checksum
+        // seed in the superblock, the orphan file).
+        Case {
+            name: "v3-2k-csum-seed-orphan-file",
+            size: "48M",
+            args: &[
+                "-b",
+                "2048",
+                "-J",
+                "size=2",
+                "-O",
+                "metadata_csum_seed,orphan_file",
+            ],
+            csum: JournalCsum::Kernel,
+            jsb: no_patch,
+            txns: 40,
+            touch: 60,
+        },
         // No metadata_csum: the kernel clears journal checksums, 64bit tags.
         Case {
             name: "nocsum-64bit-4k",
@@ -740,6 +758,7 @@ fn crash_at_every_write_recovers_a_committed_prefix() {
     ];
     let mut checked = 0;
     let mut torn_sb = 0;
+    let mut torn_sb_repaired = 0;
     for mode in modes {
         for &cut in &cuts {
             let (mem, acked, _, _) = crash_run(&base, Some(cut), mode, txns, touch);
@@ -792,9 +811,15 @@ fn crash_at_every_write_recovers_a_committed_prefix() {
                 let c = dir.path().join("crashed.img");
                 fs::write(&c, mem.to_bytes()).unwrap();
                 let dev = FileDevice::open(&c, OpenOptions::read_only()).unwrap();
-                let dirty = Journal::open(&dev).unwrap().jsb.s_start.get() != 0;
+                // A torn superblock checkpoint write: ext4kit's open
+                // repaired it from the log (above); e2fsck would go to a
+                // backup superblock instead, so there is no byte oracle.
+                let sb_ok = ext4kit_fs::journal::recover::read_superblock(&dev).is_ok();
+                let dirty = Journal::open_with(&dev, false).unwrap().jsb.s_start.get() != 0;
                 drop(dev);
-                if dirty {
+                if !sb_ok {
+                    torn_sb_repaired += 1;
+                } else if dirty {
                     let ours = ours_equals_e2fsck(&c, dir.path());
                     assert_eq!(state_of_img(&ours).label, st.label);
                 }
@@ -804,7 +829,8 @@ fn crash_at_every_write_recovers_a_committed_prefix() {
     }
     eprintln!(
         "crash campaign: {} of {} cut points (every one in {lo}..={hi}) x 4 modes, \
-         {checked} checked by e2fsck, {torn_sb} torn primary superblocks",
+         {checked} checked by e2fsck, {torn_sb} torn primary superblocks, \
+         {torn_sb_repaired} torn ones repaired by the replay in the e2fsck sample",
         cuts.len(),
         total + 1
     );

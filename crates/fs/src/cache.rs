@@ -187,6 +187,17 @@ impl BlockCache {
         inner.stats.evictions += drop_n as u64;
     }
 
+    /// Install a running copy. A clean image is dropped: a slot keeps a
+    /// clean image only while it has nothing newer, so every counted
+    /// clean image is evictable and eviction always makes progress.
+    fn set_running(&self, inner: &mut Inner, blk: u64, copy: RunningCopy) {
+        let slot = inner.map.entry(blk).or_default();
+        slot.running = Some(copy);
+        if slot.clean.take().is_some() {
+            inner.clean_count -= 1;
+        }
+    }
+
     /// The running copy of `blk`, made from the newest image if the
     /// running transaction has none yet. Returns it and whether it was
     /// new (the caller's transaction then counts the block).
@@ -198,8 +209,7 @@ impl BlockCache {
         }
         let base = self.base_image(&mut inner, blk)?;
         let copy: RunningCopy = Arc::new(Mutex::new(base.to_vec()));
-        let slot = inner.map.entry(blk).or_default();
-        slot.running = Some(copy.clone());
+        self.set_running(&mut inner, blk, copy.clone());
         Ok((copy, true))
     }
 
@@ -212,8 +222,7 @@ impl BlockCache {
             return Ok((r, false));
         }
         let copy: RunningCopy = Arc::new(Mutex::new(vec![0u8; self.block_size as usize]));
-        let slot = inner.map.entry(blk).or_default();
-        slot.running = Some(copy.clone());
+        self.set_running(&mut inner, blk, copy.clone());
         Ok((copy, true))
     }
 
@@ -334,7 +343,11 @@ impl BlockCache {
                     .is_some_and(|(_, d)| Arc::ptr_eq(d, img))
             {
                 slot.committed = None;
-                if slot.clean.replace(img.clone()).is_none() {
+                // Clean only if nothing newer exists (see `set_running`).
+                if slot.running.is_none()
+                    && slot.committing.is_none()
+                    && slot.clean.replace(img.clone()).is_none()
+                {
                     new_clean += 1;
                 }
             }
@@ -454,6 +467,26 @@ mod tests {
         assert!(c.resident() <= 10, "{}", c.resident());
         assert!(c.stats().evictions > 0);
         assert_eq!(c.block(0).unwrap()[0], 0xEE);
+    }
+
+    #[test]
+    fn eviction_progresses_with_many_dirty_blocks() {
+        let (_mem, c) = cache(8);
+        for b in 0..20 {
+            c.block(b).unwrap();
+            c.running_copy(b).unwrap();
+        }
+        for b in 20..64 {
+            c.block(b).unwrap();
+        }
+        assert!(c.resident() <= 20 + 9, "{}", c.resident());
+        let frozen: Vec<u64> = (0..20).collect();
+        c.freeze(&frozen);
+        c.committed(1, &frozen);
+        let list = c.checkpoint_list();
+        c.checkpointed(&list);
+        assert!(c.resident() <= 9, "{}", c.resident());
+        assert_eq!(c.block(3).unwrap()[0], 3);
     }
 
     #[test]
