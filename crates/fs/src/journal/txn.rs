@@ -157,6 +157,7 @@ pub struct JournalWriter {
     pub(crate) cache: BlockCache,
     pub(crate) journal: Journal,
     pub(crate) max_txn: u32,
+    pub(crate) revokes_per_block: usize,
     pub(crate) opts: JournalOptions,
     pub(crate) state: Mutex<TxnState>,
     pub(crate) cond: Condvar,
@@ -247,6 +248,7 @@ impl JournalWriter {
             dev,
             cache,
             max_txn,
+            revokes_per_block: codec.revokes_per_block().max(1),
             opts,
             state: Mutex::new(TxnState {
                 running: Transaction::new(tid),
@@ -331,6 +333,13 @@ impl JournalWriter {
         lock(&self.state).aborted.clone()
     }
 
+    /// Abort the journal (ext4's errors=remount-ro): the running
+    /// transaction is never committed, every later handle and commit
+    /// fails. What was committed stays in the log for the next open.
+    pub fn abort_journal(&self, why: &FsError) -> FsError {
+        self.abort(why)
+    }
+
     pub(crate) fn abort(&self, why: &FsError) -> FsError {
         let msg = why.to_string();
         let mut st = lock(&self.state);
@@ -359,7 +368,9 @@ impl JournalWriter {
                 continue;
             }
             let r = &st.running;
-            let want = r.buffers.len() as u32 + r.outstanding + credits;
+            // Revoke records take log blocks too (jbd2's revoke credits).
+            let revoke_blocks = r.revokes.len().div_ceil(self.revokes_per_block) as u32;
+            let want = r.buffers.len() as u32 + revoke_blocks + r.outstanding + credits;
             if want > self.max_txn && !(r.buffers.is_empty() && r.updates == 0) {
                 drop(st);
                 self.commit()?;
@@ -575,6 +586,19 @@ impl Handle<'_> {
         Ok(())
     }
 
+    /// The operation this handle belongs to failed after it may have
+    /// changed blocks: abort the journal so that none of its changes ever
+    /// commit (a partial operation must not become durable), and return
+    /// the error to pass up.
+    pub fn fail(mut self, err: FsError) -> FsError {
+        let e = self.w.abort(&err);
+        self.close();
+        match e {
+            FsError::Aborted(_) => err,
+            other => other,
+        }
+    }
+
     /// End the handle.
     pub fn stop(mut self) {
         self.close();
@@ -750,6 +774,25 @@ mod tests {
         assert_eq!(after[b], before[b]);
         let rec = replayed(&mem);
         assert_eq!(rec.transactions(), 0);
+    }
+
+    #[test]
+    fn a_failed_operation_never_commits_half_of_itself() {
+        let (mem, w) = writer(JournalOptions::default());
+        let mut h = w.start(1).unwrap();
+        h.modify(free(0), |d| d[0] = 1).unwrap();
+        drop(h);
+        w.commit().unwrap();
+        let mut h = w.start(1).unwrap();
+        h.modify(free(1), |d| d[0] = 2).unwrap();
+        let e = h.modify(free(2), |_| ()).unwrap_err();
+        let e = h.fail(e);
+        assert!(matches!(e, FsError::NoCredits(1)), "{e}");
+        assert!(matches!(w.commit(), Err(FsError::Aborted(_))));
+        assert!(matches!(w.start(1), Err(FsError::Aborted(_))));
+        let rec = replayed(&mem);
+        assert_eq!(rec.transactions(), 1);
+        assert!(rec.writes.contains_key(&free(0)) && !rec.writes.contains_key(&free(1)));
     }
 
     #[test]
