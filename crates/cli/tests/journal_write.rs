@@ -636,6 +636,32 @@ fn open_replays_a_dirty_journal_and_refuses_what_it_cannot_write() {
         fs.close().unwrap();
     }
     e2fsck_clean(&img).unwrap();
+    // A failed operation aborts the journal (errors=remount-ro): its half
+    // change never commits, the journal records -EIO, and the next open
+    // replays the committed part and marks the filesystem in error.
+    {
+        let fs = RwFs::open(open_file(&img), RwOptions::default()).unwrap();
+        let touch = touch_blocks(&fs, 4);
+        txn(&fs, 5, &touch, Extras::default()).unwrap();
+        fs.set_label("half").unwrap();
+        let mut h = fs.start(1).unwrap();
+        h.modify(touch[0], |_| ()).unwrap();
+        let e = h.modify(touch[1], |_| ()).unwrap_err();
+        let e = h.fail(e);
+        assert!(e.to_string().contains("credits"), "{e}");
+        assert!(fs.journal().commit().is_err());
+        assert!(fs.close().is_err());
+    }
+    {
+        let fs = RwFs::open(open_file(&img), RwOptions::default()).unwrap();
+        assert_eq!(fs.open_report().replayed, 1);
+        assert_eq!(state_of(fs.blocks()), expected(5));
+        assert_ne!(fs.superblock().unwrap().s_state.get() & 2, 0, "error state");
+        fs.close().unwrap();
+    }
+    let out = run(tool("e2fsck").arg("-fy").arg(&img)).unwrap();
+    assert!(out.status.code().is_some_and(|c| c <= 1), "{out:?}");
+    e2fsck_clean(&img).unwrap();
     // Features the writer does not handle: one line naming them, and the
     // image is not touched.
     for (feat, word) in [

@@ -32,7 +32,7 @@ use ext4kit_format::Csum;
 use ext4kit_format::features::{Compat, Features, Incompat, RoCompat, Word};
 use ext4kit_format::group_desc::GroupDesc;
 use ext4kit_format::inode;
-use ext4kit_format::superblock::{SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock};
+use ext4kit_format::superblock::{STATE_ERROR, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock};
 use zerocopy::IntoBytes;
 
 use crate::cache::BlockCache;
@@ -345,6 +345,10 @@ impl RwFs {
         }
         // Everything below reads the replayed state.
         let j = Journal::open(&*dev).map_err(fs_err)?;
+        // An error the journal recorded (a previous abort): the filesystem
+        // is marked in error, as ext4_clear_journal_err does; the writer
+        // clears s_errno.
+        let journal_error = j.jsb.s_errno.get() != 0;
         let sb = j.sb.clone();
         check_writable(&sb)?;
         let bs = j.block_size;
@@ -357,6 +361,9 @@ impl RwFs {
         write_sb_direct(&*dev, |sb| {
             let inc = sb.s_feature_incompat.get() | Incompat::RECOVER.bits();
             sb.s_feature_incompat.set(inc);
+            if journal_error {
+                sb.s_state.set(sb.s_state.get() | STATE_ERROR);
+            }
             sb.s_mnt_count.set(sb.s_mnt_count.get().wrapping_add(1));
             stamp(&mut sb.s_mtime, &mut sb.s_mtime_hi, t);
             stamp(&mut sb.s_wtime, &mut sb.s_wtime_hi, t);

@@ -17,8 +17,13 @@ impl JournalWriter {
         }
         let mut log = lock(&self.log);
         let next = self.running_tid();
-        self.checkpoint_locked(&mut log, next)
-            .map_err(|e| self.abort(&e))
+        let r = self
+            .checkpoint_locked(&mut log, next)
+            .map_err(|e| self.abort(&e));
+        if r.is_err() {
+            self.record_errno(&mut log);
+        }
+        r
     }
 
     /// `next_tid`: the first transaction that will be logged after this.
@@ -74,7 +79,9 @@ impl JournalWriter {
             Ok(())
         })();
         if let Err(e) = r {
-            return Err(self.abort(&e));
+            let e = self.abort(&e);
+            self.record_errno(&mut log);
+            return Err(e);
         }
         lock(&self.state).aborted = Some("the journal was shut down".into());
         Ok(next)

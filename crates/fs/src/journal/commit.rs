@@ -29,7 +29,11 @@ impl JournalWriter {
     /// return its tid, or `None` if it was empty.
     pub fn commit(&self) -> Result<Option<u32>, FsError> {
         let mut log = lock(&self.log);
-        self.commit_locked(&mut log)
+        let r = self.commit_locked(&mut log);
+        if r.is_err() {
+            self.record_errno(&mut log);
+        }
+        r
     }
 
     pub(crate) fn commit_locked(&self, log: &mut LogState) -> Result<Option<u32>, FsError> {
@@ -47,6 +51,13 @@ impl JournalWriter {
                     .cond
                     .wait(st)
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+            // A handle may have failed (and aborted the journal) while
+            // this commit waited for it: its half change must not commit.
+            if let Some(a) = st.aborted.clone() {
+                st.locked = false;
+                self.cond.notify_all();
+                return Err(FsError::Aborted(a));
             }
             if st.running.is_empty() {
                 st.locked = false;

@@ -44,6 +44,9 @@ use super::recover::Journal;
 use crate::cache::{BlockCache, DEFAULT_CLEAN_LIMIT};
 use crate::{BlockRead, FsError};
 
+/// `-EIO` as jbd2 stores it in `s_errno`.
+pub const JBD2_EIO: u32 = (-5i32) as u32;
+
 /// Called after each durable commit with its tid and the extents
 /// (start, length in blocks) its handles freed: they may now be reused or
 /// discarded.
@@ -221,7 +224,11 @@ impl JournalWriter {
         if fmt.csum_v2or3() {
             jsb.s_checksum_type = JBD2_CRC32C_CHKSUM;
         }
-        let jsb_dirty = (compat, incompat, jsb.s_checksum_type) != old;
+        // ext4_clear_journal_err: the caller (rw open) has marked the
+        // filesystem in error; the journal's record is cleared.
+        let had_errno = jsb.s_errno.get() != 0;
+        jsb.s_errno.set(0);
+        let jsb_dirty = (compat, incompat, jsb.s_checksum_type) != old || had_errno;
         let jsb_block = journal
             .phys(0)
             .ok_or_else(|| FsError::corrupt("journal inode", "block 0 is not mapped"))?;
@@ -419,6 +426,19 @@ impl JournalWriter {
         self.commit().map(|_| ())
     }
 
+    /// jbd2_journal_abort: record -EIO in the journal superblock's
+    /// `s_errno` (best effort: the device may be what failed), so the next
+    /// open marks the filesystem in error.
+    pub(crate) fn record_errno(&self, log: &mut LogState) {
+        if self.aborted().is_none() || log.jsb.s_errno.get() != 0 {
+            return;
+        }
+        log.jsb.s_errno.set(JBD2_EIO);
+        if self.write_jsb(log).is_ok() {
+            let _ = self.dev.flush();
+        }
+    }
+
     pub(crate) fn write_jsb(&self, log: &mut LogState) -> Result<(), FsError> {
         let jsb = &mut log.jsb;
         if log.codec.fmt.csum_v2or3() {
@@ -592,7 +612,10 @@ impl Handle<'_> {
     /// the error to pass up.
     pub fn fail(mut self, err: FsError) -> FsError {
         let e = self.w.abort(&err);
+        // End the handle before taking the log lock: a commit holding it
+        // may be waiting for this handle.
         self.close();
+        self.w.record_errno(&mut lock(&self.w.log));
         match e {
             FsError::Aborted(_) => err,
             other => other,
@@ -793,6 +816,7 @@ mod tests {
         let rec = replayed(&mem);
         assert_eq!(rec.transactions(), 1);
         assert!(rec.writes.contains_key(&free(0)) && !rec.writes.contains_key(&free(1)));
+        assert_eq!(Journal::open(&*mem).unwrap().jsb.s_errno.get(), JBD2_EIO);
     }
 
     #[test]
