@@ -250,7 +250,11 @@ impl JournalWriter {
             journal.fs_blocks,
             opts.cache_blocks,
         );
-        let ring = LogRing::new(journal.first(), journal.last(), journal.first());
+        // JBD2_CYCLE_RECORD (ext4 always sets it): continue logging where
+        // the last clean unmount stopped (`s_head`), else from `s_first`
+        // (e2fsprogs leaves `s_head` 0). Any start is valid because tids
+        // only grow.
+        let ring = LogRing::new(journal.first(), journal.last(), jsb.s_head.get());
         let w = JournalWriter {
             dev,
             cache,
@@ -305,6 +309,11 @@ impl JournalWriter {
     /// The log format in use.
     pub fn format(&self) -> LogFormat {
         lock(&self.log).codec.fmt
+    }
+
+    /// The log block the next transaction starts at.
+    pub fn log_head(&self) -> u32 {
+        lock(&self.log).ring.head
     }
 
     /// Largest transaction, in logged blocks.
