@@ -27,6 +27,46 @@ pub struct FaultControl {
     fail_at: AtomicU64,
     power_cut_at: AtomicU64,
     state: AtomicU8,
+    cut_mode: Mutex<CutMode>,
+}
+
+/// What a power cut does to the writes buffered since the last flush.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CutMode {
+    /// Every unflushed write, zeroout and discard is lost.
+    #[default]
+    DropAll,
+    /// A disk's volatile cache: an arbitrary subset of the unflushed
+    /// operations survives, applied in an arbitrary order, both chosen by
+    /// `seed`. With `torn`, each surviving write is cut into 512-byte
+    /// sectors (of the device's address space) of which again an arbitrary
+    /// subset survives.
+    Subset { seed: u64, torn: bool },
+}
+
+/// Sector size at which [`CutMode::Subset`] tears writes.
+pub const TEAR_SECTOR: u64 = 512;
+
+/// A small deterministic PRNG (splitmix64): no dependency, same sequence
+/// on every platform.
+#[derive(Clone, Debug)]
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn coin(&mut self) -> bool {
+        self.next() & 1 == 1
+    }
+    /// Uniform-ish in `0..n` (`n > 0`).
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
 }
 
 impl Default for FaultControl {
@@ -37,6 +77,7 @@ impl Default for FaultControl {
             fail_at: AtomicU64::new(NO_LIMIT),
             power_cut_at: AtomicU64::new(NO_LIMIT),
             state: AtomicU8::new(RUNNING),
+            cut_mode: Mutex::new(CutMode::DropAll),
         }
     }
 }
@@ -57,13 +98,25 @@ impl FaultControl {
 
     /// After `n` more successful mutating operations the device loses
     /// power: every write, zeroout and discard since the last successful
-    /// flush is dropped (never reaches the inner device) and every further
-    /// operation fails with [`DeviceError::Injected`]. `n = 0` cuts at the
-    /// next operation.
+    /// flush is dropped (never reaches the inner device), or with
+    /// [`CutMode::Subset`] an arbitrary part of them reaches it, and every
+    /// further operation fails with [`DeviceError::Injected`]. `n = 0`
+    /// cuts at the next operation.
     pub fn power_cut_after(&self, n: u64) {
         let now = self.ops();
         self.power_cut_at
             .store(now.saturating_add(n), Ordering::SeqCst);
+    }
+
+    /// Choose what the next power cuts do to unflushed writes (default
+    /// [`CutMode::DropAll`]).
+    pub fn set_cut_mode(&self, mode: CutMode) {
+        *self.cut_mode.lock().unwrap_or_else(PoisonError::into_inner) = mode;
+    }
+
+    /// The current [`CutMode`].
+    pub fn cut_mode(&self) -> CutMode {
+        *self.cut_mode.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Cut the power now (takes effect at the device's next operation,
@@ -147,7 +200,10 @@ impl Pending {
 /// wrapper ("volatile cache") and reach the inner device only at
 /// [`Device::flush`], in order; reads see the buffered operations overlaid
 /// on the inner content. Dropping the wrapper (or a power cut) loses the
-/// buffer, so the inner device always holds exactly what was flushed.
+/// buffer, so the inner device always holds exactly what was flushed; with
+/// [`CutMode::Subset`] a power cut instead lets an arbitrary subset of the
+/// buffer reach the inner device in an arbitrary order, optionally torn at
+/// [`TEAR_SECTOR`] granularity (what a disk's volatile write cache may do).
 ///
 /// Faults are driven through the shared [`FaultControl`]:
 ///
@@ -232,8 +288,7 @@ impl<D: Device> FaultDevice<D> {
         if c.state.load(Ordering::SeqCst) == POWER_LOST
             || ops >= c.power_cut_at.load(Ordering::SeqCst)
         {
-            c.state.store(POWER_LOST, Ordering::SeqCst);
-            log.clear();
+            self.lose_power(log);
             return Err(DeviceError::Injected("power cut"));
         }
         if c.state.load(Ordering::SeqCst) == FAILED || ops >= c.fail_at.load(Ordering::SeqCst) {
@@ -249,8 +304,58 @@ impl<D: Device> FaultDevice<D> {
         let c = &self.control;
         let ops = c.ops.fetch_add(1, Ordering::SeqCst) + 1;
         if ops >= c.power_cut_at.load(Ordering::SeqCst) {
-            c.state.store(POWER_LOST, Ordering::SeqCst);
-            log.clear();
+            self.lose_power(log);
+        }
+    }
+
+    /// The power goes out: the volatile cache (`log`) is lost, except
+    /// what [`CutMode::Subset`] lets survive. Idempotent: a second call
+    /// finds the log empty.
+    fn lose_power(&self, log: &mut Vec<Pending>) {
+        let c = &self.control;
+        c.state.store(POWER_LOST, Ordering::SeqCst);
+        let pending = std::mem::take(log);
+        let CutMode::Subset { seed, torn } = c.cut_mode() else {
+            return;
+        };
+        let mut rng = SplitMix(seed ^ (c.ops() << 32) ^ pending.len() as u64);
+        let mut survivors: Vec<Pending> = Vec::new();
+        for op in pending {
+            if !rng.coin() {
+                continue;
+            }
+            match op {
+                Pending::Write { offset, data } if torn => {
+                    // Cut at sector boundaries of the address space.
+                    let mut pos = offset;
+                    let end = offset + data.len() as u64;
+                    while pos < end {
+                        let next = ((pos / TEAR_SECTOR) + 1) * TEAR_SECTOR;
+                        let next = next.min(end);
+                        if rng.coin() {
+                            let a = (pos - offset) as usize;
+                            let b = (next - offset) as usize;
+                            survivors.push(Pending::Write {
+                                offset: pos,
+                                data: data[a..b].to_vec(),
+                            });
+                        }
+                        pos = next;
+                    }
+                }
+                op => survivors.push(op),
+            }
+        }
+        // Fisher-Yates: any order.
+        for i in (1..survivors.len()).rev() {
+            let j = rng.below(i + 1);
+            survivors.swap(i, j);
+        }
+        for op in &survivors {
+            // The inner device is what "the platter" holds; a failure to
+            // write it is a test-harness problem, not the device's fault
+            // model, so it is ignored like the rest of the lost cache.
+            let _ = self.apply(op);
         }
     }
 
@@ -525,6 +630,109 @@ mod tests {
             assert_eq!(b[4096..8192].iter().all(|&x| x == 0), k >= 5, "k={k}");
             assert_eq!(has(200, b"commit"), k >= 7, "k={k}");
         }
+    }
+
+    /// Run 8 unflushed one-sector-aligned 1 KiB writes after a flushed
+    /// base, cut the power in `mode`, and return the inner bytes.
+    fn cut_with(mode: CutMode) -> Vec<u8> {
+        let (mem, dev, ctl) = setup(16384);
+        dev.write_at(&[0xAA; 16384], 0).unwrap();
+        dev.flush().unwrap();
+        ctl.set_cut_mode(mode);
+        for i in 0..8u8 {
+            dev.write_at(&[i + 1; 1024], u64::from(i) * 1024).unwrap();
+        }
+        // Overlapping rewrite of the first write: order matters.
+        dev.write_at(&[0x77; 1024], 0).unwrap();
+        ctl.cut_power();
+        assert!(injected(dev.read_at(&mut [0u8; 1], 0)));
+        assert_eq!(dev.pending_ops(), 0);
+        mem.to_bytes()
+    }
+
+    #[test]
+    fn subset_cut_keeps_an_arbitrary_subset_in_any_order() {
+        // DropAll: only the flushed base.
+        assert!(cut_with(CutMode::DropAll).iter().all(|&b| b == 0xAA));
+        let mut seen_some = false;
+        let mut seen_partial = false;
+        let mut seen_old_over_new = false;
+        let mut outcomes = std::collections::HashSet::new();
+        for seed in 0..64 {
+            let b = cut_with(CutMode::Subset { seed, torn: false });
+            // Deterministic for a seed.
+            assert_eq!(b, cut_with(CutMode::Subset { seed, torn: false }));
+            // The flushed part past the writes is intact.
+            assert!(b[8192..].iter().all(|&x| x == 0xAA));
+            let mut kept = 0;
+            for i in 0..8usize {
+                let chunk = &b[i * 1024..(i + 1) * 1024];
+                let v = chunk[0];
+                // Untorn: each write is all there or not at all.
+                assert!(chunk.iter().all(|&x| x == v), "seed {seed} chunk {i}");
+                let ok = v == 0xAA || v == i as u8 + 1 || (i == 0 && v == 0x77);
+                assert!(ok, "seed {seed} chunk {i}: {v:#x}");
+                if v != 0xAA {
+                    kept += 1;
+                }
+                if i == 0 && v == 1 {
+                    seen_old_over_new |= true;
+                }
+            }
+            seen_some |= kept > 0;
+            seen_partial |= kept > 0 && kept < 8;
+            outcomes.insert(b);
+        }
+        assert!(seen_some && seen_partial);
+        assert!(outcomes.len() > 16, "only {} outcomes", outcomes.len());
+        // Some seed applied the old write of block 0 after the newer one
+        // (or dropped the newer one): arbitrary order.
+        assert!(seen_old_over_new);
+    }
+
+    #[test]
+    fn torn_cut_tears_at_sector_granularity() {
+        let mut seen_torn = false;
+        for seed in 0..32 {
+            let b = cut_with(CutMode::Subset { seed, torn: true });
+            for i in 0..8usize {
+                let mut sectors = Vec::new();
+                for s in 0..2 {
+                    let off = i * 1024 + s * 512;
+                    let sec = &b[off..off + 512];
+                    assert!(sec.iter().all(|&x| x == sec[0]), "seed {seed}");
+                    sectors.push(sec[0]);
+                }
+                seen_torn |= sectors[0] != sectors[1];
+            }
+        }
+        assert!(seen_torn);
+    }
+
+    #[test]
+    fn subset_cut_never_touches_flushed_or_unwritten_bytes_and_reset_works() {
+        let (mem, dev, ctl) = setup(8192);
+        ctl.set_cut_mode(CutMode::Subset {
+            seed: 7,
+            torn: true,
+        });
+        dev.write_at(b"durable", 0).unwrap();
+        dev.flush().unwrap();
+        ctl.power_cut_after(3);
+        dev.write_at(b"x", 4096).unwrap();
+        dev.write_at(b"y", 4097).unwrap();
+        dev.write_at(b"z", 4098).unwrap(); // third op: cut after it
+        assert!(ctl.is_power_lost());
+        let b = mem.to_bytes();
+        assert_eq!(&b[..7], b"durable");
+        assert!(b[4099..].iter().all(|&x| x == 0));
+        for (i, c) in [b'x', b'y', b'z'].into_iter().enumerate() {
+            assert!(b[4096 + i] == 0 || b[4096 + i] == c);
+        }
+        ctl.reset();
+        dev.write_at(b"again", 100).unwrap();
+        dev.flush().unwrap();
+        assert_eq!(&mem.to_bytes()[100..105], b"again");
     }
 
     #[test]

@@ -22,7 +22,7 @@ mod sys;
 mod sysfs;
 
 pub use blockdev::BlockDevice;
-pub use fault::{FaultControl, FaultDevice};
+pub use fault::{CutMode, FaultControl, FaultDevice, TEAR_SECTOR};
 pub use file::FileDevice;
 pub use mem::MemDevice;
 pub use mounts::{MountEntry, check_not_mounted, loop_devices_backed_by, mounts};

@@ -35,13 +35,24 @@ pub enum FsError {
         available: u64,
         busy: u64,
     },
-    /// A filesystem feature this part of the engine does not handle.
-    #[error("unsupported filesystem feature: {what}")]
-    Unsupported { what: String },
     /// A caller's request that cannot be right (freeing free blocks, a
     /// group that does not exist).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A valid filesystem, journal or structure that the engine (or this
+    /// part of it) does not handle; the message names the feature.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The journal was aborted by an earlier write error: no further
+    /// changes are accepted (ext4's errors=remount-ro behaviour).
+    #[error("the journal is aborted after an earlier error: {0}")]
+    Aborted(String),
+    /// A handle changed more distinct blocks than the credits it reserved.
+    #[error("transaction handle exceeded its {0} block credits")]
+    NoCredits(u32),
+    /// One handle asked for more blocks than a transaction may hold.
+    #[error("a handle of {wanted} blocks exceeds the largest transaction ({max} blocks)")]
+    TooBig { wanted: u32, max: u32 },
 }
 
 impl FsError {

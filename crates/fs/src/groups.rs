@@ -65,9 +65,7 @@ impl Layout {
         let inc = Incompat(sb.s_feature_incompat.get());
         let compat = Compat(sb.s_feature_compat.get());
         if ro.contains(RoCompat::BIGALLOC) {
-            return Err(FsError::Unsupported {
-                what: "bigalloc (cluster allocation)".into(),
-            });
+            return Err(FsError::Unsupported("bigalloc (cluster allocation)".into()));
         }
         let bpg = sb.s_blocks_per_group.get();
         let ipg = sb.s_inodes_per_group.get();

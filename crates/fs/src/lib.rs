@@ -2,8 +2,9 @@
 //!
 //! Layers (see `docs/ARCHITECTURE.md`, "Read-write engine"):
 //! - [`journal`]: jbd2 recovery ([`journal::recover`]) and, above it, the
-//!   transaction/commit/checkpoint writer;
-//! - a block cache that every metadata read and write goes through;
+//!   transaction/commit/checkpoint writer ([`journal::JournalWriter`]);
+//! - [`cache::BlockCache`], that every metadata read and write goes
+//!   through; [`rw::RwFs`] opens and closes a filesystem around both;
 //! - allocators, inodes, extents, directories, xattrs: code that reads
 //!   blocks through [`BlockRead`] and changes them only inside a
 //!   transaction handle.
@@ -14,10 +15,12 @@
 //! the block cache of a running transaction.
 
 pub mod balloc;
+pub mod cache;
 pub mod error;
 pub mod groups;
 pub mod ialloc;
 pub mod journal;
+pub mod rw;
 
 use std::collections::HashMap;
 

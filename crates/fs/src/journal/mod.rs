@@ -1,7 +1,14 @@
-//! The jbd2 journal of an ext4 filesystem.
+//! The jbd2 journal of an ext4 filesystem: recovery ([`recover`]) and the
+//! writer (transactions in [`txn`], the log encoding and ring in [`log`],
+//! [`commit`] and [`checkpoint`]).
 
+pub mod checkpoint;
+pub mod commit;
+pub mod log;
 pub mod recover;
+pub mod txn;
 
 pub use recover::{
     HomeWrite, Journal, LogBlock, LogEntry, RecoverError, Recovery, TagInfo, apply, recover,
 };
+pub use txn::{FreedHook, Handle, JournalCsum, JournalOptions, JournalStats, JournalWriter};

@@ -142,6 +142,16 @@ fn le32(b: &[u8], off: usize) -> u32 {
 
 /// Read and sanity-check the primary ext4 superblock.
 pub fn read_superblock(dev: &dyn Device) -> Result<Superblock, RecoverError> {
+    read_superblock_with(dev, true)
+}
+
+/// [`read_superblock`], optionally without the metadata_csum checksum
+/// check (for replaying a log over a superblock whose in-place write was
+/// torn: the log holds a whole copy of it).
+pub fn read_superblock_with(
+    dev: &dyn Device,
+    check_csum: bool,
+) -> Result<Superblock, RecoverError> {
     if dev.size() < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
         return Err(corrupt(
             "superblock",
@@ -155,7 +165,7 @@ pub fn read_superblock(dev: &dyn Device) -> Result<Superblock, RecoverError> {
         return Err(RecoverError::NotExt4(sb.s_magic.get()));
     }
     let ro = RoCompat(sb.s_feature_ro_compat.get());
-    if ro.contains(RoCompat::METADATA_CSUM) && !sb.checksum_ok() {
+    if check_csum && ro.contains(RoCompat::METADATA_CSUM) && !sb.checksum_ok() {
         return Err(corrupt(
             "superblock",
             format!(
@@ -171,7 +181,13 @@ pub fn read_superblock(dev: &dyn Device) -> Result<Superblock, RecoverError> {
 impl Journal {
     /// Open the filesystem's internal journal on `dev`.
     pub fn open(dev: &dyn Device) -> Result<Journal, RecoverError> {
-        let sb = read_superblock(dev)?;
+        Self::open_with(dev, true)
+    }
+
+    /// [`Journal::open`], optionally accepting a primary superblock whose
+    /// checksum does not match (see [`read_superblock_with`]).
+    pub fn open_with(dev: &dyn Device, check_sb_csum: bool) -> Result<Journal, RecoverError> {
+        let sb = read_superblock_with(dev, check_sb_csum)?;
         let compat = Compat(sb.s_feature_compat.get());
         let incompat = Incompat(sb.s_feature_incompat.get());
         if incompat.contains(Incompat::JOURNAL_DEV) {
@@ -274,6 +290,21 @@ impl Journal {
             runs,
             seed,
         })
+    }
+
+    /// `j_csum_seed`: crc32c of the journal UUID.
+    pub fn csum_seed(&self) -> u32 {
+        self.seed
+    }
+
+    /// First log block (`s_first`).
+    pub fn first(&self) -> u32 {
+        self.first
+    }
+
+    /// End of the log (`s_maxlen`): log blocks are `first()..last()`.
+    pub fn last(&self) -> u32 {
+        self.last
     }
 
     /// Physical block of log block `lblk`.
@@ -1257,7 +1288,7 @@ pub fn apply(dev: &dyn Device, j: &Journal, rec: &Recovery) -> Result<Applied, R
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use ext4kit::mkfs::{self, Env, MkfsOptions};
     use ext4kit::profile::Profile;
@@ -1268,7 +1299,7 @@ mod tests {
     const CONF: &str = "[defaults]\n\tbase_features = sparse_super,large_file,filetype,resize_inode,dir_index,ext_attr\n\tblocksize = 4096\n\tinode_size = 256\n\tinode_ratio = 16384\n[fs_types]\n\text4 = {\n\t\tfeatures = has_journal,extent,huge_file,flex_bg,metadata_csum,64bit,dir_nlink,extra_isize\n\t}\n";
 
     /// A fresh 32 MiB ext4 (4 KiB blocks, 1024-block journal) in memory.
-    fn image() -> MemDevice {
+    pub(crate) fn image() -> MemDevice {
         let size = 32 << 20;
         let opts = MkfsOptions {
             fs_type: Some("ext4".into()),

@@ -1,0 +1,581 @@
+//! Read-write open and close of a filesystem, around the journal writer.
+//!
+//! [`RwFs::open`]: refuse what the writer can't do (one line naming the
+//! feature), replay a dirty journal first (the kernel's rule: only when
+//! `needs_recovery` is set *and* the journal's `s_start` is nonzero; with
+//! the flag clear a nonempty log is thrown away, as `jbd2_journal_wipe`
+//! does), set the journal features the kernel sets at mount while the log
+//! is empty, then set `needs_recovery` (and the mount count and time) in
+//! the primary superblock and flush before any commit.
+//!
+//! [`RwFs::close`]: commit, checkpoint everything, mark the journal empty
+//! (`s_start = 0`, `s_sequence` = next tid), flush, then clear
+//! `needs_recovery` and stamp `s_wtime`/`s_kbytes_written` as the kernel's
+//! unmount does, flush. Dropping an [`RwFs`] without `close` (or
+//! [`RwFs::crash`]) writes nothing more: the device is left as after a
+//! power cut right after the last commit's flush, which is what the
+//! replay tests need.
+//!
+//! After open, the superblock and every other metadata block change only
+//! through transaction handles; [`RwFs::modify_superblock`] is the one
+//! place the superblock checksum is computed.
+//!
+//! The small metadata client ([`RwFs::set_label`],
+//! [`RwFs::set_inode_attrs`]) exists to prove the journal against the
+//! real tools before the inode module exists.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ext4kit_device::Device;
+use ext4kit_format::Csum;
+use ext4kit_format::features::{Compat, Features, Incompat, RoCompat, Word};
+use ext4kit_format::group_desc::GroupDesc;
+use ext4kit_format::inode;
+use ext4kit_format::superblock::{STATE_ERROR, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock};
+use zerocopy::IntoBytes;
+
+use crate::cache::BlockCache;
+use crate::journal::recover::{
+    self, Journal, analyze, apply, read_superblock, read_superblock_with,
+};
+use crate::journal::{Handle, JournalOptions, JournalWriter};
+use crate::{BlockRead, DeviceBlocks, FsError};
+
+/// incompat features the read-write engine handles.
+pub const RW_INCOMPAT: u32 = Incompat::FILETYPE.bits()
+    | Incompat::RECOVER.bits()
+    | Incompat::EXTENTS.bits()
+    | Incompat::BIT64.bits()
+    | Incompat::FLEX_BG.bits()
+    | Incompat::CSUM_SEED.bits();
+
+/// ro_compat features the read-write engine handles.
+pub const RW_RO_COMPAT: u32 = RoCompat::SPARSE_SUPER.bits()
+    | RoCompat::LARGE_FILE.bits()
+    | RoCompat::HUGE_FILE.bits()
+    | RoCompat::GDT_CSUM.bits()
+    | RoCompat::DIR_NLINK.bits()
+    | RoCompat::EXTRA_ISIZE.bits()
+    | RoCompat::METADATA_CSUM.bits()
+    | RoCompat::ORPHAN_PRESENT.bits();
+
+fn feature_names(word: Word, bits: u32) -> String {
+    (0..32)
+        .filter(|b| bits & (1 << b) != 0)
+        .map(|b| Features::name_of(word, 1 << b))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Can the engine write this filesystem? `Err` names the first reason.
+pub fn check_writable(sb: &Superblock) -> Result<(), FsError> {
+    let inc = sb.s_feature_incompat.get() & !RW_INCOMPAT;
+    if inc != 0 {
+        return Err(FsError::Unsupported(format!(
+            "incompatible feature {}",
+            feature_names(Word::Incompat, inc)
+        )));
+    }
+    let ro = sb.s_feature_ro_compat.get() & !RW_RO_COMPAT;
+    if ro != 0 {
+        return Err(FsError::Unsupported(format!(
+            "read-only compatible feature {}",
+            feature_names(Word::RoCompat, ro)
+        )));
+    }
+    let compat = Compat(sb.s_feature_compat.get());
+    if compat.contains(Compat::FAST_COMMIT) {
+        return Err(FsError::Unsupported("fast_commit".into()));
+    }
+    if !compat.contains(Compat::HAS_JOURNAL) {
+        return Err(FsError::Unsupported(
+            "a filesystem without a journal (has_journal)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Options of a read-write open.
+#[derive(Clone, Debug, Default)]
+pub struct RwOptions {
+    pub journal: JournalOptions,
+}
+
+/// What [`RwFs::open`] found and did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    /// Transactions replayed from a dirty journal.
+    pub replayed: u32,
+    /// A nonempty log was discarded because `needs_recovery` was clear.
+    pub discarded_log: bool,
+}
+
+/// Where things are (from the superblock at open).
+#[derive(Clone, Debug)]
+pub struct Geometry {
+    pub block_size: u32,
+    pub blocks: u64,
+    pub first_data_block: u64,
+    pub inodes_count: u32,
+    pub inodes_per_group: u32,
+    pub inode_size: u32,
+    pub desc_size: u32,
+    pub csum: Csum,
+}
+
+impl Geometry {
+    /// From a superblock already checked for its block size and count.
+    pub fn of(sb: &Superblock, block_size: u32, blocks: u64) -> Result<Geometry, FsError> {
+        let geo = Geometry {
+            block_size,
+            blocks,
+            first_data_block: u64::from(sb.s_first_data_block.get()),
+            inodes_count: sb.s_inodes_count.get(),
+            inodes_per_group: sb.s_inodes_per_group.get(),
+            inode_size: if sb.s_rev_level.get() == 0 {
+                128
+            } else {
+                u32::from(sb.s_inode_size.get())
+            },
+            desc_size: u32::from(sb.desc_size()),
+            csum: Csum::from_superblock(sb),
+        };
+        if geo.inodes_per_group == 0
+            || !(128..=block_size).contains(&geo.inode_size)
+            || !geo.inode_size.is_power_of_two()
+            || !(32..=block_size).contains(&geo.desc_size)
+            || !geo.desc_size.is_power_of_two()
+        {
+            return Err(FsError::corrupt(
+                "superblock",
+                "inode or descriptor geometry out of range",
+            ));
+        }
+        Ok(geo)
+    }
+}
+
+/// Block and byte offset of inode `ino`'s slot, read through `blocks`
+/// (group descriptor checksum and bounds checked). Not for meta_bg.
+pub fn locate_inode(
+    blocks: &dyn BlockRead,
+    g: &Geometry,
+    ino: u32,
+) -> Result<(u64, usize), FsError> {
+    if ino == 0 || ino > g.inodes_count {
+        return Err(FsError::corrupt(
+            "inode number",
+            format!("{ino} is outside 1..={}", g.inodes_count),
+        ));
+    }
+    let group = (ino - 1) / g.inodes_per_group;
+    let index = (ino - 1) % g.inodes_per_group;
+    let bs = u64::from(g.block_size);
+    let byte = u64::from(group) * u64::from(g.desc_size);
+    let dblk = g.first_data_block + 1 + byte / bs;
+    let doff = (byte % bs) as usize;
+    let b = blocks.block(dblk)?;
+    let raw = &b[doff..doff + g.desc_size as usize];
+    let gd = GroupDesc::parse(raw)
+        .ok_or_else(|| FsError::corrupt("group descriptor", format!("group {group}")))?;
+    if (g.csum.metadata || g.csum.gdt) && !gd.checksum_ok(&g.csum, group, g.desc_size as usize) {
+        return Err(FsError::corrupt(
+            "group descriptor",
+            format!("group {group}: checksum does not match"),
+        ));
+    }
+    let off = u64::from(index) * u64::from(g.inode_size);
+    let blk = gd.inode_table().saturating_add(off / bs);
+    if blk >= g.blocks {
+        return Err(FsError::corrupt(
+            "group descriptor",
+            format!("group {group}: inode table outside the filesystem"),
+        ));
+    }
+    Ok((blk, (off % bs) as usize))
+}
+
+/// The on-disk slot of inode `ino` read through `blocks`, checksum
+/// checked.
+pub fn read_inode(blocks: &dyn BlockRead, g: &Geometry, ino: u32) -> Result<Vec<u8>, FsError> {
+    let (blk, off) = locate_inode(blocks, g, ino)?;
+    let b = blocks.block(blk)?;
+    let slot = b[off..off + g.inode_size as usize].to_vec();
+    if !inode::checksum_ok(&slot, ino, &g.csum) {
+        return Err(FsError::corrupt(
+            "inode",
+            format!("inode {ino}: checksum does not match"),
+        ));
+    }
+    Ok(slot)
+}
+
+/// Free blocks and free inodes summed over the group descriptors (what
+/// the kernel's counters hold and its unmount writes to the superblock).
+pub fn summary_counts(blocks: &dyn BlockRead, sb: &Superblock) -> Result<(u64, u32), FsError> {
+    let bs = u64::from(blocks.block_size());
+    let bpg = u64::from(sb.s_blocks_per_group.get());
+    let first = u64::from(sb.s_first_data_block.get());
+    let desc = u64::from(sb.desc_size());
+    if bpg == 0 || desc == 0 || sb.blocks_count() <= first {
+        return Err(FsError::corrupt(
+            "superblock",
+            "group geometry out of range",
+        ));
+    }
+    let groups = (sb.blocks_count() - first).div_ceil(bpg);
+    let per_block = bs / desc;
+    let (mut fb, mut fi) = (0u64, 0u64);
+    for gdt in 0..groups.div_ceil(per_block) {
+        let b = blocks.block(first + 1 + gdt)?;
+        for k in 0..per_block {
+            let g = gdt * per_block + k;
+            if g >= groups {
+                break;
+            }
+            let o = (k * desc) as usize;
+            let gd = GroupDesc::parse(&b[o..o + desc as usize])
+                .ok_or_else(|| FsError::corrupt("group descriptor", format!("group {g}")))?;
+            fb += u64::from(gd.free_blocks());
+            fi += u64::from(gd.free_inodes());
+        }
+    }
+    Ok((fb, u32::try_from(fi).unwrap_or(u32::MAX)))
+}
+
+/// A filesystem open for writing (see the module docs).
+pub struct RwFs {
+    w: JournalWriter,
+    geo: Geometry,
+    sb_block: u64,
+    sb_off: usize,
+    metadata_csum: bool,
+    report: OpenReport,
+}
+
+fn fs_err(e: recover::RecoverError) -> FsError {
+    FsError::Recover(e)
+}
+
+fn now() -> (u64, u32) {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    (d.as_secs(), d.subsec_nanos())
+}
+
+fn stamp(lo: &mut zerocopy::little_endian::U32, hi: &mut u8, t: u64) {
+    lo.set(t as u32);
+    *hi = (t >> 32) as u8;
+}
+
+/// Write the primary superblock directly (only at open and close, when
+/// the journal holds nothing for it).
+fn write_sb_direct(dev: &dyn Device, f: impl FnOnce(&mut Superblock)) -> Result<(), FsError> {
+    let mut raw = vec![0u8; SUPERBLOCK_SIZE];
+    dev.read_at(&mut raw, SUPERBLOCK_OFFSET)?;
+    let mut sb =
+        Superblock::parse(&raw).ok_or_else(|| FsError::corrupt("superblock", "short read"))?;
+    f(&mut sb);
+    if RoCompat(sb.s_feature_ro_compat.get()).contains(RoCompat::METADATA_CSUM) {
+        sb.update_checksum();
+    }
+    dev.write_at(sb.as_bytes(), SUPERBLOCK_OFFSET)?;
+    dev.flush()?;
+    Ok(())
+}
+
+impl RwFs {
+    /// Open `dev` for writing (see the module docs).
+    pub fn open(dev: Arc<dyn Device>, opts: RwOptions) -> Result<RwFs, FsError> {
+        let (sb, sb_ok) = match read_superblock(&*dev) {
+            Ok(sb) => (sb, true),
+            Err(e) => {
+                // A torn in-place write of the superblock (its checksum
+                // spans two sectors) is repaired by the replay when the
+                // log holds a copy of it; otherwise it is refused.
+                let sb = read_superblock_with(&*dev, false).map_err(|_| fs_err(e))?;
+                (sb, false)
+            }
+        };
+        check_writable(&sb)?;
+        let j = Journal::open_with(&*dev, sb_ok).map_err(fs_err)?;
+        let mut report = OpenReport::default();
+        let dirty = j.jsb.s_start.get() != 0
+            && Incompat(sb.s_feature_incompat.get()).contains(Incompat::RECOVER);
+        if !sb_ok {
+            let holds_sb = dirty
+                && recover::recover(&*dev, &j).is_ok_and(|r| {
+                    r.writes
+                        .contains_key(&(SUPERBLOCK_OFFSET / u64::from(j.block_size)))
+                });
+            if !holds_sb {
+                return Err(fs_err(read_superblock(&*dev).err().unwrap_or(
+                    recover::RecoverError::Corrupt {
+                        what: "superblock",
+                        detail: "checksum does not match".into(),
+                    },
+                )));
+            }
+        }
+        if j.jsb.s_start.get() != 0 {
+            if dirty {
+                let rec = recover::recover(&*dev, &j).map_err(fs_err)?;
+                apply(&*dev, &j, &rec).map_err(fs_err)?;
+                report.replayed = rec.transactions();
+            } else {
+                // jbd2_journal_wipe: skip the log, keep tids growing.
+                let (rec, _) = analyze(&*dev, &j);
+                let mut jsb = j.jsb.clone();
+                jsb.s_start.set(0);
+                jsb.s_sequence.set(rec.next_sequence);
+                if j.fmt.csum_v2or3() {
+                    jsb.s_checksum.set(0);
+                    let c = ext4kit_format::checksum::jbd2::superblock(jsb.as_bytes());
+                    jsb.s_checksum.set(c);
+                }
+                let p = j
+                    .phys(0)
+                    .ok_or_else(|| FsError::corrupt("journal inode", "block 0 is not mapped"))?;
+                dev.write_at(jsb.as_bytes(), p * u64::from(j.block_size))?;
+                dev.flush()?;
+                report.discarded_log = true;
+            }
+        }
+        // Everything below reads the replayed state.
+        let j = Journal::open(&*dev).map_err(fs_err)?;
+        // An error the journal recorded (a previous abort): the filesystem
+        // is marked in error, as ext4_clear_journal_err does; the writer
+        // clears s_errno.
+        let journal_error = j.jsb.s_errno.get() != 0;
+        let sb = j.sb.clone();
+        check_writable(&sb)?;
+        let bs = j.block_size;
+        let geo = Geometry::of(&sb, bs, j.fs_blocks)?;
+        let metadata_csum =
+            RoCompat(sb.s_feature_ro_compat.get()).contains(RoCompat::METADATA_CSUM);
+        let w = JournalWriter::new(dev.clone(), j, opts.journal)?;
+        // needs_recovery on disk before the first commit (ext4_setup_super).
+        let (t, _) = now();
+        write_sb_direct(&*dev, |sb| {
+            let inc = sb.s_feature_incompat.get() | Incompat::RECOVER.bits();
+            sb.s_feature_incompat.set(inc);
+            if journal_error {
+                sb.s_state.set(sb.s_state.get() | STATE_ERROR);
+            }
+            sb.s_mnt_count.set(sb.s_mnt_count.get().wrapping_add(1));
+            stamp(&mut sb.s_mtime, &mut sb.s_mtime_hi, t);
+            stamp(&mut sb.s_wtime, &mut sb.s_wtime_hi, t);
+        })?;
+        Ok(RwFs {
+            w,
+            sb_block: SUPERBLOCK_OFFSET / u64::from(bs),
+            sb_off: (SUPERBLOCK_OFFSET % u64::from(bs)) as usize,
+            geo,
+            metadata_csum,
+            report,
+        })
+    }
+
+    /// What open did.
+    pub fn open_report(&self) -> OpenReport {
+        self.report
+    }
+
+    /// The journal writer (handles, commit, checkpoint).
+    pub fn journal(&self) -> &JournalWriter {
+        &self.w
+    }
+
+    /// The block cache ([`BlockRead`] with the newest images).
+    pub fn blocks(&self) -> &BlockCache {
+        self.w.cache()
+    }
+
+    /// The geometry read at open.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
+    /// Start a handle (see [`JournalWriter::start`]).
+    pub fn start(&self, credits: u32) -> Result<Handle<'_>, FsError> {
+        self.w.start(credits)
+    }
+
+    /// The newest superblock (running transaction included).
+    pub fn superblock(&self) -> Result<Superblock, FsError> {
+        let b = self.blocks().block(self.sb_block)?;
+        Superblock::parse(&b[self.sb_off..])
+            .ok_or_else(|| FsError::corrupt("superblock", "short block"))
+    }
+
+    /// Change the primary superblock inside `h`'s transaction; its
+    /// checksum is recomputed here (the one place).
+    pub fn modify_superblock<R>(
+        &self,
+        h: &mut Handle<'_>,
+        f: impl FnOnce(&mut Superblock) -> R,
+    ) -> Result<R, FsError> {
+        let off = self.sb_off;
+        let csum = self.metadata_csum;
+        h.modify(self.sb_block, |buf| {
+            let raw = &mut buf[off..off + SUPERBLOCK_SIZE];
+            let mut sb = Superblock::parse(raw).unwrap_or_else(Superblock::zeroed);
+            let r = f(&mut sb);
+            if csum {
+                sb.update_checksum();
+            }
+            raw.copy_from_slice(sb.as_bytes());
+            r
+        })
+    }
+
+    /// Clean close (see the module docs).
+    pub fn close(self) -> Result<(), FsError> {
+        let bs = u64::from(self.geo.block_size);
+        self.w.shutdown()?;
+        let st = self.w.stats();
+        let written_kb = ((st.log_blocks_written + st.home_blocks_written + 2) * bs) >> 10;
+        let (t, _) = now();
+        // Everything is home now: the summary counts come from the group
+        // descriptors, as the kernel's unmount writes its counters.
+        let dev = &**self.w.device();
+        let (free_blocks, free_inodes) = {
+            let sb = self.superblock_on_disk()?;
+            summary_counts(
+                &DeviceBlocks::new(dev, self.geo.block_size, self.geo.blocks),
+                &sb,
+            )?
+        };
+        write_sb_direct(dev, |sb| {
+            sb.set_free_blocks_count(free_blocks);
+            sb.s_free_inodes_count.set(free_inodes);
+            let inc = sb.s_feature_incompat.get() & !Incompat::RECOVER.bits();
+            sb.s_feature_incompat.set(inc);
+            stamp(&mut sb.s_wtime, &mut sb.s_wtime_hi, t);
+            let kb = sb.s_kbytes_written.get();
+            if kb != 0 {
+                sb.s_kbytes_written.set(kb.saturating_add(written_kb));
+            }
+        })
+    }
+
+    fn superblock_on_disk(&self) -> Result<Superblock, FsError> {
+        let mut raw = vec![0u8; SUPERBLOCK_SIZE];
+        self.w.device().read_at(&mut raw, SUPERBLOCK_OFFSET)?;
+        Superblock::parse(&raw).ok_or_else(|| FsError::corrupt("superblock", "short read"))
+    }
+
+    /// Stop without writing anything more (a test hook: the device stays
+    /// as after a power cut following the last commit's flush).
+    pub fn crash(self) {}
+
+    // ------------------------------------------------------------------
+    // The metadata-only client.
+
+    /// Set the volume label (at most 16 bytes) in one transaction;
+    /// returns its tid.
+    pub fn set_label(&self, label: &str) -> Result<u32, FsError> {
+        let bytes = label.as_bytes();
+        if bytes.len() > 16 {
+            return Err(FsError::Unsupported(format!(
+                "label {label:?} is longer than 16 bytes"
+            )));
+        }
+        let mut h = self.start(1)?;
+        self.modify_superblock(&mut h, |sb| {
+            sb.s_volume_name = [0; 16];
+            sb.s_volume_name[..bytes.len()].copy_from_slice(bytes);
+        })?;
+        Ok(h.tid())
+    }
+
+    /// Block and byte offset of inode `ino`'s slot (descriptor checked).
+    pub fn inode_location(&self, ino: u32) -> Result<(u64, usize), FsError> {
+        locate_inode(self.blocks(), &self.geo, ino)
+    }
+
+    /// The on-disk slot of inode `ino` (newest image, checksum checked).
+    pub fn read_inode(&self, ino: u32) -> Result<Vec<u8>, FsError> {
+        read_inode(self.blocks(), &self.geo, ino)
+    }
+
+    /// Change an inode's attributes in one transaction; returns its tid.
+    pub fn set_inode_attrs(&self, ino: u32, a: &InodeAttrs) -> Result<u32, FsError> {
+        let (blk, off) = self.inode_location(ino)?;
+        let isz = self.geo.inode_size as usize;
+        let csum = self.geo.csum;
+        // Checked before the handle (a corrupt inode changes nothing).
+        self.read_inode(ino)?;
+        let mut h = self.start(1)?;
+        h.modify(blk, |buf| {
+            let slot = &mut buf[off..off + isz];
+            a.apply(slot);
+            if csum.metadata {
+                inode::set_checksum(slot, ino, &csum);
+            }
+        })?;
+        Ok(h.tid())
+    }
+}
+
+/// Attributes [`RwFs::set_inode_attrs`] sets (`None`: unchanged).
+/// Times are (seconds since the epoch, nanoseconds).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InodeAttrs {
+    /// Permission bits (0o7777); the file type is kept.
+    pub perm: Option<u16>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub atime: Option<(i64, u32)>,
+    pub mtime: Option<(i64, u32)>,
+    pub ctime: Option<(i64, u32)>,
+}
+
+fn put16(s: &mut [u8], off: usize, v: u16) {
+    s[off..off + 2].copy_from_slice(&v.to_le_bytes());
+}
+fn put32(s: &mut [u8], off: usize, v: u32) {
+    s[off..off + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn get16(s: &[u8], off: usize) -> u16 {
+    u16::from_le_bytes([s[off], s[off + 1]])
+}
+
+impl InodeAttrs {
+    /// Apply to an on-disk inode slot (checksum not updated).
+    pub fn apply(&self, slot: &mut [u8]) {
+        if let Some(p) = self.perm {
+            let mode = (get16(slot, 0x00) & !0o7777) | (p & 0o7777);
+            put16(slot, 0x00, mode);
+        }
+        if let Some(u) = self.uid {
+            put16(slot, 0x02, u as u16);
+            put16(slot, 0x78, (u >> 16) as u16);
+        }
+        if let Some(g) = self.gid {
+            put16(slot, 0x18, g as u16);
+            put16(slot, 0x7A, (g >> 16) as u16);
+        }
+        let extra = if slot.len() > 128 {
+            usize::from(get16(slot, 0x80))
+        } else {
+            0
+        };
+        // (field, its _extra field offset)
+        for (t, off, xoff) in [
+            (self.ctime, 0x0C, 0x84),
+            (self.mtime, 0x10, 0x88),
+            (self.atime, 0x08, 0x8C),
+        ] {
+            let Some((sec, nsec)) = t else { continue };
+            put32(slot, off, sec as u32);
+            if 128 + extra >= xoff + 4 && slot.len() >= xoff + 4 {
+                // ext4_encode_extra_time: epoch bits, then nanoseconds.
+                let epoch = ((sec - i64::from(sec as i32)) >> 32) as u32 & 3;
+                put32(slot, xoff, epoch | (nsec << 2));
+            }
+        }
+    }
+}
