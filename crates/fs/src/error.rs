@@ -21,9 +21,41 @@ pub enum FsError {
     /// A metadata structure failed its checksum, magic or bounds check.
     #[error("corrupt {what}: {detail}")]
     Corrupt { what: &'static str, detail: String },
+    /// A feature or structure the engine does not handle (one line naming it).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// A path component does not exist (ENOENT).
+    #[error("No such file or directory")]
+    NotFound,
+    /// A path component used as a directory is not one (ENOTDIR).
+    #[error("Not a directory")]
+    NotADirectory,
+    /// A directory where a file is needed (EISDIR).
+    #[error("Is a directory")]
+    IsADirectory,
+    /// More than [`crate::path::MAX_SYMLINKS`] symlinks in one lookup (ELOOP).
+    #[error("Too many levels of symbolic links")]
+    SymlinkLoop,
+    /// Not a symbolic link (EINVAL of readlink).
+    #[error("Invalid argument (not a symbolic link)")]
+    NotASymlink,
 }
 
 impl FsError {
+    /// The errno a POSIX caller (the FUSE mount) reports for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => 2,         // ENOENT
+            FsError::NotADirectory => 20,   // ENOTDIR
+            FsError::IsADirectory => 21,    // EISDIR
+            FsError::SymlinkLoop => 40,     // ELOOP
+            FsError::NotASymlink => 22,     // EINVAL
+            FsError::Unsupported(_) => 95,  // EOPNOTSUPP
+            FsError::Corrupt { .. } => 117, // EUCLEAN (EFSCORRUPTED)
+            _ => 5,                         // EIO
+        }
+    }
+
     /// A [`FsError::Corrupt`] with a formatted detail.
     pub fn corrupt(what: &'static str, detail: impl Into<String>) -> Self {
         FsError::Corrupt {

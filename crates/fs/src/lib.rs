@@ -13,8 +13,16 @@
 //! journal replayed in memory (read-only opens of a dirty filesystem), or
 //! the block cache of a running transaction.
 
+pub mod blockmap;
+pub mod dir;
 pub mod error;
+pub mod extent;
+pub mod file;
+pub mod inode;
 pub mod journal;
+pub mod path;
+pub mod sb;
+pub mod xattr;
 
 use std::collections::HashMap;
 
