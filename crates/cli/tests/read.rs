@@ -101,3 +101,501 @@ fn dirhash_matches_debugfs() {
         );
     }
 }
+
+// ---------------------------------------------------------------------
+// A model of a tree: what the source directory (or a kernel mount) has,
+// and what ext4kit reads from the image.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use ext4kit_device::{FileDevice, OpenOptions};
+use ext4kit_fs::inode::FileType;
+use ext4kit_fs::sb::{Fs, Volume};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Node {
+    /// `i_mode` (type and permissions).
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    size: u64,
+    nlink: u64,
+    mtime: i64,
+    /// FNV-1a of the content (regular files), the target (symlinks).
+    content: Option<u64>,
+    target: Option<Vec<u8>>,
+    rdev: Option<(u32, u32)>,
+    xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+/// Content digest: CRC-32C (hardware, fast also in debug builds).
+fn fnv(h: &mut u64, b: &[u8]) {
+    *h = u64::from(ext4kit_format::checksum::crc32c_raw(*h as u32, b));
+}
+
+const FNV0: u64 = 0xffff_ffff;
+
+/// Every path of the image below `/` (without lost+found), read with the
+/// library: names, inode fields, content digests, targets, xattrs. Checks
+/// on the way that every name is found again by `lookup` (by hash in an
+/// htree directory).
+fn walk_image(fs: &Fs<'_>) -> BTreeMap<Vec<u8>, Node> {
+    let mut out = BTreeMap::new();
+    let root = fs.root().unwrap();
+    let mut stack = vec![(Vec::<u8>::new(), root)];
+    while let Some((path, dir)) = stack.pop() {
+        let entries = fs.read_dir(&dir).unwrap();
+        for e in entries {
+            if e.name == b"." || e.name == b".." || (path.is_empty() && e.name == b"lost+found") {
+                continue;
+            }
+            let found = fs.lookup(&dir, &e.name).unwrap();
+            assert_eq!(
+                found.as_ref().map(|f| f.ino),
+                Some(e.ino),
+                "lookup of {:?}",
+                e.name_lossy()
+            );
+            let mut p = path.clone();
+            p.push(b'/');
+            p.extend_from_slice(&e.name);
+            let i = fs.inode(e.ino).unwrap();
+            let mut content = None;
+            let mut target = None;
+            match i.file_type() {
+                FileType::Regular => {
+                    let mut h = FNV0;
+                    fs.read_each(&i, &mut |b| {
+                        fnv(&mut h, b);
+                        true
+                    })
+                    .unwrap();
+                    content = Some(h);
+                }
+                FileType::Symlink => target = Some(fs.read_link(&i).unwrap()),
+                FileType::Directory => stack.push((p.clone(), i.clone())),
+                _ => {}
+            }
+            let rdev =
+                matches!(i.file_type(), FileType::CharDev | FileType::BlockDev).then(|| i.rdev());
+            let xattrs = fs
+                .xattrs(&i)
+                .unwrap()
+                .into_iter()
+                .filter(|x| x.name != b"system.data")
+                .map(|x| (x.name, x.value))
+                .collect();
+            out.insert(
+                p,
+                Node {
+                    mode: u32::from(i.mode),
+                    uid: i.uid,
+                    gid: i.gid,
+                    size: if i.is_dir() { 0 } else { i.size },
+                    nlink: u64::from(i.links),
+                    mtime: i.mtime.sec,
+                    content,
+                    target,
+                    rdev,
+                    xattrs,
+                },
+            );
+        }
+    }
+    out
+}
+
+/// The same model of a host directory (sizes of directories left out:
+/// they differ between filesystems). `xattrs` says what each path has.
+fn walk_host(
+    root: &Path,
+    xattrs: &BTreeMap<Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>>,
+) -> BTreeMap<Vec<u8>, Node> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = BTreeMap::new();
+    let mut stack = vec![PathBuf::from(root)];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap();
+            let mut key = b"/".to_vec();
+            key.extend_from_slice(rel.as_os_str().as_bytes());
+            if key == b"/lost+found" {
+                continue;
+            }
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let ft = m.file_type();
+            let mut content = None;
+            let mut target = None;
+            if ft.is_file() {
+                let mut h = FNV0;
+                fnv(&mut h, &std::fs::read(&p).unwrap());
+                content = Some(h);
+            } else if ft.is_symlink() {
+                target = Some(
+                    std::fs::read_link(&p)
+                        .unwrap()
+                        .as_os_str()
+                        .as_bytes()
+                        .to_vec(),
+                );
+            } else if ft.is_dir() {
+                stack.push(p.clone());
+            }
+            let rdev = (ft.is_char_device() || ft.is_block_device()).then(|| {
+                let r = m.rdev();
+                (
+                    (((r >> 32) & 0xffff_f000) | ((r >> 8) & 0xfff)) as u32,
+                    (((r >> 12) & 0xffff_ff00) | (r & 0xff)) as u32,
+                )
+            });
+            out.insert(
+                key.clone(),
+                Node {
+                    mode: m.mode(),
+                    uid: m.uid(),
+                    gid: m.gid(),
+                    size: if ft.is_dir() { 0 } else { m.size() },
+                    nlink: m.nlink(),
+                    mtime: m.mtime(),
+                    content,
+                    target,
+                    rdev,
+                    xattrs: xattrs.get(&key).cloned().unwrap_or_default(),
+                },
+            );
+        }
+    }
+    out
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) -> bool {
+    let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
+    tool("python3")
+        .arg("-c")
+        .arg("import os,sys; os.setxattr(sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3]))")
+        .arg(path)
+        .arg(name)
+        .arg(hex)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn write_at(path: &Path, off: u64, data: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .unwrap();
+    f.write_all_at(data, off).unwrap();
+}
+
+/// A source tree with every kind of thing `mke2fs -d` copies. Returns the
+/// xattrs set (empty when the temporary filesystem has none) and whether
+/// device nodes could be made.
+fn make_source(
+    src: &Path,
+    big_dir: usize,
+) -> (BTreeMap<Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>>, bool) {
+    std::fs::create_dir_all(src.join("dir/sub/deeper")).unwrap();
+    for (i, len) in [
+        0u64,
+        1,
+        59,
+        60,
+        1023,
+        1024,
+        1025,
+        4095,
+        4096,
+        4097,
+        12 * 1024 + 1,
+        300_000,
+        3 << 20,
+    ]
+    .iter()
+    .enumerate()
+    {
+        pattern_file(&src.join(format!("f{i}_{len}")), *len, i as u64 + 1).unwrap();
+    }
+    // Sparse: islands of data (several extents; indirect blocks on ext2/3,
+    // and a byte past 64 MiB for the triple-indirect block with 1 KiB).
+    let sp = src.join("sparse");
+    for k in 0..9u64 {
+        write_at(&sp, k * 200_000 + 5, b"island");
+    }
+    write_at(&src.join("far"), 70 << 20, b"end");
+    std::fs::write(src.join("dir/sub/deeper/leaf.txt"), b"deep\n").unwrap();
+    std::os::unix::fs::symlink("f1_1", src.join("fast")).unwrap();
+    std::os::unix::fs::symlink("dir/sub", src.join("tosub")).unwrap();
+    std::os::unix::fs::symlink("/dir/sub/deeper/leaf.txt", src.join("abs")).unwrap();
+    std::os::unix::fs::symlink("x".repeat(59), src.join("fast59")).unwrap();
+    std::os::unix::fs::symlink("y".repeat(60), src.join("slow60")).unwrap();
+    std::os::unix::fs::symlink("z/".repeat(150), src.join("slow300")).unwrap();
+    std::os::unix::fs::symlink("loop2", src.join("loop1")).unwrap();
+    std::os::unix::fs::symlink("loop1", src.join("loop2")).unwrap();
+    std::fs::hard_link(src.join("f4_1023"), src.join("dir/hardlink")).unwrap();
+    let fifo = tool("mkfifo")
+        .arg(src.join("fifo"))
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(fifo, "mkfifo");
+    let devs = tool("mknod")
+        .arg(src.join("null"))
+        .args(["c", "1", "3"])
+        .status()
+        .is_ok_and(|s| s.success())
+        && tool("mknod")
+            .arg(src.join("blk"))
+            .args(["b", "259", "70000"])
+            .status()
+            .is_ok_and(|s| s.success());
+    let big = src.join("big");
+    std::fs::create_dir(&big).unwrap();
+    for i in 0..big_dir {
+        std::fs::File::create(big.join(format!("entry-{i:05}-{}", "n".repeat(i % 40)))).unwrap();
+    }
+    let mut xattrs: BTreeMap<Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
+    let sets: [(&str, &str, Vec<u8>); 4] = [
+        ("/f1_1", "user.small", b"v".to_vec()),
+        ("/f1_1", "user.other", b"second value".to_vec()),
+        ("/dir", "user.big", vec![0xA5; 600]),
+        ("/fast", "user.onlink", b"x".to_vec()),
+    ];
+    for (p, n, v) in sets {
+        if p == "/fast" {
+            continue; // user.* is not allowed on symlinks
+        }
+        if !set_xattr(&src.join(&p[1..]), n, &v) {
+            xattrs.clear();
+            break;
+        }
+        xattrs
+            .entry(p.as_bytes().to_vec())
+            .or_default()
+            .insert(n.as_bytes().to_vec(), v);
+    }
+    (xattrs, devs)
+}
+
+fn open_fs(img: &Path) -> (FileDevice, ()) {
+    (FileDevice::open(img, OpenOptions::read_only()).unwrap(), ())
+}
+
+fn compare_trees(what: &str, got: &BTreeMap<Vec<u8>, Node>, want: &BTreeMap<Vec<u8>, Node>) {
+    let gk: Vec<_> = got
+        .keys()
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .collect();
+    let wk: Vec<_> = want
+        .keys()
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .collect();
+    assert_eq!(gk.len(), wk.len(), "{what}: names differ");
+    assert_eq!(gk, wk, "{what}: names differ");
+    for (k, w) in want {
+        let g = &got[k];
+        assert_eq!(g, w, "{what}: {}", String::from_utf8_lossy(k));
+    }
+}
+
+/// `debugfs -R "ls -l DIR"`: (inode, mode, uid, gid, size, name) per entry.
+fn debugfs_ls(img: &Path, dir: &str) -> Vec<(u32, u32, u32, u32, u64, Vec<u8>)> {
+    let out = run_ok(
+        tool("debugfs")
+            .arg("-R")
+            .arg(format!("ls -l {dir}"))
+            .arg(img),
+    )
+    .unwrap();
+    out.stdout
+        .split(|&b| b == b'\n')
+        .filter_map(|l| {
+            let s = String::from_utf8_lossy(l).into_owned();
+            let f: Vec<&str> = s.split_whitespace().collect();
+            if f.len() < 9 {
+                return None;
+            }
+            // ino mode (ft) uid gid size date time name...
+            let name_at = s.find(f[7]).map(|i| i + f[7].len() + 1)?;
+            let name = l.get(name_at..)?.to_vec();
+            Some((
+                f[0].parse().ok()?,
+                u32::from_str_radix(f[1], 8).ok()?,
+                f[3].parse().ok()?,
+                f[4].parse().ok()?,
+                f[5].parse().ok()?,
+                name,
+            ))
+        })
+        .collect()
+}
+
+/// `debugfs -R "ea_list PATH"`: (name, value length) per attribute.
+fn debugfs_ea_list(img: &Path, path: &str) -> Vec<(String, usize)> {
+    let out = run_ok(
+        tool("debugfs")
+            .arg("-R")
+            .arg(format!("ea_list {path}"))
+            .arg(img),
+    )
+    .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("  "))
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let (name, rest) = l.split_once(" (")?;
+            let len = rest.split(')').next()?.parse().ok()?;
+            Some((name.to_string(), len))
+        })
+        .collect()
+}
+
+fn check_against_debugfs(fs: &Fs<'_>, img: &Path, dirs: &[&str], xattr_paths: &[&str]) {
+    for d in dirs {
+        let dir = fs.resolve(d.as_bytes(), true).unwrap();
+        let mut ours: Vec<_> = fs
+            .read_dir(&dir)
+            .unwrap()
+            .into_iter()
+            .map(|e| {
+                let i = fs.inode(e.ino).unwrap();
+                (e.ino, u32::from(i.mode), i.uid, i.gid, i.size, e.name)
+            })
+            .collect();
+        let mut theirs = debugfs_ls(img, d);
+        ours.sort_by(|a, b| a.5.cmp(&b.5));
+        theirs.sort_by(|a, b| a.5.cmp(&b.5));
+        assert_eq!(ours, theirs, "debugfs ls -l {d} on {}", img.display());
+    }
+    for p in xattr_paths {
+        let i = fs.resolve(p.as_bytes(), false).unwrap();
+        let mut ours: Vec<_> = fs
+            .xattrs(&i)
+            .unwrap()
+            .into_iter()
+            .map(|x| (x.name_lossy(), x.value.len()))
+            .collect();
+        let mut theirs = debugfs_ea_list(img, p);
+        ours.sort();
+        theirs.sort();
+        assert_eq!(ours, theirs, "debugfs ea_list {p}");
+    }
+}
+
+fn e2fs_tools() -> Result<(), String> {
+    for t in ["mke2fs", "e2fsck", "debugfs", "mkfifo", "mknod"] {
+        if !have(t) {
+            return Err(format!("{t} not found"));
+        }
+    }
+    Ok(())
+}
+
+/// mke2fs -d SRC, then `e2fsck -fyD` so that directories past one block
+/// become htrees (mke2fs -d writes linear directories), then a clean
+/// `e2fsck -fn`.
+fn populated_image(dir: &Path, src: &Path, name: &str, args: &[&str]) -> PathBuf {
+    let img = dir.join(format!("{name}.img"));
+    run_ok(
+        mke2fs(["-q", "-F", "-N", "8192", "-E", &format!("hash_seed={SEED}")])
+            .args(args)
+            .arg("-d")
+            .arg(src)
+            .arg(&img)
+            .arg("48M"),
+    )
+    .unwrap();
+    let out = run(tool("e2fsck").arg("-fyD").arg(&img)).unwrap();
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "e2fsck -fyD {name}: {}",
+        last_line(&out)
+    );
+    e2fsck_clean(&img).unwrap();
+    img
+}
+
+#[test]
+fn populated_images_read_like_the_source_and_debugfs() {
+    if let Err(why) = e2fs_tools() {
+        return skip("populated_images_read_like_the_source_and_debugfs", &why);
+    }
+    let dir = image_dir();
+    // Two trees: one with a 5200-entry directory (mke2fs -d fills it
+    // slowly, so only two configurations get it), one without.
+    let src_big = dir.path().join("src-big");
+    let src = dir.path().join("src");
+    let (xattrs, devs) = make_source(&src, 0);
+    make_source(&src_big, 5200);
+    if !devs {
+        eprintln!("note: mknod failed (not root?): no device nodes in the tree");
+    }
+    if xattrs.is_empty() {
+        eprintln!("note: the temporary filesystem takes no user xattrs: none in the tree");
+    }
+    let want_small = walk_host(&src, &xattrs);
+    let want_big = walk_host(&src_big, &xattrs);
+    let configs: [(&str, bool, &[&str]); 6] = [
+        ("ext4-1k", true, &["-t", "ext4", "-b", "1024"]),
+        ("ext4-4k", false, &["-t", "ext4", "-b", "4096"]),
+        (
+            "ext4-4k-nocsum",
+            false,
+            &["-t", "ext4", "-b", "4096", "-O", "^metadata_csum"],
+        ),
+        (
+            "ext4-1k-128",
+            false,
+            &[
+                "-t",
+                "ext4",
+                "-b",
+                "1024",
+                "-I",
+                "128",
+                "-O",
+                "^metadata_csum,uninit_bg",
+            ],
+        ),
+        ("ext3-1k", false, &["-t", "ext3", "-b", "1024"]),
+        ("ext2-4k", true, &["-t", "ext2", "-b", "4096"]),
+    ];
+    for (name, with_big, args) in configs {
+        let (src, want) = if with_big {
+            (&src_big, &want_big)
+        } else {
+            (&src, &want_small)
+        };
+        let img = populated_image(dir.path(), src, name, args);
+        let before = file_hash(&img).unwrap();
+        let dev = FileDevice::open(&img, OpenOptions::read_only()).unwrap();
+        let vol = Volume::open(&dev).unwrap();
+        let fs = vol.fs();
+        // The big directory is an htree now.
+        let big = fs.resolve(b"/big", false).unwrap();
+        assert_eq!(big.is_htree(), with_big, "{name}: /big indexed?");
+        let got = walk_image(&fs);
+        compare_trees(name, &got, want);
+        let xp: Vec<&str> = xattrs
+            .keys()
+            .map(|k| std::str::from_utf8(k).unwrap())
+            .collect();
+        check_against_debugfs(&fs, &img, &["/", "/dir", "/big"], &xp);
+        drop(vol);
+        drop(dev);
+        assert_eq!(
+            file_hash(&img).unwrap(),
+            before,
+            "{name}: the image changed"
+        );
+    }
+    let _ = open_fs;
+}
