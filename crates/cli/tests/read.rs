@@ -114,6 +114,9 @@ use ext4kit_device::{FileDevice, OpenOptions};
 use ext4kit_fs::inode::FileType;
 use ext4kit_fs::sb::{Fs, Volume};
 
+/// path -> (attribute name -> value).
+type XattrMap = BTreeMap<Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>>;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Node {
     /// `i_mode` (type and permissions).
@@ -209,10 +212,7 @@ fn walk_image(fs: &Fs<'_>) -> BTreeMap<Vec<u8>, Node> {
 
 /// The same model of a host directory (sizes of directories left out:
 /// they differ between filesystems). `xattrs` says what each path has.
-fn walk_host(
-    root: &Path,
-    xattrs: &BTreeMap<Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>>,
-) -> BTreeMap<Vec<u8>, Node> {
+fn walk_host(root: &Path, xattrs: &XattrMap) -> BTreeMap<Vec<u8>, Node> {
     use std::os::unix::ffi::OsStrExt;
     let mut out = BTreeMap::new();
     let mut stack = vec![PathBuf::from(root)];
@@ -299,10 +299,7 @@ fn write_at(path: &Path, off: u64, data: &[u8]) {
 /// A source tree with every kind of thing `mke2fs -d` copies. Returns the
 /// xattrs set (empty when the temporary filesystem has none) and whether
 /// device nodes could be made.
-fn make_source(
-    src: &Path,
-    big_dir: usize,
-) -> (BTreeMap<Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>>, bool) {
+fn make_source(src: &Path, big_dir: usize) -> (XattrMap, bool) {
     std::fs::create_dir_all(src.join("dir/sub/deeper")).unwrap();
     for (i, len) in [
         0u64,
@@ -361,7 +358,7 @@ fn make_source(
     for i in 0..big_dir {
         std::fs::File::create(big.join(format!("entry-{i:05}-{}", "n".repeat(i % 40)))).unwrap();
     }
-    let mut xattrs: BTreeMap<Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
+    let mut xattrs = XattrMap::new();
     let sets: [(&str, &str, Vec<u8>); 4] = [
         ("/f1_1", "user.small", b"v".to_vec()),
         ("/f1_1", "user.other", b"second value".to_vec()),
