@@ -596,3 +596,231 @@ fn populated_images_read_like_the_source_and_debugfs() {
     }
     let _ = open_fs;
 }
+
+fn stdout_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn host_mode_string(m: &std::fs::Metadata) -> String {
+    let mode = m.mode();
+    let ft = m.file_type();
+    let t = if ft.is_dir() {
+        'd'
+    } else if ft.is_symlink() {
+        'l'
+    } else if ft.is_char_device() {
+        'c'
+    } else if ft.is_block_device() {
+        'b'
+    } else if ft.is_fifo() {
+        'p'
+    } else if ft.is_socket() {
+        's'
+    } else {
+        '-'
+    };
+    let mut s = String::from(t);
+    for (bit, c) in [
+        (0o400, 'r'),
+        (0o200, 'w'),
+        (0o100, 'x'),
+        (0o040, 'r'),
+        (0o020, 'w'),
+        (0o010, 'x'),
+        (0o004, 'r'),
+        (0o002, 'w'),
+        (0o001, 'x'),
+    ] {
+        s.push(if mode & bit != 0 { c } else { '-' });
+    }
+    s
+}
+
+#[test]
+fn cli_ls_cat_stat_and_their_errors() {
+    if let Err(why) = e2fs_tools() {
+        return skip("cli_ls_cat_stat_and_their_errors", &why);
+    }
+    let dir = image_dir();
+    let src = dir.path().join("src");
+    let (xattrs, _) = make_source(&src, 300);
+    let img = populated_image(dir.path(), &src, "cli", &["-t", "ext4", "-b", "4096"]);
+    let before = file_hash(&img).unwrap();
+    let im = img.display().to_string();
+    let at = |p: &str| format!("{im}:{p}");
+
+    // ls: names as the source has them (sorted bytewise), -a adds dots.
+    let out = run_ok(ext4kit().arg("ls").arg(&img)).unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.push("lost+found".into());
+    names.sort();
+    assert_eq!(stdout_of(&out).lines().collect::<Vec<_>>(), names);
+    let out = run_ok(ext4kit().args(["ls", "-a"]).arg(at("/dir"))).unwrap();
+    assert_eq!(
+        stdout_of(&out).lines().collect::<Vec<_>>(),
+        [".", "..", "hardlink", "sub"]
+    );
+    let out = run_ok(ext4kit().arg("ls").arg(at("/big"))).unwrap();
+    assert_eq!(stdout_of(&out).lines().count(), 300);
+
+    // ls -l: mode, links, ids, size (or device numbers), name -> target.
+    let out = run_ok(ext4kit().args(["ls", "-l"]).arg(at("/"))).unwrap();
+    let text = stdout_of(&out);
+    let mut lines = text.lines();
+    assert!(lines.next().unwrap().starts_with("total "));
+    for l in lines {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let is_dev = l.starts_with('c') || l.starts_with('b');
+        let name_at = if is_dev { 9 } else { 8 };
+        let name = f[name_at];
+        if name == "lost+found" {
+            continue;
+        }
+        let m = std::fs::symlink_metadata(src.join(name)).unwrap();
+        assert_eq!(f[0], host_mode_string(&m), "{l}");
+        assert_eq!(f[1], m.nlink().to_string(), "{l}");
+        assert_eq!(f[2], m.uid().to_string(), "{l}");
+        assert_eq!(f[3], m.gid().to_string(), "{l}");
+        if is_dev {
+            let r = m.rdev();
+            let (ma, mi) = (((r >> 8) & 0xfff), ((r & 0xff) | ((r >> 12) & 0xfff00)));
+            assert_eq!(format!("{} {}", f[4], f[5]), format!("{ma}, {mi}"), "{l}");
+        } else if !m.is_dir() {
+            assert_eq!(f[4], m.size().to_string(), "{l}");
+        }
+        if m.file_type().is_symlink() {
+            let t = std::fs::read_link(src.join(name)).unwrap();
+            assert!(l.ends_with(&format!(" -> {}", t.display())), "{l}");
+        }
+    }
+
+    // cat: several files in a row, symlinks in the middle and at the end
+    // (relative and absolute), holes.
+    let out = run_ok(
+        ext4kit()
+            .arg("cat")
+            .arg(at("/f11_300000"))
+            .arg(at("fast"))
+            .arg(at("/tosub/deeper/leaf.txt"))
+            .arg(at("/abs"))
+            .arg(at("/sparse")),
+    )
+    .unwrap();
+    let mut want = std::fs::read(src.join("f11_300000")).unwrap();
+    want.extend(std::fs::read(src.join("f1_1")).unwrap());
+    want.extend(b"deep\ndeep\n");
+    want.extend(std::fs::read(src.join("sparse")).unwrap());
+    assert!(out.stdout == want, "cat output differs");
+
+    // stat: coreutils-like text and JSON fields.
+    let out = run_ok(ext4kit().arg("stat").arg(at("/f1_1"))).unwrap();
+    let text = stdout_of(&out);
+    let m = std::fs::metadata(src.join("f1_1")).unwrap();
+    assert!(text.starts_with("  File: /f1_1\n  Size: 1 "), "{text}");
+    assert!(
+        text.contains(&format!("Access: ({:04o}/-rw", m.mode() & 0o7777)),
+        "{text}"
+    );
+    let out = run_ok(ext4kit().args(["stat", "--json"]).arg(at("/f1_1"))).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["size"], 1);
+    assert_eq!(v["links"], m.nlink());
+    assert_eq!(v["uid"], m.uid());
+    assert_eq!(v["mtime"]["sec"], m.mtime());
+    assert_eq!(v["type"], "regular file");
+    let names: Vec<String> = v["xattrs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap().to_string())
+        .collect();
+    let mut want: Vec<String> = xattrs
+        .get(b"/f1_1".as_slice())
+        .map(|m| {
+            m.keys()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut names = names;
+    names.sort();
+    want.sort();
+    assert_eq!(names, want);
+    let out = run_ok(ext4kit().args(["stat", "--json"]).arg(at("/slow300"))).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["symlink"], "z/".repeat(150));
+    let out = run_ok(ext4kit().args(["stat", "-L", "--json"]).arg(at("/tosub"))).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["type"], "directory");
+
+    // Errors: one line naming the operand and the reason, exit 1.
+    for (args, msg) in [
+        (
+            vec!["ls".to_string(), at("/nope")],
+            format!("cannot access '{}': No such file or directory", at("/nope")),
+        ),
+        (
+            vec!["stat".to_string(), at("/f1_1/x")],
+            format!("cannot access '{}': Not a directory", at("/f1_1/x")),
+        ),
+        (
+            vec!["cat".to_string(), at("/loop1")],
+            format!(
+                "cannot access '{}': Too many levels of symbolic links",
+                at("/loop1")
+            ),
+        ),
+        (
+            vec!["cat".to_string(), at("/dir")],
+            format!("'{}': Is a directory", at("/dir")),
+        ),
+        (
+            vec!["ls".to_string(), "/nonexistent/x.img:/".to_string()],
+            "/nonexistent/x.img: No such file or directory".to_string(),
+        ),
+    ] {
+        let out = run(ext4kit().args(&args)).unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("ext4kit: ") && err.contains(&msg),
+            "{args:?}: {err}"
+        );
+    }
+    // A failing operand does not stop the others.
+    let out = run(ext4kit().arg("cat").arg(at("/nope")).arg(at("/f1_1"))).unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.stdout, std::fs::read(src.join("f1_1")).unwrap());
+    for c in ["ls", "cat", "stat"] {
+        let out = run_ok(ext4kit().args([c, "--help"])).unwrap();
+        assert!(
+            stdout_of(&out).contains(&format!("Usage: ext4kit {c}")),
+            "{c} --help"
+        );
+    }
+    // A closed stdout neither panics nor hangs.
+    let mut child = ext4kit()
+        .arg("cat")
+        .arg(at("/f12_3145728"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        matches!(out.status.code(), Some(0 | 141)),
+        "{:?}",
+        out.status
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(file_hash(&img).unwrap(), before, "the image changed");
+}
