@@ -236,6 +236,8 @@ struct Ctx<'a, 'b> {
     args: &'b LsArgs,
     failed: bool,
     now: i64,
+    /// Directories on the way down (a damaged image may loop).
+    ancestors: Vec<u32>,
 }
 
 fn list(
@@ -281,7 +283,7 @@ fn list(
         if cx.args.long {
             match row(cx.fs, &child, &e.name, cx.now) {
                 Ok(r) => {
-                    total += child.blocks_512.div_ceil(2);
+                    total = total.saturating_add(child.blocks_512.div_ceil(2));
                     rows.push(r);
                 }
                 Err(err) => {
@@ -301,14 +303,21 @@ fn list(
         outln!("total {total}");
         print_rows(&rows);
     }
+    cx.ancestors.push(inode.ino);
     for (name, child) in subdirs {
         outln!();
         let sub = format!("{}/{}", spec.trim_end_matches('/'), show(&name));
+        if cx.ancestors.contains(&child.ino) {
+            eprintln!("ext4kit: '{sub}': not listing already-listed directory (a loop)");
+            cx.failed = true;
+            continue;
+        }
         if let Err(err) = list(cx, &sub, &child, &name, true) {
             eprintln!("ext4kit: cannot open directory '{sub}': {err}");
             cx.failed = true;
         }
     }
+    cx.ancestors.pop();
     Ok(())
 }
 
@@ -347,6 +356,7 @@ pub fn run(args: &LsArgs) -> anyhow::Result<i32> {
                 args,
                 failed: false,
                 now,
+                ancestors: Vec::new(),
             };
             let r = list(&mut cx, &t.spec, &inode, &shown, many && inode.is_dir());
             failed |= cx.failed;

@@ -920,3 +920,206 @@ fn dirty_journal_is_replayed_in_memory_only() {
     compare_trees("replayed", &ours, &theirs);
     assert_eq!(file_hash(&img).unwrap(), before, "the image changed");
 }
+
+/// A small tree for mutation campaigns: a few files (one with islands,
+/// so an extent tree or indirect blocks), symlinks, an xattr block, and a
+/// directory of 150 entries (an htree after `e2fsck -D`).
+fn small_source(src: &Path) {
+    std::fs::create_dir_all(src.join("a/b")).unwrap();
+    pattern_file(&src.join("one"), 5000, 1).unwrap();
+    pattern_file(&src.join("a/b/two"), 70_000, 2).unwrap();
+    for k in 0..7u64 {
+        write_at(&src.join("islands"), k * 30_000, b"x");
+    }
+    std::os::unix::fs::symlink("one", src.join("fast")).unwrap();
+    std::os::unix::fs::symlink("a/".repeat(40) + "x", src.join("slow")).unwrap();
+    let _ = set_xattr(&src.join("one"), "user.attr", &[7u8; 300]);
+    std::fs::create_dir(src.join("many")).unwrap();
+    for i in 0..150 {
+        std::fs::File::create(src.join(format!("many/name-{i:04}"))).unwrap();
+    }
+}
+
+/// Walk everything, ignoring errors; returns how many operations failed.
+/// Reads at most 4 MiB per file, visits each directory once.
+fn walk_ignoring_errors(fs: &Fs<'_>) -> usize {
+    let mut errors = 0;
+    let Ok(root) = fs.root() else { return 1 };
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![root];
+    while let Some(d) = stack.pop() {
+        if !seen.insert(d.ino) || seen.len() > 1000 {
+            continue;
+        }
+        let entries = match fs.read_dir(&d) {
+            Ok(e) => e,
+            Err(_) => {
+                errors += 1;
+                continue;
+            }
+        };
+        let _ = fs.xattrs(&d).map_err(|_| errors += 1);
+        for e in entries {
+            if fs.lookup(&d, &e.name).is_err() {
+                errors += 1;
+            }
+            let Ok(i) = fs.inode(e.ino) else {
+                errors += 1;
+                continue;
+            };
+            let _ = fs.xattrs(&i).map_err(|_| errors += 1);
+            match i.file_type() {
+                FileType::Directory => stack.push(i),
+                FileType::Symlink => {
+                    let _ = fs.read_link(&i).map_err(|_| errors += 1);
+                }
+                _ => {
+                    let mut left = 4usize << 20;
+                    let r = fs.read_each(&i, &mut |b| {
+                        left = left.saturating_sub(b.len());
+                        left > 0
+                    });
+                    let _ = r.map_err(|_| errors += 1);
+                }
+            }
+            let mut p = b"/".to_vec();
+            p.extend_from_slice(&e.name);
+            let _ = fs.resolve(&p, true);
+        }
+    }
+    errors
+}
+
+fn mutant_count(default: u64) -> u64 {
+    std::env::var("EXT4KIT_READ_MUTANTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Random damage to the metadata blocks of small populated images (with
+/// and without metadata_csum, and a block-mapped ext2): walking everything
+/// never panics, and `ext4kit ls -laR` / `cat` fail with one-line errors,
+/// exit 1 at most.
+#[test]
+fn corrupted_images_never_panic() {
+    if let Err(why) = e2fs_tools() {
+        return skip("corrupted_images_never_panic", &why);
+    }
+    let dir = image_dir();
+    let src = dir.path().join("src");
+    small_source(&src);
+    let cases = mutant_count(150);
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let configs: [(&str, &[&str]); 3] = [
+        ("mut-csum", &["-t", "ext4", "-b", "1024"]),
+        (
+            "mut-nocsum",
+            &["-t", "ext4", "-b", "1024", "-O", "^metadata_csum"],
+        ),
+        ("mut-ext2", &["-t", "ext2", "-b", "1024"]),
+    ];
+    let (mut opened, mut with_errors) = (0u64, 0u64);
+    for (name, args) in configs {
+        let img = dir.path().join(format!("{name}.img"));
+        run_ok(
+            mke2fs(["-q", "-F", "-N", "256"])
+                .args(args)
+                .arg("-d")
+                .arg(&src)
+                .arg(&img)
+                .arg("4M"),
+        )
+        .unwrap();
+        let out = run(tool("e2fsck").arg("-fyD").arg(&img)).unwrap();
+        assert!(matches!(out.status.code(), Some(0 | 1)));
+        e2fsck_clean(&img).unwrap();
+        let base = std::fs::read(&img).unwrap();
+        let bs = 1024usize;
+        // Metadata blocks: non-zero blocks that are not file data.
+        let data: std::collections::HashSet<u64> = {
+            let dev = FileDevice::open(&img, OpenOptions::read_only()).unwrap();
+            let vol = Volume::open(&dev).unwrap();
+            let fs = vol.fs();
+            let mut set = std::collections::HashSet::new();
+            for p in ["/one", "/a/b/two", "/islands"] {
+                let i = fs.resolve(p.as_bytes(), false).unwrap();
+                for m in fs.file_map(&i).unwrap() {
+                    set.extend(m.pblk..m.pblk + u64::from(m.len));
+                }
+            }
+            set
+        };
+        let meta: Vec<usize> = (0..base.len() / bs)
+            .filter(|&b| !data.contains(&(b as u64)))
+            .filter(|&b| base[b * bs..(b + 1) * bs].iter().any(|&v| v != 0))
+            .collect();
+        let m = dir.path().join(format!("{name}-mutant.img"));
+        for case in 0..cases {
+            let mut bytes = base.clone();
+            let blk = meta[(rnd() % meta.len() as u64) as usize];
+            for _ in 0..1 + rnd() % 4 {
+                let off = blk * bs + (rnd() % bs as u64) as usize;
+                bytes[off] = match rnd() % 4 {
+                    0 => 0,
+                    1 => 0xff,
+                    _ => rnd() as u8,
+                };
+            }
+            std::fs::write(&m, &bytes).unwrap();
+            let dev = FileDevice::open(&m, OpenOptions::read_only()).unwrap();
+            let res =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    match Volume::open(&dev) {
+                        Ok(vol) => Some(walk_ignoring_errors(&vol.fs())),
+                        Err(e) => {
+                            let s = e.to_string();
+                            assert!(!s.contains('\n'), "{s}");
+                            None
+                        }
+                    }
+                }));
+            let r = res.unwrap_or_else(|_| panic!("{name} case {case}: panic (block {blk})"));
+            if let Some(errs) = r {
+                opened += 1;
+                with_errors += u64::from(errs > 0);
+            }
+            if case % 5 == 0 {
+                let ms = m.display().to_string();
+                for args in [
+                    vec!["ls".to_string(), "-laR".to_string(), ms.clone()],
+                    vec![
+                        "cat".to_string(),
+                        format!("{ms}:/one"),
+                        format!("{ms}:/a/b/two"),
+                        format!("{ms}:/slow"),
+                    ],
+                    vec![
+                        "stat".to_string(),
+                        "--json".to_string(),
+                        format!("{ms}:/many/name-0077"),
+                    ],
+                ] {
+                    let out =
+                        run(ext4kit().args(&args).stdout(std::process::Stdio::null())).unwrap();
+                    let err = String::from_utf8_lossy(&out.stderr);
+                    assert!(
+                        matches!(out.status.code(), Some(0 | 1)),
+                        "{name} case {case} {args:?}: {:?} {err}",
+                        out.status
+                    );
+                    for l in err.lines() {
+                        assert!(l.starts_with("ext4kit: "), "{name} case {case}: {l}");
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("mutants: {opened} opened, {with_errors} of them with errors found by the walk");
+}

@@ -152,6 +152,9 @@ impl Fs<'_> {
             }
             return self.read_all(&vi, MAX_VALUE);
         }
+        if e.value_size == 0 {
+            return Ok(Vec::new());
+        }
         let vs = usize::from(e.value_offs);
         Ok(area[vs..vs + e.value_size as usize].to_vec())
     }
