@@ -1123,3 +1123,195 @@ fn corrupted_images_never_panic() {
     }
     eprintln!("mutants: {opened} opened, {with_errors} of them with errors found by the walk");
 }
+
+/// Builds a tree on a kernel mount (argv[1]): a 50 000-entry directory,
+/// ACLs (access and default, in getxattr's form), xattrs (in-inode and in
+/// a block), sparse files, unwritten extents (fallocate, also KEEP_SIZE),
+/// a file with a hole punched every other block (a deep extent tree),
+/// interleaved appends with fsync, hard links, symlinks, devices, fifos.
+const KERNEL_TREE_PY: &str = r#"
+import ctypes, os, struct, sys
+m = sys.argv[1]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+def falloc(fd, mode, off, ln):
+    if libc.fallocate(fd, mode, off, ln) != 0:
+        raise OSError(ctypes.get_errno(), "fallocate")
+def acl(entries):
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", t, p, i) for t, p, i in entries)
+U = 0xFFFFFFFF
+os.makedirs(m + "/big")
+for i in range(50000):
+    os.close(os.open("%s/big/f%06d-%s" % (m, i, "q" * (i % 23)), os.O_CREAT | os.O_WRONLY, 0o644))
+os.makedirs(m + "/acl/sub")
+with open(m + "/acl/file", "wb") as f:
+    f.write(b"acl file\n")
+os.setxattr(m + "/acl/file", "system.posix_acl_access",
+            acl([(1, 6, U), (2, 4, 1000), (2, 6, 1001), (4, 4, U), (8, 5, 2000), (0x10, 7, U), (0x20, 0, U)]))
+os.setxattr(m + "/acl/sub", "system.posix_acl_default",
+            acl([(1, 7, U), (4, 5, U), (8, 7, 3000), (0x10, 7, U), (0x20, 5, U)]))
+with open(m + "/acl/sub/inherits", "wb") as f:
+    f.write(b"x")
+with open(m + "/x", "wb") as f:
+    f.write(b"xattrs\n")
+os.setxattr(m + "/x", "user.small", b"1")
+os.setxattr(m + "/x", "user.big", bytes(range(256)) * 3)
+os.setxattr(m + "/x", "trusted.t", b"trusted value")
+with open(m + "/sparse", "wb") as f:
+    for k in range(20):
+        f.seek(k * 1000003)
+        f.write(b"island %d" % k)
+fd = os.open(m + "/unwritten", os.O_CREAT | os.O_RDWR, 0o600)
+falloc(fd, 0, 0, 1 << 20)
+os.pwrite(fd, b"written in the middle", 300000)
+os.close(fd)
+fd = os.open(m + "/keepsize", os.O_CREAT | os.O_RDWR, 0o600)
+os.write(fd, b"head")
+falloc(fd, 1, 4096, 1 << 20)
+os.close(fd)
+fd = os.open(m + "/punched", os.O_CREAT | os.O_RDWR, 0o644)
+os.write(fd, bytes(range(251)) * 5000)
+os.fsync(fd)
+for k in range(0, 1200, 2):
+    falloc(fd, 3, k * 1024, 1024)
+os.close(fd)
+a = os.open(m + "/appA", os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644)
+b = os.open(m + "/appB", os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644)
+for k in range(400):
+    os.write(a, b"A%05d" % k * 170)
+    os.fsync(a)
+    os.write(b, b"B%05d" % k * 170)
+    os.fsync(b)
+os.close(a)
+os.close(b)
+os.link(m + "/x", m + "/acl/xlink")
+os.symlink("x", m + "/fastlink")
+os.symlink("acl/" + "./" * 100 + "file", m + "/slowlink")
+os.mknod(m + "/chr", 0o20640, os.makedev(4, 64))
+os.mknod(m + "/blk", 0o60600, os.makedev(259, 123456))
+os.mkfifo(m + "/fifo")
+os.utime(m + "/x", ns=(-1234567890123456789, 4102444800123456789))
+os.utime(m + "/sparse", ns=(1, 2**31 * 10**9 + 5))
+"#;
+
+/// Dumps every path's xattrs (argv[1] = mount) as JSON {path: {name: hex}}.
+const XATTR_DUMP_PY: &str = r#"
+import json, os, sys
+m = sys.argv[1]
+out = {}
+for d, dirs, files in os.walk(m):
+    for n in dirs + files:
+        p = os.path.join(d, n)
+        rel = "/" + os.path.relpath(p, m)
+        if rel == "/lost+found":
+            continue
+        names = os.listxattr(p, follow_symlinks=False)
+        if names:
+            out[rel] = {x: os.getxattr(p, x, follow_symlinks=False).hex() for x in names}
+print(json.dumps(out))
+"#;
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
+}
+
+#[test]
+fn kernel_written_tree_reads_like_the_kernel_mount() {
+    let why = e2fs_tools()
+        .and_then(|()| kernel_mount_available())
+        .and_then(|()| {
+            have("python3")
+                .then_some(())
+                .ok_or("python3 not found".to_string())
+        });
+    if let Err(why) = why {
+        return skip("kernel_written_tree_reads_like_the_kernel_mount", &why);
+    }
+    let dir = image_dir();
+    let img = dir.path().join("kernel.img");
+    sparse_file(&img, 256 * MIB).unwrap();
+    run_ok(mke2fs(["-q", "-F", "-t", "ext4", "-b", "1024", "-N", "70000"]).arg(&img)).unwrap();
+    let lo = match LoopDev::attach(&img) {
+        Ok(l) => l,
+        Err(e) => return skip("kernel_written_tree_reads_like_the_kernel_mount", &e),
+    };
+    {
+        let mnt = Mount::new(lo.path(), "ext4", None).unwrap();
+        run_ok(
+            tool("python3")
+                .arg("-c")
+                .arg(KERNEL_TREE_PY)
+                .arg(mnt.path()),
+        )
+        .unwrap();
+        mnt.unmount().unwrap();
+    }
+    e2fsck_clean(&img).unwrap();
+    let before = file_hash(&img).unwrap();
+    let dev = FileDevice::open(&img, OpenOptions::read_only()).unwrap();
+    let vol = Volume::open(&dev).unwrap();
+    let fs = vol.fs();
+    let got = walk_image(&fs);
+    // The shapes the kernel made: an htree, a deep extent tree, unwritten
+    // extents.
+    let big = fs.resolve(b"/big", false).unwrap();
+    assert!(big.is_htree());
+    let punched = fs.resolve(b"/punched", false).unwrap();
+    let (maps, nodes) = fs.extent_tree(&punched).unwrap();
+    assert!(maps.len() >= 300, "{} extents", maps.len());
+    let depth = nodes.iter().map(|n| n.depth).max().unwrap();
+    assert!(depth >= 2, "extent tree depth {depth}");
+    let unw = fs.resolve(b"/unwritten", false).unwrap();
+    assert!(fs.extents(&unw).unwrap().iter().any(|m| m.unwritten));
+
+    let mnt = Mount::new(lo.path(), "ext4", Some("ro,noload")).unwrap();
+    let out = run_ok(tool("python3").arg("-c").arg(XATTR_DUMP_PY).arg(mnt.path())).unwrap();
+    let dump: BTreeMap<String, BTreeMap<String, String>> =
+        serde_json::from_slice(&out.stdout).unwrap();
+    let xattrs: XattrMap = dump
+        .iter()
+        .map(|(p, m)| {
+            (
+                p.as_bytes().to_vec(),
+                m.iter()
+                    .map(|(n, v)| (n.as_bytes().to_vec(), unhex(v)))
+                    .collect(),
+            )
+        })
+        .collect();
+    assert!(
+        xattrs.contains_key(b"/acl/file".as_slice()),
+        "no ACL seen by the kernel"
+    );
+    let want = walk_host(mnt.path(), &xattrs);
+    compare_trees("kernel", &got, &want);
+    // Times with nanoseconds and epoch bits, and allocated blocks.
+    for p in got.keys() {
+        let m = std::fs::symlink_metadata(mnt.path().join(std::str::from_utf8(&p[1..]).unwrap()))
+            .unwrap();
+        let i = fs.resolve(p, false).unwrap();
+        let what = String::from_utf8_lossy(p);
+        assert_eq!(
+            (i.mtime.sec, i64::from(i.mtime.nsec)),
+            (m.mtime(), m.mtime_nsec()),
+            "{what} mtime"
+        );
+        assert_eq!(
+            (i.ctime.sec, i64::from(i.ctime.nsec)),
+            (m.ctime(), m.ctime_nsec()),
+            "{what} ctime"
+        );
+        assert_eq!(
+            (i.atime.sec, i64::from(i.atime.nsec)),
+            (m.atime(), m.atime_nsec()),
+            "{what} atime"
+        );
+        assert_eq!(i.blocks_512, m.blocks(), "{what} blocks");
+    }
+    mnt.unmount().unwrap();
+    drop(vol);
+    assert_eq!(file_hash(&img).unwrap(), before, "the image changed");
+    e2fsck_clean(&img).unwrap();
+}
