@@ -540,7 +540,7 @@ fn populated_images_read_like_the_source_and_debugfs() {
     }
     let want_small = walk_host(&src, &xattrs);
     let want_big = walk_host(&src_big, &xattrs);
-    let configs: [(&str, bool, &[&str]); 6] = [
+    let configs: [(&str, bool, &[&str]); 7] = [
         ("ext4-1k", true, &["-t", "ext4", "-b", "1024"]),
         ("ext4-4k", false, &["-t", "ext4", "-b", "4096"]),
         (
@@ -564,6 +564,7 @@ fn populated_images_read_like_the_source_and_debugfs() {
         ),
         ("ext3-1k", false, &["-t", "ext3", "-b", "1024"]),
         ("ext2-4k", true, &["-t", "ext2", "-b", "4096"]),
+        ("ext4-inline", false, &["-t", "ext4", "-O", "inline_data"]),
     ];
     for (name, with_big, args) in configs {
         let (src, want) = if with_big {
@@ -1314,4 +1315,70 @@ fn kernel_written_tree_reads_like_the_kernel_mount() {
     drop(vol);
     assert_eq!(file_hash(&img).unwrap(), before, "the image changed");
     e2fsck_clean(&img).unwrap();
+}
+
+/// OR `bits` into the superblock word at `off` (0x60 incompat, 0x64
+/// ro_compat) of `img` and store the superblock checksum again.
+fn patch_sb_word(img: &Path, off: usize, bits: u32) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(img)
+        .unwrap();
+    let mut raw = vec![0u8; 1024];
+    file.read_exact_at(&mut raw, 1024).unwrap();
+    let v = u32::from_le_bytes(raw[off..off + 4].try_into().unwrap()) | bits;
+    raw[off..off + 4].copy_from_slice(&v.to_le_bytes());
+    let c = ext4kit_format::checksum::crc32c_raw(!0, &raw[..0x3FC]);
+    raw[0x3FC..].copy_from_slice(&c.to_le_bytes());
+    file.write_all_at(&raw, 1024).unwrap();
+}
+
+/// An incompat feature the read side does not handle is refused with one
+/// line naming it; an unknown ro_compat feature still reads.
+#[test]
+fn unknown_features_are_named() {
+    if let Err(why) = e2fs_tools() {
+        return skip("unknown_features_are_named", &why);
+    }
+    let dir = image_dir();
+    let src = dir.path().join("src");
+    small_source(&src);
+    let img = dir.path().join("feat.img");
+    run_ok(
+        mke2fs(["-q", "-F", "-t", "ext4", "-d"])
+            .arg(&src)
+            .arg(&img)
+            .arg("4M"),
+    )
+    .unwrap();
+    e2fsck_clean(&img).unwrap();
+    for (bit, name) in [
+        (0x8_0000u32, "FEATURE_I19"),
+        (0x2_0000, "casefold"),
+        (0x1_0000, "encrypt"),
+    ] {
+        let copy = dir.path().join("incompat.img");
+        std::fs::copy(&img, &copy).unwrap();
+        patch_sb_word(&copy, 0x60, bit);
+        let before = file_hash(&copy).unwrap();
+        let out = run(ext4kit().arg("ls").arg(&copy)).unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!("incompatible feature {name}")),
+            "{err}"
+        );
+        assert_eq!(file_hash(&copy).unwrap(), before);
+    }
+    let copy = dir.path().join("rocompat.img");
+    std::fs::copy(&img, &copy).unwrap();
+    patch_sb_word(&copy, 0x64, 0x10_0000);
+    let out = run_ok(ext4kit().arg("cat").arg(format!("{}:/one", copy.display()))).unwrap();
+    assert_eq!(out.stdout, std::fs::read(src.join("one")).unwrap());
+    let dev = FileDevice::open(&copy, OpenOptions::read_only()).unwrap();
+    let vol = Volume::open(&dev).unwrap();
+    assert_eq!(vol.info.unknown_ro_compat, vec!["FEATURE_R20".to_string()]);
 }
