@@ -270,6 +270,17 @@ impl Fs<'_> {
         self.dx_index(dir, &buf, htree::NODE_COUNT_OFFSET, &at)
     }
 
+    /// Levels of index of an htree directory (1 = the root only, up to 3
+    /// with large_dir); `None` for a linear directory.
+    pub fn htree_levels(&self, dir: &InodeInfo) -> Result<Option<u8>, FsError> {
+        if !self.is_dx(dir) {
+            return Ok(None);
+        }
+        let db = self.dir_blocks(dir)?;
+        let root = self.dir_block(dir, &db, 0)?;
+        Ok(Some(self.dx_root(dir, &root)?.3 + 1))
+    }
+
     /// Every live entry of a directory (`.` and `..` included), in on-disk
     /// order (not hash order).
     pub fn read_dir(&self, dir: &InodeInfo) -> Result<Vec<Entry>, FsError> {
