@@ -428,6 +428,112 @@ impl<'a> Fs<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ext4kit::mkfs::{self, Env, MkfsOptions};
+    use ext4kit::profile::Profile;
+    use ext4kit_device::MemDevice;
+
+    const CONF: &str = "[defaults]\n\tbase_features = sparse_super,large_file,filetype,resize_inode,dir_index,ext_attr\n\tblocksize = 4096\n\tinode_size = 256\n\tinode_ratio = 16384\n[fs_types]\n\text4 = {\n\t\tfeatures = has_journal,extent,huge_file,flex_bg,metadata_csum,64bit,dir_nlink,extra_isize\n\t}\n";
+
+    /// A fresh 32 MiB ext4 in memory.
+    fn image() -> MemDevice {
+        let size = 32 << 20;
+        let opts = MkfsOptions {
+            fs_type: Some("ext4".into()),
+            extended: vec!["nodiscard".into()],
+            ..MkfsOptions::default()
+        };
+        let env = Env {
+            device_size: Some(size),
+            is_regular_file: false,
+            logical_sector_size: 512,
+            physical_sector_size: 512,
+            io_hints: None,
+            now: 1_700_000_000,
+            page_size: 4096,
+            uid: 0,
+            gid: 0,
+            kernel_lazy_itable_init: true,
+        };
+        let resolved = mkfs::resolve(&opts, &Profile::parse(CONF).unwrap(), &env).unwrap();
+        let dev = MemDevice::new(size);
+        mkfs::execute(&dev, mkfs::prepare(resolved, false).unwrap()).unwrap();
+        dev
+    }
+
+    #[test]
+    fn fresh_filesystem_reads() {
+        let dev = image();
+        let vol = Volume::open(&dev).unwrap();
+        let fs = vol.fs();
+        let root = fs.root().unwrap();
+        assert_eq!(root.links, 3);
+        assert_eq!(root.mtime.sec, 1_700_000_000);
+        let names: Vec<Vec<u8>> = fs
+            .read_dir(&root)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(
+            names,
+            vec![b".".to_vec(), b"..".to_vec(), b"lost+found".to_vec()]
+        );
+        let lf = fs.resolve(b"/lost+found/../lost+found/.", false).unwrap();
+        assert_eq!(lf.ino, 11);
+        assert!(matches!(
+            fs.resolve(b"/nope", false),
+            Err(FsError::NotFound)
+        ));
+        assert!(matches!(
+            fs.resolve(b"/lost+found/x/y", false),
+            Err(FsError::NotFound)
+        ));
+        assert!(fs.xattrs(&root).unwrap().is_empty());
+        // The journal inode: one extent of 1024 blocks.
+        let j = fs.inode(8).unwrap();
+        let maps = fs.extents(&j).unwrap();
+        assert_eq!(
+            maps.iter().map(|m| u64::from(m.len)).sum::<u64>(),
+            j.size / 4096
+        );
+        // An inode past the table's used part is refused.
+        assert!(matches!(fs.inode(5000), Err(FsError::Corrupt { .. })));
+        assert!(matches!(fs.inode(0), Err(FsError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn damage_is_named() {
+        let dev = image();
+        let vol = Volume::open(&dev).unwrap();
+        let table = vol.info.descs[0].inode_table();
+        let bs = u64::from(vol.info.block_size);
+        let root_dir_blk = vol.fs().file_map(&vol.fs().root().unwrap()).unwrap()[0].pblk;
+        drop(vol);
+        // The root inode's checksum.
+        let d2 = dev.snapshot();
+        let mut b = [0u8; 1];
+        let off = table * bs + 256 + 0x20; // inode 2, i_mtime
+        d2.read_at(&mut b, off).unwrap();
+        d2.write_at(&[b[0] ^ 1], off).unwrap();
+        let vol = Volume::open(&d2).unwrap();
+        let e = vol.fs().root().unwrap_err().to_string();
+        assert!(e.contains("inode 2") && e.contains("checksum"), "{e}");
+        // A directory block's checksum.
+        let d3 = dev.snapshot();
+        d3.write_at(b"X", root_dir_blk * bs + 24 + 8).unwrap();
+        let vol = Volume::open(&d3).unwrap();
+        let fs = vol.fs();
+        let e = fs.read_dir(&fs.root().unwrap()).unwrap_err().to_string();
+        assert!(
+            e.contains("inode 2 block 0") && e.contains("checksum"),
+            "{e}"
+        );
+        // A group descriptor's checksum.
+        let d4 = dev.snapshot();
+        d4.write_at(&[0x5a], bs + 0x0C).unwrap();
+        let e = Volume::open(&d4).err().unwrap().to_string();
+        assert!(e.contains("group 0") && e.contains("checksum"), "{e}");
+    }
 
     #[test]
     fn sparse_super_groups() {
