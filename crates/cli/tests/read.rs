@@ -1399,3 +1399,94 @@ fn unknown_features_are_named() {
     let vol = Volume::open(&dev).unwrap();
     assert_eq!(vol.info.unknown_ro_compat, vec!["FEATURE_R20".to_string()]);
 }
+
+/// On a kernel mount (argv[1]): files and directories, some removed again,
+/// fsync'd, then EXT4_IOC_SHUTDOWN without log flush: the committed
+/// transactions stay in the log, the home blocks are partly stale.
+const KERNEL_DIRTY_PY: &str = r#"
+import fcntl, os, struct, sys
+m = sys.argv[1]
+os.makedirs(m + "/d/e")
+for i in range(300):
+    with open("%s/d/file%03d" % (m, i), "wb") as f:
+        f.write(b"content %d\n" % i * (i + 1))
+        f.flush()
+        os.fsync(f.fileno())
+for i in range(0, 300, 3):
+    os.unlink("%s/d/file%03d" % (m, i))
+os.symlink("d/file001", m + "/link")
+for p in [m + "/d", m + "/d/e", m]:
+    fd = os.open(p, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+fd = os.open(m, os.O_RDONLY)
+fcntl.ioctl(fd, 0x8004587D, struct.pack("I", 2))
+"#;
+
+/// A dirty journal written by the kernel (shutdown without log flush):
+/// ls/cat see the replayed tree, equal to the tree after e2fsck's replay,
+/// and the image is not written.
+#[test]
+fn kernel_dirty_journal_is_replayed_in_memory_only() {
+    let why = e2fs_tools()
+        .and_then(|()| kernel_mount_available())
+        .and_then(|()| {
+            have("python3")
+                .then_some(())
+                .ok_or("python3 not found".to_string())
+        });
+    if let Err(why) = why {
+        return skip("kernel_dirty_journal_is_replayed_in_memory_only", &why);
+    }
+    let dir = image_dir();
+    let img = dir.path().join("kdirty.img");
+    sparse_file(&img, 64 * MIB).unwrap();
+    run_ok(mke2fs(["-q", "-F", "-t", "ext4", "-b", "1024"]).arg(&img)).unwrap();
+    {
+        let lo = match LoopDev::attach(&img) {
+            Ok(l) => l,
+            Err(e) => return skip("kernel_dirty_journal_is_replayed_in_memory_only", &e),
+        };
+        let mnt = Mount::new(lo.path(), "ext4", None).unwrap();
+        run_ok(
+            tool("python3")
+                .arg("-c")
+                .arg(KERNEL_DIRTY_PY)
+                .arg(mnt.path()),
+        )
+        .unwrap();
+        mnt.unmount().unwrap();
+    }
+    assert!(dumpe2fs_h(&img).contains("needs_recovery"));
+    let before = file_hash(&img).unwrap();
+    let out = run_ok(ext4kit().arg("ls").arg(format!("{}:/d", img.display()))).unwrap();
+    let names = stdout_of(&out);
+    assert_eq!(
+        names.lines().filter(|l| l.starts_with("file")).count(),
+        200,
+        "{names}"
+    );
+    let out = run_ok(ext4kit().arg("cat").arg(format!("{}:/link", img.display()))).unwrap();
+    assert_eq!(out.stdout, b"content 1\n".repeat(2));
+    let dev = FileDevice::open(&img, OpenOptions::read_only()).unwrap();
+    let vol = Volume::open(&dev).unwrap();
+    assert!(vol.info.replayed_transactions >= 1);
+    let ours = walk_image(&vol.fs());
+    let copy = dir.path().join("kdirty-replayed.img");
+    std::fs::copy(&img, &copy).unwrap();
+    let out = run(tool("e2fsck").args(["-E", "journal_only", "-y"]).arg(&copy)).unwrap();
+    assert!(
+        out.status.code().is_some_and(|c| c <= 1),
+        "{}",
+        last_line(&out)
+    );
+    // After a crash replay the summary counts are stale (the kernel
+    // fixes them at mount): exit 0 is what counts here.
+    let out = run(tool("e2fsck").arg("-fn").arg(&copy)).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stdout_of(&out));
+    let dev2 = FileDevice::open(&copy, OpenOptions::read_only()).unwrap();
+    let vol2 = Volume::open(&dev2).unwrap();
+    compare_trees("kernel replay", &ours, &walk_image(&vol2.fs()));
+    drop(vol);
+    assert_eq!(file_hash(&img).unwrap(), before, "the image changed");
+}
