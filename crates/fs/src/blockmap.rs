@@ -55,6 +55,47 @@ impl Fs<'_> {
         Ok(out)
     }
 
+    /// The physical block of logical block `lblk` of a block-mapped inode
+    /// (`None` in a hole): one pointer path is read.
+    pub fn block_map_at(&self, inode: &InodeInfo, lblk: u64) -> Result<Option<u64>, FsError> {
+        let apb = u64::from(self.info.block_size / 4);
+        let w = inode.block_words();
+        if lblk < 12 {
+            let p = u64::from(w[lblk as usize]);
+            if p != 0 {
+                self.check_ptr(inode, p, lblk)?;
+            }
+            return Ok((p != 0).then_some(p));
+        }
+        let mut rel = lblk - 12;
+        for level in 0..3u32 {
+            let span = apb.pow(level + 1);
+            if rel < span {
+                let mut p = u64::from(w[12 + level as usize]);
+                let mut l = level as i64;
+                while l >= 0 {
+                    if p == 0 {
+                        return Ok(None);
+                    }
+                    self.check_ptr(inode, p, lblk)?;
+                    let sub = apb.pow(l as u32);
+                    let idx = (rel / sub) as usize;
+                    rel %= sub;
+                    let b = self.blocks.block(p)?;
+                    let o = idx * 4;
+                    p = u64::from(u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]));
+                    l -= 1;
+                }
+                if p != 0 {
+                    self.check_ptr(inode, p, lblk)?;
+                }
+                return Ok((p != 0).then_some(p));
+            }
+            rel -= span;
+        }
+        Ok(None)
+    }
+
     fn check_ptr(&self, inode: &InodeInfo, p: u64, lblk: u64) -> Result<(), FsError> {
         if self.info.range_ok(p, 1) {
             Ok(())

@@ -40,9 +40,10 @@ fn bad(ino: u32, at: impl std::fmt::Display, d: impl std::fmt::Display) -> FsErr
     FsError::corrupt("directory", format!("inode {ino} {at}: {d}"))
 }
 
-/// The blocks of a directory: its mapping and size in blocks.
+/// The blocks of a directory: its whole mapping (for a full read) or
+/// none (a lookup maps just the blocks it reads), and its size in blocks.
 struct DirBlocks {
-    maps: Vec<Mapping>,
+    maps: Option<Vec<Mapping>>,
     nblocks: u64,
 }
 
@@ -53,7 +54,7 @@ impl Fs<'_> {
             && self.info.features.compat.contains(Compat::DIR_INDEX)
     }
 
-    fn dir_blocks(&self, dir: &InodeInfo) -> Result<DirBlocks, FsError> {
+    fn dir_blocks(&self, dir: &InodeInfo, whole: bool) -> Result<DirBlocks, FsError> {
         let bs = u64::from(self.info.block_size);
         if !dir.size.is_multiple_of(bs) {
             return Err(bad(
@@ -67,7 +68,11 @@ impl Fs<'_> {
             return Err(bad(dir.ino, "", format!("size {} is too large", dir.size)));
         }
         Ok(DirBlocks {
-            maps: self.file_map(dir)?,
+            maps: if whole {
+                Some(self.file_map(dir)?)
+            } else {
+                None
+            },
             nblocks,
         })
     }
@@ -81,11 +86,21 @@ impl Fs<'_> {
                 format!("past the directory's end ({} blocks)", db.nblocks),
             ));
         }
-        let i = db.maps.partition_point(|m| m.end() <= lblk);
-        match db.maps.get(i) {
-            Some(m) if m.lblk <= lblk && !m.unwritten => {
-                self.blocks.block(m.pblk + (lblk - m.lblk))
+        let m = match &db.maps {
+            Some(maps) => {
+                let i = maps.partition_point(|m| m.end() <= lblk);
+                maps.get(i).copied().filter(|m| m.lblk <= lblk)
             }
+            None if dir.has_extents() => self.extent_at(dir, lblk)?,
+            None => self.block_map_at(dir, lblk)?.map(|p| Mapping {
+                lblk,
+                pblk: p,
+                len: 1,
+                unwritten: false,
+            }),
+        };
+        match m {
+            Some(m) if !m.unwritten => self.blocks.block(m.pblk + (lblk - m.lblk)),
             _ => Err(bad(
                 dir.ino,
                 format!("block {lblk}"),
@@ -276,7 +291,7 @@ impl Fs<'_> {
         if !self.is_dx(dir) {
             return Ok(None);
         }
-        let db = self.dir_blocks(dir)?;
+        let db = self.dir_blocks(dir, false)?;
         let root = self.dir_block(dir, &db, 0)?;
         Ok(Some(self.dx_root(dir, &root)?.3 + 1))
     }
@@ -318,9 +333,9 @@ impl Fs<'_> {
             self.parse_entries(dir, &data[split..], 65536, "inline data (xattr)", &mut out)?;
             return Ok(out);
         }
-        let db = self.dir_blocks(dir)?;
+        let db = self.dir_blocks(dir, true)?;
         let dx = self.is_dx(dir);
-        for m in &db.maps {
+        for m in db.maps.iter().flatten() {
             if m.lblk >= db.nblocks {
                 break;
             }
@@ -355,7 +370,7 @@ impl Fs<'_> {
     }
 
     fn dx_lookup(&self, dir: &InodeInfo, name: &[u8]) -> Result<Option<Entry>, FsError> {
-        let db = self.dir_blocks(dir)?;
+        let db = self.dir_blocks(dir, false)?;
         let root = self.dir_block(dir, &db, 0)?;
         let (_, node, version, levels) = self.dx_root(dir, &root)?;
         let h = dirhash::dirhash(version, name, &self.info.hash_seed).ok_or_else(|| {

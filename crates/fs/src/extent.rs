@@ -58,24 +58,13 @@ impl Walk<'_, '_> {
         FsError::corrupt("extent tree", format!("inode {} {at}: {d}", self.ino))
     }
 
-    /// Walk the node in `buf` (the inode's 60 bytes or a tree block),
-    /// whose entries must lie in `lo..hi` and whose depth must be `depth`
-    /// (`None` for the root: any depth up to [`MAX_DEPTH`]).
-    fn node(
-        &mut self,
+    /// Header checks of one node (magic, depth, entries, max, checksum).
+    fn check_header(
+        &self,
         buf: &[u8],
         pblk: u64,
         depth: Option<u16>,
-        lo: u64,
-        hi: u64,
-    ) -> Result<(), FsError> {
-        self.visited += 1;
-        if self.visited > self.fs.info.blocks_count + 1 {
-            return Err(self.bad(
-                pblk,
-                "the tree has more nodes than the filesystem has blocks",
-            ));
-        }
+    ) -> Result<(u16, u16, u16), FsError> {
         let (h, _) =
             ExtentHeader::read_from_prefix(buf).map_err(|_| self.bad(pblk, "short node"))?;
         if h.eh_magic.get() != EXTENT_MAGIC {
@@ -110,6 +99,28 @@ impl Walk<'_, '_> {
                 return Err(self.bad(pblk, "checksum does not match"));
             }
         }
+        Ok((d, entries, max))
+    }
+
+    /// Walk the node in `buf` (the inode's 60 bytes or a tree block),
+    /// whose entries must lie in `lo..hi` and whose depth must be `depth`
+    /// (`None` for the root: any depth up to [`MAX_DEPTH`]).
+    fn node(
+        &mut self,
+        buf: &[u8],
+        pblk: u64,
+        depth: Option<u16>,
+        lo: u64,
+        hi: u64,
+    ) -> Result<(), FsError> {
+        self.visited += 1;
+        if self.visited > self.fs.info.blocks_count + 1 {
+            return Err(self.bad(
+                pblk,
+                "the tree has more nodes than the filesystem has blocks",
+            ));
+        }
+        let (d, entries, max) = self.check_header(buf, pblk, depth)?;
         self.nodes.push(NodeInfo {
             pblk,
             depth: d,
@@ -181,6 +192,78 @@ impl Walk<'_, '_> {
 }
 
 impl Fs<'_> {
+    /// The extent holding logical block `lblk` of an extent-mapped inode
+    /// (one root-to-leaf path is read and checked), `None` in a hole.
+    pub fn extent_at(&self, inode: &InodeInfo, lblk: u64) -> Result<Option<Mapping>, FsError> {
+        let w = Walk {
+            fs: self,
+            ino: inode.ino,
+            generation: inode.generation,
+            out: Vec::new(),
+            nodes: Vec::new(),
+            visited: 0,
+        };
+        let mut buf = inode.i_block.to_vec();
+        let mut pblk = 0u64;
+        let mut depth = None;
+        loop {
+            let (d, entries, _) = w.check_header(&buf, pblk, depth)?;
+            let ent = |i: usize| &buf[12 + 12 * i..24 + 12 * i];
+            if d == 0 {
+                let mut prev_end = 0u64;
+                for i in 0..usize::from(entries) {
+                    let (e, _) =
+                        DiskExtent::read_from_prefix(ent(i)).map_err(|_| w.bad(pblk, "short"))?;
+                    let start = u64::from(e.ee_block.get());
+                    let len = e.len();
+                    if len == 0 || start < prev_end {
+                        return Err(w.bad(pblk, format!("extent {i} is empty or out of order")));
+                    }
+                    prev_end = start + u64::from(len);
+                    if lblk >= start && lblk < prev_end {
+                        if !self.info.range_ok(e.start(), u64::from(len)) {
+                            return Err(w.bad(
+                                pblk,
+                                format!("extent {i} maps blocks outside the filesystem"),
+                            ));
+                        }
+                        return Ok(Some(Mapping {
+                            lblk: start,
+                            pblk: e.start(),
+                            len,
+                            unwritten: e.is_unwritten(),
+                        }));
+                    }
+                }
+                return Ok(None);
+            }
+            let mut child = None;
+            let mut prev = None;
+            for i in 0..usize::from(entries) {
+                let (x, _) =
+                    ExtentIndex::read_from_prefix(ent(i)).map_err(|_| w.bad(pblk, "short"))?;
+                let start = u64::from(x.ei_block.get());
+                if prev.is_some_and(|p| start <= p) {
+                    return Err(w.bad(pblk, format!("index {i} is out of order")));
+                }
+                prev = Some(start);
+                if start <= lblk {
+                    child = Some(x.leaf());
+                }
+            }
+            let Some(c) = child else { return Ok(None) };
+            if !self.info.range_ok(c, 1) {
+                return Err(w.bad(
+                    pblk,
+                    format!("an index points at block {c}, outside the filesystem"),
+                ));
+            }
+            buf = self.blocks.block(c)?;
+            pblk = c;
+            depth = Some(d - 1);
+        }
+    }
+
     /// All extents of an extent-mapped inode, in logical order.
     pub fn extents(&self, inode: &InodeInfo) -> Result<Vec<Mapping>, FsError> {
         Ok(self.extent_tree(inode)?.0)

@@ -132,7 +132,7 @@ impl Fs<'_> {
         sink: &mut dyn FnMut(&[u8]) -> bool,
     ) -> Result<(), FsError> {
         let content = self.content(inode)?;
-        let chunk = 1 << 20;
+        let chunk = (1u64 << 20).min(inode.size) as usize;
         let mut buf = vec![0u8; chunk];
         let mut off = 0u64;
         while off < inode.size {
