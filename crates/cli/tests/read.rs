@@ -1190,8 +1190,8 @@ fn corrupted_images_never_panic() {
 
 /// Builds a tree on a kernel mount (argv[1]): a 50 000-entry directory
 /// (a 3-level htree with large_dir),
-/// ACLs (access and default, in getxattr's form), xattrs (in-inode and in
-/// a block), sparse files, unwritten extents (fallocate, also KEEP_SIZE),
+/// ACLs (access and default, in getxattr's form), xattrs (in-inode, in
+/// a block and in an EA inode), sparse files, unwritten extents (fallocate, also KEEP_SIZE),
 /// a file with a hole punched every other block (a deep extent tree),
 /// interleaved appends with fsync, hard links, symlinks, devices, fifos.
 const KERNEL_TREE_PY: &str = r#"
@@ -1223,6 +1223,8 @@ with open(m + "/x", "wb") as f:
 os.setxattr(m + "/x", "user.small", b"1")
 os.setxattr(m + "/x", "user.big", bytes(range(256)) * 3)
 os.setxattr(m + "/x", "trusted.t", b"trusted value")
+# Larger than a block: the value lives in an EA inode (ea_inode).
+os.setxattr(m + "/x", "user.huge", bytes(range(7, 250)) * 40)
 with open(m + "/sparse", "wb") as f:
     for k in range(20):
         f.seek(k * 1000003)
@@ -1311,7 +1313,7 @@ fn kernel_written_tree_reads_like_the_kernel_mount() {
             "-N",
             "70000",
             "-O",
-            "large_dir",
+            "large_dir,ea_inode",
         ])
         .arg(&img),
     )
@@ -1370,6 +1372,10 @@ fn kernel_written_tree_reads_like_the_kernel_mount() {
     assert!(
         xattrs.contains_key(b"/acl/file".as_slice()),
         "no ACL seen by the kernel"
+    );
+    assert_eq!(
+        xattrs[b"/x".as_slice()][b"user.huge".as_slice()].len(),
+        243 * 40
     );
     let want = walk_host(mnt.path(), &xattrs);
     lap("kernel walk");
