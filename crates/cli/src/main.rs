@@ -8,11 +8,14 @@ use cmd_mkfs::Personality;
 #[macro_use]
 mod out;
 
+mod cmd_cat;
 mod cmd_generate;
 mod cmd_info;
 mod cmd_journal;
 mod cmd_lazyinit;
+mod cmd_ls;
 mod cmd_mkfs;
+mod cmd_stat;
 mod errmsg;
 mod probe;
 
@@ -42,6 +45,12 @@ enum Cmd {
     Info(cmd_info::InfoArgs),
     /// Dump or replay the jbd2 journal (offline, like logdump and e2fsck -E journal_only).
     Journal(cmd_journal::JournalArgs),
+    /// List a directory of an image (IMG:PATH; read-only).
+    Ls(cmd_ls::LsArgs),
+    /// Write files of an image to standard output (IMG:PATH...; read-only).
+    Cat(cmd_cat::CatArgs),
+    /// Show an inode of an image: coreutils stat fields, flags, xattrs (read-only).
+    Stat(cmd_stat::StatArgs),
     /// Write man pages or shell completions (for packaging).
     #[command(hide = true)]
     Generate(cmd_generate::GenerateArgs),
@@ -70,7 +79,9 @@ fn usage_error(prog: &str, e: &clap::Error) -> i32 {
             return 0;
         }
         ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
-            eprintln!("{prog}: missing command: mkfs, lazyinit, info or journal (see --help)");
+            eprintln!(
+                "{prog}: missing command: mkfs, lazyinit, info, journal, ls, cat or stat (see --help)"
+            );
             return 2;
         }
         _ => {}
@@ -146,7 +157,10 @@ fn main() {
                 let sub = argv
                     .get(1)
                     .map(|s| s.to_string_lossy().into_owned())
-                    .filter(|s| ["mkfs", "lazyinit", "info", "journal"].contains(&s.as_str()));
+                    .filter(|s| {
+                        ["mkfs", "lazyinit", "info", "journal", "ls", "cat", "stat"]
+                            .contains(&s.as_str())
+                    });
                 let prog = match sub {
                     Some(s) => format!("ext4kit {s}"),
                     None => "ext4kit".to_string(),
@@ -159,6 +173,9 @@ fn main() {
             Cmd::Lazyinit(a) => cmd_lazyinit::run(a),
             Cmd::Info(a) => cmd_info::run(a),
             Cmd::Journal(a) => cmd_journal::run(a),
+            Cmd::Ls(a) => cmd_ls::run(a),
+            Cmd::Cat(a) => cmd_cat::run(a),
+            Cmd::Stat(a) => cmd_stat::run(a),
             Cmd::Generate(a) => cmd_generate::run(a, Cli::command()),
         }
     };

@@ -48,10 +48,13 @@ fn man_pages_generate_and_render() {
     assert_eq!(
         names(&files),
         [
+            "ext4kit-cat.1",
             "ext4kit-info.1",
             "ext4kit-journal.1",
             "ext4kit-lazyinit.1",
+            "ext4kit-ls.1",
             "ext4kit-mkfs.1",
+            "ext4kit-stat.1",
             "ext4kit.1"
         ]
     );

@@ -120,6 +120,15 @@ pub mod jbd2 {
     }
 }
 
+/// htree index block checksum (dx_tail): crc32c(directory inode seed)
+/// over the block up to the end of the live entries, then the tail's
+/// `dt_reserved` and a zero checksum field.
+pub fn dx_node(inode_seed: u32, covered: &[u8], dt_reserved: &[u8]) -> u32 {
+    let c = crc32c_raw(inode_seed, covered);
+    let c = crc32c_raw(c, dt_reserved);
+    crc32c_raw(c, &[0; 4])
+}
+
 /// The filesystem's checksum context: which algorithm applies and the seed.
 #[derive(Clone, Copy, Debug)]
 pub struct Csum {
@@ -235,6 +244,17 @@ impl Csum {
     /// Directory leaf block checksum over everything before the 12-byte tail.
     pub fn dir_block(&self, ino: u32, generation: u32, before_tail: &[u8]) -> u32 {
         crc32c_raw(self.inode_seed(ino, generation), before_tail)
+    }
+
+    /// Extended-attribute block checksum: crc32c(fs seed) over the le64
+    /// block number, then the whole block with `h_checksum` (offset 16)
+    /// taken as zero.
+    pub fn xattr_block(&self, pblk: u64, block: &[u8]) -> u32 {
+        const OFF: usize = 16;
+        let c = crc32c_raw(self.seed, &pblk.to_le_bytes());
+        let c = crc32c_raw(c, &block[..OFF.min(block.len())]);
+        let c = crc32c_raw(c, &[0; 4]);
+        crc32c_raw(c, block.get(OFF + 4..).unwrap_or(&[]))
     }
 
     /// Orphan-file block checksum over the entries (everything but the

@@ -14,6 +14,18 @@ pub const FT_DIR_CSUM: u8 = 0xDE;
 /// Size of the checksum tail.
 pub const TAIL_SIZE: usize = 12;
 
+/// A record length as stored (`ext4_rec_len_from_disk`): 64 KiB blocks
+/// store 65536 as 0 or 65535.
+pub fn rec_len_from_disk(dlen: u16, block_size: usize) -> usize {
+    if block_size < 65536 {
+        usize::from(dlen)
+    } else if dlen == 0xFFFF || dlen == 0 {
+        65536
+    } else {
+        usize::from(dlen & 0xFFFC) | (usize::from(dlen & 3) << 16)
+    }
+}
+
 /// Length of a directory record holding a name of `name_len` bytes.
 pub const fn rec_len(name_len: usize) -> usize {
     (8 + name_len + 3) & !3

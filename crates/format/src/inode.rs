@@ -20,12 +20,42 @@ pub const GOOD_OLD_FIRST_INO: u32 = 11;
 pub const S_IFREG: u16 = 0o100000;
 pub const S_IFDIR: u16 = 0o040000;
 pub const S_IFLNK: u16 = 0o120000;
+pub const S_IFMT: u16 = 0o170000;
+pub const S_IFCHR: u16 = 0o020000;
+pub const S_IFBLK: u16 = 0o060000;
+pub const S_IFIFO: u16 = 0o010000;
+pub const S_IFSOCK: u16 = 0o140000;
 
 /// `i_flags` bits.
 pub const EXT4_EXTENTS_FL: u32 = 0x0008_0000;
 pub const EXT4_HUGE_FILE_FL: u32 = 0x0004_0000;
 pub const EXT4_INDEX_FL: u32 = 0x0000_1000;
 pub const EXT4_INLINE_DATA_FL: u32 = 0x1000_0000;
+pub const EXT4_EA_INODE_FL: u32 = 0x0020_0000;
+
+/// Byte offsets of the extra fields (each present when
+/// `128 + i_extra_isize` reaches past its end).
+pub const OFF_EXTRA_ISIZE: usize = 0x80;
+pub const OFF_CTIME_EXTRA: usize = 0x84;
+pub const OFF_MTIME_EXTRA: usize = 0x88;
+pub const OFF_ATIME_EXTRA: usize = 0x8C;
+pub const OFF_CRTIME: usize = 0x90;
+pub const OFF_CRTIME_EXTRA: usize = 0x94;
+pub const OFF_VERSION_HI: usize = 0x98;
+pub const OFF_PROJID: usize = 0x9C;
+
+/// Decode a timestamp: the signed 32-bit seconds plus, when the extra
+/// field is present, its two epoch bits (<< 32) and 30 bits of
+/// nanoseconds (the kernel's `ext4_decode_extra_time`).
+pub fn decode_time(secs: u32, extra: Option<u32>) -> (i64, u32) {
+    let mut s = i64::from(secs as i32);
+    let mut ns = 0;
+    if let Some(x) = extra {
+        s += i64::from(x & 3) << 32;
+        ns = x >> 2;
+    }
+    (s, ns)
+}
 
 /// Size of the fields past the 128-byte base that ext4 knows about.
 pub const EXTRA_ISIZE: u16 = 32;

@@ -2,15 +2,19 @@
 //! (jbd2 big-endian), and every checksum computed in [`checksum`].
 //! No I/O happens in this crate.
 
+pub mod acl;
 pub mod checksum;
 pub mod dir;
+pub mod dirhash;
 pub mod extent;
 pub mod features;
 pub mod group_desc;
+pub mod htree;
 pub mod inode;
 pub mod jbd2;
 pub mod orphan;
 pub mod superblock;
+pub mod xattr;
 
 pub use checksum::Csum;
 pub use features::{Compat, Features, Incompat, RoCompat, Word};

@@ -53,9 +53,38 @@ pub enum FsError {
     /// One handle asked for more blocks than a transaction may hold.
     #[error("a handle of {wanted} blocks exceeds the largest transaction ({max} blocks)")]
     TooBig { wanted: u32, max: u32 },
+    /// A path component does not exist (ENOENT).
+    #[error("No such file or directory")]
+    NotFound,
+    /// A path component used as a directory is not one (ENOTDIR).
+    #[error("Not a directory")]
+    NotADirectory,
+    /// A directory where a file is needed (EISDIR).
+    #[error("Is a directory")]
+    IsADirectory,
+    /// More than [`crate::path::MAX_SYMLINKS`] symlinks in one lookup (ELOOP).
+    #[error("Too many levels of symbolic links")]
+    SymlinkLoop,
+    /// Not a symbolic link (EINVAL of readlink).
+    #[error("Invalid argument (not a symbolic link)")]
+    NotASymlink,
 }
 
 impl FsError {
+    /// The errno a POSIX caller (the FUSE mount) reports for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => 2,         // ENOENT
+            FsError::NotADirectory => 20,   // ENOTDIR
+            FsError::IsADirectory => 21,    // EISDIR
+            FsError::SymlinkLoop => 40,     // ELOOP
+            FsError::NotASymlink => 22,     // EINVAL
+            FsError::Unsupported(_) => 95,  // EOPNOTSUPP
+            FsError::Corrupt { .. } => 117, // EUCLEAN (EFSCORRUPTED)
+            _ => 5,                         // EIO
+        }
+    }
+
     /// A [`FsError::Corrupt`] with a formatted detail.
     pub fn corrupt(what: &'static str, detail: impl Into<String>) -> Self {
         FsError::Corrupt {

@@ -15,12 +15,20 @@
 //! the block cache of a running transaction.
 
 pub mod balloc;
+pub mod blockmap;
 pub mod cache;
+pub mod dir;
 pub mod error;
+pub mod extent;
+pub mod file;
 pub mod groups;
 pub mod ialloc;
+pub mod inode;
 pub mod journal;
+pub mod path;
 pub mod rw;
+pub mod sb;
+pub mod xattr;
 
 use std::collections::HashMap;
 
