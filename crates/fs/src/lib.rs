@@ -21,6 +21,7 @@ pub mod dir;
 pub mod error;
 pub mod extent;
 pub mod file;
+pub mod fs;
 pub mod groups;
 pub mod ialloc;
 pub mod inode;
