@@ -15,7 +15,7 @@ use std::sync::Arc;
 use common::*;
 use ext4kit_device::{CutMode, Device, FaultDevice, FileDevice, MemDevice, OpenOptions};
 use ext4kit_format::inode::S_IFREG;
-use ext4kit_fs::fs::{Filesystem, NewInode};
+use ext4kit_fs::fs::{Falloc, Filesystem, NewInode};
 use ext4kit_fs::rw::RwOptions;
 
 fn tools() -> Result<(), String> {
@@ -116,6 +116,36 @@ fn scenario(fs: &Filesystem, bs: u64) -> Vec<(u32, Vec<u8>)> {
     want.extend(big);
     want.resize(8 << 20, 0);
     files.push((s, want));
+    // fallocate: default (unwritten, size grows), a write into the
+    // unwritten range, KEEP_SIZE past the end, a punched hole, a zeroed
+    // range (unaligned ends), and a write into the zeroed range.
+    let u = new_file(fs);
+    fs.fallocate(u, 0, 40 * bs + 5, Falloc::default()).unwrap();
+    let mut want = vec![0u8; (40 * bs + 5) as usize];
+    let w = pattern((10 * bs) as usize, 5);
+    fs.write_at(u, 3 * bs + 100, &w).unwrap();
+    want[(3 * bs + 100) as usize..(13 * bs + 100) as usize].copy_from_slice(&w);
+    let keep = Falloc {
+        keep_size: true,
+        ..Falloc::default()
+    };
+    fs.fallocate(u, 40 * bs, 100 * bs, keep).unwrap();
+    let punch = Falloc {
+        keep_size: true,
+        punch_hole: true,
+        ..Falloc::default()
+    };
+    fs.fallocate(u, 4 * bs + 7, 3 * bs, punch).unwrap();
+    want[(4 * bs + 7) as usize..(7 * bs + 7) as usize].fill(0);
+    let zero = Falloc {
+        zero_range: true,
+        ..Falloc::default()
+    };
+    fs.fallocate(u, 9 * bs + 1, 2 * bs + 10, zero).unwrap();
+    want[(9 * bs + 1) as usize..(11 * bs + 11) as usize].fill(0);
+    fs.write_at(u, 10 * bs, b"x").unwrap();
+    want[(10 * bs) as usize] = b'x';
+    files.push((u, want));
     // Created then deleted: everything given back.
     let d = new_file(fs);
     fs.write_at(d, 0, &pattern(300_000, 4)).unwrap();

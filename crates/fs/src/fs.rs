@@ -70,6 +70,10 @@ pub const WRITE_CHUNK: u64 = 2048;
 /// Groups whose bitmaps/descriptor one allocation may change before it is
 /// retried smaller (keeps a handle's credits bounded).
 const MAX_GROUPS: usize = 6;
+/// Blocks one fallocate handle covers at most.
+pub const FALLOC_CHUNK: u64 = 1 << 20;
+/// Groups one fallocate handle may change.
+const FALLOC_GROUPS: usize = 40;
 /// Longest unwritten extent.
 const UNWRITTEN_MAX: u32 = EXT_INIT_MAX_LEN - 1;
 
@@ -104,6 +108,17 @@ pub struct NewInode {
     pub links: u16,
     /// atime = mtime = ctime = crtime; `None`: now.
     pub time: Option<Timestamp>,
+}
+
+/// `fallocate(2)` mode bits (util-linux `-n`, `-p`, `-z`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Falloc {
+    /// `FALLOC_FL_KEEP_SIZE`.
+    pub keep_size: bool,
+    /// `FALLOC_FL_PUNCH_HOLE` (needs `keep_size`).
+    pub punch_hole: bool,
+    /// `FALLOC_FL_ZERO_RANGE`.
+    pub zero_range: bool,
 }
 
 /// Which times [`Filesystem::set_times`] sets.
@@ -717,7 +732,7 @@ impl Filesystem {
                 });
                 let mut req = AllocRequest::new(h1 - l, self.inode_group(inode.ino));
                 req.goal = Some(goal);
-                let a = self.alloc_bounded(&req)?;
+                let a = self.alloc_bounded(&req, MAX_GROUPS)?;
                 for (s, n) in a {
                     covered.push(Mapping {
                         lblk: l,
@@ -773,12 +788,12 @@ impl Filesystem {
 
     /// Allocate, retrying smaller while the allocation would touch more
     /// groups than a handle budgets for.
-    fn alloc_bounded(&self, req: &AllocRequest) -> Result<Vec<(u64, u32)>, FsError> {
+    fn alloc_bounded(&self, req: &AllocRequest, groups: usize) -> Result<Vec<(u64, u32)>, FsError> {
         let rd = self.rw.blocks();
         let mut r = *req;
         loop {
             let a = self.balloc.alloc(rd, &r)?;
-            if a.dirty.len() <= MAX_GROUPS || r.len == 1 {
+            if a.dirty.len() <= groups || r.len == 1 {
                 return Ok(a.extents);
             }
             self.balloc.give_back(rd, &a.extents)?;
@@ -900,6 +915,189 @@ impl Filesystem {
                 n.set_size(size);
                 set_node_times(n, &Times::default(), t);
             })?;
+            self.store_inode(&mut op, &inode)
+        })();
+        match r {
+            Ok(()) => self.finish(op),
+            Err(e) => Err(self.fail(op, e)),
+        }
+    }
+
+    /// `fallocate(2)` on regular file `ino` over `[off, off+len)`:
+    /// default and [`Falloc::keep_size`] allocate the holes as unwritten
+    /// extents (reading as zeros); [`Falloc::punch_hole`] frees the whole
+    /// blocks of the range and zeroes the partial ones (size kept);
+    /// [`Falloc::zero_range`] turns the whole blocks into unwritten extents
+    /// (allocating holes) and zeroes the partial ones. Returns the last
+    /// tid. Large ranges take several handles.
+    pub fn fallocate(&self, ino: u32, off: u64, len: u64, mode: Falloc) -> Result<u32, FsError> {
+        let bs = self.block_size();
+        let end = off
+            .checked_add(len)
+            .filter(|&e| len > 0 && e.div_ceil(bs) <= u64::from(u32::MAX))
+            .ok_or_else(|| FsError::InvalidRequest(format!("fallocate range {off}+{len}")))?;
+        if mode.punch_hole && !mode.keep_size {
+            return Err(FsError::InvalidRequest(
+                "punching a hole needs keep_size (FALLOC_FL_KEEP_SIZE)".into(),
+            ));
+        }
+        if mode.punch_hole && mode.zero_range {
+            return Err(FsError::InvalidRequest(
+                "punch_hole and zero_range together".into(),
+            ));
+        }
+        let inode = self.inode(ino)?;
+        if !inode.is_regular() {
+            return Err(if inode.is_dir() {
+                FsError::IsADirectory
+            } else {
+                FsError::InvalidRequest(format!("inode {ino} is not a regular file"))
+            });
+        }
+        // Whole blocks of the range (punch/zero), all touched ones (alloc).
+        let (w0, w1) = if mode.punch_hole || mode.zero_range {
+            (off.div_ceil(bs), end / bs)
+        } else {
+            (off / bs, end.div_ceil(bs))
+        };
+        let mut tid = self.rw.journal().running_tid();
+        // Partial edge blocks first (zeroed in place).
+        if mode.punch_hole || mode.zero_range {
+            let mut edges = Vec::new();
+            if !off.is_multiple_of(bs) {
+                edges.push((off, end.min((off / bs + 1) * bs)));
+            }
+            if !end.is_multiple_of(bs) && (off.is_multiple_of(bs) || end / bs != off / bs) {
+                edges.push(((end / bs) * bs, end));
+            }
+            for (a, b) in edges {
+                tid = self.zero_in_block(ino, a, b)?;
+            }
+        }
+        let chunk = FALLOC_CHUNK;
+        let mut l = w0;
+        while l < w1 {
+            let e = (l + chunk).min(w1);
+            tid = self.falloc_chunk(ino, l, e, mode)?;
+            l = e;
+        }
+        if !mode.keep_size && self.inode(ino)?.size < end {
+            tid = self.set_size_only(ino, end)?;
+        }
+        Ok(tid)
+    }
+
+    /// Zero bytes `[a, b)` (inside one block) of a file where written.
+    fn zero_in_block(&self, ino: u32, a: u64, b: u64) -> Result<u32, FsError> {
+        let bs = self.block_size();
+        let inode = self.inode(ino)?;
+        let lb = a / bs;
+        let m = self.read(|fs| fs.extent_at(&inode, lb))?;
+        let Some(m) = m.filter(|m| !m.unwritten) else {
+            return Ok(self.rw.journal().running_tid());
+        };
+        let p = m.pblk + (lb - m.lblk);
+        let mut op = self.begin(0, 0)?;
+        let r = (|| {
+            let mut buf = vec![0u8; bs as usize];
+            self.rw.blocks().read_block(p, &mut buf)?;
+            buf[(a - lb * bs) as usize..(b - lb * bs) as usize].fill(0);
+            op.h.write_data(p, &buf)
+        })();
+        match r {
+            Ok(()) => self.finish(op),
+            Err(e) => Err(self.fail(op, e)),
+        }
+    }
+
+    fn falloc_chunk(&self, ino: u32, l0: u64, l1: u64, mode: Falloc) -> Result<u32, FsError> {
+        let bs = self.block_size();
+        let mut inode = self.inode(ino)?;
+        let (maps, nodes) = self.mapping(&inode)?;
+        let groups = if mode.punch_hole {
+            let l = self.descs.layout();
+            let mut g = BTreeSet::new();
+            for m in cut(&maps, l0, l1).1 {
+                g.extend(l.group_of(m.pblk)..=l.group_of(m.pblk + u64::from(m.len) - 1));
+            }
+            g.len()
+        } else {
+            FALLOC_GROUPS
+        };
+        let credits = self.tree_credits(&nodes, maps.len() + 2 * FALLOC_GROUPS + 4);
+        let mut op = self.begin(credits, groups as u32 + 2)?;
+        let r = (|| {
+            let rd = self.rw.blocks();
+            let (mut exts, inside) = cut(&maps, l0, l1);
+            let tid = op.h.tid();
+            let per512 = bs / 512;
+            let mut blocks = inode.blocks_512;
+            if mode.punch_hole {
+                for f in &inside {
+                    self.balloc.free(rd, tid, f.pblk, f.len)?;
+                    op.h.free_extent(f.pblk, u64::from(f.len));
+                    blocks = blocks.saturating_sub(u64::from(f.len) * per512);
+                }
+            } else {
+                let mut covered: Vec<Mapping> = inside
+                    .into_iter()
+                    .map(|mut m| {
+                        if mode.zero_range {
+                            m.unwritten = true;
+                        }
+                        m
+                    })
+                    .collect();
+                let mut holes = Vec::new();
+                let mut at = l0;
+                for m in &covered {
+                    if m.lblk > at {
+                        holes.push((at, m.lblk));
+                    }
+                    at = m.end();
+                }
+                if at < l1 {
+                    holes.push((at, l1));
+                }
+                for (h0, h1) in holes {
+                    let mut l = h0;
+                    while l < h1 {
+                        let goal = goal_for(&exts, &covered, l).unwrap_or_else(|| {
+                            self.balloc
+                                .goal_for_inode(self.inode_group(inode.ino), true)
+                        });
+                        let mut req = AllocRequest::new(h1 - l, self.inode_group(inode.ino));
+                        req.goal = Some(goal);
+                        req.max_extent = UNWRITTEN_MAX;
+                        for (s, n) in self.alloc_bounded(&req, FALLOC_GROUPS)? {
+                            covered.push(Mapping {
+                                lblk: l,
+                                pblk: s,
+                                len: n,
+                                unwritten: true,
+                            });
+                            l += u64::from(n);
+                            blocks += u64::from(n) * per512;
+                        }
+                    }
+                }
+                covered.sort_by_key(|m| m.lblk);
+                exts.extend(covered);
+            }
+            let exts = normalize(exts);
+            let t = now();
+            self.edit_inode(&mut inode, |n| {
+                n.set_blocks_512(blocks);
+                set_node_times(n, &Times::default(), t);
+                if mode.punch_hole || mode.zero_range {
+                    let (s, x) = encode_time(t);
+                    n.i_mtime.set(s);
+                    if inode_has_extra(n) {
+                        n.i_mtime_extra.set(x);
+                    }
+                }
+            })?;
+            self.write_tree(&mut op, &mut inode, &nodes, &exts)?;
             self.store_inode(&mut op, &inode)
         })();
         match r {

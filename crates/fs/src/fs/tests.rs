@@ -145,3 +145,77 @@ fn fragmented_file_grows_a_deep_tree_and_shrinks_back() {
     assert_eq!(fs.block_alloc().free_blocks(), free0);
     fs.close().unwrap();
 }
+
+#[test]
+fn fallocate_modes_keep_the_mapping_and_counts() {
+    let dev = Arc::new(image(64 << 20, &[]));
+    let fs = open(&dev);
+    let free0 = fs.block_alloc().free_blocks();
+    let ino = new_file(&fs);
+    let maps = |fs: &Filesystem| {
+        let i = fs.inode(ino).unwrap();
+        (fs.read(|f| f.extents(&i)).unwrap(), i)
+    };
+    fs.fallocate(ino, 0, 100 * 1024, Falloc::default()).unwrap();
+    let (m, i) = maps(&fs);
+    assert!(m.iter().all(|x| x.unwritten));
+    assert_eq!((i.size, i.blocks_512), (100 * 1024, 200));
+    // A write in the middle splits the unwritten extent in three.
+    fs.write_at(ino, 10 * 1024, &[7u8; 2048]).unwrap();
+    let (m, _) = maps(&fs);
+    let states: Vec<(u64, u32, bool)> = m.iter().map(|x| (x.lblk, x.len, x.unwritten)).collect();
+    assert_eq!(states, vec![(0, 10, true), (10, 2, false), (12, 88, true)]);
+    // KEEP_SIZE: blocks past the end, size unchanged.
+    let keep = Falloc {
+        keep_size: true,
+        ..Falloc::default()
+    };
+    fs.fallocate(ino, 100 * 1024, 50 * 1024, keep).unwrap();
+    let (_, i) = maps(&fs);
+    assert_eq!((i.size, i.blocks_512), (100 * 1024, 300));
+    // Punch the written blocks and a bit more: freed, reads zeros.
+    let punch = Falloc {
+        keep_size: true,
+        punch_hole: true,
+        ..Falloc::default()
+    };
+    fs.fallocate(ino, 9 * 1024, 4 * 1024, punch).unwrap();
+    let (m, i) = maps(&fs);
+    assert!(m.iter().all(|x| x.end() <= 9 || x.lblk >= 13));
+    assert_eq!(i.blocks_512, 300 - 8);
+    let mut b = vec![1u8; 4096];
+    fs.read_at(ino, 9 * 1024, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    // ZERO_RANGE over a written block makes it unwritten (reads zeros).
+    fs.write_at(ino, 20 * 1024, &[9u8; 1024]).unwrap();
+    let zero = Falloc {
+        zero_range: true,
+        ..Falloc::default()
+    };
+    fs.fallocate(ino, 20 * 1024, 1024, zero).unwrap();
+    let (m, _) = maps(&fs);
+    assert!(
+        m.iter()
+            .any(|x| x.lblk <= 20 && 20 < x.end() && x.unwritten)
+    );
+    fs.read_at(ino, 20 * 1024, &mut b[..1024]).unwrap();
+    assert!(b[..1024].iter().all(|&x| x == 0));
+    // Refusals.
+    assert!(
+        fs.fallocate(
+            ino,
+            0,
+            1024,
+            Falloc {
+                punch_hole: true,
+                ..Falloc::default()
+            }
+        )
+        .is_err()
+    );
+    assert!(fs.fallocate(ino, 0, 0, Falloc::default()).is_err());
+    fs.delete_inode(ino).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.block_alloc().free_blocks(), free0);
+    fs.close().unwrap();
+}
