@@ -15,8 +15,10 @@ use std::sync::Arc;
 use common::*;
 use ext4kit_device::{CutMode, Device, FaultDevice, FileDevice, MemDevice, OpenOptions};
 use ext4kit_format::inode::S_IFREG;
-use ext4kit_fs::fs::{Falloc, Filesystem, NewInode};
+use ext4kit_fs::fs::{Falloc, Filesystem, NewInode, SetAttr, Times};
+use ext4kit_fs::inode::Timestamp;
 use ext4kit_fs::rw::RwOptions;
+use std::os::unix::fs::MetadataExt;
 
 fn tools() -> Result<(), String> {
     for t in ["mke2fs", "e2fsck", "debugfs"] {
@@ -146,6 +148,27 @@ fn scenario(fs: &Filesystem, bs: u64) -> Vec<(u32, Vec<u8>)> {
     fs.write_at(u, 10 * bs, b"x").unwrap();
     want[(10 * bs) as usize] = b'x';
     files.push((u, want));
+    // setattr: mode, owner (32-bit ids), times with nanoseconds past 2038
+    // and before 1970, size.
+    let t = new_file(fs);
+    fs.write_at(t, 0, &pattern(5000, 6)).unwrap();
+    let ts = |sec, nsec| Some(Timestamp { sec, nsec });
+    let a = SetAttr {
+        mode: Some(0o4751),
+        uid: Some(70_000),
+        gid: Some(80_001),
+        size: Some(3000),
+        times: Some(Times {
+            atime: ts(-12_345, 999_999_999),
+            mtime: ts(4_000_000_000, 123_456_789),
+            ctime: None,
+            crtime: None,
+        }),
+    };
+    fs.setattr(t, &a).unwrap();
+    let mut want = pattern(5000, 6);
+    want.truncate(3000);
+    files.push((t, want));
     // Created then deleted: everything given back.
     let d = new_file(fs);
     fs.write_at(d, 0, &pattern(300_000, 4)).unwrap();
@@ -187,6 +210,89 @@ fn check_case(dir: &Path, name: &str, args: &[&str]) {
     }
     fs.close().unwrap();
     e2fsck_clean(&img).unwrap();
+}
+
+/// As root with loop devices: the kernel mounts what ext4kit wrote and
+/// reads the same bytes and stat fields; after the kernel appends to
+/// and truncates the files and unmounts, e2fsck is clean and ext4kit
+/// reads what the kernel wrote.
+#[test]
+fn kernel_reads_what_ext4kit_wrote() {
+    let name = "kernel_reads_what_ext4kit_wrote";
+    if let Err(r) = tools().and_then(|_| kernel_mount_available()) {
+        return skip(name, &r);
+    }
+    let dir = image_dir();
+    for (img_name, args) in [
+        ("k4.img", &["-b", "4096"][..]),
+        ("k1.img", &["-b", "1024"][..]),
+    ] {
+        let img = mkimg(dir.path(), img_name, "64M", args);
+        let bs = fs_block_size(&img).unwrap();
+        let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+        let files = scenario(&fs, bs);
+        let stats: Vec<_> = files.iter().map(|(i, _)| fs.inode(*i).unwrap()).collect();
+        fs.close().unwrap();
+        for (k, (ino, _)) in files.iter().enumerate() {
+            debugfs(&img, true, &format!("ln <{ino}> /f{k}"));
+        }
+        {
+            let lo = LoopDev::attach(&img).unwrap();
+            let m = Mount::new(lo.path(), "ext4", Some("noatime")).unwrap();
+            for (k, ((_, want), st)) in files.iter().zip(&stats).enumerate() {
+                let p = m.path().join(format!("f{k}"));
+                let got = fs::read(&p).unwrap();
+                assert!(got == *want, "{img_name}: f{k} content");
+                let md = fs::symlink_metadata(&p).unwrap();
+                assert_eq!(md.mode(), u32::from(st.mode), "f{k} mode");
+                assert_eq!((md.uid(), md.gid()), (st.uid, st.gid), "f{k} owner");
+                assert_eq!(md.size(), st.size, "f{k} size");
+                assert_eq!(md.blocks(), st.blocks_512, "f{k} blocks");
+                assert_eq!(
+                    (md.mtime(), md.mtime_nsec() as u32),
+                    (st.mtime.sec, st.mtime.nsec)
+                );
+                assert_eq!(
+                    (md.atime(), md.atime_nsec() as u32),
+                    (st.atime.sec, st.atime.nsec)
+                );
+                assert_eq!(
+                    (md.ctime(), md.ctime_nsec() as u32),
+                    (st.ctime.sec, st.ctime.nsec)
+                );
+                // The kernel writes on: an append and a truncate.
+                let mut f = fs::OpenOptions::new().append(true).open(&p).unwrap();
+                std::io::Write::write_all(&mut f, b"kernel").unwrap();
+                drop(f);
+            }
+            fs::OpenOptions::new()
+                .write(true)
+                .open(m.path().join("f0"))
+                .unwrap()
+                .set_len(1000)
+                .unwrap();
+            m.unmount().unwrap();
+        }
+        e2fsck_clean(&img).unwrap_or_else(|e| panic!("{img_name} after the kernel: {e}"));
+        let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+        for (k, (ino, want)) in files.iter().enumerate() {
+            let mut want = want.clone();
+            want.extend_from_slice(b"kernel");
+            if k == 0 {
+                want.truncate(1000);
+            }
+            let mut got = vec![0u8; want.len() + 10];
+            assert_eq!(fs.read_at(*ino, 0, &mut got).unwrap(), want.len());
+            assert!(
+                got[..want.len()] == want[..],
+                "{img_name}: f{k} after the kernel"
+            );
+            // And ext4kit writes on top of the kernel's writes.
+            fs.write_at(*ino, 0, b"again").unwrap();
+        }
+        fs.close().unwrap();
+        e2fsck_clean(&img).unwrap();
+    }
 }
 
 #[test]

@@ -130,6 +130,17 @@ pub struct Times {
     pub crtime: Option<Timestamp>,
 }
 
+/// What [`Filesystem::setattr`] changes (`None`: unchanged).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetAttr {
+    /// Permission bits (0o7777).
+    pub mode: Option<u16>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub times: Option<Times>,
+}
+
 /// A filesystem open for reading and writing (see the module docs).
 pub struct Filesystem {
     rw: RwFs,
@@ -440,6 +451,44 @@ impl Filesystem {
         let (blk, off) = self.inode_location(inode.ino)?;
         let raw = &inode.raw;
         op.h.modify(blk, |b| b[off..off + raw.len()].copy_from_slice(raw))
+    }
+
+    /// `setattr`: permission bits (the type is kept), owner, size (a
+    /// truncate or sparse growth first) and times, in that order; ctime is
+    /// now unless given. Returns the last tid.
+    pub fn setattr(&self, ino: u32, a: &SetAttr) -> Result<u32, FsError> {
+        let mut tid = self.rw.journal().running_tid();
+        if let Some(size) = a.size {
+            tid = self.truncate(ino, size)?;
+        }
+        if a.mode.is_none() && a.uid.is_none() && a.gid.is_none() && a.times.is_none() {
+            return Ok(tid);
+        }
+        let mut inode = self.inode(ino)?;
+        let mut op = self.begin(1, 0)?;
+        let r = (|| {
+            let t = a.times.unwrap_or_default();
+            let c = t.ctime.unwrap_or_else(now);
+            self.edit_inode(&mut inode, |n| {
+                if let Some(m) = a.mode {
+                    n.i_mode.set((n.i_mode.get() & S_IFMT) | (m & 0o7777));
+                }
+                if let Some(u) = a.uid {
+                    n.i_uid.set(u as u16);
+                    n.l_i_uid_high.set((u >> 16) as u16);
+                }
+                if let Some(g) = a.gid {
+                    n.i_gid.set(g as u16);
+                    n.l_i_gid_high.set((g >> 16) as u16);
+                }
+                set_node_times(n, &t, c);
+            })?;
+            self.store_inode(&mut op, &inode)
+        })();
+        match r {
+            Ok(()) => self.finish(op),
+            Err(e) => Err(self.fail(op, e)),
+        }
     }
 
     /// Set times (ctime is set to now unless given), in one transaction.
