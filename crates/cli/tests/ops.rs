@@ -433,3 +433,135 @@ fn crash_at_every_write_recovers_a_committed_state() {
     }
     assert!(checked > 10);
 }
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// Random sequences of write, truncate, fallocate (all modes), setattr,
+/// delete and sync over a few files, against an in-memory model: after
+/// each sequence every file's bytes, size and mode equal the model's, the
+/// filesystem closes cleanly and e2fsck is clean (files linked with
+/// debugfs). `EXT4KIT_OPS_MODEL=N` runs N sequences (default 6).
+#[test]
+fn random_sequences_match_the_model() {
+    let name = "random_sequences_match_the_model";
+    if let Err(r) = tools() {
+        return skip(name, &r);
+    }
+    let runs: u64 = std::env::var("EXT4KIT_OPS_MODEL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6);
+    let dir = image_dir();
+    let base = mkimg(dir.path(), "base.img", "32M", &["-b", "1024"]);
+    for run in 0..runs {
+        let img = dir.path().join("m.img");
+        run_ok(tool("cp").arg("--sparse=always").arg(&base).arg(&img)).unwrap();
+        let mut rng = Rng(0x5EED ^ (run + 1).wrapping_mul(0x2545_F491_4F6C_DD1D));
+        let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+        // (ino, content, mode)
+        let mut model: Vec<(u32, Vec<u8>, u16)> =
+            (0..3).map(|_| (new_file(&fs), Vec::new(), 0o640)).collect();
+        let ops = 40;
+        for step in 0..ops {
+            let k = rng.below(model.len() as u64) as usize;
+            let (ino, ref mut data, ref mut mode) = model[k];
+            let max = 300_000u64;
+            let ctx = format!("run {run} step {step} file {k}");
+            match rng.below(10) {
+                0..=3 => {
+                    let off = rng.below(max);
+                    let len = 1 + rng.below(40_000) as usize;
+                    let d = pattern(len, rng.next());
+                    fs.write_at(ino, off, &d)
+                        .unwrap_or_else(|e| panic!("{ctx}: write: {e}"));
+                    let end = off as usize + len;
+                    if data.len() < end {
+                        data.resize(end, 0);
+                    }
+                    data[off as usize..end].copy_from_slice(&d);
+                }
+                4 => {
+                    let size = rng.below(max);
+                    fs.truncate(ino, size)
+                        .unwrap_or_else(|e| panic!("{ctx}: truncate: {e}"));
+                    data.resize(size as usize, 0);
+                }
+                5..=7 => {
+                    let off = rng.below(max);
+                    let len = 1 + rng.below(60_000);
+                    let (keep, punch, zero) = match rng.below(4) {
+                        0 => (false, false, false),
+                        1 => (true, false, false),
+                        2 => (true, true, false),
+                        _ => (rng.below(2) == 0, false, true),
+                    };
+                    let m = Falloc {
+                        keep_size: keep,
+                        punch_hole: punch,
+                        zero_range: zero,
+                    };
+                    fs.fallocate(ino, off, len, m)
+                        .unwrap_or_else(|e| panic!("{ctx}: fallocate {m:?}: {e}"));
+                    let end = (off + len) as usize;
+                    if punch || zero {
+                        let e = end.min(data.len());
+                        if (off as usize) < e {
+                            data[off as usize..e].fill(0);
+                        }
+                    }
+                    if !keep && data.len() < end {
+                        data.resize(end, 0);
+                    }
+                }
+                8 => {
+                    let m = (rng.below(0o7777) as u16) & 0o777;
+                    let a = SetAttr {
+                        mode: Some(m),
+                        ..SetAttr::default()
+                    };
+                    fs.setattr(ino, &a).unwrap();
+                    *mode = m;
+                }
+                _ => {
+                    if rng.below(3) == 0 {
+                        fs.delete_inode(ino)
+                            .unwrap_or_else(|e| panic!("{ctx}: delete: {e}"));
+                        model[k] = (new_file(&fs), Vec::new(), 0o640);
+                    } else {
+                        fs.sync().unwrap();
+                    }
+                }
+            }
+        }
+        for (k, (ino, data, mode)) in model.iter().enumerate() {
+            let i = fs.inode(*ino).unwrap();
+            assert_eq!(i.size, data.len() as u64, "run {run} file {k} size");
+            assert_eq!(i.mode & 0o7777, *mode, "run {run} file {k} mode");
+            let mut got = vec![0u8; data.len()];
+            fs.read_at(*ino, 0, &mut got).unwrap();
+            assert!(got == *data, "run {run} file {k} content");
+        }
+        fs.close().unwrap();
+        for (k, (ino, _, _)) in model.iter().enumerate() {
+            debugfs(&img, true, &format!("ln <{ino}> /f{k}"));
+        }
+        e2fsck_clean(&img).unwrap_or_else(|e| panic!("run {run}: {e}"));
+        for (k, (_, data, _)) in model.iter().enumerate() {
+            assert!(
+                debugfs(&img, false, &format!("cat /f{k}")) == *data,
+                "run {run} f{k} by debugfs"
+            );
+        }
+    }
+}
