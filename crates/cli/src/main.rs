@@ -8,6 +8,7 @@ use cmd_mkfs::Personality;
 #[macro_use]
 mod out;
 
+mod cmd_attr;
 mod cmd_cat;
 mod cmd_generate;
 mod cmd_info;
@@ -51,6 +52,14 @@ enum Cmd {
     Cat(cmd_cat::CatArgs),
     /// Show an inode of an image: coreutils stat fields, flags, xattrs (read-only).
     Stat(cmd_stat::StatArgs),
+    /// Change permission bits of files in an image (IMG:PATH...).
+    Chmod(cmd_attr::ChmodArgs),
+    /// Change the owner and group of files in an image (numeric ids).
+    Chown(cmd_attr::ChownArgs),
+    /// Shrink or extend files in an image to a size (truncate -s).
+    Truncate(cmd_attr::TruncateArgs),
+    /// Preallocate, punch or zero file space in an image (util-linux fallocate).
+    Fallocate(cmd_attr::FallocateArgs),
     /// Write man pages or shell completions (for packaging).
     #[command(hide = true)]
     Generate(cmd_generate::GenerateArgs),
@@ -158,8 +167,20 @@ fn main() {
                     .get(1)
                     .map(|s| s.to_string_lossy().into_owned())
                     .filter(|s| {
-                        ["mkfs", "lazyinit", "info", "journal", "ls", "cat", "stat"]
-                            .contains(&s.as_str())
+                        [
+                            "mkfs",
+                            "lazyinit",
+                            "info",
+                            "journal",
+                            "ls",
+                            "cat",
+                            "stat",
+                            "chmod",
+                            "chown",
+                            "truncate",
+                            "fallocate",
+                        ]
+                        .contains(&s.as_str())
                     });
                 let prog = match sub {
                     Some(s) => format!("ext4kit {s}"),
@@ -176,6 +197,10 @@ fn main() {
             Cmd::Ls(a) => cmd_ls::run(a),
             Cmd::Cat(a) => cmd_cat::run(a),
             Cmd::Stat(a) => cmd_stat::run(a),
+            Cmd::Chmod(a) => cmd_attr::chmod(a),
+            Cmd::Chown(a) => cmd_attr::chown(a),
+            Cmd::Truncate(a) => cmd_attr::truncate(a),
+            Cmd::Fallocate(a) => cmd_attr::fallocate(a),
             Cmd::Generate(a) => cmd_generate::run(a, Cli::command()),
         }
     };
