@@ -23,6 +23,7 @@ pub mod journal;
 pub mod path;
 pub mod sb;
 pub mod xattr;
+pub mod xattr_write;
 
 use std::collections::HashMap;
 
