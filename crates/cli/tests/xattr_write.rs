@@ -1,0 +1,807 @@
+//! The xattr writer (`ext4kit_fs::xattr_write`) on real mke2fs images:
+//! 256- and 128-byte inodes, 1 KiB and 4 KiB blocks, with and without
+//! metadata_csum. A test-only [`XattrBlocks`] writes straight into the
+//! image (no journal) with a test-only allocator that keeps the block
+//! bitmap, the counts and their checksums as e2fsck wants them. After each
+//! scenario `e2fsck -fn` is clean, and the read side's `xattrs()` and
+//! `debugfs ea_list` show exactly the model's attributes; a random
+//! sequence of set/replace/remove on a few inodes is checked the same way
+//! (`EXT4KIT_XATTR_SEEDS=N` for more seeds); as root with loop devices the
+//! kernel mount sees the same attributes and ACLs (`os.getxattr` through
+//! python3, the raw bytes getfattr/getfacl read), and a block the kernel
+//! shared between two inodes is copied on write.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use ext4kit_device::{FileDevice, OpenOptions};
+use ext4kit_format::GroupDesc;
+use ext4kit_format::acl::{self, AclEntry};
+use ext4kit_format::checksum::crc32c_raw;
+use ext4kit_format::group_desc::BG_BLOCK_UNINIT;
+use ext4kit_fs::FsError;
+use ext4kit_fs::sb::{FsInfo, Volume};
+use ext4kit_fs::xattr::XattrPlace;
+use ext4kit_fs::xattr_write::{
+    self as xw, AclKind, SetMode, XattrBlocks, XattrError, XattrGeometry,
+};
+
+/// Direct, unjournaled block I/O with a first-fit allocator that keeps
+/// bitmaps, group and superblock counts and checksums consistent.
+struct TestBlocks<'a> {
+    f: &'a File,
+    info: &'a FsInfo,
+    allocated: Vec<u64>,
+    freed: Vec<u64>,
+}
+
+impl TestBlocks<'_> {
+    fn bs(&self) -> u64 {
+        u64::from(self.info.block_size)
+    }
+    fn desc_pos(&self, g: u32) -> u64 {
+        let per = self.info.descs_per_block();
+        self.info.desc_block(g / per) * self.bs()
+            + u64::from(g % per) * u64::from(self.info.desc_size)
+    }
+    fn desc(&self, g: u32) -> GroupDesc {
+        let mut b = vec![0u8; usize::from(self.info.desc_size)];
+        self.f.read_exact_at(&mut b, self.desc_pos(g)).unwrap();
+        GroupDesc::parse(&b).unwrap()
+    }
+    fn put_desc(&self, g: u32, mut d: GroupDesc, bitmap: &[u8]) {
+        let ds = usize::from(self.info.desc_size);
+        if self.info.csum.metadata {
+            let n = self.info.blocks_per_group as usize / 8;
+            d.set_block_bitmap_csum(self.info.csum.bitmap(&bitmap[..n]));
+        }
+        d.update_checksum(&self.info.csum, g, ds);
+        self.f
+            .write_all_at(d.on_disk(ds), self.desc_pos(g))
+            .unwrap();
+    }
+    fn sb_free_delta(&self, delta: i64) {
+        let mut sb = vec![0u8; 1024];
+        self.f.read_exact_at(&mut sb, 1024).unwrap();
+        let lo = u32::from_le_bytes(sb[0x0C..0x10].try_into().unwrap());
+        let hi = u32::from_le_bytes(sb[0x158..0x15C].try_into().unwrap());
+        let bit64 = self.info.desc_size >= 64;
+        let v = u64::from(lo) | if bit64 { u64::from(hi) << 32 } else { 0 };
+        let v = (v as i64 + delta) as u64;
+        sb[0x0C..0x10].copy_from_slice(&(v as u32).to_le_bytes());
+        if bit64 {
+            sb[0x158..0x15C].copy_from_slice(&((v >> 32) as u32).to_le_bytes());
+        }
+        if self.info.csum.metadata {
+            let c = crc32c_raw(!0, &sb[..1020]);
+            sb[1020..].copy_from_slice(&c.to_le_bytes());
+        }
+        self.f.write_all_at(&sb, 1024).unwrap();
+    }
+    fn group_of(&self, blk: u64) -> (u32, usize) {
+        let rel = blk - self.info.first_data_block;
+        let bpg = u64::from(self.info.blocks_per_group);
+        ((rel / bpg) as u32, (rel % bpg) as usize)
+    }
+}
+
+impl XattrBlocks for TestBlocks<'_> {
+    fn read(&self, blk: u64) -> Result<Vec<u8>, FsError> {
+        let mut b = vec![0u8; self.bs() as usize];
+        self.f.read_exact_at(&mut b, blk * self.bs()).unwrap();
+        Ok(b)
+    }
+    fn write(&mut self, blk: u64, data: &[u8]) -> Result<(), FsError> {
+        assert_eq!(data.len() as u64, self.bs());
+        self.f.write_all_at(data, blk * self.bs()).unwrap();
+        Ok(())
+    }
+    fn alloc(&mut self, goal: u64) -> Result<Option<u64>, FsError> {
+        let (g0, _) = self.group_of(goal);
+        let groups = self.info.groups;
+        for g in (g0..groups).chain(0..g0) {
+            let mut d = self.desc(g);
+            if d.flags() & BG_BLOCK_UNINIT != 0 || d.free_blocks() == 0 {
+                continue;
+            }
+            let bm_blk = d.block_bitmap();
+            let mut bm = self.read(bm_blk)?;
+            let first = self.info.group_first_block(g);
+            for i in 0..self.info.blocks_per_group as usize {
+                let blk = first + i as u64;
+                if blk >= self.info.blocks_count {
+                    break;
+                }
+                if bm[i / 8] & (1 << (i % 8)) == 0 {
+                    bm[i / 8] |= 1 << (i % 8);
+                    self.write(bm_blk, &bm)?;
+                    d.set_free_blocks(d.free_blocks() - 1);
+                    self.put_desc(g, d, &bm);
+                    self.sb_free_delta(-1);
+                    self.allocated.push(blk);
+                    return Ok(Some(blk));
+                }
+            }
+        }
+        Ok(None)
+    }
+    fn free(&mut self, blk: u64) -> Result<(), FsError> {
+        let (g, i) = self.group_of(blk);
+        let mut d = self.desc(g);
+        let bm_blk = d.block_bitmap();
+        let mut bm = self.read(bm_blk)?;
+        assert!(bm[i / 8] & (1 << (i % 8)) != 0, "freeing free block {blk}");
+        bm[i / 8] &= !(1 << (i % 8));
+        self.write(bm_blk, &bm)?;
+        d.set_free_blocks(d.free_blocks() + 1);
+        self.put_desc(g, d, &bm);
+        self.sb_free_delta(1);
+        self.freed.push(blk);
+        Ok(())
+    }
+}
+
+/// name -> (value, where it is stored).
+type Attrs = BTreeMap<Vec<u8>, (Vec<u8>, XattrPlace)>;
+
+/// An image, the model of its attributes (path -> name -> value as
+/// getxattr returns it) and the writer.
+struct Img {
+    path: PathBuf,
+    file: File,
+    model: BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>,
+}
+
+/// What one call did besides its result.
+#[derive(Default, Debug)]
+struct Effect {
+    allocated: Vec<u64>,
+    freed: Vec<u64>,
+}
+
+impl Img {
+    fn new(dir: &Path, name: &str, args: &[&str], src: &Path) -> Img {
+        let path = dir.join(format!("{name}.img"));
+        run_ok(
+            mke2fs(["-q", "-F", "-t", "ext4", "-N", "64"])
+                .args(args)
+                .arg("-d")
+                .arg(src)
+                .arg(&path)
+                .arg("8M"),
+        )
+        .unwrap();
+        e2fsck_clean(&path).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        Img {
+            path,
+            file,
+            model: BTreeMap::new(),
+        }
+    }
+
+    /// Run `op` on the inode at `path`'s image and write the image back
+    /// (when it succeeded).
+    fn on<R>(
+        &mut self,
+        path: &str,
+        op: impl FnOnce(&XattrGeometry, &mut TestBlocks<'_>, u32, &mut [u8]) -> Result<R, XattrError>,
+    ) -> (Result<R, XattrError>, Effect) {
+        let dev = FileDevice::open(&self.path, OpenOptions::read_only()).unwrap();
+        let vol = Volume::open(&dev).unwrap();
+        let fs = vol.fs();
+        let inode = fs.resolve(path.as_bytes(), false).unwrap();
+        let geo = XattrGeometry::new(&vol.info);
+        let mut blocks = TestBlocks {
+            f: &self.file,
+            info: &vol.info,
+            allocated: Vec::new(),
+            freed: Vec::new(),
+        };
+        let mut slot = inode.raw.clone();
+        let r = op(&geo, &mut blocks, inode.ino, &mut slot);
+        let eff = Effect {
+            allocated: blocks.allocated,
+            freed: blocks.freed,
+        };
+        if r.is_ok() {
+            self.write_slot(&vol.info, inode.ino, &slot);
+        } else {
+            assert_eq!(slot, inode.raw, "a failed call changed the inode");
+        }
+        (r, eff)
+    }
+
+    fn write_slot(&self, info: &FsInfo, ino: u32, slot: &[u8]) {
+        let idx = u64::from((ino - 1) % info.inodes_per_group);
+        let g = ((ino - 1) / info.inodes_per_group) as usize;
+        let pos = info.descs[g].inode_table() * u64::from(info.block_size)
+            + idx * u64::from(info.inode_size);
+        self.file.write_all_at(slot, pos).unwrap();
+    }
+
+    fn set(
+        &mut self,
+        path: &str,
+        name: &str,
+        value: &[u8],
+        mode: SetMode,
+    ) -> Result<bool, XattrError> {
+        let (r, _) = self.on(path, |g, b, ino, s| {
+            xw::set_xattr(g, b, ino, s, name.as_bytes(), Some(value), mode)
+        });
+        if r.is_ok() {
+            self.model
+                .entry(path.into())
+                .or_default()
+                .insert(name.as_bytes().to_vec(), value.to_vec());
+        }
+        r
+    }
+
+    fn remove(&mut self, path: &str, name: &str) -> Result<bool, XattrError> {
+        let (r, _) = self.on(path, |g, b, ino, s| {
+            xw::remove_xattr(g, b, ino, s, name.as_bytes())
+        });
+        if r.is_ok() {
+            self.model
+                .entry(path.into())
+                .or_default()
+                .remove(name.as_bytes());
+        }
+        r
+    }
+
+    /// The read side's attributes of `path` (name -> (value, place)) and
+    /// the inode's mode and `i_file_acl`.
+    fn read(&self, path: &str) -> (Attrs, u16, u64) {
+        let dev = FileDevice::open(&self.path, OpenOptions::read_only()).unwrap();
+        let vol = Volume::open(&dev).unwrap();
+        let fs = vol.fs();
+        let inode = fs.resolve(path.as_bytes(), false).unwrap();
+        let m = fs
+            .xattrs(&inode)
+            .unwrap()
+            .into_iter()
+            .map(|x| (x.name, (x.value, x.place)))
+            .collect();
+        (m, inode.mode, inode.file_acl)
+    }
+
+    /// e2fsck clean; read side and debugfs equal to the model.
+    fn check(&self, what: &str) {
+        if let Err(e) = e2fsck_clean(&self.path) {
+            panic!("{what}: {e}");
+        }
+        for (path, want) in &self.model {
+            let (got, _, _) = self.read(path);
+            let got: BTreeMap<_, _> = got.into_iter().map(|(k, (v, _))| (k, v)).collect();
+            assert_eq!(&got, want, "{what}: read side of {path}");
+            let mut theirs = debugfs_ea_list(&self.path, path);
+            theirs.sort();
+            let mut ours: Vec<(String, usize)> = want
+                .iter()
+                .map(|(k, v)| {
+                    let len = if k.starts_with(b"system.posix_acl") {
+                        acl::to_disk(&acl::from_xattr(v).unwrap()).len()
+                    } else {
+                        v.len()
+                    };
+                    (String::from_utf8_lossy(k).into_owned(), len)
+                })
+                .collect();
+            ours.sort();
+            assert_eq!(ours, theirs, "{what}: debugfs ea_list {path}");
+        }
+    }
+}
+
+fn source(dir: &Path) -> PathBuf {
+    let src = dir.join("src");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    for i in 0..6 {
+        std::fs::write(src.join(format!("f{i}")), format!("file {i}\n")).unwrap();
+    }
+    let _ = run(tool("mkfifo").arg(src.join("p")));
+    src
+}
+
+/// Printable bytes (debugfs prints them), deterministic.
+fn val(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b'a' + (x % 26) as u8
+        })
+        .collect()
+}
+
+const CONFIGS: &[(&str, &[&str], usize, usize)] = &[
+    ("4k-256-csum", &["-b", "4096", "-I", "256"], 4096, 256),
+    ("1k-128-csum", &["-b", "1024", "-I", "128"], 1024, 128),
+    (
+        "1k-256-nocsum",
+        &["-b", "1024", "-I", "256", "-O", "^metadata_csum"],
+        1024,
+        256,
+    ),
+    (
+        "4k-128-nocsum",
+        &["-b", "4096", "-I", "128", "-O", "^metadata_csum,^64bit"],
+        4096,
+        128,
+    ),
+];
+
+fn e2fs_tools() -> Result<(), String> {
+    for t in ["mke2fs", "e2fsck", "debugfs"] {
+        if !have(t) {
+            return Err(format!("{t} not found"));
+        }
+    }
+    Ok(())
+}
+
+fn ace(tag: u16, perm: u16, id: u32) -> AclEntry {
+    AclEntry { tag, perm, id }
+}
+
+/// The scenarios of items 1-3 on one image; returns it for the kernel check.
+fn scenarios(dir: &Path, src: &Path, name: &str, args: &[&str], bs: usize, isz: usize) -> Img {
+    let mut img = Img::new(dir, name, args, src);
+    let w = |s: &str| format!("{name}: {s}");
+    // 1. A small value: in the inode when there is room, else the block.
+    img.set("/f0", "user.small", b"hello", SetMode::Any)
+        .unwrap();
+    let (a, _, facl) = img.read("/f0");
+    let want = if isz > 128 {
+        XattrPlace::Inode
+    } else {
+        XattrPlace::Block
+    };
+    assert_eq!(a[&b"user.small".to_vec()].1, want, "{}", w("placement"));
+    assert_eq!(facl != 0, isz == 128);
+    img.check(&w("one small attribute"));
+    // Spill: many attributes, then large ones, go to the block.
+    for i in 0..8 {
+        img.set("/f0", &format!("user.n{i}"), &val(24, i), SetMode::Any)
+            .unwrap();
+    }
+    img.set("/f0", "trusted.big", &val(bs / 4, 99), SetMode::Create)
+        .unwrap();
+    img.set(
+        "/f0",
+        "security.selinux",
+        b"system_u:object_r:etc_t:s0\0",
+        SetMode::Any,
+    )
+    .unwrap();
+    let (a, _, facl) = img.read("/f0");
+    assert_ne!(facl, 0);
+    assert_eq!(a[&b"trusted.big".to_vec()].1, XattrPlace::Block);
+    img.check(&w("spilled into the block"));
+    // 2. Flags and limits, with nothing written on failure.
+    let before = file_hash(&img.path).unwrap();
+    assert!(matches!(
+        img.set("/f0", "user.small", b"x", SetMode::Create),
+        Err(XattrError::Exists)
+    ));
+    assert!(matches!(
+        img.set("/f0", "user.none", b"x", SetMode::Replace),
+        Err(XattrError::NoData)
+    ));
+    assert!(matches!(
+        img.remove("/f0", "user.none"),
+        Err(XattrError::NoData)
+    ));
+    assert!(matches!(
+        img.set("/f0", "user.huge", &val(bs, 1), SetMode::Any),
+        Err(XattrError::NoSpace)
+    ));
+    let long = format!("user.{}", "n".repeat(251));
+    assert!(matches!(
+        img.set("/f0", &long, b"", SetMode::Any),
+        Err(XattrError::NameTooLong)
+    ));
+    assert!(matches!(
+        img.set("/f0", "user.x", &vec![b'a'; 65537], SetMode::Any),
+        Err(XattrError::ValueTooBig)
+    ));
+    assert!(matches!(
+        img.set("/p", "user.x", b"", SetMode::Any),
+        Err(XattrError::NotPermitted(_))
+    ));
+    // Same value: nothing to do.
+    assert!(
+        !img.set("/f0", "user.small", b"hello", SetMode::Any)
+            .unwrap()
+    );
+    assert_eq!(
+        file_hash(&img.path).unwrap(),
+        before,
+        "{}",
+        w("refusals wrote")
+    );
+    img.set("/p", "trusted.fifo", b"ok", SetMode::Any).unwrap();
+    // A block value replaced by a small one moves into the inode (room
+    // allowing); the large one grows in place in the block.
+    img.set("/f0", "trusted.big", &val(bs / 3, 7), SetMode::Replace)
+        .unwrap();
+    img.check(&w("replaced values"));
+    // Empty value.
+    img.set("/f0", "user.empty", b"", SetMode::Any).unwrap();
+    img.check(&w("empty value"));
+    // Remove everything: the block is freed, i_file_acl is 0 again.
+    let names: Vec<Vec<u8>> = img.model["/f0"].keys().cloned().collect();
+    for n in names {
+        img.remove("/f0", std::str::from_utf8(&n).unwrap()).unwrap();
+    }
+    let (a, _, facl) = img.read("/f0");
+    assert!(a.is_empty() && facl == 0, "{}", w("all removed"));
+    img.check(&w("all removed"));
+
+    // 3. Shared block: f2's block shared with f3 (as the kernel's mbcache
+    // would), then f3 changed: copied on write; f2 removed: freed.
+    img.set("/f2", "user.shared", &val(bs / 2, 5), SetMode::Any)
+        .unwrap();
+    img.set("/f2", "user.other", &val(bs / 8, 6), SetMode::Any)
+        .unwrap();
+    let (_, _, b2) = img.read("/f2");
+    {
+        let dev = FileDevice::open(&img.path, OpenOptions::read_only()).unwrap();
+        let vol = Volume::open(&dev).unwrap();
+        let fs = vol.fs();
+        let i2 = fs.resolve(b"/f2", false).unwrap();
+        let i3 = fs.resolve(b"/f3", false).unwrap();
+        let geo = XattrGeometry::new(&vol.info);
+        let mut blocks = TestBlocks {
+            f: &img.file,
+            info: &vol.info,
+            allocated: Vec::new(),
+            freed: Vec::new(),
+        };
+        let mut s3 = i3.raw.clone();
+        xw::share_xattr_block(&geo, &mut blocks, i2.ino, &i2.raw, i3.ino, &mut s3).unwrap();
+        img.write_slot(&vol.info, i3.ino, &s3);
+    }
+    let shared = img.model["/f2"].clone();
+    img.model.insert("/f3".into(), shared);
+    img.check(&w("shared block"));
+    let (r, eff) = img.on("/f3", |g, b, ino, s| {
+        xw::set_xattr(g, b, ino, s, b"user.other", Some(b"mine"), SetMode::Replace)
+    });
+    r.unwrap();
+    img.model
+        .get_mut("/f3")
+        .unwrap()
+        .insert(b"user.other".to_vec(), b"mine".to_vec());
+    let (_, _, b3) = img.read("/f3");
+    assert_eq!(eff.allocated, vec![b3], "{}", w("copy on write"));
+    assert!(eff.freed.is_empty());
+    assert_ne!(b3, b2);
+    img.check(&w("copied on write"));
+    let (r, eff) = img.on("/f2", |g, b, ino, s| xw::release_xattr_block(g, b, ino, s));
+    assert!(r.unwrap());
+    assert_eq!(eff.freed, vec![b2], "{}", w("last reference frees"));
+    img.model.remove("/f2");
+    let (a, _, facl) = img.read("/f2");
+    assert!(a.is_empty() && facl == 0);
+    img.check(&w("released"));
+
+    // 4. ACLs on the directory and a file, mode kept in sync.
+    let u = acl::ACL_UNDEFINED_ID;
+    let full = vec![
+        ace(acl::ACL_USER_OBJ, 7, u),
+        ace(acl::ACL_USER, 6, 1000),
+        ace(acl::ACL_GROUP_OBJ, 5, u),
+        ace(acl::ACL_GROUP, 4, 100),
+        ace(acl::ACL_MASK, 5, u),
+        ace(acl::ACL_OTHER, 1, u),
+    ];
+    let x = acl::to_xattr(&full);
+    img.set("/d", "system.posix_acl_access", &x, SetMode::Any)
+        .unwrap();
+    img.set("/d", "system.posix_acl_default", &x, SetMode::Any)
+        .unwrap();
+    let (_, mode, _) = img.read("/d");
+    assert_eq!(mode & 0o777, 0o751, "{}", w("mode from the ACL"));
+    img.check(&w("ACLs on a directory"));
+    // chmod: the mask follows the group bits.
+    let (r, _) = img.on("/d", |g, b, ino, s| {
+        xw::chmod(g, b, ino, s, 0o770, Some(&full))
+    });
+    r.unwrap();
+    let chmodded = acl::chmod(&full, 0o770);
+    assert_eq!(chmodded[4].perm, 7);
+    img.model.get_mut("/d").unwrap().insert(
+        b"system.posix_acl_access".to_vec(),
+        acl::to_xattr(&chmodded),
+    );
+    let (a, mode, _) = img.read("/d");
+    assert_eq!(mode & 0o777, 0o770);
+    assert_eq!(
+        xw::get_acl(
+            &[ext4kit_fs::xattr::Xattr {
+                name: b"system.posix_acl_access".to_vec(),
+                value: a[&b"system.posix_acl_access".to_vec()].0.clone(),
+                place: XattrPlace::Inode,
+            }],
+            AclKind::Access
+        )
+        .unwrap()
+        .unwrap(),
+        chmodded
+    );
+    img.check(&w("chmod with an ACL"));
+    // An ACL the mode bits express: not stored, mode set.
+    let min = vec![
+        ace(acl::ACL_USER_OBJ, 6, u),
+        ace(acl::ACL_GROUP_OBJ, 0, u),
+        ace(acl::ACL_OTHER, 0, u),
+    ];
+    img.set(
+        "/f1",
+        "system.posix_acl_access",
+        &acl::to_xattr(&min),
+        SetMode::Any,
+    )
+    .unwrap();
+    img.model.remove("/f1");
+    let (a, mode, _) = img.read("/f1");
+    assert!(a.is_empty());
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(matches!(
+        img.set("/f1", "system.posix_acl_default", &x, SetMode::Any),
+        Err(XattrError::AccessDenied(_))
+    ));
+    // Bad ACL xattr values.
+    assert!(matches!(
+        img.set(
+            "/f1",
+            "system.posix_acl_access",
+            b"\x02\0\0\0\x01",
+            SetMode::Any
+        ),
+        Err(XattrError::Invalid(_))
+    ));
+    img.check(&w("ACLs"));
+    img
+}
+
+#[test]
+fn xattr_writes_on_real_images() {
+    if let Err(why) = e2fs_tools() {
+        return skip("xattr_writes_on_real_images", &why);
+    }
+    let dir = image_dir();
+    let src = source(dir.path());
+    let mut imgs = Vec::new();
+    for (name, args, bs, isz) in CONFIGS {
+        imgs.push(scenarios(dir.path(), &src, name, args, *bs, *isz));
+    }
+    match kernel_mount_available().and_then(|()| {
+        if have("python3") {
+            Ok(())
+        } else {
+            Err("python3 not found".into())
+        }
+    }) {
+        Err(why) => skip("xattr_writes_on_real_images (kernel mount)", &why),
+        Ok(()) => {
+            for img in &imgs {
+                kernel_sees_model(img);
+            }
+        }
+    }
+}
+
+/// `os.listxattr`/`os.getxattr` of every path in the model through a
+/// read-only kernel mount, hex-encoded: name -> value.
+fn kernel_xattrs(mnt: &Path, paths: &[&str]) -> BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>> {
+    let script = "import os, sys\nroot = sys.argv[1]\nfor p in sys.argv[2:]:\n    f = root + p\n    for n in sorted(os.listxattr(f, follow_symlinks=False)):\n        v = os.getxattr(f, n, follow_symlinks=False)\n        print(p, n.encode().hex(), v.hex())\n";
+    let out = run_ok(tool("python3").arg("-c").arg(script).arg(mnt).args(paths)).unwrap();
+    let mut m: BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>> = BTreeMap::new();
+    for p in paths {
+        m.insert(p.to_string(), BTreeMap::new());
+    }
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        let mut it = l.split(' ');
+        let (p, n, v) = (
+            it.next().unwrap(),
+            it.next().unwrap(),
+            it.next().unwrap_or(""),
+        );
+        m.get_mut(p).unwrap().insert(unhex(n), unhex(v));
+    }
+    m
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
+}
+
+fn kernel_sees_model(img: &Img) {
+    let lo = LoopDev::attach(&img.path).unwrap();
+    let mnt = Mount::new(lo.path(), "ext4", Some("ro")).unwrap();
+    let paths: Vec<&str> = img.model.keys().map(|s| s.as_str()).collect();
+    let got = kernel_xattrs(mnt.path(), &paths);
+    mnt.unmount().unwrap();
+    drop(lo);
+    for (p, want) in &img.model {
+        assert_eq!(
+            &got[p],
+            want,
+            "kernel getxattr of {p} in {}",
+            img.path.display()
+        );
+    }
+}
+
+/// Random set/replace/remove on a few inodes against a model.
+#[test]
+fn xattr_random_sequences_match_a_model() {
+    if let Err(why) = e2fs_tools() {
+        return skip("xattr_random_sequences_match_a_model", &why);
+    }
+    let seeds: u64 = std::env::var("EXT4KIT_XATTR_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let dir = image_dir();
+    let src = source(dir.path());
+    for seed in 0..seeds {
+        for (name, args, bs, _) in CONFIGS.iter().skip(seed as usize % 2).step_by(2) {
+            let tag = format!("{name}-seed{seed}");
+            let mut img = Img::new(dir.path(), &tag, args, &src);
+            let mut x = seed.wrapping_add(1).wrapping_mul(0x2545_F491_4F6C_DD1D);
+            let mut rnd = |n: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % n
+            };
+            let paths = ["/f4", "/f5", "/d"];
+            let names = [
+                "user.a",
+                "user.bb",
+                "user.ccc",
+                "trusted.t",
+                "security.s",
+                "user.long_name_xx",
+            ];
+            for step in 0..60 {
+                let p = paths[rnd(3) as usize];
+                let n = names[rnd(names.len() as u64) as usize];
+                let exists = img
+                    .model
+                    .get(p)
+                    .is_some_and(|m| m.contains_key(n.as_bytes()));
+                let what = format!("{tag} step {step}: {p} {n}");
+                match rnd(4) {
+                    0 => {
+                        let r = img.remove(p, n);
+                        assert_eq!(r.is_ok(), exists, "{what}: remove {r:?}");
+                    }
+                    k => {
+                        let len = match rnd(4) {
+                            0 => rnd(8),
+                            1 => rnd(64),
+                            _ => rnd(*bs as u64 / 3),
+                        } as usize;
+                        let v = val(len, rnd(1 << 30));
+                        let mode =
+                            [SetMode::Any, SetMode::Create, SetMode::Replace][k as usize - 1];
+                        match img.set(p, n, &v, mode) {
+                            Ok(_) => assert!(
+                                match mode {
+                                    SetMode::Create => !exists,
+                                    SetMode::Replace => exists,
+                                    SetMode::Any => true,
+                                },
+                                "{what}: {mode:?} succeeded"
+                            ),
+                            Err(XattrError::Exists) => {
+                                assert!(exists && mode == SetMode::Create, "{what}")
+                            }
+                            Err(XattrError::NoData) => {
+                                assert!(!exists && mode == SetMode::Replace, "{what}")
+                            }
+                            Err(XattrError::NoSpace) => {}
+                            Err(e) => panic!("{what}: {e}"),
+                        }
+                    }
+                }
+                if step % 20 == 19 {
+                    img.check(&what);
+                }
+            }
+            img.check(&tag);
+        }
+    }
+}
+
+/// The kernel shares identical xattr blocks (mbcache); ext4kit then
+/// changes one of the sharing inodes: copy on write, the kernel reads
+/// both right, e2fsck is clean.
+#[test]
+fn kernel_shared_block_is_copied_on_write() {
+    let t = "kernel_shared_block_is_copied_on_write";
+    if let Err(why) = e2fs_tools() {
+        return skip(t, &why);
+    }
+    if let Err(why) = kernel_mount_available() {
+        return skip(t, &why);
+    }
+    if !have("python3") {
+        return skip(t, "python3 not found");
+    }
+    let dir = image_dir();
+    let src = source(dir.path());
+    let mut img = Img::new(dir.path(), "kshare", &["-b", "1024", "-I", "256"], &src);
+    let big = val(600, 3);
+    {
+        let lo = LoopDev::attach(&img.path).unwrap();
+        let mnt = Mount::new(lo.path(), "ext4", None).unwrap();
+        let script = "import os, sys\nfor f in sys.argv[2:]:\n    os.setxattr(sys.argv[1] + f, 'user.big', bytes.fromhex(os.environ['V']))\n";
+        run_ok(
+            tool("python3")
+                .env(
+                    "V",
+                    big.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+                )
+                .arg("-c")
+                .arg(script)
+                .arg(mnt.path())
+                .args(["/f0", "/f1", "/f2"]),
+        )
+        .unwrap();
+        mnt.unmount().unwrap();
+    }
+    for f in ["/f0", "/f1", "/f2"] {
+        img.model
+            .entry(f.into())
+            .or_default()
+            .insert(b"user.big".to_vec(), big.clone());
+    }
+    let blocks: Vec<u64> = ["/f0", "/f1", "/f2"]
+        .iter()
+        .map(|f| img.read(f).2)
+        .collect();
+    img.check("kernel-written");
+    if blocks[0] != blocks[1] || blocks[1] != blocks[2] {
+        eprintln!("note: the kernel did not share the block ({blocks:?})");
+    } else {
+        eprintln!(
+            "note: the kernel shared block {} among three inodes",
+            blocks[0]
+        );
+    }
+    img.set("/f1", "user.big", b"now small", SetMode::Replace)
+        .unwrap();
+    // Too large for the inode's 92 free bytes: goes to the (shared) block.
+    img.set("/f2", "user.more", &val(120, 4), SetMode::Any)
+        .unwrap();
+    let after: Vec<u64> = ["/f0", "/f1", "/f2"]
+        .iter()
+        .map(|f| img.read(f).2)
+        .collect();
+    assert_eq!(after[0], blocks[0]);
+    assert_eq!(after[1], 0, "small value moved into the inode");
+    assert_ne!(after[2], blocks[0], "shared block copied on write");
+    img.check("after ext4kit's changes");
+    kernel_sees_model(&img);
+}
