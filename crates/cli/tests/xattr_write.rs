@@ -805,3 +805,194 @@ fn kernel_shared_block_is_copied_on_write() {
     img.check("after ext4kit's changes");
     kernel_sees_model(&img);
 }
+
+/// One operation of the differential test: set (with flags 0, CREATE=1,
+/// REPLACE=2) or remove.
+#[derive(Clone, Debug)]
+struct Op {
+    path: &'static str,
+    name: String,
+    value: Option<Vec<u8>>,
+    flags: u8,
+}
+
+fn random_ops(seed: u64, n: usize, bs: usize) -> Vec<Op> {
+    let mut x = seed.wrapping_add(7).wrapping_mul(0x2545_F491_4F6C_DD1D);
+    let mut rnd = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let u = acl::ACL_UNDEFINED_ID;
+    let acls = [
+        acl::to_xattr(&[
+            ace(acl::ACL_USER_OBJ, 7, u),
+            ace(acl::ACL_USER, 6, 1000),
+            ace(acl::ACL_GROUP_OBJ, 5, u),
+            ace(acl::ACL_MASK, 7, u),
+            ace(acl::ACL_OTHER, 1, u),
+        ]),
+        acl::to_xattr(&[
+            ace(acl::ACL_USER_OBJ, 6, u),
+            ace(acl::ACL_GROUP_OBJ, 4, u),
+            ace(acl::ACL_OTHER, 0, u),
+        ]),
+    ];
+    let names = [
+        "user.a",
+        "user.bb",
+        "user.ccc",
+        "trusted.t",
+        "security.s",
+        "user.a_much_longer_name",
+    ];
+    (0..n)
+        .map(|_| {
+            let path = ["/f4", "/f5", "/d"][rnd(3) as usize];
+            if path == "/d" && rnd(4) == 0 {
+                let name = ["system.posix_acl_access", "system.posix_acl_default"][rnd(2) as usize];
+                let value = match rnd(3) {
+                    0 => None,
+                    k => Some(acls[k as usize - 1].clone()),
+                };
+                return Op {
+                    path,
+                    name: name.into(),
+                    value,
+                    flags: 0,
+                };
+            }
+            let name = names[rnd(names.len() as u64) as usize].to_string();
+            let value = (rnd(4) != 0).then(|| {
+                let len = match rnd(4) {
+                    0 => rnd(8),
+                    1 => rnd(64),
+                    _ => rnd(bs as u64 / 3),
+                } as usize;
+                val(len, rnd(1 << 30))
+            });
+            Op {
+                path,
+                name,
+                value,
+                flags: rnd(3) as u8,
+            }
+        })
+        .collect()
+}
+
+/// The same random operations by the kernel (on a mount) and by ext4kit
+/// (on a copy of the image made before): the same result (errno) for
+/// each, and in the end the same attributes in the same place (inode or
+/// block), byte-identical in-inode areas, and the same modes.
+#[test]
+fn kernel_and_ext4kit_place_alike() {
+    let t = "kernel_and_ext4kit_place_alike";
+    if let Err(why) = e2fs_tools() {
+        return skip(t, &why);
+    }
+    if let Err(why) = kernel_mount_available() {
+        return skip(t, &why);
+    }
+    if !have("python3") {
+        return skip(t, "python3 not found");
+    }
+    let dir = image_dir();
+    let src = source(dir.path());
+    for (ci, (name, args, bs, _)) in CONFIGS.iter().enumerate() {
+        let ops = random_ops(ci as u64, 150, *bs);
+        let kimg = Img::new(dir.path(), &format!("k-{name}"), args, &src);
+        let mut ximg = Img::new(dir.path(), &format!("x-{name}"), args, &src);
+        std::fs::copy(&kimg.path, &ximg.path).unwrap();
+        // The kernel's results.
+        let script = r#"import os, sys
+root = sys.argv[1]
+for line in open(sys.argv[2]):
+    p, n, v, fl = line.split()
+    f = root + p
+    try:
+        if v == "-":
+            os.removexattr(f, n)
+        else:
+            os.setxattr(f, n, bytes.fromhex(v[1:]), int(fl))
+        print(0)
+    except OSError as e:
+        print(e.errno)
+"#;
+        let opsfile = dir.path().join(format!("ops-{name}"));
+        let text: String = ops
+            .iter()
+            .map(|o| {
+                let v = match &o.value {
+                    None => "-".to_string(),
+                    Some(v) => format!(
+                        "x{}",
+                        v.iter().map(|b| format!("{b:02x}")).collect::<String>()
+                    ),
+                };
+                format!("{} {} {} {}\n", o.path, o.name, v, o.flags)
+            })
+            .collect();
+        std::fs::write(&opsfile, text).unwrap();
+        let kernel: Vec<i32> = {
+            let lo = LoopDev::attach(&kimg.path).unwrap();
+            let mnt = Mount::new(lo.path(), "ext4", None).unwrap();
+            let out = run_ok(
+                tool("python3")
+                    .arg("-c")
+                    .arg(script)
+                    .arg(mnt.path())
+                    .arg(&opsfile),
+            )
+            .unwrap();
+            mnt.unmount().unwrap();
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|l| l.parse().unwrap())
+                .collect()
+        };
+        e2fsck_clean(&kimg.path).unwrap();
+        for (i, o) in ops.iter().enumerate() {
+            let mode = match o.flags {
+                1 => SetMode::Create,
+                2 => SetMode::Replace,
+                _ => SetMode::Any,
+            };
+            let (r, _) = ximg.on(o.path, |g, b, ino, s| {
+                xw::set_xattr(g, b, ino, s, o.name.as_bytes(), o.value.as_deref(), mode)
+            });
+            let errno = r.map_or_else(|e| e.errno(), |_| 0);
+            assert_eq!(errno, kernel[i], "{name} op {i} {o:?}");
+        }
+        e2fsck_clean(&ximg.path).unwrap();
+        let mut hist = BTreeMap::new();
+        for e in &kernel {
+            *hist.entry(*e).or_insert(0) += 1;
+        }
+        let mut in_block = 0;
+        for p in ["/f4", "/f5", "/d"] {
+            let (ka, kmode, _) = kimg.read(p);
+            let (xa, xmode, _) = ximg.read(p);
+            assert_eq!(xa, ka, "{name}: attributes and places of {p}");
+            in_block += xa.values().filter(|v| v.1 == XattrPlace::Block).count();
+            assert_eq!(xmode, kmode, "{name}: mode of {p}");
+            let kraw = raw_inode(&kimg.path, p);
+            let xraw = raw_inode(&ximg.path, p);
+            if kraw.len() > 128 {
+                let start = 128 + usize::from(u16::from_le_bytes([kraw[128], kraw[129]]));
+                assert_eq!(xraw[start..], kraw[start..], "{name}: in-inode area of {p}");
+            }
+        }
+        eprintln!(
+            "{name}: results (errno: count) {hist:?}, {in_block} attributes in blocks at the end"
+        );
+    }
+}
+
+fn raw_inode(img: &Path, path: &str) -> Vec<u8> {
+    let dev = FileDevice::open(img, OpenOptions::read_only()).unwrap();
+    let vol = Volume::open(&dev).unwrap();
+    let fs = vol.fs();
+    fs.resolve(path.as_bytes(), false).unwrap().raw
+}
