@@ -1026,3 +1026,106 @@ fn raw_inode(img: &Path, path: &str) -> Vec<u8> {
     let fs = vol.fs();
     fs.resolve(path.as_bytes(), false).unwrap().raw
 }
+
+/// Symlink and device inode bodies as the kernel writes them: fast
+/// symlinks up to 59 bytes in `i_block` without the EXTENTS flag, a
+/// 60-byte one in a block (target + NUL), device numbers in the old or new
+/// encoding, no extent tree for devices, fifos and sockets; the format
+/// helpers give the same bytes.
+#[test]
+fn kernel_symlink_and_device_bodies() {
+    use ext4kit_format::inode::{self as di, EXT4_EXTENTS_FL};
+    let t = "kernel_symlink_and_device_bodies";
+    if let Err(why) = e2fs_tools() {
+        return skip(t, &why);
+    }
+    if let Err(why) = kernel_mount_available() {
+        return skip(t, &why);
+    }
+    if !have("python3") {
+        return skip(t, "python3 not found");
+    }
+    let dir = image_dir();
+    let src = source(dir.path());
+    let img = Img::new(dir.path(), "bodies", &["-b", "1024", "-I", "256"], &src);
+    let s59 = "a".repeat(59);
+    let s60 = "b".repeat(60);
+    {
+        let lo = LoopDev::attach(&img.path).unwrap();
+        let mnt = Mount::new(lo.path(), "ext4", None).unwrap();
+        let script = r#"import os, stat, sys
+r = sys.argv[1]
+os.symlink(sys.argv[2], r + "/s59")
+os.symlink(sys.argv[3], r + "/s60")
+os.symlink("x", r + "/s1")
+os.mknod(r + "/c_old", stat.S_IFCHR | 0o600, os.makedev(4, 64))
+os.mknod(r + "/c_new", stat.S_IFCHR | 0o600, os.makedev(300, 70000))
+os.mknod(r + "/b_old", stat.S_IFBLK | 0o600, os.makedev(8, 1))
+os.mknod(r + "/b_zero", stat.S_IFBLK | 0o600, os.makedev(0, 0))
+os.mknod(r + "/fifo", stat.S_IFIFO | 0o600)
+os.mknod(r + "/sock", stat.S_IFSOCK | 0o600)
+"#;
+        run_ok(
+            tool("python3")
+                .arg("-c")
+                .arg(script)
+                .arg(mnt.path())
+                .arg(&s59)
+                .arg(&s60),
+        )
+        .unwrap();
+        mnt.unmount().unwrap();
+    }
+    e2fsck_clean(&img.path).unwrap();
+    let dev = FileDevice::open(&img.path, OpenOptions::read_only()).unwrap();
+    let vol = Volume::open(&dev).unwrap();
+    let fs = vol.fs();
+    let get = |p: &str| fs.resolve(p.as_bytes(), false).unwrap();
+    for (p, target) in [("/s59", s59.as_str()), ("/s1", "x")] {
+        let i = get(p);
+        assert_eq!(i.size, target.len() as u64);
+        assert_eq!(
+            i.flags & EXT4_EXTENTS_FL,
+            0,
+            "{p}: fast symlink without extents"
+        );
+        assert!(!di::new_inode_uses_extents(i.mode, target.len()));
+        assert_eq!(
+            Some(i.i_block),
+            di::fast_symlink_i_block(target.as_bytes(), true),
+            "{p}"
+        );
+    }
+    let i = get("/s60");
+    assert_eq!(i.size, 60);
+    assert!(di::fast_symlink_i_block(s60.as_bytes(), true).is_none());
+    assert!(di::new_inode_uses_extents(i.mode, 60));
+    assert_ne!(i.flags & EXT4_EXTENTS_FL, 0);
+    let m = fs.extents(&i).unwrap();
+    let mut b = vec![0u8; 1024];
+    dev_read(&img.path, m[0].pblk * 1024, &mut b);
+    assert_eq!(Some(b), di::slow_symlink_block(s60.as_bytes(), 1024));
+    assert!(di::slow_symlink_block(&[b'c'; 1024], 1024).is_none());
+    for (p, maj, min) in [
+        ("/c_old", 4, 64),
+        ("/c_new", 300, 70000),
+        ("/b_old", 8, 1),
+        ("/b_zero", 0, 0),
+    ] {
+        let i = get(p);
+        assert_eq!(i.i_block, di::device_i_block(maj, min), "{p}");
+        assert_eq!(i.rdev(), (maj, min), "{p}: read side decodes it");
+        assert_eq!(i.flags & EXT4_EXTENTS_FL, 0);
+        assert!(!di::new_inode_uses_extents(i.mode, 0));
+    }
+    for p in ["/fifo", "/sock"] {
+        let i = get(p);
+        assert_eq!(i.i_block, [0u8; 60], "{p}");
+        assert_eq!(i.flags & EXT4_EXTENTS_FL, 0);
+        assert!(!di::new_inode_uses_extents(i.mode, 0));
+    }
+}
+
+fn dev_read(img: &Path, pos: u64, buf: &mut [u8]) {
+    File::open(img).unwrap().read_exact_at(buf, pos).unwrap();
+}
