@@ -1129,3 +1129,126 @@ os.mknod(r + "/sock", stat.S_IFSOCK | 0o600)
 fn dev_read(img: &Path, pos: u64, buf: &mut [u8]) {
     File::open(img).unwrap().read_exact_at(buf, pos).unwrap();
 }
+
+/// ACL inheritance and chmod as the kernel does them: files and
+/// directories created by the kernel in a directory with a default ACL get
+/// the mode and ACLs `acl::inherit` computes; a kernel chmod of a file with
+/// an ACL leaves the ACL `acl::chmod` computes, and ext4kit's `chmod`
+/// writes the same.
+#[test]
+fn kernel_acl_inheritance_and_chmod() {
+    let t = "kernel_acl_inheritance_and_chmod";
+    if let Err(why) = e2fs_tools() {
+        return skip(t, &why);
+    }
+    if let Err(why) = kernel_mount_available() {
+        return skip(t, &why);
+    }
+    if !have("python3") {
+        return skip(t, "python3 not found");
+    }
+    let u = acl::ACL_UNDEFINED_ID;
+    let defaults = [
+        vec![
+            ace(acl::ACL_USER_OBJ, 7, u),
+            ace(acl::ACL_USER, 6, 1000),
+            ace(acl::ACL_GROUP_OBJ, 5, u),
+            ace(acl::ACL_MASK, 6, u),
+            ace(acl::ACL_OTHER, 1, u),
+        ],
+        vec![
+            ace(acl::ACL_USER_OBJ, 6, u),
+            ace(acl::ACL_GROUP_OBJ, 4, u),
+            ace(acl::ACL_OTHER, 0, u),
+        ],
+    ];
+    let dir = image_dir();
+    let src = source(dir.path());
+    let mut img = Img::new(dir.path(), "inherit", &["-b", "4096", "-I", "256"], &src);
+    let hex = |v: &[u8]| v.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    for (k, def) in defaults.iter().enumerate() {
+        let script = r#"import os, sys
+r, k, acl = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3])
+os.mkdir(r + "/top" + k)
+os.setxattr(r + "/top" + k, "system.posix_acl_default", acl)
+os.umask(0o022)
+os.close(os.open(r + "/top" + k + "/file", os.O_CREAT | os.O_WRONLY, 0o666))
+os.close(os.open(r + "/top" + k + "/exe", os.O_CREAT | os.O_WRONLY, 0o751))
+os.mkdir(r + "/top" + k + "/sub", 0o777)
+os.close(os.open(r + "/top" + k + "/chm", os.O_CREAT | os.O_WRONLY, 0o666))
+os.chmod(r + "/top" + k + "/chm", 0o705)
+"#;
+        {
+            let lo = LoopDev::attach(&img.path).unwrap();
+            let mnt = Mount::new(lo.path(), "ext4", None).unwrap();
+            run_ok(
+                tool("python3")
+                    .arg("-c")
+                    .arg(script)
+                    .arg(mnt.path())
+                    .arg(k.to_string())
+                    .arg(hex(&acl::to_xattr(def))),
+            )
+            .unwrap();
+            mnt.unmount().unwrap();
+        }
+        e2fsck_clean(&img.path).unwrap();
+        let top = format!("/top{k}");
+        for (name, mode, is_dir) in [
+            ("file", 0o100666u16, false),
+            ("exe", 0o100751, false),
+            ("sub", 0o040777, true),
+            ("chm", 0o100666, false),
+        ] {
+            let p = format!("{top}/{name}");
+            let want = acl::inherit(Some(def), mode, is_dir, false, 0o022);
+            let (a, got_mode, _) = img.read(&p);
+            let get = |n: &[u8]| a.get(n).map(|x| acl::from_xattr(&x.0).unwrap());
+            if name == "chm" {
+                // Kernel chmod: the ACL follows the new bits.
+                let want_acl = want.access.as_ref().map(|acc| acl::chmod(acc, 0o705));
+                assert_eq!(got_mode & 0o7777, 0o705);
+                assert_eq!(get(b"system.posix_acl_access"), want_acl, "{p}");
+                continue;
+            }
+            assert_eq!(got_mode, want.mode, "{p}: mode");
+            assert_eq!(
+                get(b"system.posix_acl_access"),
+                want.access,
+                "{p}: access ACL"
+            );
+            assert_eq!(
+                get(b"system.posix_acl_default"),
+                want.default,
+                "{p}: default ACL"
+            );
+        }
+        // ext4kit's chmod of "file" to 0o705 gives what the kernel gave "chm".
+        let p = format!("{top}/file");
+        let access = xw::get_acl(
+            &{
+                let dev = FileDevice::open(&img.path, OpenOptions::read_only()).unwrap();
+                let vol = Volume::open(&dev).unwrap();
+                let fs = vol.fs();
+                fs.xattrs(&fs.resolve(p.as_bytes(), false).unwrap())
+                    .unwrap()
+            },
+            AclKind::Access,
+        )
+        .unwrap();
+        let (r, _) = img.on(&p, |g, b, ino, s| {
+            xw::chmod(g, b, ino, s, 0o705, access.as_deref())
+        });
+        r.unwrap();
+        let (mine, mmode, _) = img.read(&p);
+        let (kern, kmode, _) = img.read(&format!("{top}/chm"));
+        assert_eq!(mmode, kmode);
+        let strip = |m: Attrs| {
+            m.into_iter()
+                .map(|(k, v)| (k, v.0))
+                .collect::<BTreeMap<_, _>>()
+        };
+        assert_eq!(strip(mine), strip(kern), "{p}: chmod like the kernel's");
+        e2fsck_clean(&img.path).unwrap();
+    }
+}

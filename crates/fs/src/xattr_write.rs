@@ -1447,4 +1447,62 @@ mod tests {
         assert_eq!(inh.mode, S_IFREG | 0o600);
         assert!(inh.access.is_some() && inh.default.is_none());
     }
+
+    #[test]
+    fn corrupt_areas_never_panic() {
+        let g = geo();
+        let mut x: u64 = 0x1234_5678_9abc_def1;
+        let mut rnd = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        // A valid starting point: attributes in the inode and the block.
+        let mut m = mem();
+        let mut s = slot(256);
+        for i in 0..6u8 {
+            let v = vec![b'a' + i; 40 + usize::from(i) * 30];
+            let n = format!("user.n{i}");
+            set_xattr(&g, &mut m, 12, &mut s, n.as_bytes(), Some(&v), SetMode::Any).unwrap();
+        }
+        let blk = slot_file_acl(&g, &s);
+        let good_block = m.blocks[&blk].clone();
+        let nocsum = XattrGeometry {
+            csum: Csum::new(false, false, false, 0, [0; 16]),
+            ..g.clone()
+        };
+        for round in 0..3000 {
+            let mut s2 = s.clone();
+            let mut m2 = mem();
+            let mut b = good_block.clone();
+            for _ in 0..1 + rnd(6) {
+                if rnd(2) == 0 {
+                    let at = 160 + rnd(96) as usize;
+                    s2[at] = rnd(256) as u8;
+                } else {
+                    let at = rnd(1024) as usize;
+                    b[at] = rnd(256) as u8;
+                }
+            }
+            m2.blocks.insert(blk, b);
+            let name = format!("user.n{}", rnd(8));
+            let len = rnd(300) as usize;
+            let v = vec![b'z'; len];
+            let geo = if round % 2 == 0 { &g } else { &nocsum };
+            let _ = match rnd(3) {
+                0 => remove_xattr(geo, &mut m2, 12, &mut s2, name.as_bytes()),
+                _ => set_xattr(
+                    geo,
+                    &mut m2,
+                    12,
+                    &mut s2,
+                    name.as_bytes(),
+                    Some(&v),
+                    SetMode::Any,
+                ),
+            };
+            let _ = release_xattr_block(geo, &mut m2, 12, &mut s2);
+        }
+    }
 }
