@@ -13,7 +13,8 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -31,11 +32,15 @@ use ext4kit_fs::xattr_write::{
     self as xw, AclKind, SetMode, XattrBlocks, XattrError, XattrGeometry,
 };
 
+type Cache = BTreeMap<u32, BTreeSet<u64>>;
+
 /// Direct, unjournaled block I/O with a first-fit allocator that keeps
 /// bitmaps, group and superblock counts and checksums consistent.
 struct TestBlocks<'a> {
     f: &'a File,
     info: &'a FsInfo,
+    /// The mbcache: xattr blocks in use by header hash.
+    cache: &'a RefCell<Cache>,
     allocated: Vec<u64>,
     freed: Vec<u64>,
 }
@@ -99,7 +104,18 @@ impl XattrBlocks for TestBlocks<'_> {
     fn write(&mut self, blk: u64, data: &[u8]) -> Result<(), FsError> {
         assert_eq!(data.len() as u64, self.bs());
         self.f.write_all_at(data, blk * self.bs()).unwrap();
+        if data[..4] == 0xEA02_0000u32.to_le_bytes() {
+            let h = u32::from_le_bytes(data[12..16].try_into().unwrap());
+            self.cache.borrow_mut().entry(h).or_default().insert(blk);
+        }
         Ok(())
+    }
+    fn candidates(&self, hash: u32) -> Vec<u64> {
+        self.cache
+            .borrow()
+            .get(&hash)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default()
     }
     fn alloc(&mut self, goal: u64) -> Result<Option<u64>, FsError> {
         let (g0, _) = self.group_of(goal);
@@ -119,7 +135,7 @@ impl XattrBlocks for TestBlocks<'_> {
                 }
                 if bm[i / 8] & (1 << (i % 8)) == 0 {
                     bm[i / 8] |= 1 << (i % 8);
-                    self.write(bm_blk, &bm)?;
+                    self.f.write_all_at(&bm, bm_blk * self.bs()).unwrap();
                     d.set_free_blocks(d.free_blocks() - 1);
                     self.put_desc(g, d, &bm);
                     self.sb_free_delta(-1);
@@ -137,11 +153,14 @@ impl XattrBlocks for TestBlocks<'_> {
         let mut bm = self.read(bm_blk)?;
         assert!(bm[i / 8] & (1 << (i % 8)) != 0, "freeing free block {blk}");
         bm[i / 8] &= !(1 << (i % 8));
-        self.write(bm_blk, &bm)?;
+        self.f.write_all_at(&bm, bm_blk * self.bs()).unwrap();
         d.set_free_blocks(d.free_blocks() + 1);
         self.put_desc(g, d, &bm);
         self.sb_free_delta(1);
         self.freed.push(blk);
+        for set in self.cache.borrow_mut().values_mut() {
+            set.remove(&blk);
+        }
         Ok(())
     }
 }
@@ -155,6 +174,7 @@ struct Img {
     path: PathBuf,
     file: File,
     model: BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>,
+    cache: RefCell<Cache>,
 }
 
 /// What one call did besides its result.
@@ -186,6 +206,7 @@ impl Img {
             path,
             file,
             model: BTreeMap::new(),
+            cache: RefCell::new(Cache::new()),
         }
     }
 
@@ -204,6 +225,7 @@ impl Img {
         let mut blocks = TestBlocks {
             f: &self.file,
             info: &vol.info,
+            cache: &self.cache,
             allocated: Vec::new(),
             freed: Vec::new(),
         };
@@ -469,6 +491,7 @@ fn scenarios(dir: &Path, src: &Path, name: &str, args: &[&str], bs: usize, isz: 
         let mut blocks = TestBlocks {
             f: &img.file,
             info: &vol.info,
+            cache: &img.cache,
             allocated: Vec::new(),
             freed: Vec::new(),
         };
@@ -499,6 +522,24 @@ fn scenarios(dir: &Path, src: &Path, name: &str, args: &[&str], bs: usize, isz: 
     let (a, _, facl) = img.read("/f2");
     assert!(a.is_empty() && facl == 0);
     img.check(&w("released"));
+
+    // Identical attribute sets share one block (the test's mbcache names
+    // the candidates); changing one copies it again.
+    let same = val(bs / 2, 11);
+    img.set("/f4", "user.same", &same, SetMode::Any).unwrap();
+    let (r, eff) = img.on("/f5", |g, b, ino, s| {
+        xw::set_xattr(g, b, ino, s, b"user.same", Some(&same), SetMode::Any)
+    });
+    r.unwrap();
+    assert!(eff.allocated.is_empty(), "{}", w("reused, not allocated"));
+    img.model
+        .entry("/f5".into())
+        .or_default()
+        .insert(b"user.same".to_vec(), same.clone());
+    let (_, _, b4) = img.read("/f4");
+    let (_, _, b5) = img.read("/f5");
+    assert_eq!(b4, b5, "{}", w("identical sets share"));
+    img.check(&w("reused block"));
 
     // 4. ACLs on the directory and a file, mode kept in sync.
     let u = acl::ACL_UNDEFINED_ID;
@@ -971,6 +1012,24 @@ for line in open(sys.argv[2]):
             *hist.entry(*e).or_insert(0) += 1;
         }
         let mut in_block = 0;
+        // Shared blocks (both mbcaches): the same inodes share.
+        let kb: Vec<u64> = ["/f4", "/f5", "/d"]
+            .iter()
+            .map(|p| kimg.read(p).2)
+            .collect();
+        let xb: Vec<u64> = ["/f4", "/f5", "/d"]
+            .iter()
+            .map(|p| ximg.read(p).2)
+            .collect();
+        for i in 0..3 {
+            for j in 0..3 {
+                assert_eq!(
+                    kb[i] != 0 && kb[i] == kb[j],
+                    xb[i] != 0 && xb[i] == xb[j],
+                    "{name}: sharing {kb:?} vs {xb:?}"
+                );
+            }
+        }
         for p in ["/f4", "/f5", "/d"] {
             let (ka, kmode, kblk) = kimg.read(p);
             let (xa, xmode, xblk) = ximg.read(p);

@@ -28,9 +28,11 @@
 //! - **Shared blocks**: a block with `h_refcount > 1` is never changed in
 //!   place: the inode gets a modified copy in a new block and the old
 //!   block's refcount drops by one; a block whose last reference goes is
-//!   freed. Reusing an existing identical block (the kernel's mbcache) is
-//!   not done: every new block is private (refcount 1), which the kernel
-//!   and e2fsck accept; the kernel may share it later.
+//!   freed. An identical existing block is reused (refcount + 1, as the
+//!   kernel's mbcache does) when the caller names it among
+//!   [`XattrBlocks::candidates`] for the block hash; without candidates
+//!   every new block is private (refcount 1), which the kernel and e2fsck
+//!   accept (the kernel may share it later).
 //! - **Limits**: names longer than 255 bytes ERANGE, values over 64 KiB
 //!   E2BIG, no room in the inode and the block ENOSPC; an existing
 //!   attribute is EEXIST under [`SetMode::Create`], a missing one ENODATA
@@ -77,6 +79,18 @@ pub trait XattrBlocks {
     /// Free block `blk` (it held xattrs: revoke it, and do not reuse it
     /// before the transaction commits).
     fn free(&mut self, blk: u64) -> Result<(), FsError>;
+    /// Xattr blocks that may hold exactly the attributes of a block whose
+    /// header hash is `hash` (the kernel's mbcache lookup; false hits are
+    /// fine, each candidate is read and compared). A new or changed
+    /// attribute set equal to a candidate's takes a reference to it
+    /// instead of a block of its own. Only blocks that are allocated and
+    /// hold xattrs may be named (forget a block when it is freed, as the
+    /// kernel drops it from the mbcache). The default knows none: no
+    /// sharing.
+    fn candidates(&self, hash: u32) -> Vec<u64> {
+        let _ = hash;
+        Vec::new()
+    }
 }
 
 /// The filesystem settings the xattr writer needs.
@@ -736,23 +750,35 @@ fn block_set(
     )?;
     let empty = is_last(&buf, BLOCK_HEADER_SIZE);
     let private = cur.is_some_and(|c| g32(&c.data, 4) == 1);
+    let cur_blk = cur.map(|c| c.blk);
+    let twin = if empty {
+        None
+    } else {
+        find_identical(geo, blocks, &buf, cur_blk)?
+    };
     let new_blk = if empty {
         None
-    } else if private {
-        cur.map(|c| c.blk)
+    } else if let Some((tb, mut td)) = twin {
+        // The kernel's mbcache reuse: take a reference to the twin.
+        let refs = g32(&td, 4);
+        p32(&mut td, 4, refs + 1);
+        set_block_csum(geo, tb, &mut td);
+        blocks.write(tb, &td)?;
+        add_slot_blocks(geo, slot, 1);
+        Some(tb)
+    } else if let (true, Some(cb)) = (private, cur_blk) {
+        set_block_csum(geo, cb, &mut buf);
+        blocks.write(cb, &buf)?;
+        Some(cb)
     } else {
-        match blocks.alloc(geo.goal(ino))? {
-            Some(b) => Some(b),
-            None => return Err(XattrError::NoSpace),
-        }
-    };
-    if let Some(nb) = new_blk {
+        let Some(nb) = blocks.alloc(geo.goal(ino))? else {
+            return Err(XattrError::NoSpace);
+        };
         set_block_csum(geo, nb, &mut buf);
         blocks.write(nb, &buf)?;
-        if !private {
-            add_slot_blocks(geo, slot, 1);
-        }
-    }
+        add_slot_blocks(geo, slot, 1);
+        Some(nb)
+    };
     set_slot_file_acl(geo, slot, new_blk.unwrap_or(0));
     if let Some(c) = cur
         && Some(c.blk) != new_blk
@@ -760,6 +786,65 @@ fn block_set(
         release_block(geo, blocks, slot, c.blk, c.data.clone())?;
     }
     Ok(())
+}
+
+/// A block the caller knows of ([`XattrBlocks::candidates`]) with the same
+/// entries and values as `buf` (the kernel's `ext4_xattr_cmp`) and room
+/// for one more reference.
+fn find_identical(
+    geo: &XattrGeometry,
+    blocks: &dyn XattrBlocks,
+    buf: &[u8],
+    skip: Option<u64>,
+) -> Result<Option<(u64, Vec<u8>)>, XattrError> {
+    let hash = g32(buf, 12);
+    if hash == 0 {
+        return Ok(None);
+    }
+    for c in blocks.candidates(hash) {
+        if Some(c) == skip || c < geo.first_data_block || c >= geo.blocks_count {
+            continue;
+        }
+        let d = blocks.read(c)?;
+        if d.len() != geo.block_size
+            || g32(&d, 0) != XATTR_MAGIC
+            || g32(&d, 8) != 1
+            || g32(&d, 12) != hash
+            || g32(&d, 4) == 0
+            || g32(&d, 4) >= fx::REFCOUNT_MAX
+            || (geo.csum.metadata && geo.csum.xattr_block(c, &d) != g32(&d, 16))
+        {
+            continue;
+        }
+        if same_entries(buf, &d) {
+            return Ok(Some((c, d)));
+        }
+    }
+    Ok(None)
+}
+
+fn same_entries(a: &[u8], b: &[u8]) -> bool {
+    let (Ok((ea, _)), Ok((eb, _))) = (
+        fx::parse_entries(a, BLOCK_HEADER_SIZE),
+        fx::parse_entries(b, BLOCK_HEADER_SIZE),
+    ) else {
+        return false;
+    };
+    ea.len() == eb.len()
+        && ea.iter().zip(&eb).all(|(x, y)| {
+            let val = |buf: &[u8], e: &fx::RawEntry| {
+                let o = usize::from(e.value_offs);
+                buf.get(o..o + e.value_size as usize).map(<[u8]>::to_vec)
+            };
+            x.hash == y.hash
+                && x.name_index == y.name_index
+                && x.name == y.name
+                && x.value_size == y.value_size
+                && x.value_inum == y.value_inum
+                && y.value_inum == 0
+                && val(a, x).is_some()
+                && val(a, x) == val(b, y)
+        })
 }
 
 fn value_same(b: &[u8], base: usize, here: usize, value: &[u8]) -> bool {
@@ -1127,6 +1212,7 @@ mod tests {
         next: u64,
         bs: usize,
         limit: u64,
+        share: bool,
     }
 
     impl XattrBlocks for Mem {
@@ -1151,6 +1237,19 @@ mod tests {
         fn free(&mut self, blk: u64) -> Result<(), FsError> {
             self.blocks.remove(&blk);
             Ok(())
+        }
+        fn candidates(&self, hash: u32) -> Vec<u64> {
+            if !self.share {
+                return Vec::new();
+            }
+            let mut v: Vec<u64> = self
+                .blocks
+                .iter()
+                .filter(|(_, d)| g32(d, 12) == hash)
+                .map(|(b, _)| *b)
+                .collect();
+            v.sort();
+            v
         }
     }
 
@@ -1183,6 +1282,7 @@ mod tests {
             next: 100,
             bs: 1024,
             limit: 200,
+            share: false,
         }
     }
 
@@ -1504,5 +1604,35 @@ mod tests {
             };
             let _ = release_xattr_block(geo, &mut m2, 12, &mut s2);
         }
+    }
+
+    #[test]
+    fn identical_blocks_are_shared() {
+        let g = geo();
+        let mut m = mem();
+        m.share = true;
+        let mut a = slot(128);
+        let mut b = slot(128);
+        let mut c = slot(128);
+        for s in [&mut a, &mut b] {
+            set_xattr(&g, &mut m, 12, s, b"user.k", Some(b"v"), SetMode::Any).unwrap();
+        }
+        assert_eq!(slot_file_acl(&g, &a), 100);
+        assert_eq!(slot_file_acl(&g, &b), 100, "reused");
+        assert_eq!(g32(&m.blocks[&100], 4), 2);
+        assert_eq!(g32(&b, OFF_BLOCKS_LO), 2);
+        // A private block that becomes identical to another one joins it
+        // and is freed.
+        set_xattr(&g, &mut m, 14, &mut c, b"user.k", Some(b"w"), SetMode::Any).unwrap();
+        assert_eq!(slot_file_acl(&g, &c), 101);
+        set_xattr(&g, &mut m, 14, &mut c, b"user.k", Some(b"v"), SetMode::Any).unwrap();
+        assert_eq!(slot_file_acl(&g, &c), 100);
+        assert!(!m.blocks.contains_key(&101));
+        assert_eq!(g32(&m.blocks[&100], 4), 3);
+        assert_eq!(g32(&c, OFF_BLOCKS_LO), 2);
+        assert_eq!(
+            g32(&m.blocks[&100], 16),
+            g.csum.xattr_block(100, &m.blocks[&100])
+        );
     }
 }
