@@ -48,11 +48,15 @@
 //! default ACLs only on directories).
 //!
 //! After a change that returns `true` the caller sets the inode's ctime
-//! (and `i_version`), writes the inode (the checksum is already
-//! recomputed here, so set ctime before and call
-//! [`ext4kit_format::inode::set_checksum`] again), and sets the
-//! `ext_attr` compat feature in the superblock if it is not set
+//! (and `i_version`), writes the inode back (the inode checksum is
+//! already recomputed here; a caller that changes more fields afterwards
+//! recomputes it with [`ext4kit_format::inode::set_checksum`]), and sets
+//! the `ext_attr` compat feature in the superblock if it is not set
 //! (`ext4_xattr_update_super_block`).
+//!
+//! For a new inode: [`ext4kit_format::acl::inherit`] gives its mode and
+//! ACLs from the directory's default ACL (store them with [`set_acl`]);
+//! for a deleted one, [`release_xattr_block`] drops its block reference.
 
 use ext4kit_format::acl::{self, AclEntry};
 use ext4kit_format::inode::{EXT4_HUGE_FILE_FL, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, set_checksum};
