@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -61,11 +61,25 @@ fn on_pty(
         Stdio::piped()
     });
     let mut child = c.spawn().expect("running script");
+    // Type the answer only once the question is on the terminal: typed
+    // earlier, the terminal echoes it before the prompt (a race that shows
+    // on a loaded machine), and the transcripts would differ by timing.
+    let mut shown = Vec::new();
     if let Some(mut stdin) = child.stdin.take() {
+        if let Some(stdout) = child.stdout.as_mut() {
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&shown).contains("(y,N)") {
+                match stdout.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => shown.extend_from_slice(&buf[..n]),
+                }
+            }
+        }
         let _ = stdin.write_all(input.as_bytes());
     }
     let out = child.wait_with_output().expect("waiting for script");
-    let text = String::from_utf8_lossy(&out.stdout)
+    shown.extend_from_slice(&out.stdout);
+    let text = String::from_utf8_lossy(&shown)
         .replace('\r', "")
         .lines()
         .filter(|l| !l.starts_with("mke2fs 1.47"))

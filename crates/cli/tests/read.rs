@@ -501,27 +501,6 @@ fn debugfs_ls(img: &Path, dir: &str) -> Vec<(u32, u32, u32, u32, u64, Vec<u8>)> 
         .collect()
 }
 
-/// `debugfs -R "ea_list PATH"`: (name, value length) per attribute.
-fn debugfs_ea_list(img: &Path, path: &str) -> Vec<(String, usize)> {
-    let out = run_ok(
-        tool("debugfs")
-            .arg("-R")
-            .arg(format!("ea_list {path}"))
-            .arg(img),
-    )
-    .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.starts_with("  "))
-        .filter_map(|l| {
-            let l = l.trim_start();
-            let (name, rest) = l.split_once(" (")?;
-            let len = rest.split(')').next()?.parse().ok()?;
-            Some((name.to_string(), len))
-        })
-        .collect()
-}
-
 fn check_against_debugfs(fs: &Fs<'_>, img: &Path, dirs: &[&str], xattr_paths: &[&str]) {
     for d in dirs {
         let dir = fs.resolve(d.as_bytes(), true).unwrap();

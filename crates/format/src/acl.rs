@@ -144,6 +144,167 @@ pub fn to_text(entries: &[AclEntry]) -> Vec<String> {
         .collect()
 }
 
+/// The permission bits an entry may carry (`ACL_READ | ACL_WRITE | ACL_EXECUTE`).
+pub const ACL_PERM_MASK: u16 = 7;
+
+/// The kernel's `posix_acl_valid`: every perm within rwx, exactly one
+/// `USER_OBJ`, `GROUP_OBJ` and `OTHER`, in the order USER_OBJ, USER...,
+/// GROUP_OBJ, GROUP..., MASK, OTHER, and a MASK whenever there is a named
+/// USER or GROUP entry. (The kernel no longer checks the order of the ids.)
+pub fn validate(entries: &[AclEntry]) -> Result<(), &'static str> {
+    #[derive(PartialEq)]
+    enum St {
+        UserObj,
+        User,
+        Group,
+        Other,
+        Done,
+    }
+    let mut st = St::UserObj;
+    let mut needs_mask = false;
+    for e in entries {
+        if e.perm & !ACL_PERM_MASK != 0 {
+            return Err("ACL entry with permission bits other than rwx");
+        }
+        st = match (e.tag, &st) {
+            (ACL_USER_OBJ, St::UserObj) => St::User,
+            (ACL_USER, St::User) => {
+                needs_mask = true;
+                St::User
+            }
+            (ACL_GROUP_OBJ, St::User) => St::Group,
+            (ACL_GROUP, St::Group) => {
+                needs_mask = true;
+                St::Group
+            }
+            (ACL_MASK, St::Group) => St::Other,
+            (ACL_OTHER, St::Other) => St::Done,
+            (ACL_OTHER, St::Group) if !needs_mask => St::Done,
+            _ => return Err("ACL entries missing, repeated or out of order"),
+        };
+    }
+    if st == St::Done {
+        Ok(())
+    } else {
+        Err("ACL entries missing, repeated or out of order")
+    }
+}
+
+/// The kernel's `posix_acl_equiv_mode`: the permission bits (0o777) the
+/// ACL stands for (the mask in the group bits when there is one), and
+/// whether the ACL says more than those bits can (named entries or a
+/// mask), i.e. whether it must be stored at all.
+pub fn equiv_mode(entries: &[AclEntry]) -> (u16, bool) {
+    let mut mode = 0u16;
+    let mut not_equiv = false;
+    for e in entries {
+        let p = e.perm & ACL_PERM_MASK;
+        match e.tag {
+            ACL_USER_OBJ => mode |= p << 6,
+            ACL_GROUP_OBJ => mode |= p << 3,
+            ACL_OTHER => mode |= p,
+            ACL_MASK => {
+                mode = (mode & !0o070) | (p << 3);
+                not_equiv = true;
+            }
+            _ => not_equiv = true,
+        }
+    }
+    (mode, not_equiv)
+}
+
+/// The kernel's `__posix_acl_chmod`: the ACL after a chmod to `mode`
+/// (owner and other entries take the new bits, and the mask, or the
+/// owning group without a mask, takes the group bits).
+pub fn chmod(entries: &[AclEntry], mode: u16) -> Vec<AclEntry> {
+    let has_mask = entries.iter().any(|e| e.tag == ACL_MASK);
+    entries
+        .iter()
+        .map(|e| {
+            let mut e = *e;
+            match e.tag {
+                ACL_USER_OBJ => e.perm = (mode >> 6) & 7,
+                ACL_OTHER => e.perm = mode & 7,
+                ACL_MASK => e.perm = (mode >> 3) & 7,
+                ACL_GROUP_OBJ if !has_mask => e.perm = (mode >> 3) & 7,
+                _ => {}
+            }
+            e
+        })
+        .collect()
+}
+
+/// What a new inode gets from its directory's default ACL (the kernel's
+/// `posix_acl_create` with `posix_acl_create_masq`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inherited {
+    /// The new inode's mode (type bits kept).
+    pub mode: u16,
+    /// Its access ACL (`None` when the mode says it all).
+    pub access: Option<Vec<AclEntry>>,
+    /// Its default ACL (directories only).
+    pub default: Option<Vec<AclEntry>>,
+}
+
+/// ACLs and mode of a new inode created with `mode` (the creator's
+/// requested mode, type bits included) in a directory whose default ACL
+/// is `parent_default`. Without a default ACL the umask applies and no
+/// ACL is made; with one, the umask is ignored (as in the kernel).
+/// Symlinks get neither.
+pub fn inherit(
+    parent_default: Option<&[AclEntry]>,
+    mode: u16,
+    is_dir: bool,
+    is_symlink: bool,
+    umask: u16,
+) -> Inherited {
+    let none = |mode| Inherited {
+        mode,
+        access: None,
+        default: None,
+    };
+    if is_symlink {
+        return none(mode);
+    }
+    let Some(def) = parent_default.filter(|d| !d.is_empty()) else {
+        return none(mode & !(umask & 0o777));
+    };
+    let mut acc = def.to_vec();
+    let mut m = mode & 0o777;
+    let mut not_equiv = false;
+    let mut group_obj = None;
+    let mut mask_obj = None;
+    for (i, e) in acc.iter_mut().enumerate() {
+        match e.tag {
+            ACL_USER_OBJ => {
+                e.perm &= (m >> 6) | !7;
+                m &= (e.perm << 6) | !0o700;
+            }
+            ACL_USER | ACL_GROUP => not_equiv = true,
+            ACL_GROUP_OBJ => group_obj = Some(i),
+            ACL_OTHER => {
+                e.perm &= m | !7;
+                m &= e.perm | !0o007;
+            }
+            ACL_MASK => {
+                mask_obj = Some(i);
+                not_equiv = true;
+            }
+            _ => {}
+        }
+    }
+    if let Some(i) = mask_obj.or(group_obj) {
+        let e = &mut acc[i];
+        e.perm &= (m >> 3) | !7;
+        m &= (e.perm << 3) | !0o070;
+    }
+    Inherited {
+        mode: (mode & !0o777) | (m & 0o777),
+        access: not_equiv.then_some(acc),
+        default: is_dir.then(|| def.to_vec()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -57,6 +57,73 @@ pub fn decode_time(secs: u32, extra: Option<u32>) -> (i64, u32) {
     (s, ns)
 }
 
+/// Longest target a fast symlink holds: the target and its NUL must fit
+/// the 60 bytes of `i_block` (kernel `ext4_symlink`: `len + 1 <=
+/// EXT4_N_BLOCKS * 4`).
+pub const FAST_SYMLINK_MAX: usize = 59;
+
+/// `i_block` of a fast symlink as the kernel leaves it: on an extents
+/// filesystem the new inode's empty extent root header (magic, 0 entries,
+/// max 4, depth 0) overwritten by the target and its NUL (so a short
+/// target leaves the header's tail behind, e.g. `eh_max`), else zeros
+/// under the target and NUL. The inode has no EXTENTS flag and `i_size`
+/// = target length. `None` when the target is longer than
+/// [`FAST_SYMLINK_MAX`].
+pub fn fast_symlink_i_block(target: &[u8], extents: bool) -> Option<[u8; 60]> {
+    if target.len() > FAST_SYMLINK_MAX {
+        return None;
+    }
+    let mut b = [0u8; 60];
+    if extents {
+        b[..12].copy_from_slice(&EMPTY_EXTENT_ROOT);
+    }
+    b[..target.len()].copy_from_slice(target);
+    b[target.len()] = 0;
+    Some(b)
+}
+
+/// The 12-byte extent header `ext4_ext_tree_init` puts in a new inode's
+/// `i_block`: magic 0xF30A, no entries, room for 4, depth 0.
+pub const EMPTY_EXTENT_ROOT: [u8; 12] = [0x0A, 0xF3, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0];
+
+/// The one data block of a slow symlink: the target, its NUL, zeros
+/// (`i_size` = target length). `None` when the target and its NUL do not
+/// fit one block (the kernel's ENAMETOOLONG).
+pub fn slow_symlink_block(target: &[u8], block_size: usize) -> Option<Vec<u8>> {
+    if target.len() + 1 > block_size {
+        return None;
+    }
+    let mut b = vec![0u8; block_size];
+    b[..target.len()].copy_from_slice(target);
+    Some(b)
+}
+
+/// `i_block` of a character or block device (kernel
+/// `ext4_do_update_inode`): the old 16-bit encoding in word 0 when major
+/// and minor are below 256, else the new 32-bit encoding in word 1.
+pub fn device_i_block(major: u32, minor: u32) -> [u8; 60] {
+    let mut b = [0u8; 60];
+    if major < 256 && minor < 256 {
+        b[0..4].copy_from_slice(&((major << 8) | minor).to_le_bytes());
+    } else {
+        let d = (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12);
+        b[4..8].copy_from_slice(&d.to_le_bytes());
+    }
+    b
+}
+
+/// Does a new inode of this type get an extent tree (EXTENTS flag and an
+/// empty extent header in `i_block`) on an extents filesystem? The kernel
+/// gives one to directories, regular files and slow symlinks only
+/// (`ext4_new_inode`; `ext4_symlink` clears it again for fast ones).
+pub fn new_inode_uses_extents(mode: u16, symlink_len: usize) -> bool {
+    match mode & S_IFMT {
+        S_IFDIR | S_IFREG => true,
+        S_IFLNK => symlink_len > FAST_SYMLINK_MAX,
+        _ => false,
+    }
+}
+
 /// Size of the fields past the 128-byte base that ext4 knows about.
 pub const EXTRA_ISIZE: u16 = 32;
 
@@ -178,4 +245,37 @@ pub fn checksum_ok(slot: &[u8], ino: u32, csum: &crate::Csum) -> bool {
         ok &= u16::from_le_bytes([slot[0x82], slot[0x83]]) == (c >> 16) as u16;
     }
     ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn special_bodies() {
+        // Old encoding (major, minor < 256) in word 0, new one in word 1.
+        assert_eq!(device_i_block(4, 64)[..4], 0x0440u32.to_le_bytes());
+        let n = device_i_block(300, 70000);
+        assert_eq!(n[..4], [0; 4]);
+        let d = u32::from_le_bytes(n[4..8].try_into().unwrap());
+        assert_eq!(
+            ((d & 0xfff00) >> 8, (d & 0xff) | ((d >> 12) & 0xfff00)),
+            (300, 70000)
+        );
+        let f = fast_symlink_i_block(b"x", true).unwrap();
+        assert_eq!(f[..6], [b'x', 0, 0, 0, 4, 0]);
+        assert_eq!(
+            fast_symlink_i_block(b"x", false).unwrap()[..6],
+            [b'x', 0, 0, 0, 0, 0]
+        );
+        assert!(fast_symlink_i_block(&[b'a'; 59], true).is_some());
+        assert!(fast_symlink_i_block(&[b'a'; 60], true).is_none());
+        let s = slow_symlink_block(&[b'a'; 1023], 1024).unwrap();
+        assert_eq!(s[1023], 0);
+        assert!(slow_symlink_block(&[b'a'; 1024], 1024).is_none());
+        assert!(new_inode_uses_extents(S_IFLNK | 0o777, 60));
+        assert!(!new_inode_uses_extents(S_IFLNK | 0o777, 59));
+        assert!(!new_inode_uses_extents(S_IFCHR | 0o600, 0));
+        assert!(new_inode_uses_extents(S_IFDIR | 0o755, 0));
+    }
 }

@@ -45,6 +45,51 @@ pub fn prefix(index: u8) -> Option<&'static str> {
     })
 }
 
+/// Longest name suffix (`e_name_len` is one byte; the kernel refuses
+/// more with ERANGE).
+pub const NAME_MAX: usize = 255;
+/// Largest value the VFS passes (`XATTR_SIZE_MAX`; more is E2BIG).
+pub const SIZE_MAX: usize = 65536;
+/// Largest `h_refcount` the kernel lets a shared block reach
+/// (`EXT4_XATTR_REFCOUNT_MAX`).
+pub const REFCOUNT_MAX: u32 = 1024;
+
+/// `EXT4_XATTR_MIN_LARGE_EA_SIZE`: with ea_inode, padded values larger
+/// than this go to an EA inode.
+pub const fn min_large_ea_size(block_size: usize) -> usize {
+    block_size - entry_size(3) - BLOCK_HEADER_SIZE - 4
+}
+
+/// `EXT4_XATTR_BLOCK_RESERVE`: with ea_inode, the space a block keeps free
+/// for entries.
+pub const fn block_reserve(block_size: usize) -> usize {
+    let r = block_size / 8;
+    if r < 1024 { r } else { 1024 }
+}
+
+/// The name index and suffix ext4 stores a full attribute name under, for
+/// the namespaces the kernel lets setxattr write: `user.`, `trusted.`,
+/// `security.`, and the two POSIX ACL names (whose suffix is empty).
+/// `None` for anything else (`system.data`, `gnu.`, unknown prefixes).
+pub fn split_name(full: &[u8]) -> Option<(u8, &[u8])> {
+    if full == b"system.posix_acl_access" {
+        return Some((INDEX_POSIX_ACL_ACCESS, b""));
+    }
+    if full == b"system.posix_acl_default" {
+        return Some((INDEX_POSIX_ACL_DEFAULT, b""));
+    }
+    for (index, p) in [
+        (INDEX_USER, &b"user."[..]),
+        (INDEX_TRUSTED, b"trusted."),
+        (INDEX_SECURITY, b"security."),
+    ] {
+        if let Some(rest) = full.strip_prefix(p) {
+            return Some((index, rest));
+        }
+    }
+    None
+}
+
 /// `struct ext4_xattr_header` (external block).
 #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]

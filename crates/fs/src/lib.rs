@@ -30,6 +30,7 @@ pub mod path;
 pub mod rw;
 pub mod sb;
 pub mod xattr;
+pub mod xattr_write;
 
 use std::collections::HashMap;
 

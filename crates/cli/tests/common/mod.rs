@@ -650,3 +650,25 @@ pub fn pattern_file(path: &Path, len: u64, seed: u64) -> std::io::Result<()> {
     }
     f.sync_all()
 }
+
+/// `debugfs -R "ea_list PATH"`: (name, value length) per attribute (ACLs
+/// in ext4's on-disk form, as debugfs shows them).
+pub fn debugfs_ea_list(img: &Path, path: &str) -> Vec<(String, usize)> {
+    let out = run_ok(
+        tool("debugfs")
+            .arg("-R")
+            .arg(format!("ea_list {path}"))
+            .arg(img),
+    )
+    .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("  "))
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let (name, rest) = l.split_once(" (")?;
+            let len = rest.split(')').next()?.parse().ok()?;
+            Some((name.to_string(), len))
+        })
+        .collect()
+}
