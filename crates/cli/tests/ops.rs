@@ -653,3 +653,111 @@ fn attribute_and_size_tools() {
     assert_eq!(file_hash(&img).unwrap(), before);
     e2fsck_clean(&img).unwrap();
 }
+
+/// xattrs and ACLs through the operations layer (xattr_write on a
+/// journal handle + the block allocator): in-inode and block values, an
+/// access ACL that a chmod keeps in sync, removal, delete releasing the
+/// block; getfattr/getfacl through the kernel (as root) and e2fsck agree.
+#[test]
+fn xattrs_through_the_operations_layer() {
+    if let Err(r) = tools() {
+        return skip("xattrs_through_the_operations_layer", &r);
+    }
+    use ext4kit_fs::xattr_write::SetMode;
+    let dir = image_dir();
+    let img = mkimg(dir.path(), "x.img", "32M", &["-b", "1024"]);
+    let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+    let f = new_file(&fs);
+    fs.write_at(f, 0, b"data").unwrap();
+    fs.set_xattr(f, b"user.small", Some(b"v1"), SetMode::Any)
+        .unwrap();
+    let big = pattern(700, 3);
+    fs.set_xattr(f, b"user.big", Some(&big), SetMode::Any)
+        .unwrap();
+    assert!(
+        fs.set_xattr(f, b"user.small", Some(b"x"), SetMode::Create)
+            .is_err()
+    );
+    assert!(fs.set_xattr(f, b"user.none", None, SetMode::Any).is_err());
+    // An ACL with a named user: kept as an xattr, mode from it.
+    // posix_acl_xattr: version 2, then (tag, perm, id) entries.
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (1u16, 6u16, u32::MAX),
+        (2, 4, 1000),
+        (4, 4, u32::MAX),
+        (0x10, 4, u32::MAX),
+        (0x20, 0, u32::MAX),
+    ] {
+        acl.extend_from_slice(&tag.to_le_bytes());
+        acl.extend_from_slice(&perm.to_le_bytes());
+        acl.extend_from_slice(&id.to_le_bytes());
+    }
+    fs.set_xattr(f, b"system.posix_acl_access", Some(&acl), SetMode::Any)
+        .unwrap();
+    assert_eq!(fs.inode(f).unwrap().mode & 0o777, 0o640);
+    // chmod follows into the ACL (mask = group bits).
+    let a = SetAttr {
+        mode: Some(0o600),
+        ..SetAttr::default()
+    };
+    fs.setattr(f, &a).unwrap();
+    let attrs = fs.xattrs(f).unwrap();
+    let got = attrs
+        .iter()
+        .find(|x| x.name == b"system.posix_acl_access")
+        .unwrap();
+    assert_eq!(got.value.len(), acl.len());
+    // The mask entry (tag 0x10) now has perm 0.
+    assert_eq!(&got.value[4 + 3 * 8..4 + 3 * 8 + 4], &[0x10, 0, 0, 0]);
+    let g = new_file(&fs);
+    fs.set_xattr(g, b"user.big", Some(&big), SetMode::Any)
+        .unwrap();
+    fs.set_xattr(g, b"trusted.t", Some(b"tt"), SetMode::Any)
+        .unwrap();
+    fs.set_xattr(g, b"user.big", None, SetMode::Any).unwrap();
+    let gone = new_file(&fs);
+    fs.set_xattr(gone, b"user.big", Some(&pattern(900, 8)), SetMode::Any)
+        .unwrap();
+    assert_ne!(fs.inode(gone).unwrap().file_acl, 0);
+    fs.delete_inode(gone).unwrap();
+    fs.close().unwrap();
+    debugfs(&img, true, &format!("ln <{f}> /f"));
+    debugfs(&img, true, &format!("ln <{g}> /g"));
+    e2fsck_clean(&img).unwrap();
+    let ea = String::from_utf8_lossy(&debugfs(&img, false, "ea_list /f")).into_owned();
+    assert!(ea.contains("user.small") && ea.contains("user.big"), "{ea}");
+    let ea = String::from_utf8_lossy(&debugfs(&img, false, "ea_list /g")).into_owned();
+    assert!(ea.contains("trusted.t") && !ea.contains("user.big"), "{ea}");
+    if kernel_mount_available().is_err() || !have("getfacl") {
+        return skip(
+            "xattrs_through_the_operations_layer (kernel part)",
+            "no root, loop or getfacl",
+        );
+    }
+    let lo = LoopDev::attach(&img).unwrap();
+    let m = Mount::new(lo.path(), "ext4", Some("noatime")).unwrap();
+    let out = run_ok(
+        tool("getfacl")
+            .args(["-n", "--omit-header"])
+            .arg(m.path().join("f")),
+    )
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("user:1000:r--") && text.contains("mask::---"),
+        "{text}"
+    );
+    if have("getfattr") {
+        let out = run_ok(
+            tool("getfattr")
+                .args(["-n", "user.small", "--only-values"])
+                .arg(m.path().join("f")),
+        )
+        .unwrap();
+        assert_eq!(out.stdout, b"v1");
+    }
+    m.unmount().unwrap();
+    drop(lo);
+    e2fsck_clean(&img).unwrap();
+}

@@ -48,7 +48,7 @@ use ext4kit_format::extent::{
     ENTRIES_IN_INODE, EXT_INIT_MAX_LEN, Extent as DiskExtent, ExtentHeader, ExtentIndex,
     entries_per_block, set_block_checksum,
 };
-use ext4kit_format::features::Incompat;
+use ext4kit_format::features::{Compat, Incompat};
 use ext4kit_format::inode::{
     EXT4_EXTENTS_FL, EXTRA_ISIZE, Inode, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, set_checksum,
 };
@@ -62,6 +62,8 @@ use crate::inode::{InodeInfo, Timestamp};
 use crate::journal::Handle;
 use crate::rw::{RwFs, RwOptions};
 use crate::sb::{Fs, FsInfo};
+use crate::xattr::Xattr;
+use crate::xattr_write::{self as xw, SetMode, XattrBlocks, XattrError, XattrGeometry};
 use crate::{BlockRead, FsError};
 
 /// Blocks one write handle allocates at most (larger writes are split
@@ -465,8 +467,26 @@ impl Filesystem {
             return Ok(tid);
         }
         let mut inode = self.inode(ino)?;
-        let mut op = self.begin(1, 0)?;
+        // A stored access ACL follows a chmod (posix_acl_chmod).
+        let access = match a.mode {
+            Some(_) => {
+                let attrs = self.read(|fs| fs.xattrs(&inode))?;
+                xw::get_acl(&attrs, xw::AclKind::Access).map_err(xattr_fs)?
+            }
+            None => None,
+        };
+        let mut op = self.begin(4, 1)?;
         let r = (|| {
+            if let (Some(m), Some(acl)) = (a.mode, access.as_deref()) {
+                let geo = self.xattr_geometry();
+                let mut slot = inode.raw.clone();
+                let mut io = XattrIo {
+                    fs: self,
+                    op: &mut op,
+                };
+                xw::chmod(&geo, &mut io, ino, &mut slot, m, Some(acl)).map_err(xattr_fs)?;
+                inode = self.read(|fs| fs.decode_inode(ino, slot))?;
+            }
             let t = a.times.unwrap_or_default();
             let c = t.ctime.unwrap_or_else(now);
             self.edit_inode(&mut inode, |n| {
@@ -515,9 +535,19 @@ impl Filesystem {
     pub fn delete_inode(&self, ino: u32) -> Result<u32, FsError> {
         self.truncate(ino, 0)?;
         let mut inode = self.inode(ino)?;
-        let mut op = self.begin(1, 1)?;
+        let mut op = self.begin(3, 2)?;
         let r = (|| {
             self.release_blocks_all(&mut op, &mut inode)?;
+            if inode.file_acl != 0 {
+                let geo = self.xattr_geometry();
+                let mut slot = inode.raw.clone();
+                let mut io = XattrIo {
+                    fs: self,
+                    op: &mut op,
+                };
+                xw::release_xattr_block(&geo, &mut io, ino, &mut slot).map_err(xattr_fs)?;
+                inode = self.read(|fs| fs.decode_inode(ino, slot))?;
+            }
             let t = now();
             self.edit_inode(&mut inode, |n| {
                 n.i_dtime.set(t.sec as u32);
@@ -549,6 +579,74 @@ impl Filesystem {
             )));
         }
         self.write_tree(op, inode, &nodes, &[])
+    }
+
+    // ------------------------------------------------------------------
+    // Extended attributes (through `xattr_write`).
+
+    /// The settings the xattr writer needs.
+    pub fn xattr_geometry(&self) -> XattrGeometry {
+        self.read(|fs| XattrGeometry::new(fs.info))
+    }
+
+    /// The attributes of inode `ino` (ACLs in getxattr's form).
+    pub fn xattrs(&self, ino: u32) -> Result<Vec<Xattr>, FsError> {
+        let inode = self.inode(ino)?;
+        self.read(|fs| fs.xattrs(&inode))
+    }
+
+    /// setxattr (`value` `None`: removexattr), ACLs included
+    /// (`system.posix_acl_*` in getxattr's form, the mode kept in sync):
+    /// one transaction; ctime set; the `ext_attr` feature set when
+    /// missing. A refusal (EEXIST, ENODATA, ENOSPC, ...) changes nothing.
+    pub fn set_xattr(
+        &self,
+        ino: u32,
+        name: &[u8],
+        value: Option<&[u8]>,
+        mode: SetMode,
+    ) -> Result<u32, XattrError> {
+        let mut inode = self.inode(ino)?;
+        let geo = self.xattr_geometry();
+        let mut op = self.begin(4, 2)?;
+        let mut slot = inode.raw.clone();
+        let r = {
+            let mut io = XattrIo {
+                fs: self,
+                op: &mut op,
+            };
+            xw::set_xattr(&geo, &mut io, ino, &mut slot, name, value, mode)
+        };
+        let changed = match r {
+            Ok(c) => c,
+            Err(XattrError::Fs(e)) => return Err(XattrError::Fs(self.fail(op, e))),
+            Err(e) => {
+                // Nothing changed: end the (empty) handle.
+                drop(op);
+                return Err(e);
+            }
+        };
+        if !changed {
+            return self.finish(op).map_err(XattrError::Fs);
+        }
+        let r = (|| {
+            inode = self.read(|fs| fs.decode_inode(ino, slot))?;
+            let t = now();
+            self.edit_inode(&mut inode, |n| set_node_times(n, &Times::default(), t))?;
+            self.store_inode(&mut op, &inode)?;
+            let compat = Compat(self.rw.superblock()?.s_feature_compat.get());
+            if !compat.contains(Compat::EXT_ATTR) {
+                self.rw.modify_superblock(&mut op.h, |sb| {
+                    let c = sb.s_feature_compat.get() | Compat::EXT_ATTR.bits();
+                    sb.s_feature_compat.set(c);
+                })?;
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => self.finish(op).map_err(XattrError::Fs),
+            Err(e) => Err(XattrError::Fs(self.fail(op, e))),
+        }
     }
 
     // ------------------------------------------------------------------
@@ -1162,6 +1260,47 @@ impl Filesystem {
             let c = fs.content(&inode)?;
             fs.read_at(&inode, &c, off, buf)
         })
+    }
+}
+
+/// [`XattrBlocks`] on an operation's handle and the block allocator.
+struct XattrIo<'a, 'b> {
+    fs: &'a Filesystem,
+    op: &'a mut Op<'b>,
+}
+
+impl XattrBlocks for XattrIo<'_, '_> {
+    fn read(&self, blk: u64) -> Result<Vec<u8>, FsError> {
+        self.fs.read(|f| f.meta_block(blk, "xattr block"))
+    }
+
+    fn write(&mut self, blk: u64, data: &[u8]) -> Result<(), FsError> {
+        self.op.h.modify(blk, |b| b.copy_from_slice(data))
+    }
+
+    fn alloc(&mut self, goal: u64) -> Result<Option<u64>, FsError> {
+        let l = self.fs.descs.layout();
+        let mut req = AllocRequest::new(1, l.group_of(goal));
+        req.goal = Some(goal);
+        match self.fs.balloc.alloc(self.fs.rw.blocks(), &req) {
+            Ok(a) => Ok(a.extents.first().map(|e| e.0)),
+            Err(FsError::NoSpace { .. } | FsError::SpaceBusy { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn free(&mut self, blk: u64) -> Result<(), FsError> {
+        let tid = self.op.h.tid();
+        self.fs.balloc.free(self.fs.rw.blocks(), tid, blk, 1)?;
+        self.op.h.free_extent(blk, 1);
+        self.op.h.revoke(blk)
+    }
+}
+
+fn xattr_fs(e: XattrError) -> FsError {
+    match e {
+        XattrError::Fs(e) => e,
+        other => FsError::InvalidRequest(other.to_string()),
     }
 }
 
