@@ -58,6 +58,7 @@ fn new_file(fs: &Filesystem) -> u32 {
         gid: 56,
         links: 1,
         time: None,
+        rdev: None,
     };
     let i = fs.create_inode(&mut op, 2, &spec).unwrap();
     fs.finish(op).unwrap();
@@ -346,6 +347,7 @@ fn crash_at_every_write_recovers_a_committed_state() {
             gid: 0,
             links: 1,
             time: None,
+            rdev: None,
         };
         let ino = fs.create_inode(&mut op, 2, &spec).map_err(e)?.ino;
         fs.finish(op).map_err(e)?;
@@ -760,4 +762,104 @@ fn xattrs_through_the_operations_layer() {
     m.unmount().unwrap();
     drop(lo);
     e2fsck_clean(&img).unwrap();
+}
+
+/// Symlinks (fast below 60 bytes, one block above) and device nodes made
+/// by the operations layer: e2fsck clean, debugfs and (as root) the
+/// kernel read the same targets and device numbers.
+#[test]
+fn symlinks_and_devices() {
+    if let Err(r) = tools() {
+        return skip("symlinks_and_devices", &r);
+    }
+    use ext4kit_format::inode::{S_IFBLK, S_IFCHR, S_IFIFO, S_IFSOCK};
+    let dir = image_dir();
+    for (name, args) in [
+        ("s4.img", &["-b", "4096"][..]),
+        ("s1.img", &["-b", "1024", "-O", "^metadata_csum"][..]),
+    ] {
+        let img = mkimg(dir.path(), name, "32M", args);
+        let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+        let long: Vec<u8> = (0..300).map(|i| b'a' + (i % 26) as u8).collect();
+        let mut made = Vec::new();
+        let mut op = fs.begin(8, 2).unwrap();
+        for (n, target) in [
+            ("short", &b"f"[..]),
+            ("fifty9", &[b'x'; 59][..]),
+            ("sixty", &[b'y'; 60][..]),
+            ("long", &long[..]),
+        ] {
+            let i = fs
+                .create_symlink(&mut op, 2, target, &NewInode::new(0, 7, 8))
+                .unwrap();
+            made.push((n, i.ino, target.to_vec()));
+        }
+        let mut devs = Vec::new();
+        for (n, mode, rdev) in [
+            ("c", S_IFCHR | 0o600, Some((4, 64))),
+            ("b", S_IFBLK | 0o660, Some((259, 70_000))),
+            ("p", S_IFIFO | 0o644, None),
+            ("s", S_IFSOCK | 0o755, None),
+        ] {
+            let spec = NewInode {
+                rdev,
+                ..NewInode::new(mode, 0, 0)
+            };
+            devs.push((
+                n,
+                fs.create_inode(&mut op, 2, &spec).unwrap().ino,
+                mode,
+                rdev,
+            ));
+        }
+        fs.finish(op).unwrap();
+        fs.close().unwrap();
+        for (n, ino, _) in &made {
+            debugfs(&img, true, &format!("ln <{ino}> /{n}"));
+        }
+        for (n, ino, _, _) in &devs {
+            debugfs(&img, true, &format!("ln <{ino}> /{n}"));
+        }
+        e2fsck_clean(&img).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+        for (n, ino, target) in &made {
+            let i = fs.inode(*ino).unwrap();
+            assert_eq!(fs.read(|f| f.read_link(&i)).unwrap(), *target, "{name} {n}");
+            assert_eq!(i.has_extents(), target.len() >= 60, "{name} {n}");
+        }
+        for (n, ino, _, rdev) in &devs {
+            if let Some(r) = rdev {
+                assert_eq!(fs.inode(*ino).unwrap().rdev(), *r, "{name} {n}");
+            }
+        }
+        fs.close().unwrap();
+        if kernel_mount_available().is_err() {
+            continue;
+        }
+        let lo = LoopDev::attach(&img).unwrap();
+        let m = Mount::new(lo.path(), "ext4", Some("noatime")).unwrap();
+        for (n, _, target) in &made {
+            let got = fs::read_link(m.path().join(n)).unwrap();
+            assert_eq!(
+                got.as_os_str().as_encoded_bytes(),
+                &target[..],
+                "{name} {n}"
+            );
+        }
+        for (n, _, mode, rdev) in &devs {
+            let md = fs::symlink_metadata(m.path().join(n)).unwrap();
+            assert_eq!(md.mode(), u32::from(*mode), "{name} {n}");
+            if let Some((ma, mi)) = rdev {
+                let d = md.rdev();
+                let (kma, kmi) = (
+                    ((d >> 8) & 0xfff) | ((d >> 32) & !0xfff),
+                    (d & 0xff) | ((d >> 12) & !0xff),
+                );
+                assert_eq!((kma as u32, kmi as u32), (*ma, *mi), "{name} {n}");
+            }
+        }
+        m.unmount().unwrap();
+        drop(lo);
+        e2fsck_clean(&img).unwrap();
+    }
 }

@@ -50,7 +50,9 @@ use ext4kit_format::extent::{
 };
 use ext4kit_format::features::{Compat, Incompat};
 use ext4kit_format::inode::{
-    EXT4_EXTENTS_FL, EXTRA_ISIZE, Inode, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, set_checksum,
+    EXT4_EXTENTS_FL, EXTRA_ISIZE, FAST_SYMLINK_MAX, Inode, S_IFBLK, S_IFCHR, S_IFDIR, S_IFLNK,
+    S_IFMT, device_i_block, fast_symlink_i_block, new_inode_uses_extents, set_checksum,
+    slow_symlink_block,
 };
 use zerocopy::IntoBytes;
 
@@ -110,6 +112,22 @@ pub struct NewInode {
     pub links: u16,
     /// atime = mtime = ctime = crtime; `None`: now.
     pub time: Option<Timestamp>,
+    /// (major, minor) of a character or block device.
+    pub rdev: Option<(u32, u32)>,
+}
+
+impl NewInode {
+    /// A new inode of `mode` owned by `uid:gid` with one link, times now.
+    pub fn new(mode: u16, uid: u32, gid: u32) -> NewInode {
+        NewInode {
+            mode,
+            uid,
+            gid,
+            links: 1,
+            time: None,
+            rdev: None,
+        }
+    }
 }
 
 /// `fallocate(2)` mode bits (util-linux `-n`, `-p`, `-z`).
@@ -396,10 +414,18 @@ impl Filesystem {
             node.i_crtime_extra.set(x);
         }
         let extents = self.read(|fs| fs.info.features.incompat.contains(Incompat::EXTENTS));
-        if extents && matches!(kind, S_IFREG | S_IFDIR | S_IFLNK) {
+        // A symlink made here is a slow one; create_symlink turns short
+        // targets into fast ones.
+        if extents && new_inode_uses_extents(spec.mode, FAST_SYMLINK_MAX + 1) {
             node.i_flags.set(EXT4_EXTENTS_FL);
             let h = ExtentHeader::new(0, ENTRIES_IN_INODE, 0);
             node.i_block_bytes_mut()[..12].copy_from_slice(h.as_bytes());
+        }
+        if let Some((major, minor)) = spec.rdev
+            && matches!(kind, S_IFCHR | S_IFBLK)
+        {
+            node.i_block_bytes_mut()
+                .copy_from_slice(&device_i_block(major, minor));
         }
         let n = slot.len().min(160);
         slot[..n].copy_from_slice(&node.as_bytes()[..n]);
@@ -414,6 +440,71 @@ impl Filesystem {
             op.h.modify(blk, |b| b[off..off + isz].copy_from_slice(&slot))?;
         }
         self.read(|fs| fs.decode_inode(a.ino, slot))
+    }
+
+    /// Make a symlink inode to `target` inside `op`: a fast symlink (the
+    /// target in `i_block`, no extents flag) below 60 bytes, else one data
+    /// block (ordered data) mapped by an extent, as `ext4_symlink` does.
+    /// The caller links it.
+    pub fn create_symlink(
+        &self,
+        op: &mut Op<'_>,
+        parent: u32,
+        target: &[u8],
+        spec: &NewInode,
+    ) -> Result<InodeInfo, FsError> {
+        let bs = self.block_size();
+        if target.is_empty() || target.len() as u64 >= bs.min(4096) {
+            return Err(FsError::InvalidRequest(format!(
+                "symlink target of {} bytes (File name too long)",
+                target.len()
+            )));
+        }
+        let spec = NewInode {
+            mode: S_IFLNK | 0o777,
+            ..*spec
+        };
+        let mut inode = self.create_inode(op, parent, &spec)?;
+        let extents = inode.has_extents();
+        if let Some(ib) = fast_symlink_i_block(target, extents) {
+            let len = target.len() as u64;
+            self.edit_inode(&mut inode, |n| {
+                n.i_flags.set(n.i_flags.get() & !EXT4_EXTENTS_FL);
+                n.i_block_bytes_mut().copy_from_slice(&ib);
+                n.set_size(len);
+            })?;
+        } else {
+            let data = slow_symlink_block(target, bs as usize)
+                .ok_or_else(|| FsError::InvalidRequest("symlink target too long".into()))?;
+            let group = self.inode_group(inode.ino);
+            let mut req = AllocRequest::new(1, group);
+            req.goal = Some(self.balloc.goal_for_inode(group, false));
+            let a = self.balloc.alloc(self.rw.blocks(), &req)?;
+            let p = a.extents.first().map(|e| e.0).ok_or(FsError::NoSpace {
+                wanted: 1,
+                available: 0,
+            })?;
+            op.h.write_data(p, &data)?;
+            let len = target.len() as u64;
+            let per512 = bs / 512;
+            if extents {
+                let m = Mapping {
+                    lblk: 0,
+                    pblk: p,
+                    len: 1,
+                    unwritten: false,
+                };
+                self.write_tree(op, &mut inode, &[], &[m])?;
+            } else {
+                self.edit_inode(&mut inode, |n| n.i_block[0].set(p as u32))?;
+            }
+            self.edit_inode(&mut inode, |n| {
+                n.set_size(len);
+                n.set_blocks_512(per512);
+            })?;
+        }
+        self.store_inode(op, &inode)?;
+        Ok(inode)
     }
 
     /// Change `inode`'s fixed fields (its `raw` and decoded copy are

@@ -20,6 +20,7 @@ fn new_file(fs: &Filesystem) -> u32 {
         gid: 100,
         links: 1,
         time: None,
+        rdev: None,
     };
     let i = fs.create_inode(&mut op, 2, &spec).unwrap();
     fs.finish(op).unwrap();
