@@ -10,6 +10,7 @@ mod out;
 
 mod cmd_attr;
 mod cmd_cat;
+mod cmd_cp;
 mod cmd_generate;
 mod cmd_info;
 mod cmd_journal;
@@ -52,6 +53,8 @@ enum Cmd {
     Cat(cmd_cat::CatArgs),
     /// Show an inode of an image: coreutils stat fields, flags, xattrs (read-only).
     Stat(cmd_stat::StatArgs),
+    /// Copy files between an image (IMG:PATH) and the host.
+    Cp(cmd_cp::CpArgs),
     /// Change permission bits of files in an image (IMG:PATH...).
     Chmod(cmd_attr::ChmodArgs),
     /// Change the owner and group of files in an image (numeric ids).
@@ -197,6 +200,7 @@ fn main() {
             Cmd::Ls(a) => cmd_ls::run(a),
             Cmd::Cat(a) => cmd_cat::run(a),
             Cmd::Stat(a) => cmd_stat::run(a),
+            Cmd::Cp(a) => cmd_cp::run(a),
             Cmd::Chmod(a) => cmd_attr::chmod(a),
             Cmd::Chown(a) => cmd_attr::chown(a),
             Cmd::Truncate(a) => cmd_attr::truncate(a),

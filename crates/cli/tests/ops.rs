@@ -18,7 +18,7 @@ use ext4kit_format::inode::S_IFREG;
 use ext4kit_fs::fs::{Falloc, Filesystem, NewInode, SetAttr, Times};
 use ext4kit_fs::inode::Timestamp;
 use ext4kit_fs::rw::RwOptions;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 fn tools() -> Result<(), String> {
     for t in ["mke2fs", "e2fsck", "debugfs"] {
@@ -862,4 +862,108 @@ fn symlinks_and_devices() {
         drop(lo);
         e2fsck_clean(&img).unwrap();
     }
+}
+
+/// `ext4kit cp`: image to host (-r, -a keeping mode, times, xattrs, hard
+/// links, holes, symlinks, fifos) equals the tree `mke2fs -d` was made
+/// from; host to image into an existing file replaces its content and
+/// leaves the image clean; refusals write nothing.
+#[test]
+fn cp_between_image_and_host() {
+    if let Err(r) = tools() {
+        return skip("cp_between_image_and_host", &r);
+    }
+    let dir = image_dir();
+    let src = dir.path().join("src");
+    fs::create_dir_all(src.join("d/e")).unwrap();
+    fs::write(src.join("f"), pattern(70_000, 1)).unwrap();
+    fs::write(src.join("d/e/g"), b"deep").unwrap();
+    {
+        let f = fs::File::create(src.join("sparse")).unwrap();
+        f.set_len(10 << 20).unwrap();
+        std::os::unix::fs::FileExt::write_at(&f, b"tail", (10 << 20) - 4).unwrap();
+    }
+    fs::hard_link(src.join("f"), src.join("d/f-link")).unwrap();
+    std::os::unix::fs::symlink("../f", src.join("d/sym")).unwrap();
+    run_ok(tool("mkfifo").arg(src.join("fifo"))).unwrap();
+    fs::set_permissions(src.join("f"), fs::Permissions::from_mode(0o640)).unwrap();
+    if have("setfattr") {
+        run_ok(
+            tool("setfattr")
+                .args(["-n", "user.k", "-v", "vv"])
+                .arg(src.join("d/e/g")),
+        )
+        .unwrap();
+    }
+    let img = dir.path().join("cp.img");
+    run_ok(tool("truncate").args(["-s", "64M"]).arg(&img)).unwrap();
+    run_ok(mke2fs(["-q", "-F", "-t", "ext4", "-d"]).arg(&src).arg(&img)).unwrap();
+    let at = |p: &str| format!("{}:{p}", img.display());
+    // Image -> host, archive.
+    let out = dir.path().join("out");
+    fs::create_dir(&out).unwrap();
+    run_ok(
+        ext4kit()
+            .args(["cp", "-a"])
+            .arg(at("/"))
+            .arg(out.join("tree")),
+    )
+    .unwrap();
+    let t = out.join("tree");
+    assert_eq!(fs::read(t.join("f")).unwrap(), pattern(70_000, 1));
+    assert_eq!(fs::read(t.join("d/e/g")).unwrap(), b"deep");
+    let sp = fs::read(t.join("sparse")).unwrap();
+    assert_eq!(sp.len(), 10 << 20);
+    assert!(sp[..sp.len() - 4].iter().all(|&b| b == 0) && sp.ends_with(b"tail"));
+    let md = fs::metadata(t.join("sparse")).unwrap();
+    assert!(md.blocks() < 64, "holes kept: {} blocks", md.blocks());
+    let (a, b) = (
+        fs::metadata(t.join("f")).unwrap(),
+        fs::metadata(t.join("d/f-link")).unwrap(),
+    );
+    assert_eq!(a.ino(), b.ino(), "hard link kept");
+    assert_eq!(a.mode() & 0o7777, 0o640);
+    let s = fs::metadata(src.join("f")).unwrap();
+    // mke2fs -d keeps whole seconds.
+    assert_eq!((a.mtime(), a.mtime_nsec()), (s.mtime(), 0));
+    assert_eq!(
+        fs::read_link(t.join("d/sym")).unwrap(),
+        PathBuf::from("../f")
+    );
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(
+        &fs::symlink_metadata(t.join("fifo")).unwrap().file_type()
+    ));
+    if have("getfattr") && have("setfattr") {
+        let o = run_ok(
+            tool("getfattr")
+                .args(["-n", "user.k", "--only-values"])
+                .arg(t.join("d/e/g")),
+        )
+        .unwrap();
+        assert_eq!(o.stdout, b"vv");
+    }
+    // Plain cp of one file into a directory; a directory without -r.
+    run_ok(ext4kit().arg("cp").arg(at("/d/e/g")).arg(&out)).unwrap();
+    assert_eq!(fs::read(out.join("g")).unwrap(), b"deep");
+    let o = run(ext4kit().arg("cp").arg(at("/d")).arg(&out)).unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("-r not specified; omitting directory"));
+    // Host -> image, into an existing file.
+    let host = dir.path().join("new");
+    let mut data = pattern(123_457, 9);
+    data[50_000..90_000].fill(0);
+    fs::write(&host, &data).unwrap();
+    run_ok(ext4kit().arg("cp").arg(&host).arg(at("/d/e/g"))).unwrap();
+    e2fsck_clean(&img).unwrap();
+    assert_eq!(debugfs(&img, false, "cat /d/e/g"), data);
+    // Refusals: one line, exit 1, the image untouched.
+    let before = file_hash(&img).unwrap();
+    for dst in ["/nope", "/d"] {
+        let o = run(ext4kit().arg("cp").arg(&host).arg(at(dst))).unwrap();
+        assert_eq!(o.status.code(), Some(1), "{dst}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(dst), "{err}");
+    }
+    assert_eq!(file_hash(&img).unwrap(), before);
 }

@@ -51,6 +51,7 @@ fn man_pages_generate_and_render() {
             "ext4kit-cat.1",
             "ext4kit-chmod.1",
             "ext4kit-chown.1",
+            "ext4kit-cp.1",
             "ext4kit-fallocate.1",
             "ext4kit-info.1",
             "ext4kit-journal.1",
