@@ -72,14 +72,15 @@ pub struct MkfsArgs {
     /// Filesystem UUID (or null, clear, random, time).
     #[arg(short = 'U', overrides_with = "uuid", value_name = "UUID")]
     uuid: Option<String>,
-    /// Features to set or clear (feat,^feat,...). May be repeated.
+    /// Features to set or clear (feat,^feat,...; meta_bg needs
+    /// ^resize_inode). May be repeated.
     #[arg(short = 'O', value_name = "FEATURE[,...]")]
     features: Vec<String>,
     /// Extended options: lazy_itable_init=, lazy_journal_init=,
     /// assume_storage_prezeroed=, discard, nodiscard, hash_seed=,
     /// root_owner[=uid:gid], num_backup_sb=, packed_meta_blocks, stride=,
-    /// stripe_width=, orphan_file_size=. As in mke2fs, only the last -E
-    /// counts.
+    /// stripe_width=, orphan_file_size=, desc_size= (64..1024 bytes, with
+    /// 64bit). As in mke2fs, only the last -E counts.
     #[arg(short = 'E', value_name = "EXTENDED-OPTS")]
     extended: Vec<String>,
     /// Journal options (size=MiB).
@@ -494,6 +495,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         errors: a.errors.clone(),
         fs_size: a.fs_size.clone(),
         force: a.force > 0,
+        first_meta_bg_env: std::env::var("MKE2FS_FIRST_META_BG").ok(),
     };
     let is_file = !exists
         || std::fs::metadata(device)

@@ -136,6 +136,35 @@ const CASES: &[Case] = &[
     bad("directory as target", &["-t", "ext4", T]).target(Target::Dir),
     bad("directory as target, with size", &["-t", "ext4", T, "8M"]).target(Target::Dir),
     bad("unknown CLI option --bogus", &["-t", "ext4", "--bogus", T]),
+    // meta_bg and descriptor sizes, refused as mke2fs refuses them.
+    bad(
+        "-O meta_bg with resize_inode",
+        &["-t", "ext4", "-O", "meta_bg", T],
+    )
+    .expect(Expect::OneLineErrorWith(
+        "resize_inode and meta_bg features are not compatible",
+    )),
+    bad(
+        "-E desc_size=128 -O ^64bit",
+        &["-t", "ext4", "-O", "^64bit", "-E", "desc_size=128", T],
+    )
+    .expect(Expect::OneLineErrorWith("desc_size requires '-O 64bit'")),
+    bad("-E desc_size=96", &["-t", "ext4", "-E", "desc_size=96", T])
+        .expect(Expect::OneLineErrorWith("Invalid desc_size: '96'")),
+    bad(
+        "-E desc_size=12k",
+        &["-t", "ext4", "-E", "desc_size=12k", T],
+    )
+    .expect(Expect::OneLineErrorWith("Invalid desc_size")),
+    // mke2fs takes these and writes a filesystem e2fsck rejects (2048,
+    // 32) or dies of SIGFPE (8192): ext4kit refuses them.
+    bad(
+        "-E desc_size=2048",
+        &["-t", "ext4", "-E", "desc_size=2048", T],
+    )
+    .expect(Expect::OneLineErrorWith("Invalid desc_size")),
+    bad("-E desc_size=32", &["-t", "ext4", "-E", "desc_size=32", T])
+        .expect(Expect::OneLineErrorWith("Invalid desc_size")),
 ];
 
 /// What a command did, for messages.

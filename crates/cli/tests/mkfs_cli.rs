@@ -493,7 +493,8 @@ fn unsupported_mke2fs_options_are_named() {
             Err(e) => failures.push(format!("{args:?}: {e}")),
         }
     }
-    // desc_size and mke2fs.conf's huge files are refused by name too.
+    // mmp_update_interval and mke2fs.conf's huge files are refused by
+    // name too.
     let conf = dir.path().join("hugefiles.conf");
     std::fs::write(
         &conf,
@@ -505,9 +506,9 @@ fn unsupported_mke2fs_options_are_named() {
     .unwrap();
     let with_conf: &[(&[&str], Option<&Path>, &[&str])] = &[
         (
-            &["-t", "ext4", "-E", "desc_size=64"],
+            &["-t", "ext4", "-E", "mmp_update_interval=5"],
             None,
-            &["not supported by ext4kit yet", "desc_size"],
+            &["not supported by ext4kit yet", "mmp_update_interval"],
         ),
         (
             &["-t", "ext4"],

@@ -46,6 +46,9 @@ struct Case {
     fs_size: Option<&'static str>,
     /// Under which configurations ext4kit is known not to match yet.
     known_failing: &'static [Conf],
+    /// Run under this configuration only (slow cases whose layout does not
+    /// depend on the configuration's feature differences).
+    only: Option<Conf>,
 }
 
 const fn case(size: u64, opts: &'static [&'static str]) -> Case {
@@ -56,6 +59,7 @@ const fn case(size: u64, opts: &'static [&'static str]) -> Case {
         ext: None,
         fs_size: None,
         known_failing: &[],
+        only: None,
     }
 }
 
@@ -70,6 +74,10 @@ impl Case {
     }
     const fn fs_size(mut self, s: &'static str) -> Case {
         self.fs_size = Some(s);
+        self
+    }
+    const fn only(mut self, conf: Conf) -> Case {
+        self.only = Some(conf);
         self
     }
     #[allow(dead_code)] // kept for cases that do not match mke2fs yet
@@ -244,6 +252,28 @@ const CASES: &[Case] = &[
     ),
     // Only the last -E counts: no nodiscard here.
     case(GIB, &["-E", "nodiscard"]).e("lazy_itable_init=1"),
+    // meta_bg asked for: one descriptor block in the first, second and
+    // last group of each meta group, no reserved GDT blocks.
+    case(GIB, &["-O", "meta_bg,^resize_inode"]),
+    case(GIB, &["-b", "1024", "-O", "meta_bg,^resize_inode"]),
+    case(GIB, &["-O", "meta_bg,^resize_inode,^64bit,^metadata_csum"]),
+    case(
+        100 * MIB,
+        &["-b", "1024", "-O", "meta_bg,^resize_inode,^flex_bg"],
+    ),
+    case(17 * TIB, &["-O", "meta_bg,^resize_inode"]).only(Conf::Upstream),
+    // meta_bg turned on by libext2fs: the descriptor and reserved GDT
+    // blocks would take more than 3/4 of a group (small groups; 32-bit
+    // descriptors of a 2 TiB filesystem with 1 KiB blocks). The journal
+    // then has five extents: its leaf goes after the fifth.
+    case(64 * MIB, &["-g", "256"]),
+    case(GIB, &["-b", "1024", "-g", "256", "-O", "^resize_inode"]),
+    case(2 * TIB, &["-b", "1024", "-O", "^64bit"]).only(Conf::Debian),
+    // Descriptors larger than 64 bytes.
+    case(GIB, &[]).e("desc_size=128"),
+    case(GIB, &["-b", "1024"]).e("desc-size=256"),
+    case(GIB, &["-O", "^metadata_csum,uninit_bg"]).e("desc_size=0x80"),
+    case(GIB, &["-O", "meta_bg,^resize_inode"]).e("desc_size=1024"),
 ];
 
 enum Outcome {
@@ -325,7 +355,10 @@ fn parity(conf: Conf, filter: impl Fn(&Case) -> bool) {
 
     let mut failures = Vec::new();
     let (mut pass, mut skipped, mut known) = (0, 0, 0);
-    for c in CASES.iter().filter(|c| filter(c)) {
+    for c in CASES
+        .iter()
+        .filter(|c| filter(c) && c.only.is_none_or(|o| o == conf))
+    {
         let label = format!("[{conf:?}] {}", c.label());
         if c.size > 16 * TIB && !have_shm {
             skipped += 1;
@@ -580,7 +613,7 @@ const SECT2048: &[(&str, &str)] = &[("MKE2FS_DEVICE_SECTSIZE", "2048")];
 
 /// The m_* cases: e2fsprogs' own invocations (tests/m_*/script), under
 /// its test configuration and environment, and the behaviours they rely
-/// on. (m_meta_bg, m_resize_inode_meta_bg, m_desc_size_128, m_quota,
+/// on. (m_quota,
 /// m_mmp*, m_hugefile*, m_mkfs_overhead (-o hurd), m_offset, m_root*/-d,
 /// m_minrootdir, m_devdir use features ext4kit refuses.)
 const M_CASES: &[MCase] = &[
@@ -750,6 +783,64 @@ const M_CASES: &[MCase] = &[
         64 * MIB,
     )
     .env(&[("MKE2FS_DEVICE_PHYS_SECTSIZE", "4096")]),
+    m(
+        "m_meta_bg",
+        "ext2",
+        &["-O", "meta_bg,sparse_super,^resize_inode", "-g", "1024"],
+        "131072",
+        128 * MIB,
+    ),
+    m(
+        "m_desc_size_128",
+        "ext2",
+        &[
+            "-b",
+            "1024",
+            "-O",
+            "64bit,extents",
+            "-g",
+            "1024",
+            "-N",
+            "8192",
+        ],
+        "131072",
+        128 * MIB,
+    )
+    .e("desc_size=128"),
+    m(
+        "m_resize_inode_meta_bg",
+        "ext2",
+        &["-T", "ext4", "-g256", "-O", "64bit"],
+        "15360",
+        15 * MIB,
+    )
+    .env(&[("MKE2FS_DEVICE_SECTSIZE", "4096")]),
+    // MKE2FS_FIRST_META_BG: the first descriptor blocks keep the classic
+    // layout (atoi: "3x" is 3; without -O meta_bg it is ignored).
+    m(
+        "MKE2FS_FIRST_META_BG=3",
+        "ext4",
+        &["-b", "1024", "-O", "meta_bg,^resize_inode"],
+        "1G",
+        GIB,
+    )
+    .env(&[("MKE2FS_FIRST_META_BG", "3x")]),
+    m(
+        "MKE2FS_FIRST_META_BG=4 (all descriptor blocks classic)",
+        "ext4",
+        &["-b", "1024", "-O", "meta_bg,^resize_inode"],
+        "1G",
+        GIB,
+    )
+    .env(&[("MKE2FS_FIRST_META_BG", "4")]),
+    m(
+        "MKE2FS_FIRST_META_BG without meta_bg",
+        "ext4",
+        &["-b", "1024"],
+        "1G",
+        GIB,
+    )
+    .env(&[("MKE2FS_FIRST_META_BG", "100")]),
 ];
 
 #[test]

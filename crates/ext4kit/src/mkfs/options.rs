@@ -45,6 +45,9 @@ pub struct MkfsOptions {
     pub fs_size: Option<String>,
     /// `-F` given: a type mke2fs.conf does not define is only a warning.
     pub force: bool,
+    /// `MKE2FS_FIRST_META_BG` from the environment (read with `atoi`, and
+    /// only with `-O meta_bg`, as mke2fs does).
+    pub first_meta_bg_env: Option<String>,
 }
 
 /// What the options resolve to.
@@ -219,7 +222,6 @@ fn unsupported_features(f: &Features) -> Vec<String> {
     let bad_incompat = Incompat::COMPRESSION.bits()
         | Incompat::RECOVER.bits()
         | Incompat::JOURNAL_DEV.bits()
-        | Incompat::META_BG.bits()
         | Incompat::MMP.bits()
         | Incompat::EA_INODE.bits()
         | Incompat::DIRDATA.bits()
@@ -681,6 +683,13 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let mut root_gid = 0u32;
     let mut resize: Option<u64> = None;
     let mut orphan_file_blocks: Option<u32> = None;
+    // The first meta block group, from the environment, only when meta_bg
+    // was asked for (not when libext2fs turns it on by itself).
+    let first_meta_bg = match &opts.first_meta_bg_env {
+        Some(v) if f.incompat.contains(Incompat::META_BG) => atoi(v) as u32,
+        _ => 0,
+    };
+    let mut desc_size = 0u32;
     let mut ext_list: Vec<String> = profile.options_list(&fs_types);
     // mke2fs keeps only the last -E.
     ext_list.extend(opts.extended.last().cloned());
@@ -746,9 +755,26 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                         .ok_or_else(|| OptionError(format!("invalid orphan file size: {s}")))?;
                     orphan_file_blocks = Some(n as u32);
                 }
+                "desc_size" | "desc-size" => {
+                    if !f.incompat.contains(Incompat::BIT64) {
+                        return err(format!("{k} requires '-O 64bit'"));
+                    }
+                    let s = need(v)?;
+                    let d = match parse_c_ulong(&s) {
+                        Ok(d) if d & d.wrapping_sub(1) == 0 => d,
+                        _ => return err(format!("Invalid desc_size: '{s}'")),
+                    };
+                    // mke2fs takes any power of two, but only 64..1024
+                    // make a filesystem (others fail or make one e2fsck
+                    // rejects).
+                    if d != 0 && !(64..=1024).contains(&d) {
+                        return err(format!(
+                            "Invalid desc_size: '{s}' (64 to 1024, a power of two)"
+                        ));
+                    }
+                    desc_size = d as u32;
+                }
                 "test_fs"
-                | "desc_size"
-                | "desc-size"
                 | "mmp_update_interval"
                 | "offset"
                 | "quotatype"
@@ -801,6 +827,11 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     }
     if f.ro_compat.contains(RoCompat::METADATA_CSUM) && f.ro_compat.contains(RoCompat::GDT_CSUM) {
         f.ro_compat.remove(RoCompat::GDT_CSUM);
+    }
+    if f.incompat.contains(Incompat::META_BG) && f.compat.contains(Compat::RESIZE_INODE) {
+        return err(
+            "The resize_inode and meta_bg features are not compatible. They can not be both enabled simultaneously.",
+        );
     }
     if f.compat.contains(Compat::RESIZE_INODE) && !f.ro_compat.contains(RoCompat::SPARSE_SUPER) {
         return err("reserved online resize blocks not supported on non-sparse filesystem");
@@ -1025,6 +1056,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         blocks_per_group: opts.blocks_per_group.unwrap_or(0),
         r_blocks_count: r_blocks,
         reserved_gdt_blocks: None,
+        desc_size,
+        first_meta_bg,
         journal_blocks,
         orphan_file_blocks,
         stride,
