@@ -80,7 +80,8 @@ pub struct MkfsArgs {
     /// assume_storage_prezeroed=, discard, nodiscard, hash_seed=,
     /// root_owner[=uid:gid], num_backup_sb=, packed_meta_blocks, stride=,
     /// stripe_width=, orphan_file_size=, desc_size= (64..1024 bytes, with
-    /// 64bit). As in mke2fs, only the last -E counts.
+    /// 64bit), offset= (bytes into the target). As in mke2fs, only the last
+    /// -E counts.
     #[arg(short = 'E', value_name = "EXTENDED-OPTS")]
     extended: Vec<String>,
     /// Journal options (size=MiB).
@@ -565,7 +566,8 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     }
     // Overwrite protection, as mke2fs's check_plausibility(): only when
     // stdin and stdout are terminals; the question only without -F.
-    if exists && has_size && interactive() {
+    // As mke2fs: no look at what the target holds with -E offset=.
+    if exists && has_size && resolved.offset == 0 && interactive() {
         let found =
             crate::probe::probe_path(device).with_context(|| format!("reading {dev_name}"))?;
         if let Some(f) = found {
@@ -617,7 +619,8 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         return Ok(0);
     }
     let l = &prepared.layout;
-    let needed = l.blocks_count * u64::from(l.block_size);
+    let offset = prepared.resolved.offset;
+    let needed = offset + l.blocks_count * u64::from(l.block_size);
     let dev: Box<dyn Device> = if exists && is_file && device_size.is_some_and(|s| s < needed) {
         // A regular file grows to the filesystem size, as with mke2fs.
         ext4kit_device::check_not_mounted(device)?;
@@ -629,6 +632,13 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         open_device(device, OpenOptions::read_write())?
     } else {
         Box::new(create_image(device, needed)?)
+    };
+    // -E offset=: everything from here on is relative to the offset; the
+    // bytes before it are never touched.
+    let dev: Box<dyn Device> = if offset > 0 {
+        Box::new(mkfs::OffsetDevice::new(dev, offset))
+    } else {
+        dev
     };
     let mut discarded = false;
     if prepared.resolved.discard {

@@ -165,6 +165,16 @@ const CASES: &[Case] = &[
     .expect(Expect::OneLineErrorWith("Invalid desc_size")),
     bad("-E desc_size=32", &["-t", "ext4", "-E", "desc_size=32", T])
         .expect(Expect::OneLineErrorWith("Invalid desc_size")),
+    bad("-E offset=abc", &["-t", "ext4", "-E", "offset=abc", T])
+        .expect(Expect::OneLineErrorWith("Invalid offset: abc")),
+    bad("-E offset=12k", &["-t", "ext4", "-E", "offset=12k", T])
+        .expect(Expect::OneLineErrorWith("Invalid offset: 12k")),
+    // mke2fs's block count wraps around and it never ends.
+    bad(
+        "-E offset past the end",
+        &["-t", "ext4", "-E", "offset=99999999999", T],
+    )
+    .expect(Expect::OneLineErrorWith("past the end of the device")),
 ];
 
 /// What a command did, for messages.

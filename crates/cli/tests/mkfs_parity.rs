@@ -1089,3 +1089,104 @@ fn sparse_equal_finds_differences() {
     fa.set_len(size + 4096).unwrap();
     assert!(sparse_equal(&a, &b).unwrap_err().contains("sizes differ"));
 }
+
+/// `-E offset=N` (e2fsprogs tests m_offset, u_mke2fs_opt_offset): the
+/// filesystem starts N bytes into a target full of old data. Without a size
+/// it takes the rest of the target (less the offset's whole blocks, with
+/// mke2fs's warning); with one, the file grows to N + size when shorter.
+/// The whole file must equal mke2fs's, the bytes before N must be the old
+/// ones, and the filesystem (read from N on) must be e2fsck-clean.
+#[test]
+fn parity_offset() {
+    let test = "mkfs_parity (-E offset=)";
+    for t in ["mke2fs", "e2fsck"] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found (install e2fsprogs)"));
+        }
+    }
+    // (file size, offset, options, FS-SIZE)
+    let cases: &[(u64, u64, &[&str], Option<&str>)] = &[
+        (2 * MIB, 524_288, &["-b", "1024"], None),
+        (2 * MIB, 524_288, &["-b", "1024"], Some("1024")),
+        (1025 * KIB, 2048, &["-b", "1024"], Some("1024")),
+        (1027 * KIB, 96_255, &["-b", "1024"], Some("1024")),
+        (2 * MIB, 1000, &[], None),
+        (MIB, 1000, &[], Some("4M")),
+        (64 * MIB, MIB, &[], None),
+        (
+            64 * MIB,
+            3 * MIB + 512,
+            &["-O", "^has_journal"],
+            Some("32M"),
+        ),
+    ];
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, UPSTREAM_CONF).expect("writing mke2fs.conf");
+    let mut failures = Vec::new();
+    for (k, &(size, offset, opts, fs_size)) in cases.iter().enumerate() {
+        let label = format!("{} offset={offset} {opts:?} {fs_size:?}", human(size));
+        let res = (|| -> Result<(), String> {
+            let refimg = dir.path().join("ref.img");
+            let ours = dir.path().join("ours.img");
+            for p in [&refimg, &ours] {
+                pattern_file(p, size, 0x0ff5e7 + k as u64).map_err(|e| e.to_string())?;
+            }
+            let old = std::fs::read(&refimg).map_err(|e| e.to_string())?;
+            let args = |img: &Path| {
+                let mut v: Vec<String> = ["-F", "-q", "-t", "ext4", "-U", UUID]
+                    .iter()
+                    .chain(opts)
+                    .map(|s| s.to_string())
+                    .collect();
+                v.extend(["-E".into(), format!("hash_seed={SEED},offset={offset}")]);
+                v.push(img.display().to_string());
+                v.extend(fs_size.map(str::to_string));
+                v
+            };
+            let env = [("E2FSPROGS_FAKE_TIME", FAKE_TIME)];
+            let r = run(mke2fs(args(&refimg)).envs(env).env("MKE2FS_CONFIG", &conf))?;
+            if !r.status.success() {
+                return Err(format!("mke2fs refused it: {}", last_line(&r)));
+            }
+            let o = run(ext4kit_mkfs(args(&ours))
+                .envs(env)
+                .env("MKE2FS_CONFIG", &conf))?;
+            if !o.status.success() {
+                return Err(format!("ext4kit mkfs failed: {}", last_line(&o)));
+            }
+            let warn = "offset specified without an explicit file system size";
+            let (rw, ow) = (
+                String::from_utf8_lossy(&r.stderr).contains(warn),
+                String::from_utf8_lossy(&o.stderr).contains(warn),
+            );
+            if rw != ow {
+                return Err(format!("mke2fs warned: {rw}, ext4kit warned: {ow}"));
+            }
+            let a = std::fs::read(&refimg).map_err(|e| e.to_string())?;
+            let b = std::fs::read(&ours).map_err(|e| e.to_string())?;
+            if a.len() != b.len() {
+                return Err(format!("sizes differ: mke2fs {} ours {}", a.len(), b.len()));
+            }
+            if let Some(i) = a.iter().zip(&b).position(|(x, y)| x != y) {
+                return Err(format!("first difference at byte {i}"));
+            }
+            let n = offset as usize;
+            if b[..n] != old[..n] {
+                return Err("bytes before the offset were changed".into());
+            }
+            let fs = dir.path().join("fs.img");
+            std::fs::write(&fs, &b[n..]).map_err(|e| e.to_string())?;
+            e2fsck_clean(&fs)?;
+            Ok(())
+        })();
+        match res {
+            Ok(()) => eprintln!("ok     {label}"),
+            Err(e) => {
+                eprintln!("FAIL   {label}: {e}");
+                failures.push(format!("{label}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -60,6 +60,8 @@ pub struct Resolved {
     pub discard: bool,
     /// The user promised the storage reads as zero.
     pub assume_prezeroed: bool,
+    /// `-E offset=`: the filesystem starts this many bytes into the target.
+    pub offset: u64,
     pub warnings: Vec<String>,
 }
 
@@ -690,6 +692,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         _ => 0,
     };
     let mut desc_size = 0u32;
+    let mut offset = 0u64;
     let mut ext_list: Vec<String> = profile.options_list(&fs_types);
     // mke2fs keeps only the last -E.
     ext_list.extend(opts.extended.last().cloned());
@@ -774,9 +777,13 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                     }
                     desc_size = d as u32;
                 }
+                "offset" => {
+                    let s = need(v)?;
+                    offset = parse_c_ulong(&s)
+                        .map_err(|_| OptionError(format!("Invalid offset: {s}")))?;
+                }
                 "test_fs"
                 | "mmp_update_interval"
-                | "offset"
                 | "quotatype"
                 | "encoding"
                 | "encoding_flags"
@@ -790,6 +797,32 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 }
                 _ => return err(format!("bad extended option: '{k}'")),
             }
+        }
+    }
+    // -E offset= without a size: the filesystem takes the rest of the
+    // target (mke2fs subtracts the offset's whole blocks, and warns).
+    if offset > 0 {
+        if explicit.is_none() {
+            let skip = offset / u64::from(bs);
+            if skip >= fs_blocks_count {
+                return err(format!(
+                    "offset {offset} is past the end of the device ({} bytes)",
+                    fs_blocks_count * u64::from(bs)
+                ));
+            }
+            fs_blocks_count -= skip;
+            warnings.push(format!(
+                "\nWarning: offset specified without an explicit file system size.\nCreating a file system with {fs_blocks_count} blocks but this might\nnot be what you want.\n"
+            ));
+        }
+        if let Some(sz) = env.device_size
+            && !env.is_regular_file
+            && offset.saturating_add(fs_blocks_count.saturating_mul(u64::from(bs))) > sz
+        {
+            return err(format!(
+                "filesystem at offset {offset} larger than the device ({} + {offset} > {sz} bytes)",
+                fs_blocks_count.saturating_mul(u64::from(bs))
+            ));
         }
     }
     // mke2fs.conf's huge files (mk_hugefiles.c): refused by name.
@@ -1094,6 +1127,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         fs_types,
         discard,
         assume_prezeroed,
+        offset,
         warnings,
     })
 }
