@@ -80,8 +80,8 @@ pub struct MkfsArgs {
     /// assume_storage_prezeroed=, discard, nodiscard, hash_seed=,
     /// root_owner[=uid:gid], num_backup_sb=, packed_meta_blocks, stride=,
     /// stripe_width=, orphan_file_size=, desc_size= (64..1024 bytes, with
-    /// 64bit), offset= (bytes into the target). As in mke2fs, only the last
-    /// -E counts.
+    /// 64bit), offset= (bytes into the target), test_fs, no_copy_xattrs.
+    /// As in mke2fs, only the last -E counts.
     #[arg(short = 'E', value_name = "EXTENDED-OPTS")]
     extended: Vec<String>,
     /// Journal options (size=MiB).
@@ -153,15 +153,24 @@ pub struct MkfsArgs {
     opt_d: Option<String>,
     #[arg(short = 'D', action = clap::ArgAction::Count, hide = true)]
     opt_cap_d: u8,
-    #[arg(short = 'r', value_name = "REVISION", hide = true)]
+    /// Revision level: 1, or 0 (no features, 128-byte inodes).
+    #[arg(short = 'r', overrides_with = "opt_r", value_name = "REVISION")]
     opt_r: Option<String>,
-    #[arg(short = 's', value_name = "SPARSE-SUPER", hide = true)]
+    /// Deprecated: 1 sets, 0 clears sparse_super (use -O [^]sparse_super).
+    #[arg(
+        short = 's',
+        overrides_with = "opt_s",
+        value_name = "SPARSE-SUPER",
+        allow_hyphen_values = true
+    )]
     opt_s: Option<String>,
     #[arg(short = 'S', action = clap::ArgAction::Count, hide = true)]
     opt_cap_s: u8,
     #[arg(short = 'z', value_name = "UNDO-FILE", hide = true)]
     opt_z: Option<String>,
-    #[arg(short = 'V', action = clap::ArgAction::Count, hide = true)]
+    /// Print the version and exit (installed as mke2fs: mke2fs 1.47.0's
+    /// version line, then ext4kit's).
+    #[arg(short = 'V', action = clap::ArgAction::Count)]
     opt_cap_v: u8,
     /// Print a machine-readable JSON report on stdout.
     #[arg(long)]
@@ -256,7 +265,7 @@ impl Personality {
 
 /// mke2fs options that ext4kit does not implement yet, with what they do.
 fn unsupported(a: &MkfsArgs) -> Option<String> {
-    let list: [(bool, &str, &str); 10] = [
+    let list: [(bool, &str, &str); 7] = [
         (a.opt_c > 0, "-c", "check the device for bad blocks"),
         (
             a.opt_l.is_some(),
@@ -271,23 +280,11 @@ fn unsupported(a: &MkfsArgs) -> Option<String> {
         ),
         (a.opt_cap_d > 0, "-D", "use direct I/O"),
         (
-            // Revision 1 is what ext4kit makes anyway.
-            a.opt_r.as_deref().is_some_and(|r| r.trim() != "1"),
-            "-r",
-            "filesystem revision level other than 1",
-        ),
-        (
-            a.opt_s.is_some(),
-            "-s",
-            "deprecated sparse_super switch; use -O [^]sparse_super",
-        ),
-        (
             a.opt_cap_s > 0,
             "-S",
             "write superblock and group descriptors only",
         ),
         (a.opt_z.is_some(), "-z", "save an undo file"),
-        (a.opt_cap_v > 0, "-V", "print the version of mke2fs"),
     ];
     list.iter()
         .find(|(given, _, _)| *given)
@@ -392,8 +389,29 @@ fn print_warning(w: &str, json: bool) {
     }
 }
 
+/// `-V`: the version, then exit 0 (mke2fs prints it after parsing the
+/// command line, before looking at the device). As `mke2fs`/`mkfs.extN`,
+/// mke2fs's own first line, on stderr, so that scripts testing the mke2fs
+/// version see the release ext4kit reproduces, then the ext4kit version;
+/// as `ext4kit mkfs`, one line on stdout.
+fn print_version(who: &Personality) {
+    let v = env!("EXT4KIT_VERSION");
+    match who {
+        Personality::Ext4kit => outln!("ext4kit mkfs {v} (mke2fs {MKE2FS_VERSION} compatible)"),
+        _ => eprintln!("mke2fs {MKE2FS_VERSION} ({MKE2FS_DATE})\n\tUsing ext4kit {v}"),
+    }
+}
+
+/// The mke2fs release whose output ext4kit reproduces.
+const MKE2FS_VERSION: &str = "1.47.0";
+const MKE2FS_DATE: &str = "5-Feb-2023";
+
 pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     let start = Instant::now();
+    if a.opt_cap_v > 0 {
+        print_version(who);
+        return Ok(0);
+    }
     if let Some(msg) = unsupported(a) {
         bail!("{msg}");
     }
@@ -496,6 +514,8 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         errors: a.errors.clone(),
         fs_size: a.fs_size.clone(),
         force: a.force > 0,
+        revision: a.opt_r.clone(),
+        sparse_super: a.opt_s.clone(),
         first_meta_bg_env: std::env::var("MKE2FS_FIRST_META_BG").ok(),
     };
     let is_file = !exists

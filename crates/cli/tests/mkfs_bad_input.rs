@@ -169,6 +169,58 @@ const CASES: &[Case] = &[
         .expect(Expect::OneLineErrorWith("Invalid offset: abc")),
     bad("-E offset=12k", &["-t", "ext4", "-E", "offset=12k", T])
         .expect(Expect::OneLineErrorWith("Invalid offset: 12k")),
+    // Revision 0 and -s, as mke2fs refuses them.
+    bad("-r 2", &["-t", "ext4", "-r", "2", T]).expect(Expect::OneLineErrorWith(
+        "Filesystem revision too high while trying to create revision 2",
+    )),
+    bad("-r x", &["-t", "ext4", "-r", "x", T])
+        .expect(Expect::OneLineErrorWith("bad revision level - x")),
+    bad(
+        "-r 0 -O extent",
+        &["-t", "ext4", "-r", "0", "-O", "extent", T],
+    )
+    .expect(Expect::OneLineErrorWith(
+        "Filesystem features not supported with revision 0 filesystems",
+    )),
+    bad("-r 0 -j", &["-t", "ext2", "-r", "0", "-j", T]).expect(Expect::OneLineErrorWith(
+        "Journals not supported with revision 0 filesystems",
+    )),
+    bad("-r 0 -s 1", &["-t", "ext2", "-r", "0", "-s", "1", T]).expect(Expect::OneLineErrorWith(
+        "Sparse superblocks not supported with revision 0 filesystems",
+    )),
+    bad("-s 0 with resize_inode", &["-t", "ext4", "-s", "0", T]).expect(Expect::OneLineErrorWith(
+        "reserved online resize blocks not supported on non-sparse",
+    )),
+    // e2fsprogs' m_mkfs_overhead: mke2fs refuses it ("Cannot create
+    // filesystem with requested number of inodes").
+    bad(
+        "m_mkfs_overhead",
+        &[
+            "-o", "Linux", "-o", "hurd", "-b", "1024", "-m", "0", "-g", "256", "-N", "3745", "-t",
+            "ext2", T, "1024",
+        ],
+    )
+    .expect(Expect::OneLineErrorWith("too many inodes")),
+    bad(
+        "-o hurd -O filetype",
+        &["-t", "ext2", "-o", "hurd", "-O", "filetype", T],
+    )
+    .expect(Expect::OneLineErrorWith(
+        "The HURD does not support the filetype feature.",
+    )),
+    bad(
+        "-o hurd -O metadata_csum",
+        &["-t", "ext4", "-o", "hurd", "-O", "metadata_csum", T],
+    )
+    .expect(Expect::OneLineErrorWith(
+        "The HURD does not support the metadata_csum feature.",
+    )),
+    // Newer than mke2fs 1.47.0, which calls them bad options.
+    bad("-E nodirect_io", &["-t", "ext4", "-E", "nodirect_io", T]).expect(
+        Expect::OneLineErrorWith("bad extended option: 'nodirect_io'"),
+    ),
+    bad("-E direct_io", &["-t", "ext4", "-E", "direct_io", T])
+        .expect(Expect::OneLineErrorWith("bad extended option: 'direct_io'")),
     // mke2fs's block count wraps around and it never ends.
     bad(
         "-E offset past the end",

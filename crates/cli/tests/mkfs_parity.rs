@@ -274,6 +274,22 @@ const CASES: &[Case] = &[
     case(GIB, &["-b", "1024"]).e("desc-size=256"),
     case(GIB, &["-O", "^metadata_csum,uninit_bg"]).e("desc_size=0x80"),
     case(GIB, &["-O", "meta_bg,^resize_inode"]).e("desc_size=1024"),
+    // Revision 0: no features from the profile, 128-byte inodes, no
+    // default mount options (-I is ignored).
+    case(GIB, &["-r", "0"]),
+    case(100 * MIB, &["-r", "0", "-I", "256", "-b", "1024"]).t("ext2"),
+    case(GIB, &["-r", "1"]),
+    // -s: the deprecated sparse_super switch (atoi; negative is nothing).
+    case(GIB, &["-s", "0", "-O", "^resize_inode"]).t("ext2"),
+    case(GIB, &["-s", "1", "-O", "^sparse_super"]).t("ext2"),
+    case(GIB, &["-s", "-1"]),
+    // -E test_fs sets the test-filesystem flag; no_copy_xattrs is taken
+    // (it only matters with -d).
+    case(GIB, &[]).e("test_fs,no_copy_xattrs"),
+    // The Hurd: no filetype, huge_file or metadata_csum.
+    case(GIB, &["-o", "hurd"]),
+    case(GIB, &["-o", "GNU", "-O", "^filetype,^resize_inode"]).t("ext2"),
+    case(100 * MIB, &["-o", "1", "-b", "1024"]).t("ext3"),
 ];
 
 enum Outcome {
@@ -614,7 +630,7 @@ const SECT2048: &[(&str, &str)] = &[("MKE2FS_DEVICE_SECTSIZE", "2048")];
 /// The m_* cases: e2fsprogs' own invocations (tests/m_*/script), under
 /// its test configuration and environment, and the behaviours they rely
 /// on. (m_quota,
-/// m_mmp*, m_hugefile*, m_mkfs_overhead (-o hurd), m_offset, m_root*/-d,
+/// m_mmp*, m_hugefile*, m_root*/-d,
 /// m_minrootdir, m_devdir use features ext4kit refuses.)
 const M_CASES: &[MCase] = &[
     m("m_std", "ext2", &[], "65536", 64 * MIB),

@@ -19,6 +19,9 @@ use zerocopy::IntoBytes;
 
 use super::geometry::{FileMap, Layout};
 
+/// `EXT2_FLAGS_TEST_FILESYS`: ext4 code in development may mount it.
+const FLAG_TEST_FILESYS: u32 = 0x0004;
+
 /// Superblock settings that are not geometry.
 #[derive(Clone, Debug)]
 pub struct SuperSettings {
@@ -44,6 +47,10 @@ pub struct SuperSettings {
     pub itable_zeroed: bool,
     /// Write `s_kbytes_written` as mke2fs would.
     pub kbytes_written: u64,
+    /// `s_rev_level`: 1, or 0 with `-r 0`.
+    pub rev_level: u32,
+    /// `-E test_fs`: `EXT2_FLAGS_TEST_FILESYS` in `s_flags`.
+    pub test_fs: bool,
 }
 
 /// Statistics of one run, for reports.
@@ -205,7 +212,7 @@ impl Writer<'_> {
         sb.s_lastcheck.set(s.now);
         sb.s_checkinterval.set(s.checkinterval);
         sb.s_creator_os.set(s.creator_os);
-        sb.s_rev_level.set(1);
+        sb.s_rev_level.set(s.rev_level);
         sb.s_first_ino.set(l.first_ino);
         sb.s_inode_size.set(l.inode_size);
         sb.s_feature_compat.set(l.features.compat.bits());
@@ -225,7 +232,8 @@ impl Writer<'_> {
             sb.s_min_extra_isize.set(EXTRA_ISIZE);
             sb.s_want_extra_isize.set(EXTRA_ISIZE);
         }
-        sb.s_flags.set(superblock::FLAG_SIGNED_HASH);
+        sb.s_flags
+            .set(superblock::FLAG_SIGNED_HASH | if s.test_fs { FLAG_TEST_FILESYS } else { 0 });
         sb.s_raid_stride.set(s.raid_stride);
         sb.s_raid_stripe_width.set(s.raid_stripe_width);
         sb.s_log_groups_per_flex = l.log_groups_per_flex;
