@@ -151,7 +151,9 @@ pub struct MkfsArgs {
     opt_cap_c: Option<String>,
     #[arg(short = 'd', value_name = "ROOT-DIR", hide = true)]
     opt_d: Option<String>,
-    #[arg(short = 'D', action = clap::ArgAction::Count, hide = true)]
+    /// Direct I/O: write with O_DIRECT where the target takes it (same
+    /// bytes).
+    #[arg(short = 'D', action = clap::ArgAction::Count)]
     opt_cap_d: u8,
     /// Revision level: 1, or 0 (no features, 128-byte inodes).
     #[arg(short = 'r', overrides_with = "opt_r", value_name = "REVISION")]
@@ -265,7 +267,7 @@ impl Personality {
 
 /// mke2fs options that ext4kit does not implement yet, with what they do.
 fn unsupported(a: &MkfsArgs) -> Option<String> {
-    let list: [(bool, &str, &str); 7] = [
+    let list: [(bool, &str, &str); 6] = [
         (a.opt_c > 0, "-c", "check the device for bad blocks"),
         (
             a.opt_l.is_some(),
@@ -278,7 +280,6 @@ fn unsupported(a: &MkfsArgs) -> Option<String> {
             "-d",
             "copy a directory's contents into the new filesystem",
         ),
-        (a.opt_cap_d > 0, "-D", "use direct I/O"),
         (
             a.opt_cap_s > 0,
             "-S",
@@ -652,6 +653,12 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         open_device(device, OpenOptions::read_write())?
     } else {
         Box::new(create_image(device, needed)?)
+    };
+    // -D: writes with O_DIRECT, where the target allows it.
+    let dev = if a.opt_cap_d > 0 {
+        crate::direct::DirectDevice::wrap(dev, device).0
+    } else {
+        dev
     };
     // -E offset=: everything from here on is relative to the offset; the
     // bytes before it are never touched.

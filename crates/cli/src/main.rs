@@ -13,6 +13,7 @@ mod cmd_info;
 mod cmd_journal;
 mod cmd_lazyinit;
 mod cmd_mkfs;
+mod direct;
 mod errmsg;
 mod probe;
 

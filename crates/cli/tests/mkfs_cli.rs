@@ -472,7 +472,6 @@ fn unsupported_mke2fs_options_are_named() {
         ("-l", &["-l", "bad-blocks.txt"]),
         ("-C", &["-C", "65536"]),
         ("-d", &["-d", "/etc"]),
-        ("-D", &["-D"]),
         ("-S", &["-S"]),
         ("-z", &["-z", "undo.e2undo"]),
         ("-c", &["-q", "-c", "-F"]),

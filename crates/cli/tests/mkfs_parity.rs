@@ -1135,8 +1135,11 @@ fn parity_offset() {
             &["-O", "^has_journal"],
             Some("32M"),
         ),
+        // -D: O_DIRECT writes, read-modify-write of the unaligned sectors.
+        (2 * MIB, 1000, &["-D", "-b", "1024"], None),
     ];
-    let dir = image_dir();
+    // Not tmpfs, so that -D really writes with O_DIRECT.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temporary directory");
     let conf = dir.path().join("mke2fs.conf");
     std::fs::write(&conf, UPSTREAM_CONF).expect("writing mke2fs.conf");
     let mut failures = Vec::new();
@@ -1201,6 +1204,39 @@ fn parity_offset() {
             Err(e) => {
                 eprintln!("FAIL   {label}: {e}");
                 failures.push(format!("{label}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `-D` (direct I/O): the same bytes as `mke2fs -D`, in a directory of the
+/// build's filesystem (tmpfs refuses O_DIRECT; there ext4kit writes the
+/// ordinary way, the bytes being the same).
+#[test]
+fn parity_direct_io() {
+    let test = "mkfs_parity (-D)";
+    for t in ["mke2fs", "e2fsck"] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found (install e2fsprogs)"));
+        }
+    }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temporary directory");
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, UPSTREAM_CONF).expect("writing mke2fs.conf");
+    let cases = [
+        case(256 * MIB, &["-D"]),
+        case(64 * MIB, &["-D", "-b", "1024"]).e("lazy_itable_init=0,nodiscard"),
+        case(64 * MIB, &["-D", "-O", "^has_journal"]).t("ext2"),
+    ];
+    let mut failures = Vec::new();
+    for c in &cases {
+        let label = c.label();
+        match run_case(dir.path(), &conf, c) {
+            Outcome::Pass => eprintln!("ok     {label}"),
+            Outcome::Skip(why) | Outcome::Fail(why) => {
+                eprintln!("FAIL   {label}: {why}");
+                failures.push(format!("{label}: {why}"));
             }
         }
     }
