@@ -15,6 +15,7 @@
 
 pub mod blockmap;
 pub mod dir;
+pub mod dir_write;
 pub mod error;
 pub mod extent;
 pub mod file;
