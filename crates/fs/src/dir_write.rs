@@ -483,10 +483,7 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
                 return Err(self.bad(at(), "index checksum does not match"));
             }
         }
-        let nb = self.d.nblocks();
-        if let Some(b) = (0..f.count()).map(|i| f.block(i)).find(|&b| b >= nb) {
-            return Err(self.bad(at(), format!("index points at block {b} past the end")));
-        }
+        // Block numbers are checked when followed (`read`).
         Ok(f)
     }
 
@@ -964,6 +961,7 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
         // The name may already be in this leaf or, with equal hashes, in
         // the ones that continue it.
         let mut path = first.clone();
+        let mut first_leaf = None;
         for _ in 0..=self.d.nblocks() {
             let Some(last) = path.last() else {
                 break;
@@ -973,6 +971,9 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
             let recs = self.leaf_records(&buf, lblk)?;
             if self.find_in(&buf, &recs, name).is_some() {
                 return Err(FsError::Exists);
+            }
+            if first_leaf.is_none() {
+                first_leaf = Some((buf, recs));
             }
             if !self.next_leaf(&mut path, hash)? {
                 break;
@@ -988,8 +989,14 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
             };
             let last = frames.len() - 1;
             let leaf = frames[last].block(frames[last].at);
-            let mut buf = self.read_leaf(leaf)?;
-            let recs = self.leaf_records(&buf, leaf)?;
+            let (mut buf, recs) = match first_leaf.take() {
+                Some(l) => l,
+                None => {
+                    let buf = self.read_leaf(leaf)?;
+                    let recs = self.leaf_records(&buf, leaf)?;
+                    (buf, recs)
+                }
+            };
             if self.insert_in(&mut buf, &recs, name, ino, ft) {
                 return self.write_leaf(leaf, buf);
             }
