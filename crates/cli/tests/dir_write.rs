@@ -13,6 +13,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -302,6 +303,11 @@ fn image(
 /// Every check: e2fsck clean, the read side and debugfs list exactly
 /// `model`, every name found by lookup.
 fn verify(img: &Path, model: &BTreeMap<Vec<u8>, u32>, indexed: bool) {
+    verify_sampled(img, model, indexed, 1)
+}
+
+/// [`verify`], looking up only every `step`-th name.
+fn verify_sampled(img: &Path, model: &BTreeMap<Vec<u8>, u32>, indexed: bool, step: usize) {
     e2fsck_clean(img).unwrap();
     let dev = FileDevice::open(img, OpenOptions::read_only()).unwrap();
     let vol = Volume::open(&dev).unwrap();
@@ -317,7 +323,7 @@ fn verify(img: &Path, model: &BTreeMap<Vec<u8>, u32>, indexed: bool) {
         }
     }
     same(&got, model, "read_dir");
-    for (n, &ino) in model {
+    for (n, &ino) in model.iter().step_by(step) {
         assert_eq!(fs.lookup(&d, n).unwrap().map(|e| e.ino), Some(ino));
     }
     // debugfs: `ls -p` lines are "/ino/mode/uid/gid/name/size/" (names
@@ -565,7 +571,7 @@ fn hundred_thousand_entries() {
     let t0 = std::time::Instant::now();
     let model = fill(&img, &targets, (0..100_000).map(|i| name(i, 16)));
     let took = t0.elapsed();
-    verify(&img, &model, true);
+    verify_sampled(&img, &model, true, 101);
     let out = run_ok(tool("debugfs").arg("-R").arg("htree_dump /d").arg(&img)).unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -573,4 +579,178 @@ fn hundred_thousand_entries() {
         "two index levels expected"
     );
     eprintln!("100 000 entries added in {took:?}");
+}
+
+/// The records of a leaf block as (offset, inode, rec_len, name) with the
+/// name only for live entries; or an index block's count/limit/entries.
+fn layout(b: &[u8], lblk: u32, indexed: bool, csum: bool) -> Vec<(usize, u32, usize, Vec<u8>)> {
+    let bs = b.len();
+    let g16 = |o: usize| usize::from(u16::from_le_bytes([b[o], b[o + 1]]));
+    let g32 = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+    let index_at = if indexed && lblk == 0 {
+        Some(0x18 + usize::from(b[0x1D]))
+    } else if indexed && g32(0) == 0 && g16(4) == bs && b[6] == 0 && g16(8) != 0 {
+        Some(8)
+    } else {
+        None
+    };
+    let mut out = Vec::new();
+    if let Some(off) = index_at {
+        if lblk == 0 {
+            out.push((0, g32(0), g16(4), b[8..9].to_vec()));
+            out.push((12, g32(12), g16(16), b[0x18..0x20].to_vec()));
+        }
+        let count = g16(off + 2);
+        out.push((off, count as u32, g16(off), Vec::new()));
+        for i in 1..count {
+            out.push((
+                i,
+                g32(off + 8 * i),
+                g32(off + 8 * i + 4) as usize,
+                Vec::new(),
+            ));
+        }
+        out.push((0, g32(off + 4), 0, Vec::new()));
+        return out;
+    }
+    let end = if csum { bs - 12 } else { bs };
+    let mut o = 0;
+    while o < end {
+        let (ino, rl, nl) = (g32(o), g16(o + 4), usize::from(b[o + 6]));
+        let name = if ino != 0 {
+            b[o + 8..o + 8 + nl].to_vec()
+        } else {
+            Vec::new()
+        };
+        out.push((o, ino, rl, name));
+        if rl == 0 {
+            break;
+        }
+        o += rl;
+    }
+    out
+}
+
+/// The same sequence of creates and unlinks done by the kernel (on a loop
+/// mount) and by `DirWriter` (on a copy of the image before the kernel
+/// ran) gives the same directory, block by block: the same records at the
+/// same offsets with the same rec_len, the same dx_root and index entries.
+#[test]
+fn same_layout_as_the_kernel() {
+    let why = (|| {
+        if !need_tools("same_layout_as_the_kernel") {
+            return Err("e2fsprogs missing".to_string());
+        }
+        kernel_mount_available()
+    })();
+    if let Err(why) = why {
+        return skip("same_layout_as_the_kernel", &why);
+    }
+    let dir = image_dir();
+    let configs: &[(&str, &[&str], &[&str])] = &[
+        ("k4-csum", &["-t", "ext4", "-b", "4096"], &[]),
+        (
+            "k1-csum-unsigned",
+            &["-t", "ext4", "-b", "1024"],
+            &["flags 2"],
+        ),
+        (
+            "k1-nocsum-tea",
+            &["-t", "ext4", "-b", "1024", "-O", "^metadata_csum"],
+            &["def_hash_version tea"],
+        ),
+    ];
+    for &(cfg, mkfs, ssv) in configs {
+        let (img, _) = image(dir.path(), cfg, mkfs, "32M", ssv, 0);
+        let copy = dir.path().join(format!("{cfg}-ours.img"));
+        std::fs::copy(&img, &copy).unwrap();
+        // The operations: names 0..n, every 4th removed, then more names.
+        // 1 KiB blocks: enough names for a second index level (and a split
+        // of an index node).
+        let n = if mkfs.contains(&"1024") {
+            5000u32
+        } else {
+            1500
+        };
+        let mut ops: Vec<(bool, Vec<u8>)> = (0..n)
+            .map(|i| (true, name(i, 10 + (i as usize % 50))))
+            .collect();
+        ops.extend(
+            (0..n)
+                .step_by(4)
+                .map(|i| (false, name(i, 10 + (i as usize % 50)))),
+        );
+        ops.extend((n..n + 300).map(|i| (true, name(i, 10 + (i as usize % 50)))));
+        {
+            let lo = LoopDev::attach(&img).unwrap();
+            let m = Mount::new(lo.path(), "ext4", None).unwrap();
+            let d = m.path().join("d");
+            for (add, nm) in &ops {
+                let p = d.join(std::ffi::OsStr::from_bytes(nm));
+                if *add {
+                    std::fs::File::create(&p).unwrap();
+                } else {
+                    std::fs::remove_file(&p).unwrap();
+                }
+            }
+            m.unmount().unwrap();
+        }
+        e2fsck_clean(&img).unwrap();
+        // The kernel's inode numbers, by name.
+        let dev = FileDevice::open(&img, OpenOptions::read_only()).unwrap();
+        let vol = Volume::open(&dev).unwrap();
+        let fs = vol.fs();
+        let kd = fs.resolve(b"/d", false).unwrap();
+        let inos: BTreeMap<Vec<u8>, u32> = fs
+            .read_dir(&kd)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name, e.ino))
+            .collect();
+        let kernel = ImageDir::open(&img, b"/d");
+        let mut ours = ImageDir::open(&copy, b"/d");
+        {
+            let mut w = DirWriter::new(&mut ours);
+            for (add, nm) in &ops {
+                if *add {
+                    let ino = inos.get(nm).copied().unwrap_or(11);
+                    w.add(nm, ino, FT_REG_FILE).unwrap();
+                } else {
+                    w.remove(nm).unwrap();
+                }
+            }
+        }
+        assert_eq!(ours.indexed, kernel.indexed, "{cfg}: indexed");
+        assert_eq!(ours.nblocks(), kernel.nblocks(), "{cfg}: blocks");
+        let csum = vol.info.csum.metadata;
+        for l in 0..kernel.nblocks() {
+            let k = layout(&kernel.read(l).unwrap(), l, kernel.indexed, csum);
+            let o = layout(&ours.read(l).unwrap(), l, ours.indexed, csum);
+            if k != o {
+                let i = k
+                    .iter()
+                    .zip(&o)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(k.len().min(o.len()));
+                panic!(
+                    "{cfg}: block {l} differs at record {i}: kernel {:?}, ours {:?}",
+                    k.get(i),
+                    o.get(i)
+                );
+            }
+        }
+        let levels = if kernel.indexed {
+            kernel.read(0).unwrap()[0x1E]
+        } else {
+            0
+        };
+        eprintln!(
+            "{cfg}: {} blocks identical in layout, {} index levels",
+            kernel.nblocks(),
+            levels + 1
+        );
+        if mkfs.contains(&"1024") {
+            assert_eq!(levels, 1, "{cfg}: a second index level was expected");
+        }
+    }
 }
