@@ -661,96 +661,137 @@ fn same_layout_as_the_kernel() {
         ),
     ];
     for &(cfg, mkfs, ssv) in configs {
-        let (img, _) = image(dir.path(), cfg, mkfs, "32M", ssv, 0);
-        let copy = dir.path().join(format!("{cfg}-ours.img"));
-        std::fs::copy(&img, &copy).unwrap();
-        // The operations: names 0..n, every 4th removed, then more names.
-        // 1 KiB blocks: enough names for a second index level (and a split
-        // of an index node).
-        let n = if mkfs.contains(&"1024") {
-            5000u32
+        // 1 KiB blocks: enough names for a second index level (and splits
+        // of index nodes).
+        let (n, levels) = if mkfs.contains(&"1024") {
+            (5000u32, 2)
         } else {
-            1500
+            (1500, 1)
         };
-        let mut ops: Vec<(bool, Vec<u8>)> = (0..n)
-            .map(|i| (true, name(i, 10 + (i as usize % 50))))
-            .collect();
-        ops.extend(
-            (0..n)
-                .step_by(4)
-                .map(|i| (false, name(i, 10 + (i as usize % 50)))),
-        );
-        ops.extend((n..n + 300).map(|i| (true, name(i, 10 + (i as usize % 50)))));
-        {
-            let lo = LoopDev::attach(&img).unwrap();
-            let m = Mount::new(lo.path(), "ext4", None).unwrap();
-            let d = m.path().join("d");
-            for (add, nm) in &ops {
-                let p = d.join(std::ffi::OsStr::from_bytes(nm));
-                if *add {
-                    std::fs::File::create(&p).unwrap();
-                } else {
-                    std::fs::remove_file(&p).unwrap();
-                }
-            }
-            m.unmount().unwrap();
+        let nm = |i: u32| name(i, 10 + (i as usize % 50));
+        let mut ops: Vec<(bool, Vec<u8>)> = (0..n).map(|i| (true, nm(i))).collect();
+        ops.extend((0..n).step_by(4).map(|i| (false, nm(i))));
+        ops.extend((n..n + 300).map(|i| (true, nm(i))));
+        kernel_compare(dir.path(), cfg, mkfs, ssv, &ops, levels);
+    }
+}
+
+/// large_dir: a third index level, laid out as the kernel does (1 KiB
+/// blocks and 255-byte names: 2 to 3 names per leaf).
+#[test]
+fn third_level_same_as_the_kernel() {
+    let why = (|| {
+        if !need_tools("third_level_same_as_the_kernel") {
+            return Err("e2fsprogs missing".to_string());
         }
-        e2fsck_clean(&img).unwrap();
-        // The kernel's inode numbers, by name.
-        let dev = FileDevice::open(&img, OpenOptions::read_only()).unwrap();
-        let vol = Volume::open(&dev).unwrap();
-        let fs = vol.fs();
-        let kd = fs.resolve(b"/d", false).unwrap();
-        let inos: BTreeMap<Vec<u8>, u32> = fs
-            .read_dir(&kd)
-            .unwrap()
-            .into_iter()
-            .map(|e| (e.name, e.ino))
-            .collect();
-        let kernel = ImageDir::open(&img, b"/d");
-        let mut ours = ImageDir::open(&copy, b"/d");
-        {
-            let mut w = DirWriter::new(&mut ours);
-            for (add, nm) in &ops {
-                if *add {
-                    let ino = inos.get(nm).copied().unwrap_or(11);
-                    w.add(nm, ino, FT_REG_FILE).unwrap();
-                } else {
-                    w.remove(nm).unwrap();
-                }
+        kernel_mount_available()
+    })();
+    if let Err(why) = why {
+        return skip("third_level_same_as_the_kernel", &why);
+    }
+    let dir = image_dir();
+    let ops: Vec<(bool, Vec<u8>)> = (0..32_000).map(|i| (true, name(i, 255))).collect();
+    kernel_compare(
+        dir.path(),
+        "k1-largedir",
+        &[
+            "-t",
+            "ext4",
+            "-b",
+            "1024",
+            "-O",
+            "large_dir,^metadata_csum",
+            "-N",
+            "40000",
+        ],
+        &[],
+        &ops,
+        3,
+    );
+}
+
+/// Run `ops` (create or unlink, by name) through the kernel on a loop
+/// mount and through `DirWriter` on a copy of the image made before, and
+/// compare the directories block by block.
+fn kernel_compare(
+    dir: &Path,
+    cfg: &str,
+    mkfs: &[&str],
+    ssv: &[&str],
+    ops: &[(bool, Vec<u8>)],
+    want_levels: usize,
+) {
+    let (img, _) = image(dir, cfg, mkfs, "64M", ssv, 0);
+    let copy = dir.join(format!("{cfg}-ours.img"));
+    std::fs::copy(&img, &copy).unwrap();
+    // The kernel first.
+    {
+        let lo = LoopDev::attach(&img).unwrap();
+        let m = Mount::new(lo.path(), "ext4", None).unwrap();
+        let d = m.path().join("d");
+        for (add, nm) in ops {
+            let p = d.join(std::ffi::OsStr::from_bytes(nm));
+            if *add {
+                std::fs::File::create(&p).unwrap();
+            } else {
+                std::fs::remove_file(&p).unwrap();
             }
         }
-        assert_eq!(ours.indexed, kernel.indexed, "{cfg}: indexed");
-        assert_eq!(ours.nblocks(), kernel.nblocks(), "{cfg}: blocks");
-        let csum = vol.info.csum.metadata;
-        for l in 0..kernel.nblocks() {
-            let k = layout(&kernel.read(l).unwrap(), l, kernel.indexed, csum);
-            let o = layout(&ours.read(l).unwrap(), l, ours.indexed, csum);
-            if k != o {
-                let i = k
-                    .iter()
-                    .zip(&o)
-                    .position(|(a, b)| a != b)
-                    .unwrap_or(k.len().min(o.len()));
-                panic!(
-                    "{cfg}: block {l} differs at record {i}: kernel {:?}, ours {:?}",
-                    k.get(i),
-                    o.get(i)
-                );
+        m.unmount().unwrap();
+    }
+    e2fsck_clean(&img).unwrap();
+    // The kernel's inode numbers, by name.
+    let dev = FileDevice::open(&img, OpenOptions::read_only()).unwrap();
+    let vol = Volume::open(&dev).unwrap();
+    let fs = vol.fs();
+    let kd = fs.resolve(b"/d", false).unwrap();
+    let inos: BTreeMap<Vec<u8>, u32> = fs
+        .read_dir(&kd)
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name, e.ino))
+        .collect();
+    let kernel = ImageDir::open(&img, b"/d");
+    let mut ours = ImageDir::open(&copy, b"/d");
+    {
+        let mut w = DirWriter::new(&mut ours);
+        for (add, nm) in ops {
+            if *add {
+                let ino = inos.get(nm).copied().unwrap_or(11);
+                w.add(nm, ino, FT_REG_FILE).unwrap();
+            } else {
+                w.remove(nm).unwrap();
             }
-        }
-        let levels = if kernel.indexed {
-            kernel.read(0).unwrap()[0x1E]
-        } else {
-            0
-        };
-        eprintln!(
-            "{cfg}: {} blocks identical in layout, {} index levels",
-            kernel.nblocks(),
-            levels + 1
-        );
-        if mkfs.contains(&"1024") {
-            assert_eq!(levels, 1, "{cfg}: a second index level was expected");
         }
     }
+    assert_eq!(ours.indexed, kernel.indexed, "{cfg}: indexed");
+    assert_eq!(ours.nblocks(), kernel.nblocks(), "{cfg}: blocks");
+    let csum = vol.info.csum.metadata;
+    for l in 0..kernel.nblocks() {
+        let k = layout(&kernel.read(l).unwrap(), l, kernel.indexed, csum);
+        let o = layout(&ours.read(l).unwrap(), l, ours.indexed, csum);
+        if k != o {
+            let i = k
+                .iter()
+                .zip(&o)
+                .position(|(a, b)| a != b)
+                .unwrap_or(k.len().min(o.len()));
+            panic!(
+                "{cfg}: block {l} differs at record {i}: kernel {:?}, ours {:?}",
+                k.get(i),
+                o.get(i)
+            );
+        }
+    }
+    let levels = if kernel.indexed {
+        kernel.read(0).unwrap()[0x1E]
+    } else {
+        0
+    };
+    eprintln!(
+        "{cfg}: {} blocks identical in layout, {} index levels",
+        kernel.nblocks(),
+        levels + 1
+    );
+    assert_eq!(usize::from(levels) + 1, want_levels, "{cfg}: index levels");
 }
