@@ -649,6 +649,12 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
         if ino == 0 || ino > self.p.inodes_count {
             return Err(FsError::InvalidName("inode number out of range"));
         }
+        if self.d.nblocks() == 0 {
+            return Err(FsError::Unsupported(format!(
+                "directory inode {} has no blocks (inline data)",
+                self.p.ino
+            )));
+        }
         if self.is_dx() {
             return self.dx_add(name, ino, file_type);
         }
@@ -816,25 +822,27 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
         let de = 12 + recs[1].rec_len;
         let usable = self.usable();
         let len = usable - de;
+        let mut data2 = vec![0u8; self.bs];
+        data2[..len].copy_from_slice(&root[de..usable]);
+        // The last record of the moved ones reaches the new block's end.
+        let moved = self.records(&data2, 0, len, 1)?;
+        let Some(last) = moved.last() else {
+            return Err(self.bad("block 0", "no entries to index"));
+        };
+        put16(
+            &mut data2,
+            last.off + 4,
+            rec_len_to_disk(usable - last.off, self.bs),
+        );
+        let version = dirhash::effective_version(self.p.def_hash_version, self.p.unsigned_hash);
+        let hash = self.hash(version, name)?;
+        // Checked; now change things.
         let blk1 = self.d.append()?;
         if blk1 != 1 {
             return Err(self.bad("block 0", "the directory grew at a block other than 1"));
         }
         self.d.set_indexed()?;
-        let mut data2 = vec![0u8; self.bs];
-        data2[..len].copy_from_slice(&root[de..usable]);
         root[de..usable].fill(0);
-        // The last record of the moved ones reaches the new block's end.
-        let moved = self.records(&data2, 0, len, 1)?;
-        if let Some(last) = moved.last() {
-            put16(
-                &mut data2,
-                last.off + 4,
-                rec_len_to_disk(usable - last.off, self.bs),
-            );
-        } else {
-            return Err(self.bad("block 0", "no entries to index"));
-        }
         // The root: `..` to the end, root info, one entry for block 1.
         put16(&mut root, 16, rec_len_to_disk(self.bs - 12, self.bs));
         let info = ROOT_INFO_OFFSET;
@@ -846,8 +854,6 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
         put16(&mut root, off, limit as u16);
         put16(&mut root, off + 2, 1);
         put32(&mut root, off + 4, 1);
-        let version = dirhash::effective_version(self.p.def_hash_version, self.p.unsigned_hash);
-        let hash = self.hash(version, name)?;
         let mut frame = Frame {
             lblk: 0,
             buf: root,
@@ -1573,6 +1579,36 @@ pub(crate) mod tests {
                 }
             }
             proptest::prop_assert_eq!(check(&d), model);
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Damaged blocks make operations fail, never panic.
+        #[test]
+        fn corrupt_blocks_never_panic(
+            n in 0u32..400,
+            csum in proptest::bool::ANY,
+            hits in proptest::collection::vec((0usize..64, 0usize..4096, 0u8..=255), 1..12),
+            ops in proptest::collection::vec((0u32..500, proptest::bool::ANY), 1..60),
+        ) {
+            let mut d = grow(params(csum, 1, false, false), 1024, n, 24);
+            let nb = d.blocks.len();
+            for (b, off, v) in hits {
+                d.blocks[b % nb][off % 1024] = v;
+            }
+            let mut w = DirWriter::new(&mut d);
+            for (k, add) in ops {
+                let nm = name(k, 24);
+                let _ = if add {
+                    w.add(&nm, 100 + k, FT_REG_FILE).map(|_| ())
+                } else {
+                    w.remove(&nm).map(|_| ())
+                };
+                let _ = w.find(&nm);
+                let _ = w.retarget(b"..", 3, FT_DIR);
+                let _ = w.is_empty();
+            }
         }
     }
 }
