@@ -72,14 +72,16 @@ pub struct MkfsArgs {
     /// Filesystem UUID (or null, clear, random, time).
     #[arg(short = 'U', overrides_with = "uuid", value_name = "UUID")]
     uuid: Option<String>,
-    /// Features to set or clear (feat,^feat,...). May be repeated.
+    /// Features to set or clear (feat,^feat,...; meta_bg needs
+    /// ^resize_inode). May be repeated.
     #[arg(short = 'O', value_name = "FEATURE[,...]")]
     features: Vec<String>,
     /// Extended options: lazy_itable_init=, lazy_journal_init=,
     /// assume_storage_prezeroed=, discard, nodiscard, hash_seed=,
     /// root_owner[=uid:gid], num_backup_sb=, packed_meta_blocks, stride=,
-    /// stripe_width=, orphan_file_size=. As in mke2fs, only the last -E
-    /// counts.
+    /// stripe_width=, orphan_file_size=, desc_size= (64..1024 bytes, with
+    /// 64bit), offset= (bytes into the target), test_fs, no_copy_xattrs.
+    /// As in mke2fs, only the last -E counts.
     #[arg(short = 'E', value_name = "EXTENDED-OPTS")]
     extended: Vec<String>,
     /// Journal options (size=MiB).
@@ -149,17 +151,28 @@ pub struct MkfsArgs {
     opt_cap_c: Option<String>,
     #[arg(short = 'd', value_name = "ROOT-DIR", hide = true)]
     opt_d: Option<String>,
-    #[arg(short = 'D', action = clap::ArgAction::Count, hide = true)]
+    /// Direct I/O: write with O_DIRECT where the target takes it (same
+    /// bytes).
+    #[arg(short = 'D', action = clap::ArgAction::Count)]
     opt_cap_d: u8,
-    #[arg(short = 'r', value_name = "REVISION", hide = true)]
+    /// Revision level: 1, or 0 (no features, 128-byte inodes).
+    #[arg(short = 'r', overrides_with = "opt_r", value_name = "REVISION")]
     opt_r: Option<String>,
-    #[arg(short = 's', value_name = "SPARSE-SUPER", hide = true)]
+    /// Deprecated: 1 sets, 0 clears sparse_super (use -O [^]sparse_super).
+    #[arg(
+        short = 's',
+        overrides_with = "opt_s",
+        value_name = "SPARSE-SUPER",
+        allow_hyphen_values = true
+    )]
     opt_s: Option<String>,
     #[arg(short = 'S', action = clap::ArgAction::Count, hide = true)]
     opt_cap_s: u8,
     #[arg(short = 'z', value_name = "UNDO-FILE", hide = true)]
     opt_z: Option<String>,
-    #[arg(short = 'V', action = clap::ArgAction::Count, hide = true)]
+    /// Print the version and exit (installed as mke2fs: mke2fs 1.47.0's
+    /// version line, then ext4kit's).
+    #[arg(short = 'V', action = clap::ArgAction::Count)]
     opt_cap_v: u8,
     /// Print a machine-readable JSON report on stdout.
     #[arg(long)]
@@ -254,7 +267,7 @@ impl Personality {
 
 /// mke2fs options that ext4kit does not implement yet, with what they do.
 fn unsupported(a: &MkfsArgs) -> Option<String> {
-    let list: [(bool, &str, &str); 10] = [
+    let list: [(bool, &str, &str); 6] = [
         (a.opt_c > 0, "-c", "check the device for bad blocks"),
         (
             a.opt_l.is_some(),
@@ -267,25 +280,12 @@ fn unsupported(a: &MkfsArgs) -> Option<String> {
             "-d",
             "copy a directory's contents into the new filesystem",
         ),
-        (a.opt_cap_d > 0, "-D", "use direct I/O"),
-        (
-            // Revision 1 is what ext4kit makes anyway.
-            a.opt_r.as_deref().is_some_and(|r| r.trim() != "1"),
-            "-r",
-            "filesystem revision level other than 1",
-        ),
-        (
-            a.opt_s.is_some(),
-            "-s",
-            "deprecated sparse_super switch; use -O [^]sparse_super",
-        ),
         (
             a.opt_cap_s > 0,
             "-S",
             "write superblock and group descriptors only",
         ),
         (a.opt_z.is_some(), "-z", "save an undo file"),
-        (a.opt_cap_v > 0, "-V", "print the version of mke2fs"),
     ];
     list.iter()
         .find(|(given, _, _)| *given)
@@ -390,8 +390,29 @@ fn print_warning(w: &str, json: bool) {
     }
 }
 
+/// `-V`: the version, then exit 0 (mke2fs prints it after parsing the
+/// command line, before looking at the device). As `mke2fs`/`mkfs.extN`,
+/// mke2fs's own first line, on stderr, so that scripts testing the mke2fs
+/// version see the release ext4kit reproduces, then the ext4kit version;
+/// as `ext4kit mkfs`, one line on stdout.
+fn print_version(who: &Personality) {
+    let v = env!("EXT4KIT_VERSION");
+    match who {
+        Personality::Ext4kit => outln!("ext4kit mkfs {v} (mke2fs {MKE2FS_VERSION} compatible)"),
+        _ => eprintln!("mke2fs {MKE2FS_VERSION} ({MKE2FS_DATE})\n\tUsing ext4kit {v}"),
+    }
+}
+
+/// The mke2fs release whose output ext4kit reproduces.
+const MKE2FS_VERSION: &str = "1.47.0";
+const MKE2FS_DATE: &str = "5-Feb-2023";
+
 pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     let start = Instant::now();
+    if a.opt_cap_v > 0 {
+        print_version(who);
+        return Ok(0);
+    }
     if let Some(msg) = unsupported(a) {
         bail!("{msg}");
     }
@@ -494,6 +515,9 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         errors: a.errors.clone(),
         fs_size: a.fs_size.clone(),
         force: a.force > 0,
+        revision: a.opt_r.clone(),
+        sparse_super: a.opt_s.clone(),
+        first_meta_bg_env: std::env::var("MKE2FS_FIRST_META_BG").ok(),
     };
     let is_file = !exists
         || std::fs::metadata(device)
@@ -563,7 +587,8 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     }
     // Overwrite protection, as mke2fs's check_plausibility(): only when
     // stdin and stdout are terminals; the question only without -F.
-    if exists && has_size && interactive() {
+    // As mke2fs: no look at what the target holds with -E offset=.
+    if exists && has_size && resolved.offset == 0 && interactive() {
         let found =
             crate::probe::probe_path(device).with_context(|| format!("reading {dev_name}"))?;
         if let Some(f) = found {
@@ -615,7 +640,8 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         return Ok(0);
     }
     let l = &prepared.layout;
-    let needed = l.blocks_count * u64::from(l.block_size);
+    let offset = prepared.resolved.offset;
+    let needed = offset + l.blocks_count * u64::from(l.block_size);
     let dev: Box<dyn Device> = if exists && is_file && device_size.is_some_and(|s| s < needed) {
         // A regular file grows to the filesystem size, as with mke2fs.
         ext4kit_device::check_not_mounted(device)?;
@@ -627,6 +653,19 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         open_device(device, OpenOptions::read_write())?
     } else {
         Box::new(create_image(device, needed)?)
+    };
+    // -D: writes with O_DIRECT, where the target allows it.
+    let dev = if a.opt_cap_d > 0 {
+        crate::direct::DirectDevice::wrap(dev, device).0
+    } else {
+        dev
+    };
+    // -E offset=: everything from here on is relative to the offset; the
+    // bytes before it are never touched.
+    let dev: Box<dyn Device> = if offset > 0 {
+        Box::new(mkfs::OffsetDevice::new(dev, offset))
+    } else {
+        dev
     };
     let mut discarded = false;
     if prepared.resolved.discard {

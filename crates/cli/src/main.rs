@@ -18,6 +18,7 @@ mod cmd_lazyinit;
 mod cmd_ls;
 mod cmd_mkfs;
 mod cmd_stat;
+mod direct;
 mod errmsg;
 mod probe;
 

@@ -136,6 +136,97 @@ const CASES: &[Case] = &[
     bad("directory as target", &["-t", "ext4", T]).target(Target::Dir),
     bad("directory as target, with size", &["-t", "ext4", T, "8M"]).target(Target::Dir),
     bad("unknown CLI option --bogus", &["-t", "ext4", "--bogus", T]),
+    // meta_bg and descriptor sizes, refused as mke2fs refuses them.
+    bad(
+        "-O meta_bg with resize_inode",
+        &["-t", "ext4", "-O", "meta_bg", T],
+    )
+    .expect(Expect::OneLineErrorWith(
+        "resize_inode and meta_bg features are not compatible",
+    )),
+    bad(
+        "-E desc_size=128 -O ^64bit",
+        &["-t", "ext4", "-O", "^64bit", "-E", "desc_size=128", T],
+    )
+    .expect(Expect::OneLineErrorWith("desc_size requires '-O 64bit'")),
+    bad("-E desc_size=96", &["-t", "ext4", "-E", "desc_size=96", T])
+        .expect(Expect::OneLineErrorWith("Invalid desc_size: '96'")),
+    bad(
+        "-E desc_size=12k",
+        &["-t", "ext4", "-E", "desc_size=12k", T],
+    )
+    .expect(Expect::OneLineErrorWith("Invalid desc_size")),
+    // mke2fs takes these and writes a filesystem e2fsck rejects (2048,
+    // 32) or dies of SIGFPE (8192): ext4kit refuses them.
+    bad(
+        "-E desc_size=2048",
+        &["-t", "ext4", "-E", "desc_size=2048", T],
+    )
+    .expect(Expect::OneLineErrorWith("Invalid desc_size")),
+    bad("-E desc_size=32", &["-t", "ext4", "-E", "desc_size=32", T])
+        .expect(Expect::OneLineErrorWith("Invalid desc_size")),
+    bad("-E offset=abc", &["-t", "ext4", "-E", "offset=abc", T])
+        .expect(Expect::OneLineErrorWith("Invalid offset: abc")),
+    bad("-E offset=12k", &["-t", "ext4", "-E", "offset=12k", T])
+        .expect(Expect::OneLineErrorWith("Invalid offset: 12k")),
+    // Revision 0 and -s, as mke2fs refuses them.
+    bad("-r 2", &["-t", "ext4", "-r", "2", T]).expect(Expect::OneLineErrorWith(
+        "Filesystem revision too high while trying to create revision 2",
+    )),
+    bad("-r x", &["-t", "ext4", "-r", "x", T])
+        .expect(Expect::OneLineErrorWith("bad revision level - x")),
+    bad(
+        "-r 0 -O extent",
+        &["-t", "ext4", "-r", "0", "-O", "extent", T],
+    )
+    .expect(Expect::OneLineErrorWith(
+        "Filesystem features not supported with revision 0 filesystems",
+    )),
+    bad("-r 0 -j", &["-t", "ext2", "-r", "0", "-j", T]).expect(Expect::OneLineErrorWith(
+        "Journals not supported with revision 0 filesystems",
+    )),
+    bad("-r 0 -s 1", &["-t", "ext2", "-r", "0", "-s", "1", T]).expect(Expect::OneLineErrorWith(
+        "Sparse superblocks not supported with revision 0 filesystems",
+    )),
+    bad("-s 0 with resize_inode", &["-t", "ext4", "-s", "0", T]).expect(Expect::OneLineErrorWith(
+        "reserved online resize blocks not supported on non-sparse",
+    )),
+    // e2fsprogs' m_mkfs_overhead: mke2fs refuses it ("Cannot create
+    // filesystem with requested number of inodes").
+    bad(
+        "m_mkfs_overhead",
+        &[
+            "-o", "Linux", "-o", "hurd", "-b", "1024", "-m", "0", "-g", "256", "-N", "3745", "-t",
+            "ext2", T, "1024",
+        ],
+    )
+    .expect(Expect::OneLineErrorWith("too many inodes")),
+    bad(
+        "-o hurd -O filetype",
+        &["-t", "ext2", "-o", "hurd", "-O", "filetype", T],
+    )
+    .expect(Expect::OneLineErrorWith(
+        "The HURD does not support the filetype feature.",
+    )),
+    bad(
+        "-o hurd -O metadata_csum",
+        &["-t", "ext4", "-o", "hurd", "-O", "metadata_csum", T],
+    )
+    .expect(Expect::OneLineErrorWith(
+        "The HURD does not support the metadata_csum feature.",
+    )),
+    // Newer than mke2fs 1.47.0, which calls them bad options.
+    bad("-E nodirect_io", &["-t", "ext4", "-E", "nodirect_io", T]).expect(
+        Expect::OneLineErrorWith("bad extended option: 'nodirect_io'"),
+    ),
+    bad("-E direct_io", &["-t", "ext4", "-E", "direct_io", T])
+        .expect(Expect::OneLineErrorWith("bad extended option: 'direct_io'")),
+    // mke2fs's block count wraps around and it never ends.
+    bad(
+        "-E offset past the end",
+        &["-t", "ext4", "-E", "offset=99999999999", T],
+    )
+    .expect(Expect::OneLineErrorWith("past the end of the device")),
 ];
 
 /// What a command did, for messages.

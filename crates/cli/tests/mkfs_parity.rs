@@ -46,6 +46,9 @@ struct Case {
     fs_size: Option<&'static str>,
     /// Under which configurations ext4kit is known not to match yet.
     known_failing: &'static [Conf],
+    /// Run under this configuration only (slow cases whose layout does not
+    /// depend on the configuration's feature differences).
+    only: Option<Conf>,
 }
 
 const fn case(size: u64, opts: &'static [&'static str]) -> Case {
@@ -56,6 +59,7 @@ const fn case(size: u64, opts: &'static [&'static str]) -> Case {
         ext: None,
         fs_size: None,
         known_failing: &[],
+        only: None,
     }
 }
 
@@ -70,6 +74,10 @@ impl Case {
     }
     const fn fs_size(mut self, s: &'static str) -> Case {
         self.fs_size = Some(s);
+        self
+    }
+    const fn only(mut self, conf: Conf) -> Case {
+        self.only = Some(conf);
         self
     }
     #[allow(dead_code)] // kept for cases that do not match mke2fs yet
@@ -244,6 +252,44 @@ const CASES: &[Case] = &[
     ),
     // Only the last -E counts: no nodiscard here.
     case(GIB, &["-E", "nodiscard"]).e("lazy_itable_init=1"),
+    // meta_bg asked for: one descriptor block in the first, second and
+    // last group of each meta group, no reserved GDT blocks.
+    case(GIB, &["-O", "meta_bg,^resize_inode"]),
+    case(GIB, &["-b", "1024", "-O", "meta_bg,^resize_inode"]),
+    case(GIB, &["-O", "meta_bg,^resize_inode,^64bit,^metadata_csum"]),
+    case(
+        100 * MIB,
+        &["-b", "1024", "-O", "meta_bg,^resize_inode,^flex_bg"],
+    ),
+    case(17 * TIB, &["-O", "meta_bg,^resize_inode"]).only(Conf::Upstream),
+    // meta_bg turned on by libext2fs: the descriptor and reserved GDT
+    // blocks would take more than 3/4 of a group (small groups; 32-bit
+    // descriptors of a 2 TiB filesystem with 1 KiB blocks). The journal
+    // then has five extents: its leaf goes after the fifth.
+    case(64 * MIB, &["-g", "256"]),
+    case(GIB, &["-b", "1024", "-g", "256", "-O", "^resize_inode"]),
+    case(2 * TIB, &["-b", "1024", "-O", "^64bit"]).only(Conf::Debian),
+    // Descriptors larger than 64 bytes.
+    case(GIB, &[]).e("desc_size=128"),
+    case(GIB, &["-b", "1024"]).e("desc-size=256"),
+    case(GIB, &["-O", "^metadata_csum,uninit_bg"]).e("desc_size=0x80"),
+    case(GIB, &["-O", "meta_bg,^resize_inode"]).e("desc_size=1024"),
+    // Revision 0: no features from the profile, 128-byte inodes, no
+    // default mount options (-I is ignored).
+    case(GIB, &["-r", "0"]),
+    case(100 * MIB, &["-r", "0", "-I", "256", "-b", "1024"]).t("ext2"),
+    case(GIB, &["-r", "1"]),
+    // -s: the deprecated sparse_super switch (atoi; negative is nothing).
+    case(GIB, &["-s", "0", "-O", "^resize_inode"]).t("ext2"),
+    case(GIB, &["-s", "1", "-O", "^sparse_super"]).t("ext2"),
+    case(GIB, &["-s", "-1"]),
+    // -E test_fs sets the test-filesystem flag; no_copy_xattrs is taken
+    // (it only matters with -d).
+    case(GIB, &[]).e("test_fs,no_copy_xattrs"),
+    // The Hurd: no filetype, huge_file or metadata_csum.
+    case(GIB, &["-o", "hurd"]),
+    case(GIB, &["-o", "GNU", "-O", "^filetype,^resize_inode"]).t("ext2"),
+    case(100 * MIB, &["-o", "1", "-b", "1024"]).t("ext3"),
 ];
 
 enum Outcome {
@@ -325,7 +371,10 @@ fn parity(conf: Conf, filter: impl Fn(&Case) -> bool) {
 
     let mut failures = Vec::new();
     let (mut pass, mut skipped, mut known) = (0, 0, 0);
-    for c in CASES.iter().filter(|c| filter(c)) {
+    for c in CASES
+        .iter()
+        .filter(|c| filter(c) && c.only.is_none_or(|o| o == conf))
+    {
         let label = format!("[{conf:?}] {}", c.label());
         if c.size > 16 * TIB && !have_shm {
             skipped += 1;
@@ -580,8 +629,8 @@ const SECT2048: &[(&str, &str)] = &[("MKE2FS_DEVICE_SECTSIZE", "2048")];
 
 /// The m_* cases: e2fsprogs' own invocations (tests/m_*/script), under
 /// its test configuration and environment, and the behaviours they rely
-/// on. (m_meta_bg, m_resize_inode_meta_bg, m_desc_size_128, m_quota,
-/// m_mmp*, m_hugefile*, m_mkfs_overhead (-o hurd), m_offset, m_root*/-d,
+/// on. (m_quota,
+/// m_mmp*, m_hugefile*, m_root*/-d,
 /// m_minrootdir, m_devdir use features ext4kit refuses.)
 const M_CASES: &[MCase] = &[
     m("m_std", "ext2", &[], "65536", 64 * MIB),
@@ -750,6 +799,64 @@ const M_CASES: &[MCase] = &[
         64 * MIB,
     )
     .env(&[("MKE2FS_DEVICE_PHYS_SECTSIZE", "4096")]),
+    m(
+        "m_meta_bg",
+        "ext2",
+        &["-O", "meta_bg,sparse_super,^resize_inode", "-g", "1024"],
+        "131072",
+        128 * MIB,
+    ),
+    m(
+        "m_desc_size_128",
+        "ext2",
+        &[
+            "-b",
+            "1024",
+            "-O",
+            "64bit,extents",
+            "-g",
+            "1024",
+            "-N",
+            "8192",
+        ],
+        "131072",
+        128 * MIB,
+    )
+    .e("desc_size=128"),
+    m(
+        "m_resize_inode_meta_bg",
+        "ext2",
+        &["-T", "ext4", "-g256", "-O", "64bit"],
+        "15360",
+        15 * MIB,
+    )
+    .env(&[("MKE2FS_DEVICE_SECTSIZE", "4096")]),
+    // MKE2FS_FIRST_META_BG: the first descriptor blocks keep the classic
+    // layout (atoi: "3x" is 3; without -O meta_bg it is ignored).
+    m(
+        "MKE2FS_FIRST_META_BG=3",
+        "ext4",
+        &["-b", "1024", "-O", "meta_bg,^resize_inode"],
+        "1G",
+        GIB,
+    )
+    .env(&[("MKE2FS_FIRST_META_BG", "3x")]),
+    m(
+        "MKE2FS_FIRST_META_BG=4 (all descriptor blocks classic)",
+        "ext4",
+        &["-b", "1024", "-O", "meta_bg,^resize_inode"],
+        "1G",
+        GIB,
+    )
+    .env(&[("MKE2FS_FIRST_META_BG", "4")]),
+    m(
+        "MKE2FS_FIRST_META_BG without meta_bg",
+        "ext4",
+        &["-b", "1024"],
+        "1G",
+        GIB,
+    )
+    .env(&[("MKE2FS_FIRST_META_BG", "100")]),
 ];
 
 #[test]
@@ -997,4 +1104,141 @@ fn sparse_equal_finds_differences() {
     // Different sizes.
     fa.set_len(size + 4096).unwrap();
     assert!(sparse_equal(&a, &b).unwrap_err().contains("sizes differ"));
+}
+
+/// `-E offset=N` (e2fsprogs tests m_offset, u_mke2fs_opt_offset): the
+/// filesystem starts N bytes into a target full of old data. Without a size
+/// it takes the rest of the target (less the offset's whole blocks, with
+/// mke2fs's warning); with one, the file grows to N + size when shorter.
+/// The whole file must equal mke2fs's, the bytes before N must be the old
+/// ones, and the filesystem (read from N on) must be e2fsck-clean.
+#[test]
+fn parity_offset() {
+    let test = "mkfs_parity (-E offset=)";
+    for t in ["mke2fs", "e2fsck"] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found (install e2fsprogs)"));
+        }
+    }
+    // (file size, offset, options, FS-SIZE)
+    let cases: &[(u64, u64, &[&str], Option<&str>)] = &[
+        (2 * MIB, 524_288, &["-b", "1024"], None),
+        (2 * MIB, 524_288, &["-b", "1024"], Some("1024")),
+        (1025 * KIB, 2048, &["-b", "1024"], Some("1024")),
+        (1027 * KIB, 96_255, &["-b", "1024"], Some("1024")),
+        (2 * MIB, 1000, &[], None),
+        (MIB, 1000, &[], Some("4M")),
+        (64 * MIB, MIB, &[], None),
+        (
+            64 * MIB,
+            3 * MIB + 512,
+            &["-O", "^has_journal"],
+            Some("32M"),
+        ),
+        // -D: O_DIRECT writes, read-modify-write of the unaligned sectors.
+        (2 * MIB, 1000, &["-D", "-b", "1024"], None),
+    ];
+    // Not tmpfs, so that -D really writes with O_DIRECT.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temporary directory");
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, UPSTREAM_CONF).expect("writing mke2fs.conf");
+    let mut failures = Vec::new();
+    for (k, &(size, offset, opts, fs_size)) in cases.iter().enumerate() {
+        let label = format!("{} offset={offset} {opts:?} {fs_size:?}", human(size));
+        let res = (|| -> Result<(), String> {
+            let refimg = dir.path().join("ref.img");
+            let ours = dir.path().join("ours.img");
+            for p in [&refimg, &ours] {
+                pattern_file(p, size, 0x0ff5e7 + k as u64).map_err(|e| e.to_string())?;
+            }
+            let old = std::fs::read(&refimg).map_err(|e| e.to_string())?;
+            let args = |img: &Path| {
+                let mut v: Vec<String> = ["-F", "-q", "-t", "ext4", "-U", UUID]
+                    .iter()
+                    .chain(opts)
+                    .map(|s| s.to_string())
+                    .collect();
+                v.extend(["-E".into(), format!("hash_seed={SEED},offset={offset}")]);
+                v.push(img.display().to_string());
+                v.extend(fs_size.map(str::to_string));
+                v
+            };
+            let env = [("E2FSPROGS_FAKE_TIME", FAKE_TIME)];
+            let r = run(mke2fs(args(&refimg)).envs(env).env("MKE2FS_CONFIG", &conf))?;
+            if !r.status.success() {
+                return Err(format!("mke2fs refused it: {}", last_line(&r)));
+            }
+            let o = run(ext4kit_mkfs(args(&ours))
+                .envs(env)
+                .env("MKE2FS_CONFIG", &conf))?;
+            if !o.status.success() {
+                return Err(format!("ext4kit mkfs failed: {}", last_line(&o)));
+            }
+            let warn = "offset specified without an explicit file system size";
+            let (rw, ow) = (
+                String::from_utf8_lossy(&r.stderr).contains(warn),
+                String::from_utf8_lossy(&o.stderr).contains(warn),
+            );
+            if rw != ow {
+                return Err(format!("mke2fs warned: {rw}, ext4kit warned: {ow}"));
+            }
+            let a = std::fs::read(&refimg).map_err(|e| e.to_string())?;
+            let b = std::fs::read(&ours).map_err(|e| e.to_string())?;
+            if a.len() != b.len() {
+                return Err(format!("sizes differ: mke2fs {} ours {}", a.len(), b.len()));
+            }
+            if let Some(i) = a.iter().zip(&b).position(|(x, y)| x != y) {
+                return Err(format!("first difference at byte {i}"));
+            }
+            let n = offset as usize;
+            if b[..n] != old[..n] {
+                return Err("bytes before the offset were changed".into());
+            }
+            let fs = dir.path().join("fs.img");
+            std::fs::write(&fs, &b[n..]).map_err(|e| e.to_string())?;
+            e2fsck_clean(&fs)?;
+            Ok(())
+        })();
+        match res {
+            Ok(()) => eprintln!("ok     {label}"),
+            Err(e) => {
+                eprintln!("FAIL   {label}: {e}");
+                failures.push(format!("{label}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `-D` (direct I/O): the same bytes as `mke2fs -D`, in a directory of the
+/// build's filesystem (tmpfs refuses O_DIRECT; there ext4kit writes the
+/// ordinary way, the bytes being the same).
+#[test]
+fn parity_direct_io() {
+    let test = "mkfs_parity (-D)";
+    for t in ["mke2fs", "e2fsck"] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found (install e2fsprogs)"));
+        }
+    }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temporary directory");
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, UPSTREAM_CONF).expect("writing mke2fs.conf");
+    let cases = [
+        case(256 * MIB, &["-D"]),
+        case(64 * MIB, &["-D", "-b", "1024"]).e("lazy_itable_init=0,nodiscard"),
+        case(64 * MIB, &["-D", "-O", "^has_journal"]).t("ext2"),
+    ];
+    let mut failures = Vec::new();
+    for c in &cases {
+        let label = c.label();
+        match run_case(dir.path(), &conf, c) {
+            Outcome::Pass => eprintln!("ok     {label}"),
+            Outcome::Skip(why) | Outcome::Fail(why) => {
+                eprintln!("FAIL   {label}: {why}");
+                failures.push(format!("{label}: {why}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

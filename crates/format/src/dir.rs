@@ -26,6 +26,19 @@ pub fn rec_len_from_disk(dlen: u16, block_size: usize) -> usize {
     }
 }
 
+/// A record length as stored (`ext4_rec_len_to_disk`): 65536 in a 64 KiB
+/// block is stored as 65535, larger lengths keep their high bits in the
+/// low two bits.
+pub fn rec_len_to_disk(len: usize, block_size: usize) -> u16 {
+    if block_size < 65536 {
+        len as u16
+    } else if len == 65536 {
+        0xFFFF
+    } else {
+        ((len & 0xFFFC) | ((len >> 16) & 3)) as u16
+    }
+}
+
 /// Length of a directory record holding a name of `name_len` bytes.
 pub const fn rec_len(name_len: usize) -> usize {
     (8 + name_len + 3) & !3

@@ -68,6 +68,19 @@ pub enum FsError {
     /// Not a symbolic link (EINVAL of readlink).
     #[error("Invalid argument (not a symbolic link)")]
     NotASymlink,
+    /// A name that already exists in a directory (EEXIST).
+    #[error("File exists")]
+    Exists,
+    /// A name longer than 255 bytes (ENAMETOOLONG).
+    #[error("File name too long")]
+    NameTooLong,
+    /// An empty name, one with '/' or NUL, or `.`/`..` where a real
+    /// entry is needed (EINVAL).
+    #[error("Invalid argument ({0})")]
+    InvalidName(&'static str),
+    /// No room left: e.g. a directory index at its deepest level (ENOSPC).
+    #[error("No space left on device ({0})")]
+    NoSpace(String),
 }
 
 impl FsError {
@@ -79,6 +92,10 @@ impl FsError {
             FsError::IsADirectory => 21,    // EISDIR
             FsError::SymlinkLoop => 40,     // ELOOP
             FsError::NotASymlink => 22,     // EINVAL
+            FsError::Exists => 17,          // EEXIST
+            FsError::NameTooLong => 36,     // ENAMETOOLONG
+            FsError::InvalidName(_) => 22,  // EINVAL
+            FsError::NoSpace(_) => 28,      // ENOSPC
             FsError::Unsupported(_) => 95,  // EOPNOTSUPP
             FsError::Corrupt { .. } => 117, // EUCLEAN (EFSCORRUPTED)
             _ => 5,                         // EIO

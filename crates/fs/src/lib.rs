@@ -18,6 +18,7 @@ pub mod balloc;
 pub mod blockmap;
 pub mod cache;
 pub mod dir;
+pub mod dir_write;
 pub mod error;
 pub mod extent;
 pub mod file;

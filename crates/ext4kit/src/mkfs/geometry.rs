@@ -32,6 +32,10 @@ pub struct FsParams {
     pub r_blocks_count: u64,
     /// `s_reserved_gdt_blocks` override (`-E resize=`); `None` = computed.
     pub reserved_gdt_blocks: Option<u32>,
+    /// `-E desc_size=` with 64bit (0 = the default, 64).
+    pub desc_size: u32,
+    /// `s_first_meta_bg` (`MKE2FS_FIRST_META_BG` with `-O meta_bg`).
+    pub first_meta_bg: u32,
     /// Journal size request in blocks (`-J size=`), `None` = default.
     pub journal_blocks: Option<u32>,
     /// Orphan file size in blocks, `None` = default.
@@ -158,6 +162,9 @@ pub struct Layout {
     pub desc_size: u16,
     pub desc_blocks: u32,
     pub reserved_gdt_blocks: u32,
+    /// `s_first_meta_bg`: with meta_bg, the descriptor blocks before this
+    /// one keep the classic layout (after each superblock copy).
+    pub first_meta_bg: u32,
     pub log_groups_per_flex: u8,
     pub features: Features,
     pub groups: Vec<GroupPlan>,
@@ -176,6 +183,19 @@ pub struct Layout {
     /// Orphan file (inode 12 when orphan_file is on).
     pub orphan: Option<(u32, FileMap)>,
     pub first_ino: u32,
+}
+
+/// Where one group's superblock copy and descriptor blocks lie.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupMeta {
+    /// The superblock (copy) at the group's first block.
+    pub super_blk: Option<u64>,
+    /// The classic descriptor table (and reserved GDT blocks) after it.
+    pub old_desc: Option<u64>,
+    /// meta_bg: this group holds its meta group's descriptor block.
+    pub new_desc: Option<u64>,
+    /// Blocks these take in the group.
+    pub used: u64,
 }
 
 /// Powers of 3, 5 and 7 test for sparse_super backups.
@@ -211,13 +231,64 @@ impl Layout {
     pub fn group_blocks(&self, g: u32) -> u64 {
         self.group_last_block(g) - self.group_first_block(g) + 1
     }
-    /// Superblock + GDT + reserved GDT blocks at the start of group `g`.
-    pub fn super_and_gdt_blocks(&self, g: u32) -> u64 {
-        if self.group_has_super(g) {
-            1 + u64::from(self.desc_blocks) + u64::from(self.reserved_gdt_blocks)
+    /// Descriptor size in bytes (32 without 64bit).
+    pub fn desc_bytes(&self) -> u32 {
+        if self.desc_size == 0 {
+            32
         } else {
-            0
+            u32::from(self.desc_size)
         }
+    }
+    /// Descriptors per block: also the number of groups in a meta_bg.
+    pub fn desc_per_block(&self) -> u32 {
+        self.block_size / self.desc_bytes()
+    }
+    fn meta_bg(&self) -> bool {
+        self.features.incompat.contains(Incompat::META_BG)
+    }
+    /// Blocks reserved after a classic superblock copy
+    /// (`old_desc_blocks` of `ext2fs_reserve_super_and_bgd`).
+    fn old_desc_reserved(&self) -> u64 {
+        if self.meta_bg() {
+            u64::from(self.first_meta_bg)
+        } else {
+            u64::from(self.desc_blocks) + u64::from(self.reserved_gdt_blocks)
+        }
+    }
+    /// Descriptor blocks written after a classic superblock copy
+    /// (`old_desc_blocks` of `ext2fs_flush`).
+    pub fn old_desc_written(&self) -> u64 {
+        if self.meta_bg() {
+            u64::from(self.first_meta_bg.min(self.desc_blocks))
+        } else {
+            u64::from(self.desc_blocks)
+        }
+    }
+    /// `ext2fs_super_and_bgd_loc2`: where group `g`'s superblock copy and
+    /// descriptor blocks are.
+    pub fn group_meta(&self, g: u32) -> GroupMeta {
+        let group_block = self.group_first_block(g);
+        let has_super = self.group_has_super(g);
+        let mut m = GroupMeta::default();
+        if has_super {
+            m.super_blk = Some(group_block);
+            m.used += 1;
+        }
+        let dpb = self.desc_per_block();
+        let meta_bg = g / dpb;
+        if !self.meta_bg() || meta_bg < self.first_meta_bg {
+            if has_super {
+                m.old_desc = Some(group_block + 1);
+                m.used += self.old_desc_reserved();
+            }
+        } else {
+            let r = g % dpb;
+            if r == 0 || r == 1 || r == dpb - 1 {
+                m.new_desc = Some(group_block + u64::from(has_super));
+                m.used += 1;
+            }
+        }
+        m
     }
     /// Where group `g`'s superblock backup lives (first block of group;
     /// the primary is always at byte 1024).
@@ -622,7 +693,16 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
     if bpg > max_bpg {
         bpg = max_bpg;
     }
-    let desc_size: u32 = if bit64 { 64 } else { 32 };
+    let desc_size: u32 = match (bit64, p.desc_size) {
+        (false, _) => 32,
+        (true, 0) => 64,
+        (true, d) => d,
+    };
+    if !(32..=1024).contains(&desc_size) || !desc_size.is_power_of_two() || desc_size > bs {
+        return Err(GeometryError::Invalid(format!(
+            "descriptor size {desc_size}"
+        )));
+    }
     let isz = u32::from(p.inode_size);
     let mut blocks = p.blocks_count;
     let mut r_blocks = p.r_blocks_count;
@@ -731,10 +811,17 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         }
         break (groups, desc_blocks, ipg_final, itb, rsv_gdt);
     };
-    if features.incompat.contains(Incompat::META_BG) {
-        return Err(GeometryError::Invalid(
-            "meta_bg layouts are not supported yet (too many group descriptor blocks)".into(),
-        ));
+    let first_meta_bg = if features.incompat.contains(Incompat::META_BG) {
+        p.first_meta_bg
+    } else {
+        0
+    };
+    if first_meta_bg > desc_blocks {
+        // mke2fs writes it, and e2fsck then rejects the superblock
+        // ("First_meta_bg is too big").
+        return Err(GeometryError::Invalid(format!(
+            "first meta block group {first_meta_bg} is past the {desc_blocks} descriptor blocks"
+        )));
     }
     if u64::from(ipg) * u64::from(groups) < 11 {
         return Err(GeometryError::TooSmall(format!(
@@ -759,9 +846,10 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         inodes_count: ipg * groups,
         inode_size: p.inode_size,
         inode_blocks_per_group: itb,
-        desc_size: if bit64 { 64 } else { 0 },
+        desc_size: if bit64 { desc_size as u16 } else { 0 },
         desc_blocks,
         reserved_gdt_blocks: rsv_gdt,
+        first_meta_bg,
         log_groups_per_flex: log_flex,
         features,
         groups: Vec::with_capacity(groups as usize),
@@ -798,30 +886,37 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
             }
             gp.itable_unused = n;
         }
-        // ext2fs_reserve_super_and_bgd: mark sb + gdt + reserved gdt.
-        let first = l.group_first_block(g);
-        let sb_len = l.super_and_gdt_blocks(g);
-        let mut sb_start = first;
-        let mut sb_len2 = sb_len;
+        // ext2fs_reserve_super_and_bgd: mark sb + gdt + reserved gdt (or
+        // the meta_bg descriptor block).
         if g == 0 && first_data_block == 1 {
             // Block 0 of a 1 KiB filesystem is outside the groups but used.
             l.used.insert(0, 1);
         }
-        if g == 0 && first_data_block == 0 {
-            sb_start = 0;
+        let m = l.group_meta(g);
+        if let Some(sb) = m.super_blk {
+            l.used.insert(sb, 1);
         }
-        if sb_len2 > 0 {
-            l.used.insert(sb_start, sb_len2);
-        } else {
-            sb_len2 = 0;
+        if let Some(od) = m.old_desc {
+            let n = l.old_desc_reserved().min(l.blocks_count.saturating_sub(od));
+            if n > 0 {
+                l.used.insert(od, n);
+            }
         }
-        let mut free = l.group_blocks(g) - sb_len2 - 2 - u64::from(itb);
+        if let Some(nd) = m.new_desc {
+            l.used.insert(nd, 1);
+        }
+        let mut free = l.group_blocks(g) as i64 - m.used as i64 - 2 - i64::from(itb);
         if log_flex > 0 {
-            free += 2 + u64::from(itb);
+            free += 2 + i64::from(itb);
+        }
+        if free < 0 {
+            return Err(GeometryError::TooSmall(format!(
+                "group {g} cannot hold its metadata"
+            )));
         }
         gp.free_blocks = free as u32;
         gp.free_inodes = ipg;
-        l.free_blocks += free;
+        l.free_blocks += free as u64;
         l.groups.push(gp);
     }
     // figure_journal_size runs on the freshly initialized filesystem: a
@@ -1148,13 +1243,6 @@ fn allocate_extent_file(
             g = start + u64::from(add);
             continue;
         }
-        if fm.runs.len() == 4 && fm.leaf.is_none() {
-            // The in-inode root is full: split it into one leaf block placed
-            // just before the first extent if that block is free.
-            let lgoal = fm.runs[0].pblk.saturating_sub(1);
-            fm.leaf = Some(pl.alloc_block(lgoal, what)?);
-            continue;
-        }
         let add = len.min(EXT_INIT_MAX_LEN);
         fm.runs.push(Run {
             lblk,
@@ -1162,6 +1250,14 @@ fn allocate_extent_file(
             len: add,
         });
         pl.take(start, u64::from(add));
+        if fm.runs.len() == 5 && fm.leaf.is_none() {
+            // The in-inode root is full: inserting the fifth extent (whose
+            // blocks ext2fs_fallocate has already claimed) splits it into
+            // one leaf block, at the first free block from the one before
+            // the first extent.
+            let lgoal = fm.runs[0].pblk.saturating_sub(1);
+            fm.leaf = Some(pl.alloc_block(lgoal, what)?);
+        }
         lblk += add;
         g = start + u64::from(add);
     }
@@ -1285,6 +1381,8 @@ mod plan_tests {
             blocks_per_group: 0,
             r_blocks_count: blocks / 20,
             reserved_gdt_blocks: None,
+            desc_size: 0,
+            first_meta_bg: 0,
             journal_blocks: None,
             orphan_file_blocks: None,
             stride: 0,
@@ -1353,6 +1451,45 @@ mod plan_tests {
         assert_eq!(l.journal.as_ref().map(|j| j.runs[0].pblk), Some(131072));
         assert_eq!(l.free_blocks, 249189);
         assert_eq!(l.free_inodes, 65525);
+    }
+
+    /// meta_bg: descriptor blocks in groups 0, 1 and the last of each
+    /// meta group (after the superblock copy where there is one); none
+    /// after the other backups; `s_first_meta_bg` keeps the first ones in
+    /// the classic table, and one past the descriptor blocks is refused
+    /// (mke2fs writes it; e2fsck rejects the superblock).
+    #[test]
+    fn meta_bg_descriptor_locations() {
+        let mut f = ext4_features(true, true, true, false, true);
+        f.incompat.insert(Incompat::META_BG);
+        let mut p = params(1 << 30, 1024, 16384, f);
+        let l = plan(&p).expect("plan");
+        assert_eq!((l.desc_per_block(), l.desc_blocks), (16, 8));
+        let m = |l: &Layout, g: u32| l.group_meta(g);
+        assert_eq!(m(&l, 0).new_desc, Some(2));
+        assert_eq!(m(&l, 0).old_desc, None);
+        assert_eq!(m(&l, 1).new_desc, Some(8193 + 1));
+        assert_eq!(m(&l, 15).new_desc, Some(1 + 15 * 8192));
+        assert_eq!(m(&l, 3).new_desc, None);
+        assert_eq!(m(&l, 3).super_blk, Some(1 + 3 * 8192));
+        assert_eq!(m(&l, 16).new_desc, Some(1 + 16 * 8192));
+        assert_eq!(l.reserved_gdt_blocks, 0);
+        p.first_meta_bg = 3;
+        let l = plan(&p).expect("plan");
+        assert_eq!(m(&l, 0).old_desc, Some(2));
+        assert_eq!(m(&l, 1).used, 1 + 3);
+        assert_eq!(l.old_desc_written(), 3);
+        assert_eq!(m(&l, 47).new_desc, None, "meta group 2 is classic");
+        assert_eq!(m(&l, 48).new_desc, Some(1 + 48 * 8192));
+        p.first_meta_bg = 9;
+        assert!(plan(&p).is_err());
+        // Too many descriptor blocks for the group: meta_bg by itself.
+        let f = ext4_features(true, true, true, true, true);
+        let mut p = params(64 << 20, 1024, 16384, f);
+        p.blocks_per_group = 256;
+        let l = plan(&p).expect("plan");
+        assert!(l.features.incompat.contains(Incompat::META_BG));
+        assert!(!l.features.compat.contains(Compat::RESIZE_INODE));
     }
 
     /// 262244 blocks: the 100-block last group is dropped (notes §1.3).

@@ -6,12 +6,14 @@
 pub mod blockset;
 pub mod geometry;
 pub mod kbytes;
+pub mod offset;
 pub mod options;
 pub mod writer;
 
 use ext4kit_device::{Device, DeviceError, DiscardOutcome};
 
 pub use geometry::{FsParams, GeometryError, Layout, plan};
+pub use offset::OffsetDevice;
 pub use options::{Env, MkfsOptions, OptionError, Resolved, resolve};
 pub use writer::{SuperSettings, WriteStats, Writer};
 

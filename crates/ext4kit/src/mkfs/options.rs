@@ -45,6 +45,13 @@ pub struct MkfsOptions {
     pub fs_size: Option<String>,
     /// `-F` given: a type mke2fs.conf does not define is only a warning.
     pub force: bool,
+    /// `-r`: revision level (0 or 1), as given.
+    pub revision: Option<String>,
+    /// `-s`: the deprecated sparse_super switch (`atoi`: > 0 on, 0 off).
+    pub sparse_super: Option<String>,
+    /// `MKE2FS_FIRST_META_BG` from the environment (read with `atoi`, and
+    /// only with `-O meta_bg`, as mke2fs does).
+    pub first_meta_bg_env: Option<String>,
 }
 
 /// What the options resolve to.
@@ -57,6 +64,8 @@ pub struct Resolved {
     pub discard: bool,
     /// The user promised the storage reads as zero.
     pub assume_prezeroed: bool,
+    /// `-E offset=`: the filesystem starts this many bytes into the target.
+    pub offset: u64,
     pub warnings: Vec<String>,
 }
 
@@ -219,7 +228,6 @@ fn unsupported_features(f: &Features) -> Vec<String> {
     let bad_incompat = Incompat::COMPRESSION.bits()
         | Incompat::RECOVER.bits()
         | Incompat::JOURNAL_DEV.bits()
-        | Incompat::META_BG.bits()
         | Incompat::MMP.bits()
         | Incompat::EA_INODE.bits()
         | Incompat::DIRDATA.bits()
@@ -459,6 +467,21 @@ pub struct Env {
 /// already captured; random UUIDs come from the `uuid` crate.
 pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resolved, OptionError> {
     let mut warnings = Vec::new();
+    // -r, checked while mke2fs parses the command line.
+    let rev0 = match opts.revision.as_deref() {
+        None => false,
+        Some(r) => match parse_c_ulong(r) {
+            Ok(0) => true,
+            Ok(1) => false,
+            Ok(n) => {
+                return err(format!(
+                    "Filesystem revision too high while trying to create revision {}",
+                    n as i32
+                ));
+            }
+            Err(_) => return err(format!("bad revision level - {r}")),
+        },
+    };
     // -b
     let mut blocksize: i64 = 0;
     if let Some(b) = opts.block_size {
@@ -535,15 +558,70 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let mut f = Features::default();
     let edits = profile.feature_edits(&fs_types);
     let user_features = opts.features.join(",");
-    for e in edits.before_user(!opts.features.is_empty()) {
-        edit_features(&mut f, &e)?;
+    // Revision 0: no features and no default mount options from the
+    // profile (mke2fs skips them); only -O can add some, and is refused.
+    let hurd = for_hurd(creator_os_name.as_deref());
+    if !rev0 {
+        let mut profile_edits = vec![edits.base.clone()];
+        profile_edits.extend(edits.fs_type_features.iter().cloned());
+        for e in profile_edits.iter().filter(|e| !e.is_empty()) {
+            edit_features(&mut f, e)?;
+        }
+    }
+    // Features the Hurd does not support, masked after the profile's
+    // features and before default_features and -O (as mke2fs).
+    if hurd {
+        f.incompat.remove(Incompat::FILETYPE);
+        f.ro_compat.remove(RoCompat::HUGE_FILE);
+        f.ro_compat.remove(RoCompat::METADATA_CSUM);
+        f.incompat.remove(Incompat::EA_INODE);
+        f.incompat.remove(Incompat::CASEFOLD);
+    }
+    if !rev0
+        && opts.features.is_empty()
+        && let Some(d) = &edits.default_features
+    {
+        edit_features(&mut f, d)?;
     }
     let default_orphan = f.compat.contains(Compat::ORPHAN_FILE);
     let default_seed = f.incompat.contains(Incompat::CSUM_SEED);
     if !opts.features.is_empty() {
         edit_features(&mut f, &user_features)?;
     }
+    if rev0 && (f.compat.bits() != 0 || f.incompat.bits() != 0 || f.ro_compat.bits() != 0) {
+        return err("Filesystem features not supported with revision 0 filesystems");
+    }
+    if hurd {
+        for (on, name) in [
+            (f.incompat.contains(Incompat::FILETYPE), "filetype"),
+            (f.ro_compat.contains(RoCompat::HUGE_FILE), "huge_file"),
+            (
+                f.ro_compat.contains(RoCompat::METADATA_CSUM),
+                "metadata_csum",
+            ),
+            (f.incompat.contains(Incompat::EA_INODE), "ea_inode"),
+        ] {
+            if on {
+                return err(format!("The HURD does not support the {name} feature."));
+            }
+        }
+    }
+    if let Some(v) = &opts.sparse_super {
+        match atoi(v) {
+            n if n > 0 => {
+                if rev0 {
+                    return err("Sparse superblocks not supported with revision 0 filesystems");
+                }
+                f.ro_compat.insert(RoCompat::SPARSE_SUPER);
+            }
+            0 => f.ro_compat.remove(RoCompat::SPARSE_SUPER),
+            _ => {}
+        }
+    }
     if opts.add_journal || !opts.journal.is_empty() {
+        if rev0 {
+            return err("Journals not supported with revision 0 filesystems");
+        }
         f.compat.insert(Compat::HAS_JOURNAL);
     }
     if default_orphan && !f.compat.contains(Compat::HAS_JOURNAL) {
@@ -681,6 +759,15 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let mut root_gid = 0u32;
     let mut resize: Option<u64> = None;
     let mut orphan_file_blocks: Option<u32> = None;
+    // The first meta block group, from the environment, only when meta_bg
+    // was asked for (not when libext2fs turns it on by itself).
+    let first_meta_bg = match &opts.first_meta_bg_env {
+        Some(v) if f.incompat.contains(Incompat::META_BG) => atoi(v) as u32,
+        _ => 0,
+    };
+    let mut desc_size = 0u32;
+    let mut offset = 0u64;
+    let mut test_fs = false;
     let mut ext_list: Vec<String> = profile.options_list(&fs_types);
     // mke2fs keeps only the last -E.
     ext_list.extend(opts.extended.last().cloned());
@@ -746,24 +833,71 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                         .ok_or_else(|| OptionError(format!("invalid orphan file size: {s}")))?;
                     orphan_file_blocks = Some(n as u32);
                 }
-                "test_fs"
-                | "desc_size"
-                | "desc-size"
-                | "mmp_update_interval"
-                | "offset"
+                "desc_size" | "desc-size" => {
+                    if !f.incompat.contains(Incompat::BIT64) {
+                        return err(format!("{k} requires '-O 64bit'"));
+                    }
+                    let s = need(v)?;
+                    let d = match parse_c_ulong(&s) {
+                        Ok(d) if d & d.wrapping_sub(1) == 0 => d,
+                        _ => return err(format!("Invalid desc_size: '{s}'")),
+                    };
+                    // mke2fs takes any power of two, but only 64..1024
+                    // make a filesystem (others fail or make one e2fsck
+                    // rejects).
+                    if d != 0 && !(64..=1024).contains(&d) {
+                        return err(format!(
+                            "Invalid desc_size: '{s}' (64 to 1024, a power of two)"
+                        ));
+                    }
+                    desc_size = d as u32;
+                }
+                "offset" => {
+                    let s = need(v)?;
+                    offset = parse_c_ulong(&s)
+                        .map_err(|_| OptionError(format!("Invalid offset: {s}")))?;
+                }
+                "test_fs" => test_fs = true,
+                // Only matters with -d (not supported yet); accepted, as
+                // mke2fs 1.47.0 does.
+                "no_copy_xattrs" => {}
+                "mmp_update_interval"
                 | "quotatype"
                 | "encoding"
                 | "encoding_flags"
-                | "android_sparse"
-                | "nodirect_io"
-                | "direct_io"
-                | "no_copy_xattrs" => {
+                | "android_sparse" => {
                     return err(format!(
                         "extended option '{k}' is not supported by ext4kit yet"
                     ));
                 }
                 _ => return err(format!("bad extended option: '{k}'")),
             }
+        }
+    }
+    // -E offset= without a size: the filesystem takes the rest of the
+    // target (mke2fs subtracts the offset's whole blocks, and warns).
+    if offset > 0 {
+        if explicit.is_none() {
+            let skip = offset / u64::from(bs);
+            if skip >= fs_blocks_count {
+                return err(format!(
+                    "offset {offset} is past the end of the device ({} bytes)",
+                    fs_blocks_count * u64::from(bs)
+                ));
+            }
+            fs_blocks_count -= skip;
+            warnings.push(format!(
+                "\nWarning: offset specified without an explicit file system size.\nCreating a file system with {fs_blocks_count} blocks but this might\nnot be what you want.\n"
+            ));
+        }
+        if let Some(sz) = env.device_size
+            && !env.is_regular_file
+            && offset.saturating_add(fs_blocks_count.saturating_mul(u64::from(bs))) > sz
+        {
+            return err(format!(
+                "filesystem at offset {offset} larger than the device ({} + {offset} > {sz} bytes)",
+                fs_blocks_count.saturating_mul(u64::from(bs))
+            ));
         }
     }
     // mke2fs.conf's huge files (mk_hugefiles.c): refused by name.
@@ -801,6 +935,11 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     }
     if f.ro_compat.contains(RoCompat::METADATA_CSUM) && f.ro_compat.contains(RoCompat::GDT_CSUM) {
         f.ro_compat.remove(RoCompat::GDT_CSUM);
+    }
+    if f.incompat.contains(Incompat::META_BG) && f.compat.contains(Compat::RESIZE_INODE) {
+        return err(
+            "The resize_inode and meta_bg features are not compatible. They can not be both enabled simultaneously.",
+        );
     }
     if f.compat.contains(Compat::RESIZE_INODE) && !f.ro_compat.contains(RoCompat::SPARSE_SUPER) {
         return err("reserved online resize blocks not supported on non-sparse filesystem");
@@ -844,7 +983,9 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     if inode_size == 128 && profile.get_bool(&fs_types, "warn_y2038_dates", true) {
         warnings.push("128-byte inodes cannot handle dates beyond 2038 and are deprecated".into());
     }
-    let inode_size: u32 = if inode_size == 0 {
+    // Revision 0 has 128-byte inodes whatever -I or the profile say (only
+    // the checks above see those).
+    let inode_size: u32 = if inode_size == 0 || rev0 {
         128
     } else {
         inode_size as u32
@@ -949,10 +1090,12 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         "tea" => 2,
         _ => 1,
     };
-    let mntopts = profile.default_mntopts(&fs_types);
     let mut default_mount_opts = 0u32;
-    edit_mntopts(&mut default_mount_opts, &mntopts)
-        .map_err(|_| OptionError(format!("invalid mount option set: {mntopts}")))?;
+    if !rev0 {
+        let mntopts = profile.default_mntopts(&fs_types);
+        edit_mntopts(&mut default_mount_opts, &mntopts)
+            .map_err(|_| OptionError(format!("invalid mount option set: {mntopts}")))?;
+    }
     let mut label = [0u8; 16];
     if let Some(l) = &opts.label {
         if l.len() > 16 {
@@ -975,14 +1118,11 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let creator_os = match creator_os_name.as_deref() {
         None => 0,
         Some(s) if s.as_bytes().first().is_some_and(u8::is_ascii_digit) => {
-            match atoi(s).clamp(0, i64::from(i32::MAX)) as u32 {
-                1 => return err("creator OS hurd is not supported by ext4kit"),
-                n => n,
-            }
+            atoi(s).clamp(0, i64::from(i32::MAX)) as u32
         }
         Some(s) => match s.to_ascii_lowercase().as_str() {
             "linux" => 0,
-            "hurd" | "gnu" => return err("creator OS hurd is not supported by ext4kit"),
+            "hurd" | "gnu" => 1,
             "freebsd" => 3,
             "lites" => 4,
             _ => return err(format!("unknown os - {s}")),
@@ -1025,6 +1165,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         blocks_per_group: opts.blocks_per_group.unwrap_or(0),
         r_blocks_count: r_blocks,
         reserved_gdt_blocks: None,
+        desc_size,
+        first_meta_bg,
         journal_blocks,
         orphan_file_blocks,
         stride,
@@ -1054,6 +1196,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         lazy_journal_init,
         itable_zeroed: assume_prezeroed,
         kbytes_written: 0,
+        rev_level: u32::from(!rev0),
+        test_fs,
     };
     Ok(Resolved {
         params,
@@ -1061,6 +1205,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         fs_types,
         discard,
         assume_prezeroed,
+        offset,
         warnings,
     })
 }
@@ -1395,9 +1540,19 @@ mod tests {
         for hurd in ["1", "GNU", "hurd"] {
             let o = MkfsOptions {
                 creator_os: Some(hurd.into()),
+                features: vec!["filetype".into()],
                 ..opts("ext2")
             };
-            assert!(resolve(&o, &p, &env(1 << 30)).is_err(), "{hurd}");
+            // The Hurd has no filetype: -O filetype is refused, as in mke2fs.
+            let e = resolve(&o, &p, &env(1 << 30)).unwrap_err();
+            assert_eq!(e.0, "The HURD does not support the filetype feature.");
+            let o = MkfsOptions {
+                features: vec![],
+                ..o
+            };
+            let r = resolve(&o, &p, &env(1 << 30)).unwrap();
+            assert_eq!(r.settings.creator_os, 1, "{hurd}");
+            assert!(!r.params.features.incompat.contains(Incompat::FILETYPE));
         }
         let o = MkfsOptions {
             creator_os: Some("plan9".into()),

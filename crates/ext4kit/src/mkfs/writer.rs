@@ -19,6 +19,9 @@ use zerocopy::IntoBytes;
 
 use super::geometry::{FileMap, Layout};
 
+/// `EXT2_FLAGS_TEST_FILESYS`: ext4 code in development may mount it.
+const FLAG_TEST_FILESYS: u32 = 0x0004;
+
 /// Superblock settings that are not geometry.
 #[derive(Clone, Debug)]
 pub struct SuperSettings {
@@ -44,6 +47,10 @@ pub struct SuperSettings {
     pub itable_zeroed: bool,
     /// Write `s_kbytes_written` as mke2fs would.
     pub kbytes_written: u64,
+    /// `s_rev_level`: 1, or 0 with `-r 0`.
+    pub rev_level: u32,
+    /// `-E test_fs`: `EXT2_FLAGS_TEST_FILESYS` in `s_flags`.
+    pub test_fs: bool,
 }
 
 /// Statistics of one run, for reports.
@@ -205,7 +212,7 @@ impl Writer<'_> {
         sb.s_lastcheck.set(s.now);
         sb.s_checkinterval.set(s.checkinterval);
         sb.s_creator_os.set(s.creator_os);
-        sb.s_rev_level.set(1);
+        sb.s_rev_level.set(s.rev_level);
         sb.s_first_ino.set(l.first_ino);
         sb.s_inode_size.set(l.inode_size);
         sb.s_feature_compat.set(l.features.compat.bits());
@@ -215,6 +222,7 @@ impl Writer<'_> {
         sb.s_volume_name = s.label;
         sb.s_last_mounted = s.last_mounted;
         sb.s_reserved_gdt_blocks.set(l.reserved_gdt_blocks as u16);
+        sb.s_first_meta_bg.set(l.first_meta_bg);
         sb.s_hash_seed = s.hash_seed;
         sb.s_def_hash_version = s.def_hash_version;
         sb.s_desc_size.set(l.desc_size);
@@ -224,7 +232,8 @@ impl Writer<'_> {
             sb.s_min_extra_isize.set(EXTRA_ISIZE);
             sb.s_want_extra_isize.set(EXTRA_ISIZE);
         }
-        sb.s_flags.set(superblock::FLAG_SIGNED_HASH);
+        sb.s_flags
+            .set(superblock::FLAG_SIGNED_HASH | if s.test_fs { FLAG_TEST_FILESYS } else { 0 });
         sb.s_raid_stride.set(s.raid_stride);
         sb.s_raid_stripe_width.set(s.raid_stripe_width);
         sb.s_log_groups_per_flex = l.log_groups_per_flex;
@@ -594,24 +603,37 @@ impl Writer<'_> {
         }
         // 9. Bitmaps, and the descriptors with their checksums.
         let gdt = self.bitmaps_and_descs(&mut out, &csum)?;
-        // 10. Backup superblocks and group descriptor tables.
+        // 10. Backup superblocks and the descriptor blocks, where
+        //     ext2fs_flush puts them (classic tables after each superblock
+        //     copy; with meta_bg one block in the first, second and last
+        //     group of each meta group).
         let sb = self.superblock();
-        for g in self.backup_group_list() {
-            let first = l.group_first_block(g);
-            let mut b = sb.clone();
-            b.s_block_group_nr.set(g.min(65535) as u16);
-            b.s_state.set(b.s_state.get() & !superblock::STATE_VALID);
-            if l.features.ro_compat.contains(RoCompat::METADATA_CSUM) {
-                b.update_checksum();
+        let old_n = (l.old_desc_written() * bs) as usize;
+        let dpb = l.desc_per_block();
+        for g in 0..l.group_count {
+            let m = l.group_meta(g);
+            if g > 0
+                && let Some(first) = m.super_blk
+            {
+                let mut b = sb.clone();
+                b.s_block_group_nr.set(g.min(65535) as u16);
+                b.s_state.set(b.s_state.get() & !superblock::STATE_VALID);
+                if l.features.ro_compat.contains(RoCompat::METADATA_CSUM) {
+                    b.update_checksum();
+                }
+                // mke2fs writes just the 1024-byte superblock at the group start.
+                out.write(first * bs, b.as_bytes())?;
             }
-            let mut blk0 = vec![0u8; bs as usize];
-            blk0[..1024].copy_from_slice(b.as_bytes());
-            // mke2fs writes just the 1024-byte superblock at the group start.
-            out.write(first * bs, &blk0[..1024])?;
-            out.block(first + 1, &gdt)?;
+            if let Some(od) = m.old_desc
+                && old_n > 0
+            {
+                out.block(od, &gdt[..old_n])?;
+            }
+            if let Some(nd) = m.new_desc {
+                let k = (g / dpb) as usize * bs as usize;
+                out.block(nd, &gdt[k..k + bs as usize])?;
+            }
         }
-        // Primary GDT.
-        out.block(l.first_data_block + 1, &gdt)?;
         out.flush_pending()?;
         dev.flush()?;
         // 11. Primary superblock last.
@@ -701,8 +723,14 @@ impl Writer<'_> {
                 }
                 out.block(gp.inode_bitmap, &ibuf)?;
             }
-            d.update_checksum(csum, g32, dsz);
-            gdt[g * dsz..(g + 1) * dsz].copy_from_slice(d.on_disk(dsz));
+            // Descriptors larger than 64 bytes (-E desc_size=) are zero
+            // past the fields, and their checksum covers those zeros.
+            let slot = &mut gdt[g * dsz..(g + 1) * dsz];
+            let n = dsz.min(64);
+            slot[..n].copy_from_slice(&d.as_bytes()[..n]);
+            let c = csum.group_desc(g32, slot);
+            d.bg_checksum.set(c);
+            slot[..n].copy_from_slice(&d.as_bytes()[..n]);
         }
         Ok(gdt)
     }
