@@ -898,7 +898,7 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
     ) -> Result<(u32, Vec<u8>, usize), FsError> {
         let newblock = self.d.append()?;
         if newblock > DX_MAX_BLOCK {
-            return Err(FsError::NoSpace(format!(
+            return Err(FsError::StructureFull(format!(
                 "directory inode {} is at the htree's block limit",
                 self.p.ino
             )));
@@ -1031,7 +1031,7 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
             }
             let add_level = fi == 0;
             if add_level && frames.len() == self.max_levels() {
-                return Err(FsError::NoSpace(format!(
+                return Err(FsError::StructureFull(format!(
                     "directory inode {} index is full ({} levels{})",
                     self.p.ino,
                     frames.len(),
@@ -1487,7 +1487,7 @@ pub(crate) mod tests {
             }
         }
         let (i, e) = full.expect("index full");
-        assert!(matches!(e, FsError::NoSpace(_)), "{e}");
+        assert!(matches!(e, FsError::StructureFull(_)), "{e}");
         assert!(e.to_string().contains("large_dir"), "{e}");
         assert!(i > 124 * 127, "{i}");
     }

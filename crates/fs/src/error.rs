@@ -78,27 +78,30 @@ pub enum FsError {
     /// entry is needed (EINVAL).
     #[error("Invalid argument ({0})")]
     InvalidName(&'static str),
-    /// No room left: e.g. a directory index at its deepest level (ENOSPC).
+    /// No room left in a structure: e.g. a directory index at its deepest
+    /// level (ENOSPC).
     #[error("No space left on device ({0})")]
-    NoSpace(String),
+    StructureFull(String),
 }
 
 impl FsError {
     /// The errno a POSIX caller (the FUSE mount) reports for this error.
     pub fn errno(&self) -> i32 {
         match self {
-            FsError::NotFound => 2,         // ENOENT
-            FsError::NotADirectory => 20,   // ENOTDIR
-            FsError::IsADirectory => 21,    // EISDIR
-            FsError::SymlinkLoop => 40,     // ELOOP
-            FsError::NotASymlink => 22,     // EINVAL
-            FsError::Exists => 17,          // EEXIST
-            FsError::NameTooLong => 36,     // ENAMETOOLONG
-            FsError::InvalidName(_) => 22,  // EINVAL
-            FsError::NoSpace(_) => 28,      // ENOSPC
-            FsError::Unsupported(_) => 95,  // EOPNOTSUPP
-            FsError::Corrupt { .. } => 117, // EUCLEAN (EFSCORRUPTED)
-            _ => 5,                         // EIO
+            FsError::NotFound => 2,          // ENOENT
+            FsError::NotADirectory => 20,    // ENOTDIR
+            FsError::IsADirectory => 21,     // EISDIR
+            FsError::SymlinkLoop => 40,      // ELOOP
+            FsError::NotASymlink => 22,      // EINVAL
+            FsError::Exists => 17,           // EEXIST
+            FsError::NameTooLong => 36,      // ENAMETOOLONG
+            FsError::InvalidName(_) => 22,   // EINVAL
+            FsError::StructureFull(_) => 28, // ENOSPC
+            FsError::NoSpace { .. } => 28,   // ENOSPC
+            FsError::SpaceBusy { .. } => 28, // ENOSPC (after waiting)
+            FsError::Unsupported(_) => 95,   // EOPNOTSUPP
+            FsError::Corrupt { .. } => 117,  // EUCLEAN (EFSCORRUPTED)
+            _ => 5,                          // EIO
         }
     }
 
