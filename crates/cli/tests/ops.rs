@@ -967,3 +967,139 @@ fn cp_between_image_and_host() {
     }
     assert_eq!(file_hash(&img).unwrap(), before);
 }
+
+/// Namespace operations over dir_write: mkdir (nlink, "." and ".."),
+/// create of every type, symlinks, hard links, unlink (small and large
+/// files), rmdir (empty; a non-empty one refused), 3000 names in one
+/// directory (an htree), deletes in it. e2fsck clean, the kernel lists
+/// the same names, types and link counts; refusals change nothing.
+#[test]
+fn namespace_operations() {
+    if let Err(r) = tools() {
+        return skip("namespace_operations", &r);
+    }
+    use ext4kit_format::inode::{S_IFCHR, S_IFDIR, S_IFIFO, S_IFSOCK};
+    use ext4kit_fs::FsError;
+    let dir = image_dir();
+    for (name, args) in [
+        ("n4.img", &["-b", "4096"][..]),
+        ("n1.img", &["-b", "1024", "-O", "^metadata_csum"][..]),
+    ] {
+        let img = mkimg(dir.path(), name, "64M", args);
+        let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+        let spec = |m| NewInode::new(m, 1000, 1000);
+        let (a, _) = fs.mkdir(2, b"a", &spec(S_IFDIR | 0o755)).unwrap();
+        let (b, _) = fs.mkdir(a.ino, b"b", &spec(S_IFDIR | 0o700)).unwrap();
+        assert_eq!(fs.inode(a.ino).unwrap().links, 3);
+        assert_eq!(fs.inode(2).unwrap().links, 4);
+        let (f, _) = fs.create(b.ino, b"file", &spec(S_IFREG | 0o644)).unwrap();
+        fs.write_at(f.ino, 0, &pattern(50_000, 1)).unwrap();
+        fs.create(b.ino, b"fifo", &spec(S_IFIFO | 0o600)).unwrap();
+        fs.create(b.ino, b"sock", &spec(S_IFSOCK | 0o600)).unwrap();
+        fs.create(
+            b.ino,
+            b"tty",
+            &NewInode {
+                rdev: Some((4, 1)),
+                ..spec(S_IFCHR | 0o620)
+            },
+        )
+        .unwrap();
+        fs.symlink(a.ino, b"to-file", b"b/file", &spec(0)).unwrap();
+        fs.link(f.ino, a.ino, b"hard").unwrap();
+        assert_eq!(fs.inode(f.ino).unwrap().links, 2);
+        // Refusals.
+        assert!(matches!(
+            fs.create(b.ino, b"file", &spec(S_IFREG)),
+            Err(FsError::Exists)
+        ));
+        assert!(matches!(fs.rmdir(a.ino, b"b"), Err(FsError::NotEmpty)));
+        assert!(matches!(fs.unlink(2, b"a"), Err(FsError::IsADirectory)));
+        assert!(matches!(fs.unlink(2, b"nope"), Err(FsError::NotFound)));
+        assert!(matches!(
+            fs.link(a.ino, 2, b"dirlink"),
+            Err(FsError::IsADirectory)
+        ));
+        // Unlink: one link of two, then a big file (several handles).
+        fs.unlink(a.ino, b"hard").unwrap();
+        assert_eq!(fs.inode(f.ino).unwrap().links, 1);
+        let (big, _) = fs.create(a.ino, b"big", &spec(S_IFREG | 0o644)).unwrap();
+        fs.write_at(big.ino, 0, &pattern(6 << 20, 2)).unwrap();
+        let free_before_big = fs.block_alloc().free_blocks();
+        fs.unlink(a.ino, b"big").unwrap();
+        fs.sync().unwrap();
+        assert!(fs.block_alloc().free_blocks() > free_before_big);
+        // An htree: 3000 names, then every third removed.
+        let (h, _) = fs.mkdir(2, b"many", &spec(S_IFDIR | 0o755)).unwrap();
+        for k in 0..3000 {
+            fs.create(
+                h.ino,
+                format!("name-{k:05}-padding-to-make-it-longer").as_bytes(),
+                &spec(S_IFREG | 0o600),
+            )
+            .unwrap();
+        }
+        assert!(fs.inode(h.ino).unwrap().is_htree());
+        for k in (0..3000).step_by(3) {
+            fs.unlink(
+                h.ino,
+                format!("name-{k:05}-padding-to-make-it-longer").as_bytes(),
+            )
+            .unwrap();
+        }
+        // mkdir/rmdir round trip.
+        fs.mkdir(a.ino, b"gone", &spec(S_IFDIR | 0o755)).unwrap();
+        fs.rmdir(a.ino, b"gone").unwrap();
+        assert_eq!(fs.inode(a.ino).unwrap().links, 3);
+        fs.close().unwrap();
+        e2fsck_clean(&img).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ls = String::from_utf8_lossy(&debugfs(&img, false, "ls -l /a/b")).into_owned();
+        for n in ["file", "fifo", "sock", "tty"] {
+            assert!(ls.contains(n), "{ls}");
+        }
+        if kernel_mount_available().is_err() {
+            continue;
+        }
+        let lo = LoopDev::attach(&img).unwrap();
+        let m = Mount::new(lo.path(), "ext4", Some("noatime")).unwrap();
+        let names = |p: &str| {
+            let mut v: Vec<String> = fs::read_dir(m.path().join(p))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names("a"), vec!["b", "to-file"]);
+        assert_eq!(names("a/b"), vec!["fifo", "file", "sock", "tty"]);
+        let many = names("many");
+        assert_eq!(many.len(), 2000);
+        assert!(many.contains(&"name-00001-padding-to-make-it-longer".to_string()));
+        assert!(!many.contains(&"name-00000-padding-to-make-it-longer".to_string()));
+        assert_eq!(
+            fs::read(m.path().join("a/to-file")).unwrap(),
+            pattern(50_000, 1)
+        );
+        assert_eq!(fs::metadata(m.path().join("a")).unwrap().nlink(), 3);
+        // The kernel writes in the same directories.
+        fs::write(m.path().join("many/kernel"), b"k").unwrap();
+        fs::create_dir(m.path().join("a/kdir")).unwrap();
+        m.unmount().unwrap();
+        drop(lo);
+        e2fsck_clean(&img).unwrap();
+        let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+        let many = fs.lookup(2, b"many").unwrap().unwrap();
+        assert!(fs.lookup(many.ino, b"kernel").unwrap().is_some());
+        fs.unlink(many.ino, b"kernel").unwrap();
+        let a = fs.lookup(2, b"a").unwrap().unwrap();
+        fs.rmdir(a.ino, b"kdir").unwrap();
+        fs.close().unwrap();
+        e2fsck_clean(&img).unwrap_or_else(|e| {
+            panic!(
+                "{name}: {e}\n{}\nnow {:?}",
+                dumpe2fs_h(&img),
+                std::time::SystemTime::now()
+            )
+        });
+    }
+}

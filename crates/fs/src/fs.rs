@@ -1499,5 +1499,8 @@ fn goal_for(a: &[Mapping], b: &[Mapping], l: u64) -> Option<u64> {
         .map(|m| m.pblk + u64::from(m.len) + (l - m.end()))
 }
 
+mod ns;
+pub use ns::*;
+
 #[cfg(test)]
 mod tests;
