@@ -7,9 +7,11 @@
 //!   with `-a`), fifos and device nodes. `-a` keeps mode, owner (when
 //!   allowed), times, xattrs (ACLs included, as the host accepts them),
 //!   hard links and holes.
-//! - Host to image: into an existing regular file of the image (its
-//!   content replaced, one clean close); creating new names in an image
-//!   needs the directory writer and is refused with a message until then.
+//! - Host to image (`HOST... IMG:DIR` or `HOST IMG:PATH`): files
+//!   (zeros stay holes), with `-r` directories, symlinks, fifos, sockets
+//!   and devices; an existing file is overwritten. `-a` keeps mode,
+//!   owner, times (ns), xattrs and hard links. One open and clean close
+//!   per command, each file's creation its own transaction.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -26,8 +28,10 @@ use ext4kit_fs::file::Content;
 use ext4kit_fs::inode::{FileType, InodeInfo, Timestamp};
 use ext4kit_fs::sb::Fs;
 
-use crate::cmd_attr::{open_rw, resolve};
+use crate::cmd_attr::open_rw;
 use crate::cmd_ls::{Target, access_error, open_image, open_volume, parse_target};
+use crate::cmd_ns::{resolve_dir, split_last};
+use ext4kit_fs::fs::{Filesystem, NewInode, SetAttr, Times};
 
 /// Copy files between images (IMG:PATH) and the host.
 #[derive(clap::Args, Debug)]
@@ -83,16 +87,10 @@ pub fn run(args: &CpArgs) -> anyhow::Result<i32> {
             }
         }
         Some(t) => {
-            if srcs.len() > 1 {
-                bail!(
-                    "copying several files into an image needs the directory writer (not available yet)"
-                );
-            }
-            let src = PathBuf::from(&srcs[0]);
-            if image_operand(&srcs[0]).is_some() {
+            if srcs.iter().any(|s| image_operand(s).is_some()) {
                 bail!("copying from one image to another is not supported: copy through the host");
             }
-            if let Err(e) = import_into_existing(&src, &t) {
+            if let Err(e) = import(srcs, &t, recursive, args.archive) {
                 eprintln!("ext4kit: {}", crate::errmsg::one_line(&e));
                 failed = true;
             }
@@ -275,40 +273,229 @@ fn special(inode: &InodeInfo, dst: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create special file '{}'", dst.display()))
 }
 
-/// Host file -> an existing regular file of the image (content replaced).
-fn import_into_existing(src: &Path, t: &Target) -> anyhow::Result<()> {
-    let md = fs::metadata(src).with_context(|| format!("cannot stat '{}'", src.display()))?;
-    if md.is_dir() {
-        bail!(
-            "copying directories into an image needs the directory writer (not available yet): '{}'",
-            src.display()
-        );
-    }
+/// Where a host source goes in the image.
+struct Import<'a> {
+    fs: &'a Filesystem,
+    archive: bool,
+    uid: u32,
+    gid: u32,
+    /// (host dev, host ino) -> image inode (hard links with -a).
+    links: HashMap<(u64, u64), u32>,
+}
+
+/// Host -> image: `srcs` into `t` (an existing directory, or a new or
+/// existing file name for one source).
+fn import(srcs: &[OsString], t: &Target, recursive: bool, archive: bool) -> anyhow::Result<()> {
     // Checked read-only first: a refused target is never written.
-    {
+    let into_dir = {
         let dev = open_image(t)?;
         let vol = open_volume(t, dev.as_ref())?;
-        match vol.fs().resolve(&t.path, true) {
-            Ok(i) if i.is_regular() => {}
-            Ok(i) if i.is_dir() => bail!(
-                "'{}' is a directory: creating names in an image needs the directory writer (not available yet)",
-                t.spec
-            ),
+        let fs = vol.fs();
+        match fs.resolve(&t.path, true) {
+            Ok(i) if i.is_dir() => true,
+            Ok(i) if srcs.len() == 1 && i.is_regular() => false,
+            Ok(_) if srcs.len() > 1 => bail!("target '{}' is not a directory", t.spec),
             Ok(_) => bail!("cannot overwrite '{}': not a regular file", t.spec),
-            Err(FsError::NotFound) => bail!(
-                "cannot create '{}': creating names in an image needs the directory writer (not available yet)",
-                t.spec
-            ),
+            Err(FsError::NotFound) if srcs.len() == 1 => {
+                let (parent, name) = split_last(&t.path);
+                if name.is_none() {
+                    bail!("cannot create '{}'", t.spec);
+                }
+                match fs.resolve(&parent, true) {
+                    Ok(d) if d.is_dir() => false,
+                    Ok(_) => return Err(access_error(&t.spec, &FsError::NotADirectory)),
+                    Err(e) => return Err(anyhow!("cannot create regular file '{}': {e}", t.spec)),
+                }
+            }
+            Err(FsError::NotFound) => bail!("target '{}' is not a directory", t.spec),
             Err(e) => return Err(access_error(&t.spec, &e)),
         }
+    };
+    for s in srcs {
+        let p = Path::new(s);
+        let md =
+            fs::symlink_metadata(p).with_context(|| format!("cannot stat '{}'", p.display()))?;
+        if md.is_dir() && !recursive {
+            bail!("-r not specified; omitting directory '{}'", p.display());
+        }
     }
-    let mut f =
-        File::open(src).with_context(|| format!("cannot open '{}' for reading", src.display()))?;
     let fs = open_rw(t)?;
+    let (uid, gid) = crate::cmd_ns::owner();
+    let mut im = Import {
+        fs: &fs,
+        archive,
+        uid,
+        gid,
+        links: HashMap::new(),
+    };
     let res = (|| -> anyhow::Result<()> {
-        let inode = resolve(&fs, t)?;
         let e = |e: FsError| anyhow!("'{}': {e}", t.spec);
-        fs.truncate(inode.ino, 0).map_err(e)?;
+        for s in srcs {
+            let p = Path::new(s);
+            let (dir, name) = if into_dir {
+                let d = resolve_dir(&fs, &t.path).map_err(e)?;
+                let base = p
+                    .file_name()
+                    .ok_or_else(|| anyhow!("cannot copy '{}': no file name", p.display()))?;
+                (d.ino, base.as_bytes().to_vec())
+            } else {
+                let (parent, name) = split_last(&t.path);
+                let d = resolve_dir(&fs, &parent).map_err(e)?;
+                (d.ino, name.unwrap_or_default())
+            };
+            im.copy_in(p, dir, &name)?;
+        }
+        Ok(())
+    })();
+    let c = fs
+        .close()
+        .with_context(|| format!("{}: closing", t.img.display()));
+    res.and(c)
+}
+
+impl Import<'_> {
+    fn copy_in(&mut self, src: &Path, dir: u32, name: &[u8]) -> anyhow::Result<()> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let fs = self.fs;
+        let shown = || String::from_utf8_lossy(name).into_owned();
+        let e = |e: FsError| anyhow!("cannot create '{}': {e}", shown());
+        let md = fs::symlink_metadata(src)
+            .with_context(|| format!("cannot stat '{}'", src.display()))?;
+        let ft = md.file_type();
+        let perm = (md.mode() & 0o7777) as u16;
+        let (uid, gid) = if self.archive {
+            (md.uid(), md.gid())
+        } else {
+            (self.uid, self.gid)
+        };
+        let existing = fs.lookup(dir, name).map_err(e)?;
+        if self.archive
+            && !ft.is_dir()
+            && md.nlink() > 1
+            && let Some(&ino) = self.links.get(&(md.dev(), md.ino()))
+        {
+            if existing.is_some() {
+                fs.unlink(dir, name).map_err(e)?;
+            }
+            fs.link(ino, dir, name).map_err(e)?;
+            return Ok(());
+        }
+        use ext4kit_format::inode::{S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFREG, S_IFSOCK};
+        let ino = if ft.is_dir() {
+            let d = match existing {
+                Some(i) if i.is_dir() => i,
+                Some(_) => bail!(
+                    "cannot overwrite non-directory '{}' with a directory",
+                    shown()
+                ),
+                None => {
+                    fs.mkdir(dir, name, &NewInode::new(S_IFDIR | perm, uid, gid))
+                        .map_err(e)?
+                        .0
+                }
+            };
+            let mut kids: Vec<_> = fs::read_dir(src)
+                .with_context(|| format!("cannot open directory '{}'", src.display()))?
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("reading directory '{}'", src.display()))?;
+            kids.sort_by_key(|k| k.file_name());
+            for k in kids {
+                let kn = k.file_name();
+                self.copy_in(&k.path(), d.ino, kn.as_bytes())?;
+            }
+            d.ino
+        } else if ft.is_symlink() {
+            let target = fs::read_link(src)
+                .with_context(|| format!("cannot read symbolic link '{}'", src.display()))?;
+            if existing.is_some() {
+                fs.unlink(dir, name).map_err(e)?;
+            }
+            fs.symlink(
+                dir,
+                name,
+                target.as_os_str().as_bytes(),
+                &NewInode::new(0, uid, gid),
+            )
+            .map_err(e)?
+            .0
+            .ino
+        } else if ft.is_file() {
+            let ino = match existing {
+                Some(i) if i.is_regular() => {
+                    fs.truncate(i.ino, 0).map_err(e)?;
+                    i.ino
+                }
+                Some(_) => bail!("cannot overwrite '{}': not a regular file", shown()),
+                None => {
+                    fs.create(dir, name, &NewInode::new(S_IFREG | perm, uid, gid))
+                        .map_err(e)?
+                        .0
+                        .ino
+                }
+            };
+            self.data(src, ino)?;
+            ino
+        } else {
+            if existing.is_some() {
+                bail!("cannot create special file '{}': File exists", shown());
+            }
+            let kind = if ft.is_fifo() {
+                S_IFIFO
+            } else if ft.is_socket() {
+                S_IFSOCK
+            } else if ft.is_char_device() {
+                S_IFCHR
+            } else {
+                S_IFBLK
+            };
+            let rdev = md.rdev();
+            let spec = NewInode {
+                rdev: Some((libc::major(rdev), libc::minor(rdev))),
+                ..NewInode::new(kind | perm, uid, gid)
+            };
+            fs.create(dir, name, &spec).map_err(e)?.0.ino
+        };
+        if self.archive {
+            if md.nlink() > 1 && !ft.is_dir() {
+                self.links.insert((md.dev(), md.ino()), ino);
+            }
+            for (n, v) in host::xattrs(src).unwrap_or_default() {
+                fs.set_xattr(ino, &n, Some(&v), ext4kit_fs::xattr_write::SetMode::Any)
+                    .map_err(|x| {
+                        anyhow!(
+                            "setting {} on '{}': {x}",
+                            String::from_utf8_lossy(&n),
+                            shown()
+                        )
+                    })?;
+            }
+            let ts = |s: i64, n: i64| {
+                Some(Timestamp {
+                    sec: s,
+                    nsec: n as u32,
+                })
+            };
+            let a = SetAttr {
+                mode: (!ft.is_symlink()).then_some(perm),
+                uid: Some(uid),
+                gid: Some(gid),
+                size: None,
+                times: Some(Times {
+                    atime: ts(md.atime(), md.atime_nsec()),
+                    mtime: ts(md.mtime(), md.mtime_nsec()),
+                    ctime: None,
+                    crtime: None,
+                }),
+            };
+            fs.setattr(ino, &a).map_err(e)?;
+        }
+        Ok(())
+    }
+
+    fn data(&self, src: &Path, ino: u32) -> anyhow::Result<()> {
+        let e = |e: FsError| anyhow!("'{}': {e}", src.display());
+        let mut f = File::open(src)
+            .with_context(|| format!("cannot open '{}' for reading", src.display()))?;
         let mut buf = vec![0u8; 1 << 20];
         let mut off = 0u64;
         loop {
@@ -318,20 +505,15 @@ fn import_into_existing(src: &Path, t: &Target) -> anyhow::Result<()> {
             if n == 0 {
                 break;
             }
-            if buf[..n].iter().all(|&b| b == 0) {
-                // Zeros stay a hole (the size is set at the end).
-            } else {
-                fs.write_at(inode.ino, off, &buf[..n]).map_err(e)?;
+            // Zeros stay a hole (the size is set at the end).
+            if buf[..n].iter().any(|&b| b != 0) {
+                self.fs.write_at(ino, off, &buf[..n]).map_err(e)?;
             }
             off += n as u64;
         }
-        if fs.inode(inode.ino).map_err(e)?.size < off {
-            fs.truncate(inode.ino, off).map_err(e)?;
+        if self.fs.inode(ino).map_err(e)?.size < off {
+            self.fs.truncate(ino, off).map_err(e)?;
         }
         Ok(())
-    })();
-    let c = fs
-        .close()
-        .with_context(|| format!("{}: closing", t.img.display()));
-    res.and(c)
+    }
 }

@@ -17,6 +17,7 @@ mod cmd_journal;
 mod cmd_lazyinit;
 mod cmd_ls;
 mod cmd_mkfs;
+mod cmd_ns;
 mod cmd_stat;
 mod direct;
 mod errmsg;
@@ -56,6 +57,10 @@ enum Cmd {
     Stat(cmd_stat::StatArgs),
     /// Copy files between an image (IMG:PATH) and the host.
     Cp(cmd_cp::CpArgs),
+    /// Make directories in an image (IMG:PATH...).
+    Mkdir(cmd_ns::MkdirArgs),
+    /// Remove files or directories from an image (IMG:PATH...).
+    Rm(cmd_ns::RmArgs),
     /// Change permission bits of files in an image (IMG:PATH...).
     Chmod(cmd_attr::ChmodArgs),
     /// Change the owner and group of files in an image (numeric ids).
@@ -202,6 +207,8 @@ fn main() {
             Cmd::Cat(a) => cmd_cat::run(a),
             Cmd::Stat(a) => cmd_stat::run(a),
             Cmd::Cp(a) => cmd_cp::run(a),
+            Cmd::Mkdir(a) => cmd_ns::mkdir(a),
+            Cmd::Rm(a) => cmd_ns::rm(a),
             Cmd::Chmod(a) => cmd_attr::chmod(a),
             Cmd::Chown(a) => cmd_attr::chown(a),
             Cmd::Truncate(a) => cmd_attr::truncate(a),

@@ -958,7 +958,7 @@ fn cp_between_image_and_host() {
     assert_eq!(debugfs(&img, false, "cat /d/e/g"), data);
     // Refusals: one line, exit 1, the image untouched.
     let before = file_hash(&img).unwrap();
-    for dst in ["/nope", "/d"] {
+    for dst in ["/nope/x", "/d/e/g/x", "/fifo"] {
         let o = run(ext4kit().arg("cp").arg(&host).arg(at(dst))).unwrap();
         assert_eq!(o.status.code(), Some(1), "{dst}");
         let err = String::from_utf8_lossy(&o.stderr);
@@ -966,6 +966,66 @@ fn cp_between_image_and_host() {
         assert!(err.contains(dst), "{err}");
     }
     assert_eq!(file_hash(&img).unwrap(), before);
+    let o = run(ext4kit().arg("cp").arg(&src).arg(at("/"))).unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("-r not specified"));
+    assert_eq!(file_hash(&img).unwrap(), before);
+    // Host tree -> image with -a, back out with -a: the same tree.
+    run_ok(ext4kit().args(["mkdir", "-p"]).arg(at("/x/y"))).unwrap();
+    run_ok(ext4kit().args(["cp", "-a"]).arg(&src).arg(at("/x/y"))).unwrap();
+    run_ok(ext4kit().arg("cp").arg(&host).arg(at("/x/new"))).unwrap();
+    e2fsck_clean(&img).unwrap();
+    assert_eq!(debugfs(&img, false, "cat /x/new"), data);
+    let back = dir.path().join("back");
+    run_ok(ext4kit().args(["cp", "-a"]).arg(at("/x/y/src")).arg(&back)).unwrap();
+    for p in ["f", "d/e/g", "sparse", "d/f-link"] {
+        assert_eq!(
+            fs::read(back.join(p)).unwrap(),
+            fs::read(src.join(p)).unwrap(),
+            "{p}"
+        );
+        let (a, b) = (
+            fs::metadata(back.join(p)).unwrap(),
+            fs::metadata(src.join(p)).unwrap(),
+        );
+        assert_eq!(
+            (a.mode(), a.mtime(), a.mtime_nsec()),
+            (b.mode(), b.mtime(), b.mtime_nsec()),
+            "{p}"
+        );
+    }
+    let (a, b) = (
+        fs::metadata(back.join("f")).unwrap(),
+        fs::metadata(back.join("d/f-link")).unwrap(),
+    );
+    assert_eq!(a.ino(), b.ino());
+    assert_eq!(
+        fs::read_link(back.join("d/sym")).unwrap(),
+        PathBuf::from("../f")
+    );
+    if have("getfattr") && have("setfattr") {
+        let o = run_ok(
+            tool("getfattr")
+                .args(["-n", "user.k", "--only-values"])
+                .arg(back.join("d/e/g")),
+        )
+        .unwrap();
+        assert_eq!(o.stdout, b"vv");
+    }
+    // rm: a file, a directory needs -r, -f of a missing name, -r of a tree.
+    run_ok(ext4kit().arg("rm").arg(at("/x/new"))).unwrap();
+    let o = run(ext4kit().arg("rm").arg(at("/x/y"))).unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Is a directory"));
+    run_ok(ext4kit().args(["rm", "-f"]).arg(at("/x/nothing"))).unwrap();
+    let o = run(ext4kit().arg("rm").arg(at("/x/nothing"))).unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("No such file or directory"));
+    run_ok(ext4kit().args(["rm", "-r"]).arg(at("/x"))).unwrap();
+    let o = run(ext4kit().arg("mkdir").arg(at("/d"))).unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("File exists"));
+    e2fsck_clean(&img).unwrap();
+    let ls = String::from_utf8_lossy(&debugfs(&img, false, "ls /")).into_owned();
+    assert!(!ls.contains(" x "), "{ls}");
 }
 
 /// Namespace operations over dir_write: mkdir (nlink, "." and ".."),

@@ -57,7 +57,9 @@ fn man_pages_generate_and_render() {
             "ext4kit-journal.1",
             "ext4kit-lazyinit.1",
             "ext4kit-ls.1",
+            "ext4kit-mkdir.1",
             "ext4kit-mkfs.1",
+            "ext4kit-rm.1",
             "ext4kit-stat.1",
             "ext4kit-truncate.1",
             "ext4kit.1"

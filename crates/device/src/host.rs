@@ -73,3 +73,38 @@ pub fn set_times_nofollow(path: &Path, atime: (i64, u32), mtime: (i64, u32)) -> 
         Err(io::Error::last_os_error())
     }
 }
+
+/// The extended attributes of `path` itself (`llistxattr` + `lgetxattr`),
+/// as (name, value) pairs; none when the filesystem has no xattrs.
+pub fn xattrs(path: &Path) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let p = cpath(path)?;
+    let mut names = vec![0u8; 4096];
+    let n = loop {
+        // SAFETY: `p` is NUL-terminated; `names` is valid for its length.
+        let r = unsafe { libc::llistxattr(p.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+        if r >= 0 {
+            break r as usize;
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ERANGE) if names.len() < 1 << 20 => names.resize(names.len() * 4, 0),
+            Some(libc::ENOTSUP) => return Ok(Vec::new()),
+            _ => return Err(e),
+        }
+    };
+    let mut out = Vec::new();
+    for name in names[..n].split(|&c| c == 0).filter(|s| !s.is_empty()) {
+        let cn = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+        let mut val = vec![0u8; 65536];
+        // SAFETY: `p` and `cn` are NUL-terminated; `val` is valid for its
+        // length.
+        let r =
+            unsafe { libc::lgetxattr(p.as_ptr(), cn.as_ptr(), val.as_mut_ptr().cast(), val.len()) };
+        if r < 0 {
+            continue; // vanished or not readable: skipped, as cp -a does
+        }
+        val.truncate(r as usize);
+        out.push((name.to_vec(), val));
+    }
+    Ok(out)
+}
