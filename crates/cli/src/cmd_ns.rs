@@ -252,3 +252,165 @@ mod tests {
         assert_eq!(split_last(b"/"), (b"/".to_vec(), None));
     }
 }
+
+/// Move (rename) files inside an image.
+#[derive(clap::Args, Debug)]
+pub struct MvArgs {
+    /// Do not overwrite an existing file (RENAME_NOREPLACE).
+    #[arg(short = 'n', long = "no-clobber")]
+    pub no_clobber: bool,
+    /// Exchange source and destination (RENAME_EXCHANGE).
+    #[arg(long = "exchange")]
+    pub exchange: bool,
+    /// IMG:SRC... IMG:DST (one image).
+    #[arg(value_name = "IMG:SRC... IMG:DST", required = true, num_args = 2..)]
+    pub paths: Vec<OsString>,
+}
+
+/// Run `ext4kit mv`.
+pub fn mv(args: &MvArgs) -> anyhow::Result<i32> {
+    let (dst, srcs) = args
+        .paths
+        .split_last()
+        .ok_or_else(|| anyhow!("missing destination operand"))?;
+    let dt = parse_target(dst);
+    let flags = ext4kit_fs::fs::RenameFlags {
+        noreplace: args.no_clobber,
+        exchange: args.exchange,
+    };
+    let mut failed = false;
+    let res = with_fs(&dt, |fs| {
+        let into = fs
+            .read(|f| f.resolve(&dt.path, true))
+            .is_ok_and(|i| i.is_dir())
+            && !args.exchange;
+        if srcs.len() > 1 && !into {
+            bail!("target '{}' is not a directory", dt.spec);
+        }
+        for s in srcs {
+            let st = parse_target(s);
+            let r = (|| -> anyhow::Result<()> {
+                if st.img != dt.img {
+                    bail!(
+                        "cannot move '{}' to '{}': not the same image",
+                        st.spec,
+                        dt.spec
+                    );
+                }
+                let e = |e: FsError| anyhow!("cannot move '{}' to '{}': {e}", st.spec, dt.spec);
+                let (sp, sn) = split_last(&st.path);
+                let sn = sn.ok_or_else(|| e(FsError::InvalidName("the root")))?;
+                let sd = resolve_dir(fs, &sp).map_err(e)?;
+                let (dd, dn) = if into {
+                    (resolve_dir(fs, &dt.path).map_err(e)?, sn.clone())
+                } else {
+                    let (dp, dn) = split_last(&dt.path);
+                    let dn = dn.ok_or_else(|| e(FsError::InvalidName("the root")))?;
+                    (resolve_dir(fs, &dp).map_err(e)?, dn)
+                };
+                if args.no_clobber && fs.lookup(dd.ino, &dn).map_err(e)?.is_some() {
+                    return Ok(()); // mv -n: silently skipped
+                }
+                fs.rename(sd.ino, &sn, dd.ino, &dn, flags).map_err(e)?;
+                Ok(())
+            })();
+            if let Err(e) = r {
+                eprintln!("ext4kit: {}", crate::errmsg::one_line(&e));
+                failed = true;
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = res {
+        eprintln!("ext4kit: {}", crate::errmsg::one_line(&e));
+        failed = true;
+    }
+    Ok(i32::from(failed))
+}
+
+/// Make hard or symbolic links inside an image.
+#[derive(clap::Args, Debug)]
+pub struct LnArgs {
+    /// Make a symbolic link (TARGET is stored as given).
+    #[arg(short = 's', long = "symbolic")]
+    pub symbolic: bool,
+    /// Replace an existing destination.
+    #[arg(short = 'f', long = "force")]
+    pub force: bool,
+    /// TARGET (IMG:PATH for a hard link, any text with -s).
+    #[arg(value_name = "TARGET")]
+    pub target: OsString,
+    /// IMG:LINK_NAME
+    #[arg(value_name = "IMG:LINK_NAME")]
+    pub link: OsString,
+}
+
+/// Run `ext4kit ln`.
+pub fn ln(args: &LnArgs) -> anyhow::Result<i32> {
+    let lt = parse_target(&args.link);
+    let res = with_fs(&lt, |fs| {
+        let e = |e: FsError| anyhow!("failed to create link '{}': {e}", lt.spec);
+        let (lp, ln) = split_last(&lt.path);
+        let ln = ln.ok_or_else(|| e(FsError::Exists))?;
+        let mut d = resolve_dir(fs, &lp).map_err(e)?;
+        let mut name = ln;
+        // An existing directory as LINK_NAME: the link goes inside it.
+        if let Some(i) = fs.lookup(d.ino, &name).map_err(e)?
+            && i.is_dir()
+        {
+            let base = if args.symbolic {
+                args.target.as_encoded_bytes().to_vec()
+            } else {
+                split_last(&parse_target(&args.target).path)
+                    .1
+                    .unwrap_or_default()
+            };
+            let base = base
+                .rsplit(|&c| c == b'/')
+                .find(|c| !c.is_empty())
+                .unwrap_or(b"")
+                .to_vec();
+            d = i;
+            name = base;
+        }
+        if let Some(old) = fs.lookup(d.ino, &name).map_err(e)? {
+            if !args.force || old.is_dir() {
+                return Err(e(FsError::Exists));
+            }
+            fs.unlink(d.ino, &name).map_err(e)?;
+        }
+        if args.symbolic {
+            let (uid, gid) = owner();
+            fs.symlink(
+                d.ino,
+                &name,
+                args.target.as_encoded_bytes(),
+                &NewInode::new(0, uid, gid),
+            )
+            .map_err(e)?;
+        } else {
+            let tt = parse_target(&args.target);
+            if tt.img != lt.img {
+                bail!(
+                    "failed to create hard link '{}': not the same image",
+                    lt.spec
+                );
+            }
+            let i = fs
+                .read(|f| f.resolve(&tt.path, false))
+                .map_err(|x| anyhow!("failed to access '{}': {x}", tt.spec))?;
+            if i.is_dir() {
+                bail!("'{}': hard link not allowed for directory", tt.spec);
+            }
+            fs.link(i.ino, d.ino, &name).map_err(e)?;
+        }
+        Ok(())
+    });
+    match res {
+        Ok(()) => Ok(0),
+        Err(e) => {
+            eprintln!("ext4kit: {}", crate::errmsg::one_line(&e));
+            Ok(1)
+        }
+    }
+}

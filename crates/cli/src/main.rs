@@ -61,6 +61,10 @@ enum Cmd {
     Mkdir(cmd_ns::MkdirArgs),
     /// Remove files or directories from an image (IMG:PATH...).
     Rm(cmd_ns::RmArgs),
+    /// Move or rename files inside an image.
+    Mv(cmd_ns::MvArgs),
+    /// Make hard or symbolic links inside an image.
+    Ln(cmd_ns::LnArgs),
     /// Change permission bits of files in an image (IMG:PATH...).
     Chmod(cmd_attr::ChmodArgs),
     /// Change the owner and group of files in an image (numeric ids).
@@ -209,6 +213,8 @@ fn main() {
             Cmd::Cp(a) => cmd_cp::run(a),
             Cmd::Mkdir(a) => cmd_ns::mkdir(a),
             Cmd::Rm(a) => cmd_ns::rm(a),
+            Cmd::Mv(a) => cmd_ns::mv(a),
+            Cmd::Ln(a) => cmd_ns::ln(a),
             Cmd::Chmod(a) => cmd_attr::chmod(a),
             Cmd::Chown(a) => cmd_attr::chown(a),
             Cmd::Truncate(a) => cmd_attr::truncate(a),

@@ -1163,3 +1163,163 @@ fn namespace_operations() {
         });
     }
 }
+
+/// rename: within a directory, across parents (a directory: "..",
+/// link counts), over a file, over an empty directory, NOREPLACE and
+/// EXCHANGE (a file with a directory across parents), refusals (into
+/// itself, over a non-empty directory, type mismatches). e2fsck clean
+/// after everything; the kernel sees the result.
+#[test]
+fn rename_cases() {
+    if let Err(r) = tools() {
+        return skip("rename_cases", &r);
+    }
+    use ext4kit_format::inode::S_IFDIR;
+    use ext4kit_fs::FsError;
+    use ext4kit_fs::fs::RenameFlags;
+    let dir = image_dir();
+    let img = mkimg(dir.path(), "r.img", "32M", &["-b", "1024"]);
+    let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+    let d = |m| NewInode::new(S_IFDIR | m, 0, 0);
+    let f = |m| NewInode::new(S_IFREG | m, 0, 0);
+    let (a, _) = fs.mkdir(2, b"a", &d(0o755)).unwrap();
+    let (b, _) = fs.mkdir(2, b"b", &d(0o755)).unwrap();
+    let (sub, _) = fs.mkdir(a.ino, b"sub", &d(0o755)).unwrap();
+    fs.create(sub.ino, b"inner", &f(0o644)).unwrap();
+    let (x, _) = fs.create(a.ino, b"x", &f(0o644)).unwrap();
+    fs.write_at(x.ino, 0, b"xx").unwrap();
+    let (y, _) = fs.create(b.ino, b"y", &f(0o644)).unwrap();
+    fs.write_at(y.ino, 0, &pattern(20_000, 1)).unwrap();
+    let none = RenameFlags::default();
+    // Within a directory.
+    fs.rename(a.ino, b"x", a.ino, b"x2", none).unwrap();
+    // A directory across parents.
+    fs.rename(a.ino, b"sub", b.ino, b"sub", none).unwrap();
+    assert_eq!(fs.inode(a.ino).unwrap().links, 2);
+    assert_eq!(fs.inode(b.ino).unwrap().links, 3);
+    let sub_i = fs.lookup(b.ino, b"sub").unwrap().unwrap();
+    assert_eq!(fs.lookup(sub_i.ino, b"..").unwrap().unwrap().ino, b.ino);
+    // Over an existing file (y is freed).
+    let free = fs.block_alloc().free_blocks();
+    fs.rename(a.ino, b"x2", b.ino, b"y", none).unwrap();
+    fs.sync().unwrap();
+    assert!(fs.block_alloc().free_blocks() > free);
+    assert_eq!(fs.lookup(b.ino, b"y").unwrap().unwrap().ino, x.ino);
+    // NOREPLACE.
+    fs.create(a.ino, b"z", &f(0o600)).unwrap();
+    let nr = RenameFlags {
+        noreplace: true,
+        ..none
+    };
+    assert!(matches!(
+        fs.rename(a.ino, b"z", b.ino, b"y", nr),
+        Err(FsError::Exists)
+    ));
+    // Over an empty directory, and refusals.
+    fs.mkdir(a.ino, b"empty", &d(0o700)).unwrap();
+    fs.mkdir(b.ino, b"e2", &d(0o700)).unwrap();
+    fs.rename(b.ino, b"e2", a.ino, b"empty", none).unwrap();
+    assert_eq!(fs.inode(a.ino).unwrap().links, 3);
+    assert_eq!(fs.inode(b.ino).unwrap().links, 3);
+    assert!(matches!(
+        fs.rename(2, b"b", sub_i.ino, b"loop", none),
+        Err(FsError::InvalidName(_))
+    ));
+    assert!(matches!(
+        fs.rename(a.ino, b"z", b.ino, b"sub", none),
+        Err(FsError::IsADirectory)
+    ));
+    assert!(matches!(
+        fs.rename(b.ino, b"sub", a.ino, b"z", none),
+        Err(FsError::NotADirectory)
+    ));
+    fs.mkdir(a.ino, b"full", &d(0o700)).unwrap();
+    let full = fs.lookup(a.ino, b"full").unwrap().unwrap();
+    fs.create(full.ino, b"k", &f(0o600)).unwrap();
+    assert!(matches!(
+        fs.rename(b.ino, b"sub", a.ino, b"full", none),
+        Err(FsError::NotEmpty)
+    ));
+    // EXCHANGE a file (a/z) with a directory (b/sub) across parents.
+    let ex = RenameFlags {
+        exchange: true,
+        ..none
+    };
+    fs.rename(a.ino, b"z", b.ino, b"sub", ex).unwrap();
+    let moved = fs.lookup(a.ino, b"z").unwrap().unwrap();
+    assert!(moved.is_dir());
+    assert_eq!(fs.lookup(moved.ino, b"..").unwrap().unwrap().ino, a.ino);
+    assert!(fs.lookup(b.ino, b"sub").unwrap().unwrap().is_regular());
+    assert_eq!(fs.inode(a.ino).unwrap().links, 5); // ., .., empty, full, z
+    assert_eq!(fs.inode(b.ino).unwrap().links, 2);
+    fs.close().unwrap();
+    e2fsck_clean(&img).unwrap();
+    if kernel_mount_available().is_err() {
+        return;
+    }
+    let lo = LoopDev::attach(&img).unwrap();
+    let m = Mount::new(lo.path(), "ext4", Some("noatime")).unwrap();
+    assert_eq!(fs::read(m.path().join("b/y")).unwrap(), b"xx");
+    assert!(m.path().join("a/z/inner").exists());
+    assert_eq!(fs::metadata(m.path().join("a")).unwrap().nlink(), 5);
+    fs::rename(m.path().join("a/z"), m.path().join("b/back")).unwrap();
+    m.unmount().unwrap();
+    drop(lo);
+    e2fsck_clean(&img).unwrap();
+}
+
+/// `ext4kit mv` and `ext4kit ln [-s] [-f]` on an image: results as
+/// coreutils would leave them, e2fsck clean, one-line errors.
+#[test]
+fn mv_and_ln_tools() {
+    if let Err(r) = tools() {
+        return skip("mv_and_ln_tools", &r);
+    }
+    let dir = image_dir();
+    let src = dir.path().join("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("f"), b"file").unwrap();
+    fs::write(src.join("g"), b"gee").unwrap();
+    let img = dir.path().join("m.img");
+    run_ok(tool("truncate").args(["-s", "32M"]).arg(&img)).unwrap();
+    run_ok(mke2fs(["-q", "-F", "-t", "ext4", "-d"]).arg(&src).arg(&img)).unwrap();
+    let at = |p: &str| format!("{}:{p}", img.display());
+    let ok = |args: &[&str], ps: &[&str]| {
+        let mut c = ext4kit();
+        c.args(args);
+        for p in ps {
+            c.arg(at(p));
+        }
+        run_ok(&mut c).unwrap();
+        e2fsck_clean(&img).unwrap_or_else(|e| panic!("{args:?} {ps:?}: {e}"));
+    };
+    ok(&["mv"], &["/f", "/f2"]);
+    ok(&["mv"], &["/f2", "/d"]);
+    assert_eq!(debugfs(&img, false, "cat /d/f2"), b"file");
+    ok(&["mv"], &["/g", "/d/f2"]); // replaces
+    assert_eq!(debugfs(&img, false, "cat /d/f2"), b"gee");
+    ok(&["ln"], &["/d/f2", "/hard"]);
+    assert!(stat_line(&img, "/hard").contains("Links: 2"));
+    run_ok(ext4kit().args(["ln", "-s", "d/f2"]).arg(at("/soft"))).unwrap();
+    e2fsck_clean(&img).unwrap();
+    assert_eq!(
+        run_ok(ext4kit().arg("cat").arg(at("/soft")))
+            .unwrap()
+            .stdout,
+        b"gee"
+    );
+    let o = run(ext4kit().args(["ln", "-s", "x"]).arg(at("/soft"))).unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("File exists"));
+    run_ok(ext4kit().args(["ln", "-sf", "d"]).arg(at("/soft"))).unwrap();
+    let o = run(ext4kit().arg("mv").arg(at("/nope")).arg(at("/x"))).unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("cannot move") && err.contains("/nope") && err.contains("No such file"),
+        "{err}"
+    );
+    let o = run(ext4kit().arg("mv").arg(at("/d")).arg(at("/d/inside"))).unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    e2fsck_clean(&img).unwrap();
+}

@@ -501,4 +501,232 @@ impl Filesystem {
             })?
             .1)
     }
+
+    /// Apply `f` to directory `d` through a [`DirWriter`] (its inode state
+    /// carried back into `d`).
+    fn with_dir<R>(
+        &self,
+        op: &mut Op<'_>,
+        d: &mut InodeInfo,
+        f: impl FnOnce(&mut DirWriter<'_, DirIo<'_, '_>>) -> Result<R, FsError>,
+    ) -> Result<R, FsError> {
+        let mut io = DirIo::new(self, op, d.clone())?;
+        let r = f(&mut DirWriter::new(&mut io))?;
+        *d = io.dir;
+        Ok(r)
+    }
+
+    /// Is directory `anc` the directory `ino` or one of its ancestors?
+    fn is_ancestor(&self, anc: u32, mut ino: u32) -> Result<bool, FsError> {
+        for _ in 0..4096 {
+            if ino == anc {
+                return Ok(true);
+            }
+            if ino == 2 {
+                return Ok(false);
+            }
+            let d = self.inode(ino)?;
+            let Some(up) = self.read(|f| f.lookup(&d, b".."))? else {
+                return Ok(false);
+            };
+            ino = up.ino;
+        }
+        Err(FsError::corrupt(
+            "directory",
+            "a '..' chain does not reach the root",
+        ))
+    }
+
+    /// rename(2) / renameat2: move `sname` of `sdir` to `dname` of `ddir`,
+    /// replacing an existing target (a file, or an empty directory for a
+    /// directory) unless `flags.noreplace`; `flags.exchange` swaps the two
+    /// entries. Directories moved across parents get their `..` and both
+    /// parents' link counts updated. One transaction.
+    pub fn rename(
+        &self,
+        sdir: u32,
+        sname: &[u8],
+        ddir: u32,
+        dname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<u32, FsError> {
+        if flags.noreplace && flags.exchange {
+            return Err(FsError::InvalidName(
+                "RENAME_NOREPLACE with RENAME_EXCHANGE",
+            ));
+        }
+        for n in [sname, dname] {
+            crate::dir_write::check_name(n)?;
+            if n == b"." || n == b".." {
+                return Err(FsError::InvalidName("renaming '.' or '..'"));
+            }
+        }
+        let src = self.lookup(sdir, sname)?.ok_or(FsError::NotFound)?;
+        let dst = self.lookup(ddir, dname)?;
+        if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
+            return Ok(self.rw.journal().running_tid());
+        }
+        if flags.exchange && dst.is_none() {
+            return Err(FsError::NotFound);
+        }
+        if flags.noreplace && dst.is_some() {
+            return Err(FsError::Exists);
+        }
+        // A directory may not move below itself.
+        if src.is_dir() && sdir != ddir && self.is_ancestor(src.ino, ddir)? {
+            return Err(FsError::InvalidName("moving a directory into itself"));
+        }
+        if flags.exchange
+            && let Some(d) = &dst
+            && d.is_dir()
+            && sdir != ddir
+            && self.is_ancestor(d.ino, sdir)?
+        {
+            return Err(FsError::InvalidName("moving a directory into itself"));
+        }
+        let mut release = None;
+        if let (Some(d), false) = (&dst, flags.exchange) {
+            match (src.is_dir(), d.is_dir()) {
+                (true, false) => return Err(FsError::NotADirectory),
+                (false, true) => return Err(FsError::IsADirectory),
+                (true, true) => {
+                    let e = self.read(|f| f.read_dir(d))?;
+                    if e.iter().any(|x| x.name != b"." && x.name != b"..") {
+                        return Err(FsError::NotEmpty);
+                    }
+                }
+                _ => {}
+            }
+            if d.is_dir() || d.links <= 1 {
+                release = Some(self.release_cost(d)?);
+            }
+        }
+        let (rc, rg) = release.unwrap_or((2, 0));
+        let mut op = self.begin(2 * 24 + rc + 8, rg + 3)?;
+        let r = (|| -> Result<(), FsError> {
+            let mut sd = self.inode(sdir)?;
+            let mut dd_own = if ddir == sdir {
+                None
+            } else {
+                Some(self.inode(ddir)?)
+            };
+            let sft = src.file_type().dirent_type();
+            if flags.exchange {
+                let d = dst.clone().ok_or(FsError::NotFound)?;
+                let dft = d.file_type().dirent_type();
+                self.with_dir(&mut op, &mut sd, |w| {
+                    w.retarget(sname, d.ino, dft).map(|_| ())
+                })?;
+                {
+                    let dd = dd_own.as_mut().unwrap_or(&mut sd);
+                    self.with_dir(&mut op, dd, |w| w.retarget(dname, src.ino, sft).map(|_| ()))?;
+                }
+                if sdir != ddir {
+                    for (moved, to) in [(&src, ddir), (&d, sdir)] {
+                        if moved.is_dir() {
+                            let mut m = self.inode(moved.ino)?;
+                            self.with_dir(&mut op, &mut m, |w| {
+                                w.retarget(b"..", to, FT_DIR).map(|_| ())
+                            })?;
+                            self.store_inode(&mut op, &m)?;
+                        }
+                    }
+                    let dd = dd_own.as_mut().ok_or(FsError::NotFound)?;
+                    match (src.is_dir(), d.is_dir()) {
+                        (true, false) => {
+                            self.touch_dir(&mut sd, -1)?;
+                            self.touch_dir(dd, 1)?;
+                        }
+                        (false, true) => {
+                            self.touch_dir(&mut sd, 1)?;
+                            self.touch_dir(dd, -1)?;
+                        }
+                        _ => {
+                            self.touch_dir(&mut sd, 0)?;
+                            self.touch_dir(dd, 0)?;
+                        }
+                    }
+                } else {
+                    self.touch_dir(&mut sd, 0)?;
+                }
+                for ino in [src.ino, d.ino] {
+                    let mut i = self.inode(ino)?;
+                    let t = now();
+                    self.edit_inode(&mut i, |n| set_node_times(n, &Times::default(), t))?;
+                    self.store_inode(&mut op, &i)?;
+                }
+            } else {
+                // The target name first (add, or retarget over the old).
+                {
+                    let dd = dd_own.as_mut().unwrap_or(&mut sd);
+                    match &dst {
+                        Some(_) => {
+                            self.with_dir(&mut op, dd, |w| {
+                                w.retarget(dname, src.ino, sft).map(|_| ())
+                            })?;
+                        }
+                        None => self.with_dir(&mut op, dd, |w| w.add(dname, src.ino, sft))?,
+                    }
+                }
+                self.with_dir(&mut op, &mut sd, |w| w.remove(sname).map(|_| ()))?;
+                // The replaced inode loses a link (or everything).
+                let replaced_dir = dst.as_ref().is_some_and(|d| d.is_dir());
+                if let Some(d) = &dst {
+                    let mut i = self.inode(d.ino)?;
+                    if d.is_dir() || i.links <= 1 {
+                        self.release_in(&mut op, &mut i)?;
+                    } else {
+                        let links = i.links - 1;
+                        let t = now();
+                        self.edit_inode(&mut i, |n| {
+                            n.i_links_count.set(links);
+                            set_node_times(n, &Times::default(), t);
+                        })?;
+                        self.store_inode(&mut op, &i)?;
+                    }
+                }
+                if src.is_dir() && sdir != ddir {
+                    let mut m = self.inode(src.ino)?;
+                    self.with_dir(&mut op, &mut m, |w| {
+                        w.retarget(b"..", ddir, FT_DIR).map(|_| ())
+                    })?;
+                    self.store_inode(&mut op, &m)?;
+                }
+                match dd_own.as_mut() {
+                    Some(dd) => {
+                        let sl = if src.is_dir() { -1 } else { 0 };
+                        let dl = if src.is_dir() && !replaced_dir { 1 } else { 0 };
+                        self.touch_dir(&mut sd, sl)?;
+                        self.touch_dir(dd, dl)?;
+                    }
+                    None => {
+                        let l = if replaced_dir { -1 } else { 0 };
+                        self.touch_dir(&mut sd, l)?;
+                    }
+                }
+                let mut i = self.inode(src.ino)?;
+                let t = now();
+                self.edit_inode(&mut i, |n| set_node_times(n, &Times::default(), t))?;
+                self.store_inode(&mut op, &i)?;
+            }
+            self.store_inode(&mut op, &sd)?;
+            if let Some(dd) = &dd_own {
+                self.store_inode(&mut op, dd)?;
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => self.finish(op),
+            Err(e) => Err(self.fail(op, e)),
+        }
+    }
+}
+
+/// renameat2 flags.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    /// RENAME_NOREPLACE: fail with EEXIST when the target exists.
+    pub noreplace: bool,
+    /// RENAME_EXCHANGE: swap source and target (both must exist).
+    pub exchange: bool,
 }
