@@ -1323,3 +1323,310 @@ fn mv_and_ln_tools() {
     assert_eq!(o.status.code(), Some(1));
     e2fsck_clean(&img).unwrap();
 }
+
+/// The namespace against a model: random create, mkdir, write, link,
+/// unlink, rmdir and rename (plain, over files, NOREPLACE, EXCHANGE)
+/// across directories; after each sequence the tree read back (names,
+/// types, contents, link counts) equals the model's, the close is clean
+/// and e2fsck is clean. `EXT4KIT_NS_MODEL=N` sequences (default 4).
+#[test]
+fn random_namespace_matches_the_model() {
+    if let Err(r) = tools() {
+        return skip("random_namespace_matches_the_model", &r);
+    }
+    use ext4kit_format::inode::S_IFDIR;
+    use ext4kit_fs::fs::RenameFlags;
+    use std::collections::BTreeMap;
+    #[derive(Clone, Debug, PartialEq)]
+    enum Node {
+        Dir(BTreeMap<Vec<u8>, Node>),
+        File(u32), // model file id
+    }
+    fn paths(n: &Node, pre: &[Vec<u8>], out: &mut Vec<(Vec<Vec<u8>>, bool)>) {
+        if let Node::Dir(m) = n {
+            for (k, v) in m {
+                let mut p = pre.to_vec();
+                p.push(k.clone());
+                out.push((p.clone(), matches!(v, Node::Dir(_))));
+                paths(v, &p, out);
+            }
+        }
+    }
+    fn get<'a>(n: &'a mut Node, p: &[Vec<u8>]) -> &'a mut Node {
+        let mut cur = n;
+        for c in p {
+            let Node::Dir(m) = cur else { unreachable!() };
+            cur = m.get_mut(c).unwrap();
+        }
+        cur
+    }
+    let runs: u64 = std::env::var("EXT4KIT_NS_MODEL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let dir = image_dir();
+    let base = mkimg(dir.path(), "nsbase.img", "32M", &["-b", "1024"]);
+    for run in 0..runs {
+        let img = dir.path().join("ns.img");
+        run_ok(tool("cp").arg("--sparse=always").arg(&base).arg(&img)).unwrap();
+        let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+        let mut rng = Rng(0xA5A5 ^ (run + 7).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut root = Node::Dir(BTreeMap::from([(
+            b"lost+found".to_vec(),
+            Node::Dir(BTreeMap::new()),
+        )]));
+        let mut contents: Vec<Vec<u8>> = Vec::new(); // by model file id
+        let mut inos: Vec<u32> = Vec::new(); // model file id -> inode
+        let ino_of = |fs: &Filesystem, p: &[Vec<u8>]| -> u32 {
+            let mut cur = 2;
+            for c in p {
+                cur = fs.lookup(cur, c).unwrap().unwrap().ino;
+            }
+            cur
+        };
+        for step in 0..60 {
+            let mut all = Vec::new();
+            paths(&root, &[], &mut all);
+            let dirs: Vec<Vec<Vec<u8>>> = std::iter::once(Vec::new())
+                .chain(all.iter().filter(|(_, d)| *d).map(|(p, _)| p.clone()))
+                .collect();
+            let files: Vec<Vec<Vec<u8>>> = all
+                .iter()
+                .filter(|(_, d)| !*d)
+                .map(|(p, _)| p.clone())
+                .collect();
+            let pick =
+                |rng: &mut Rng, v: &[Vec<Vec<u8>>]| v[rng.below(v.len() as u64) as usize].clone();
+            let name = |rng: &mut Rng| format!("n{}", rng.below(12)).into_bytes();
+            let ctx = format!("run {run} step {step}");
+            match rng.below(9) {
+                0 | 1 => {
+                    let d = pick(&mut rng, &dirs);
+                    let n = name(&mut rng);
+                    let Node::Dir(m) = get(&mut root, &d) else {
+                        unreachable!()
+                    };
+                    if m.contains_key(&n) {
+                        continue;
+                    }
+                    let di = ino_of(&fs, &d);
+                    if rng.below(3) == 0 {
+                        fs.mkdir(di, &n, &NewInode::new(S_IFDIR | 0o755, 0, 0))
+                            .unwrap_or_else(|e| panic!("{ctx}: mkdir: {e}"));
+                        m.insert(n, Node::Dir(BTreeMap::new()));
+                    } else {
+                        let (i, _) = fs
+                            .create(di, &n, &NewInode::new(S_IFREG | 0o644, 0, 0))
+                            .unwrap_or_else(|e| panic!("{ctx}: create: {e}"));
+                        m.insert(n, Node::File(contents.len() as u32));
+                        contents.push(Vec::new());
+                        inos.push(i.ino);
+                    }
+                }
+                2 if !files.is_empty() => {
+                    let f = pick(&mut rng, &files);
+                    let Node::File(id) = get(&mut root, &f).clone() else {
+                        unreachable!()
+                    };
+                    let d = pattern(1 + rng.below(5000) as usize, rng.next());
+                    fs.write_at(inos[id as usize], 0, &d).unwrap();
+                    let c = &mut contents[id as usize];
+                    if c.len() < d.len() {
+                        c.resize(d.len(), 0);
+                    }
+                    c[..d.len()].copy_from_slice(&d);
+                }
+                3 if !files.is_empty() => {
+                    let f = pick(&mut rng, &files);
+                    let Node::File(id) = get(&mut root, &f).clone() else {
+                        unreachable!()
+                    };
+                    let d = pick(&mut rng, &dirs);
+                    let n = name(&mut rng);
+                    let Node::Dir(m) = get(&mut root, &d) else {
+                        unreachable!()
+                    };
+                    if m.contains_key(&n) {
+                        continue;
+                    }
+                    fs.link(inos[id as usize], ino_of(&fs, &d), &n)
+                        .unwrap_or_else(|e| panic!("{ctx}: link: {e}"));
+                    let Node::Dir(m) = get(&mut root, &d) else {
+                        unreachable!()
+                    };
+                    m.insert(n, Node::File(id));
+                }
+                4 if !files.is_empty() => {
+                    let f = pick(&mut rng, &files);
+                    let (parent, n) = f.split_at(f.len() - 1);
+                    fs.unlink(ino_of(&fs, parent), &n[0])
+                        .unwrap_or_else(|e| panic!("{ctx}: unlink: {e}"));
+                    let Node::Dir(m) = get(&mut root, parent) else {
+                        unreachable!()
+                    };
+                    m.remove(&n[0]);
+                }
+                5 if dirs.len() > 2 => {
+                    let d = pick(&mut rng, &dirs[1..]);
+                    if d == [b"lost+found".to_vec()] {
+                        continue;
+                    }
+                    let (parent, n) = d.split_at(d.len() - 1);
+                    let empty = matches!(get(&mut root, &d), Node::Dir(m) if m.is_empty());
+                    let r = fs.rmdir(ino_of(&fs, parent), &n[0]);
+                    assert_eq!(r.is_ok(), empty, "{ctx}: rmdir {d:?}: {r:?}");
+                    if empty {
+                        let Node::Dir(m) = get(&mut root, parent) else {
+                            unreachable!()
+                        };
+                        m.remove(&n[0]);
+                    }
+                }
+                _ if all.len() > 1 => {
+                    // rename
+                    let (s, sdir) = all[rng.below(all.len() as u64) as usize].clone();
+                    if s == [b"lost+found".to_vec()] {
+                        continue;
+                    }
+                    let d = pick(&mut rng, &dirs);
+                    // Into itself?
+                    if sdir && d.starts_with(&s) {
+                        continue;
+                    }
+                    let n = name(&mut rng);
+                    let (sp, sn) = s.split_at(s.len() - 1);
+                    let mut dp = d.clone();
+                    dp.push(n.clone());
+                    if dp == s {
+                        continue;
+                    }
+                    let exists = matches!(get(&mut root, &d), Node::Dir(m) if m.contains_key(&n));
+                    let target = if exists {
+                        Some(get(&mut root, &dp).clone())
+                    } else {
+                        None
+                    };
+                    let exchange = exists && rng.below(3) == 0;
+                    if exchange {
+                        let tdir = matches!(target, Some(Node::Dir(_)));
+                        if tdir && sp.starts_with(&dp) {
+                            continue;
+                        }
+                    }
+                    let noreplace = !exchange && rng.below(4) == 0;
+                    let flags = RenameFlags {
+                        noreplace,
+                        exchange,
+                    };
+                    let si = ino_of(&fs, sp);
+                    let di = ino_of(&fs, &d);
+                    let r = fs.rename(si, &sn[0], di, &n, flags);
+                    let snode = get(&mut root, &s).clone();
+                    let ok_model = if exchange {
+                        true
+                    } else if let Some(t) = &target {
+                        !noreplace
+                            && match (&snode, t) {
+                                (Node::Dir(_), Node::Dir(m)) => m.is_empty(),
+                                (Node::File(_), Node::File(_)) => true,
+                                _ => false,
+                            }
+                    } else {
+                        true
+                    };
+                    assert_eq!(
+                        r.is_ok(),
+                        ok_model,
+                        "{ctx}: rename {s:?} -> {dp:?} {flags:?}: {r:?}"
+                    );
+                    if r.is_err() {
+                        continue;
+                    }
+                    if exchange {
+                        let t = target.unwrap();
+                        *get(&mut root, &dp) = snode;
+                        *get(&mut root, &s) = t;
+                    } else {
+                        let same = matches!((&snode, &target), (Node::File(a), Some(Node::File(b))) if a == b);
+                        if !same {
+                            let Node::Dir(m) = get(&mut root, sp) else {
+                                unreachable!()
+                            };
+                            m.remove(&sn[0]);
+                            let Node::Dir(m) = get(&mut root, &d) else {
+                                unreachable!()
+                            };
+                            m.insert(n, snode);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Compare the tree.
+        let mut nlinks: BTreeMap<u32, u16> = BTreeMap::new();
+        let mut all = Vec::new();
+        paths(&root, &[], &mut all);
+        for (p, _) in &all {
+            if let Node::File(id) = get(&mut root, p).clone() {
+                *nlinks.entry(id).or_default() += 1;
+            }
+        }
+        fn walk(
+            fs: &Filesystem,
+            ino: u32,
+            node: &Node,
+            contents: &[Vec<u8>],
+            inos: &[u32],
+            nlinks: &BTreeMap<u32, u16>,
+            at: &str,
+        ) {
+            let d = fs.inode(ino).unwrap();
+            let got: Vec<_> = fs
+                .read(|f| f.read_dir(&d))
+                .unwrap()
+                .into_iter()
+                .filter(|e| e.name != b"." && e.name != b"..")
+                .collect();
+            let Node::Dir(m) = node else { unreachable!() };
+            let names: Vec<Vec<u8>> = got
+                .iter()
+                .map(|e| e.name.clone())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            assert_eq!(names, m.keys().cloned().collect::<Vec<_>>(), "{at}");
+            let subdirs = m.values().filter(|v| matches!(v, Node::Dir(_))).count() as u16;
+            assert_eq!(d.links, 2 + subdirs, "{at} nlink");
+            for e in got {
+                let child = &m[&e.name];
+                let i = fs.inode(e.ino).unwrap();
+                let here = format!("{at}/{}", e.name_lossy());
+                match child {
+                    Node::Dir(_) => {
+                        assert!(i.is_dir(), "{here}");
+                        walk(fs, e.ino, child, contents, inos, nlinks, &here);
+                    }
+                    Node::File(id) => {
+                        assert_eq!(e.ino, inos[*id as usize], "{here}");
+                        assert_eq!(i.links, nlinks[id], "{here} nlink");
+                        let mut b = vec![0u8; i.size as usize];
+                        fs.read_at(e.ino, 0, &mut b).unwrap();
+                        assert!(b == contents[*id as usize], "{here} content");
+                    }
+                }
+            }
+        }
+        walk(
+            &fs,
+            2,
+            &root,
+            &contents,
+            &inos,
+            &nlinks,
+            &format!("run {run}"),
+        );
+        fs.close().unwrap();
+        e2fsck_clean(&img).unwrap_or_else(|e| panic!("run {run}: {e}"));
+    }
+}

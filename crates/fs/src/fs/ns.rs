@@ -563,14 +563,16 @@ impl Filesystem {
         }
         let src = self.lookup(sdir, sname)?.ok_or(FsError::NotFound)?;
         let dst = self.lookup(ddir, dname)?;
+        // As do_renameat2: NOREPLACE is checked first, then two links of
+        // one inode make the rename a no-op (vfs_rename).
+        if flags.noreplace && dst.is_some() {
+            return Err(FsError::Exists);
+        }
         if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
             return Ok(self.rw.journal().running_tid());
         }
         if flags.exchange && dst.is_none() {
             return Err(FsError::NotFound);
-        }
-        if flags.noreplace && dst.is_some() {
-            return Err(FsError::Exists);
         }
         // A directory may not move below itself.
         if src.is_dir() && sdir != ddir && self.is_ancestor(src.ino, ddir)? {
