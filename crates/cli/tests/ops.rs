@@ -1738,3 +1738,73 @@ fn crash_in_namespace_operations_recovers_a_committed_tree() {
     }
     assert!(checked > 20);
 }
+
+/// Unlink while open: the inode stays readable and writable with link
+/// count 0 on the orphan list; its release frees everything; after a
+/// crash instead, the next open (ext4kit's) or the kernel's mount frees
+/// it. e2fsck clean every way.
+#[test]
+fn unlink_while_open_and_orphans_after_a_crash() {
+    if let Err(r) = tools() {
+        return skip("unlink_while_open_and_orphans_after_a_crash", &r);
+    }
+    let dir = image_dir();
+    let base = mkimg(dir.path(), "o.img", "32M", &["-b", "1024"]);
+    let before = e2fsck_clean(&base).unwrap();
+    let setup = |img: &Path| -> (Filesystem, u32) {
+        let fs = Filesystem::open(open_file(img), RwOptions::default()).unwrap();
+        let (f, _) = fs
+            .create(2, b"f", &NewInode::new(S_IFREG | 0o644, 0, 0))
+            .unwrap();
+        fs.write_at(f.ino, 0, &pattern(200_000, 3)).unwrap();
+        let (_, orphan) = fs.unlink_open(2, b"f").unwrap();
+        assert!(orphan);
+        assert!(fs.lookup(2, b"f").unwrap().is_none());
+        let mut b = vec![0u8; 200_000];
+        fs.read_at(f.ino, 0, &mut b).unwrap();
+        assert!(b == pattern(200_000, 3));
+        fs.write_at(f.ino, 200_000, b"more").unwrap();
+        fs.sync().unwrap();
+        (fs, f.ino)
+    };
+    // Released on the last close.
+    let img = dir.path().join("a.img");
+    run_ok(tool("cp").arg("--sparse=always").arg(&base).arg(&img)).unwrap();
+    let (fs, ino) = setup(&img);
+    fs.release_orphan(ino).unwrap();
+    assert_eq!(fs.rw().superblock().unwrap().s_last_orphan.get(), 0);
+    fs.close().unwrap();
+    assert_eq!(
+        e2fsck_clean(&img).unwrap(),
+        before.replace(&base.display().to_string(), &img.display().to_string())
+    );
+    // A crash with the orphan pending: ext4kit's next open frees it.
+    let img = dir.path().join("b.img");
+    run_ok(tool("cp").arg("--sparse=always").arg(&base).arg(&img)).unwrap();
+    let (fs, _) = setup(&img);
+    fs.crash();
+    let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+    assert_eq!(fs.rw().superblock().unwrap().s_last_orphan.get(), 0);
+    fs.close().unwrap();
+    assert_eq!(
+        e2fsck_clean(&img).unwrap(),
+        before.replace(&base.display().to_string(), &img.display().to_string())
+    );
+    // The same crash replayed and cleaned up by the kernel's mount.
+    if kernel_mount_available().is_err() {
+        return;
+    }
+    let img = dir.path().join("c.img");
+    run_ok(tool("cp").arg("--sparse=always").arg(&base).arg(&img)).unwrap();
+    let (fs, _) = setup(&img);
+    fs.crash();
+    {
+        let lo = LoopDev::attach(&img).unwrap();
+        let m = Mount::new(lo.path(), "ext4", None).unwrap();
+        m.unmount().unwrap();
+    }
+    assert_eq!(
+        e2fsck_clean(&img).unwrap(),
+        before.replace(&base.display().to_string(), &img.display().to_string())
+    );
+}

@@ -204,7 +204,7 @@ impl Filesystem {
             b.committed(tid);
         }));
         let t = now();
-        Ok(Filesystem {
+        let fs = Filesystem {
             rw,
             info: RwLock::new(info),
             descs,
@@ -212,7 +212,10 @@ impl Filesystem {
             ialloc,
             ops: Mutex::new(()),
             gen_seed: AtomicU32::new((t.nsec ^ (t.sec as u32)).wrapping_mul(0x9E37_79B9) | 1),
-        })
+        };
+        // Unlinked-while-open inodes and unfinished deletes of a crash.
+        fs.process_orphans()?;
+        Ok(fs)
     }
 
     /// Commit, checkpoint and close cleanly.
@@ -367,6 +370,38 @@ impl Filesystem {
         let b = self.read(|fs| fs.meta_block(blk, "inode table"))?;
         let raw = b[off..off + isz].to_vec();
         self.read(|fs| fs.decode_inode(ino, raw))
+    }
+
+    /// Read inode `ino` also when its link count is 0 (an orphan, or an
+    /// inode being deleted); checksum checked.
+    pub fn inode_any(&self, ino: u32) -> Result<InodeInfo, FsError> {
+        let (blk, off) = self.inode_location(ino)?;
+        let isz = self.descs.layout().inode_size as usize;
+        let b = self.read(|fs| fs.meta_block(blk, "inode table"))?;
+        self.decode_any(ino, b[off..off + isz].to_vec())
+    }
+
+    /// `decode_inode` that accepts a link count of 0.
+    fn decode_any(&self, ino: u32, raw: Vec<u8>) -> Result<InodeInfo, FsError> {
+        if raw.len() < 128 || u16::from_le_bytes([raw[0x1A], raw[0x1B]]) != 0 {
+            return self.read(|fs| fs.decode_inode(ino, raw));
+        }
+        let csum = self.rw.geometry().csum;
+        if csum.metadata && !ext4kit_format::inode::checksum_ok(&raw, ino, &csum) {
+            return Err(FsError::corrupt(
+                "inode",
+                format!("inode {ino}: checksum does not match"),
+            ));
+        }
+        let mut copy = raw.clone();
+        copy[0x1A..0x1C].copy_from_slice(&1u16.to_le_bytes());
+        if csum.metadata {
+            set_checksum(&mut copy, ino, &csum);
+        }
+        let mut i = self.read(|fs| fs.decode_inode(ino, copy))?;
+        i.links = 0;
+        i.raw = raw;
+        Ok(i)
     }
 
     fn next_generation(&self) -> u32 {
@@ -529,13 +564,7 @@ impl Filesystem {
         if csum.metadata {
             set_checksum(&mut raw, inode.ino, &csum);
         }
-        if node.i_links_count.get() == 0 {
-            // A deleted inode does not decode; keep the bytes.
-            inode.links = 0;
-            inode.raw = raw;
-            return Ok(());
-        }
-        *inode = self.read(|fs| fs.decode_inode(inode.ino, raw))?;
+        *inode = self.decode_any(inode.ino, raw)?;
         Ok(())
     }
 
@@ -625,9 +654,13 @@ impl Filesystem {
     /// inode that e2fsck frees.
     pub fn delete_inode(&self, ino: u32) -> Result<u32, FsError> {
         self.truncate(ino, 0)?;
-        let mut inode = self.inode(ino)?;
-        let mut op = self.begin(3, 2)?;
+        let mut inode = self.inode_any(ino)?;
+        let orphan = inode.links == 0;
+        let mut op = self.begin(6, 2)?;
         let r = (|| {
+            if orphan {
+                self.orphan_del(&mut op, &mut inode)?;
+            }
             self.release_blocks_all(&mut op, &mut inode)?;
             if inode.file_acl != 0 {
                 let geo = self.xattr_geometry();
@@ -654,6 +687,85 @@ impl Filesystem {
             Ok(()) => self.finish(op),
             Err(e) => Err(self.fail(op, e)),
         }
+    }
+
+    /// Put `inode` (link count already 0, or a truncate in steps) on the
+    /// orphan list (`s_last_orphan`, chained through `i_dtime`, which the
+    /// kernel and e2fsck process at mount), inside `op`.
+    pub fn orphan_add(&self, op: &mut Op<'_>, inode: &mut InodeInfo) -> Result<(), FsError> {
+        let head = self.rw.superblock()?.s_last_orphan.get();
+        if head == inode.ino {
+            return Ok(());
+        }
+        self.edit_inode(inode, |n| n.i_dtime.set(head))?;
+        self.store_inode(op, inode)?;
+        let ino = inode.ino;
+        self.rw
+            .modify_superblock(&mut op.h, |sb| sb.s_last_orphan.set(ino))
+    }
+
+    /// Take `inode` off the orphan list inside `op` (its `i_dtime` is
+    /// cleared; the caller stores `inode`).
+    pub fn orphan_del(&self, op: &mut Op<'_>, inode: &mut InodeInfo) -> Result<(), FsError> {
+        let next = inode.dtime;
+        let ino = inode.ino;
+        let head = self.rw.superblock()?.s_last_orphan.get();
+        if head == ino {
+            self.rw
+                .modify_superblock(&mut op.h, |sb| sb.s_last_orphan.set(next))?;
+        } else {
+            let mut cur = head;
+            let limit = self.descs.layout().inodes_count;
+            for _ in 0..limit {
+                if cur == 0 {
+                    break;
+                }
+                let mut c = self.inode_any(cur)?;
+                if c.dtime == ino {
+                    self.edit_inode(&mut c, |n| n.i_dtime.set(next))?;
+                    self.store_inode(op, &c)?;
+                    break;
+                }
+                cur = c.dtime;
+            }
+        }
+        self.edit_inode(inode, |n| n.i_dtime.set(0))
+    }
+
+    /// Finish what the orphan list holds (the kernel's
+    /// `ext4_orphan_cleanup`): inodes without links are freed, others
+    /// truncated to their size. Returns how many were processed.
+    pub fn process_orphans(&self) -> Result<u32, FsError> {
+        let limit = self.descs.layout().inodes_count;
+        let mut done = 0;
+        for _ in 0..limit {
+            let head = self.rw.superblock()?.s_last_orphan.get();
+            if head == 0 {
+                break;
+            }
+            let inode = self.inode_any(head)?;
+            if inode.links == 0 {
+                self.delete_inode(head)?;
+            } else {
+                if inode.is_regular() {
+                    self.truncate(head, inode.size)?;
+                }
+                let mut inode = self.inode_any(head)?;
+                let mut op = self.begin(2, 0)?;
+                let r = (|| {
+                    self.orphan_del(&mut op, &mut inode)?;
+                    self.store_inode(&mut op, &inode)
+                })();
+                match r {
+                    Ok(()) => {
+                        self.finish(op)?;
+                    }
+                    Err(e) => return Err(self.fail(op, e)),
+                }
+            }
+            done += 1;
+        }
+        Ok(done)
     }
 
     /// Release what is left of an inode's tree after a truncate to 0
@@ -902,7 +1014,7 @@ impl Filesystem {
 
     fn write_chunk(&self, ino: u32, off: u64, data: &[u8]) -> Result<u32, FsError> {
         let bs = self.block_size();
-        let mut inode = self.inode(ino)?;
+        let mut inode = self.inode_any(ino)?;
         if !inode.is_regular() {
             return Err(if inode.is_dir() {
                 FsError::IsADirectory
@@ -1045,7 +1157,7 @@ impl Filesystem {
     /// zeroed; growing is sparse. Returns the last tid.
     pub fn truncate(&self, ino: u32, size: u64) -> Result<u32, FsError> {
         let bs = self.block_size();
-        let inode = self.inode(ino)?;
+        let inode = self.inode_any(ino)?;
         if inode.is_dir() {
             return Err(FsError::IsADirectory);
         }
@@ -1054,7 +1166,7 @@ impl Filesystem {
             return self.set_size_only(ino, size);
         }
         loop {
-            let mut inode = self.inode(ino)?;
+            let mut inode = self.inode_any(ino)?;
             let (maps, nodes) = self.mapping(&inode)?;
             let keep = size.div_ceil(bs);
             let beyond: Vec<&Mapping> = maps.iter().filter(|m| m.end() > keep).collect();
@@ -1145,7 +1257,7 @@ impl Filesystem {
     }
 
     fn set_size_only(&self, ino: u32, size: u64) -> Result<u32, FsError> {
-        let mut inode = self.inode(ino)?;
+        let mut inode = self.inode_any(ino)?;
         let mut op = self.begin(1, 0)?;
         let r = (|| {
             let t = now();
@@ -1346,7 +1458,7 @@ impl Filesystem {
 
     /// Read up to `buf.len()` bytes at `off` of inode `ino`.
     pub fn read_at(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize, FsError> {
-        let inode = self.inode(ino)?;
+        let inode = self.inode_any(ino)?;
         self.read(|fs| {
             let c = fs.content(&inode)?;
             fs.read_at(&inode, &c, off, buf)

@@ -428,6 +428,28 @@ impl Filesystem {
     /// Remove `name` (not a directory) from `parent`; the inode is freed
     /// with its last link.
     pub fn unlink(&self, parent: u32, name: &[u8]) -> Result<u32, FsError> {
+        self.unlink_with(parent, name, false).map(|(t, _)| t)
+    }
+
+    /// unlink for a file that is still open: the last link goes, the
+    /// inode stays (link count 0, on the orphan list, readable and
+    /// writable by number) until [`Filesystem::release_orphan`] on the last
+    /// close, or the next open after a crash frees it. Returns the tid and
+    /// whether the inode became such an orphan.
+    pub fn unlink_open(&self, parent: u32, name: &[u8]) -> Result<(u32, bool), FsError> {
+        self.unlink_with(parent, name, true)
+    }
+
+    /// The last close of an inode unlinked while open: free it.
+    pub fn release_orphan(&self, ino: u32) -> Result<u32, FsError> {
+        let i = self.inode_any(ino)?;
+        if i.links != 0 {
+            return Ok(self.rw.journal().running_tid());
+        }
+        self.delete_inode(ino)
+    }
+
+    fn unlink_with(&self, parent: u32, name: &[u8], keep: bool) -> Result<(u32, bool), FsError> {
         let Some(target) = self.lookup(parent, name)? else {
             return Err(FsError::NotFound);
         };
@@ -435,7 +457,7 @@ impl Filesystem {
             return Err(FsError::IsADirectory);
         }
         let (c, g) = self.release_cost(&target)?;
-        let whole = target.links <= 1 && g as usize <= MAX_GROUPS * 4;
+        let whole = !keep && target.links <= 1 && g as usize <= MAX_GROUPS * 4;
         let (_, tid) = self.in_dir(
             parent,
             None,
@@ -452,23 +474,25 @@ impl Filesystem {
                 } else {
                     let links = i.links.saturating_sub(1);
                     let t = now();
+                    fs.edit_inode(&mut i, |n| {
+                        n.i_links_count.set(links);
+                        set_node_times(n, &Times::default(), t);
+                    })?;
                     if links == 0 {
-                        // Freed right after, in its own transactions.
-                        fs.edit_inode(&mut i, |n| n.i_links_count.set(1))?;
+                        // Freed on release (or right after, in its own
+                        // transactions); on the orphan list until then.
+                        fs.orphan_add(op, &mut i)
                     } else {
-                        fs.edit_inode(&mut i, |n| {
-                            n.i_links_count.set(links);
-                            set_node_times(n, &Times::default(), t);
-                        })?;
+                        fs.store_inode(op, &i)
                     }
-                    fs.store_inode(op, &i)
                 }
             },
         )?;
-        if target.links <= 1 && !whole {
-            return self.delete_inode(target.ino);
+        let orphan = target.links <= 1 && !whole;
+        if orphan && !keep {
+            return Ok((self.delete_inode(target.ino)?, false));
         }
-        Ok(tid)
+        Ok((tid, orphan))
     }
 
     /// Remove the empty directory `name` from `parent`.
