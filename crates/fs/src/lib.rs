@@ -1,7 +1,7 @@
 //! ext4kit's read-write ext4 engine.
 //!
 //! Layers (see `docs/ARCHITECTURE.md`, "Read-write engine"):
-//! - [`journal`]: jbd2 recovery ([`journal::recover`]) and, above it, the
+//! - [`journal`]: jbd2 recovery ([`journal::recover`](mod@journal::recover)) and, above it, the
 //!   transaction/commit/checkpoint writer ([`journal::JournalWriter`]);
 //! - [`cache::BlockCache`], that every metadata read and write goes
 //!   through; [`rw::RwFs`] opens and closes a filesystem around both;

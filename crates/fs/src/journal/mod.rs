@@ -1,4 +1,4 @@
-//! The jbd2 journal of an ext4 filesystem: recovery ([`recover`]) and the
+//! The jbd2 journal of an ext4 filesystem: recovery ([`recover`](mod@recover)) and the
 //! writer (transactions in [`txn`], the log encoding and ring in [`log`],
 //! [`commit`] and [`checkpoint`]).
 
