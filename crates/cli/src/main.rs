@@ -8,13 +8,16 @@ use cmd_mkfs::Personality;
 #[macro_use]
 mod out;
 
+mod cmd_attr;
 mod cmd_cat;
+mod cmd_cp;
 mod cmd_generate;
 mod cmd_info;
 mod cmd_journal;
 mod cmd_lazyinit;
 mod cmd_ls;
 mod cmd_mkfs;
+mod cmd_ns;
 mod cmd_stat;
 mod direct;
 mod errmsg;
@@ -52,6 +55,24 @@ enum Cmd {
     Cat(cmd_cat::CatArgs),
     /// Show an inode of an image: coreutils stat fields, flags, xattrs (read-only).
     Stat(cmd_stat::StatArgs),
+    /// Copy files between an image (IMG:PATH) and the host.
+    Cp(cmd_cp::CpArgs),
+    /// Make directories in an image (IMG:PATH...).
+    Mkdir(cmd_ns::MkdirArgs),
+    /// Remove files or directories from an image (IMG:PATH...).
+    Rm(cmd_ns::RmArgs),
+    /// Move or rename files inside an image.
+    Mv(cmd_ns::MvArgs),
+    /// Make hard or symbolic links inside an image.
+    Ln(cmd_ns::LnArgs),
+    /// Change permission bits of files in an image (IMG:PATH...).
+    Chmod(cmd_attr::ChmodArgs),
+    /// Change the owner and group of files in an image (numeric ids).
+    Chown(cmd_attr::ChownArgs),
+    /// Shrink or extend files in an image to a size (truncate -s).
+    Truncate(cmd_attr::TruncateArgs),
+    /// Preallocate, punch or zero file space in an image (util-linux fallocate).
+    Fallocate(cmd_attr::FallocateArgs),
     /// Write man pages or shell completions (for packaging).
     #[command(hide = true)]
     Generate(cmd_generate::GenerateArgs),
@@ -159,8 +180,20 @@ fn main() {
                     .get(1)
                     .map(|s| s.to_string_lossy().into_owned())
                     .filter(|s| {
-                        ["mkfs", "lazyinit", "info", "journal", "ls", "cat", "stat"]
-                            .contains(&s.as_str())
+                        [
+                            "mkfs",
+                            "lazyinit",
+                            "info",
+                            "journal",
+                            "ls",
+                            "cat",
+                            "stat",
+                            "chmod",
+                            "chown",
+                            "truncate",
+                            "fallocate",
+                        ]
+                        .contains(&s.as_str())
                     });
                 let prog = match sub {
                     Some(s) => format!("ext4kit {s}"),
@@ -177,6 +210,15 @@ fn main() {
             Cmd::Ls(a) => cmd_ls::run(a),
             Cmd::Cat(a) => cmd_cat::run(a),
             Cmd::Stat(a) => cmd_stat::run(a),
+            Cmd::Cp(a) => cmd_cp::run(a),
+            Cmd::Mkdir(a) => cmd_ns::mkdir(a),
+            Cmd::Rm(a) => cmd_ns::rm(a),
+            Cmd::Mv(a) => cmd_ns::mv(a),
+            Cmd::Ln(a) => cmd_ns::ln(a),
+            Cmd::Chmod(a) => cmd_attr::chmod(a),
+            Cmd::Chown(a) => cmd_attr::chown(a),
+            Cmd::Truncate(a) => cmd_attr::truncate(a),
+            Cmd::Fallocate(a) => cmd_attr::fallocate(a),
             Cmd::Generate(a) => cmd_generate::run(a, Cli::command()),
         }
     };

@@ -49,12 +49,21 @@ fn man_pages_generate_and_render() {
         names(&files),
         [
             "ext4kit-cat.1",
+            "ext4kit-chmod.1",
+            "ext4kit-chown.1",
+            "ext4kit-cp.1",
+            "ext4kit-fallocate.1",
             "ext4kit-info.1",
             "ext4kit-journal.1",
             "ext4kit-lazyinit.1",
+            "ext4kit-ln.1",
             "ext4kit-ls.1",
+            "ext4kit-mkdir.1",
             "ext4kit-mkfs.1",
+            "ext4kit-mv.1",
+            "ext4kit-rm.1",
             "ext4kit-stat.1",
+            "ext4kit-truncate.1",
             "ext4kit.1"
         ]
     );

@@ -12,6 +12,7 @@ use std::sync::Arc;
 mod blockdev;
 mod fault;
 mod file;
+pub mod host;
 #[cfg(test)]
 mod loop_tests;
 mod mem;

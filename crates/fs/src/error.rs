@@ -82,6 +82,12 @@ pub enum FsError {
     /// level (ENOSPC).
     #[error("No space left on device ({0})")]
     StructureFull(String),
+    /// rmdir of a directory with entries (ENOTEMPTY).
+    #[error("Directory not empty")]
+    NotEmpty,
+    /// A link count at its limit (EMLINK).
+    #[error("Too many links")]
+    TooManyLinks,
 }
 
 impl FsError {
@@ -97,6 +103,8 @@ impl FsError {
             FsError::NameTooLong => 36,      // ENAMETOOLONG
             FsError::InvalidName(_) => 22,   // EINVAL
             FsError::StructureFull(_) => 28, // ENOSPC
+            FsError::NotEmpty => 39,         // ENOTEMPTY
+            FsError::TooManyLinks => 31,     // EMLINK
             FsError::NoSpace { .. } => 28,   // ENOSPC
             FsError::SpaceBusy { .. } => 28, // ENOSPC (after waiting)
             FsError::Unsupported(_) => 95,   // EOPNOTSUPP

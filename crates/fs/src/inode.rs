@@ -155,6 +155,20 @@ impl InodeInfo {
     }
 }
 
+/// Block and byte offset of the slot of the inode at `index` in a group
+/// whose inode table starts at `inode_table` (one rule for the read side,
+/// [`crate::rw`] and [`crate::fs`]).
+pub fn slot_location(
+    inode_table: u64,
+    index: u32,
+    inode_size: u32,
+    block_size: u32,
+) -> (u64, usize) {
+    let byte = u64::from(index) * u64::from(inode_size);
+    let bs = u64::from(block_size);
+    (inode_table.saturating_add(byte / bs), (byte % bs) as usize)
+}
+
 impl Fs<'_> {
     /// Read and check inode `ino`. A free (deleted) inode is an error: it
     /// is only ever met through a damaged reference.
@@ -178,13 +192,15 @@ impl Fs<'_> {
                 format!("inode {ino} is in the never-used part of group {g}'s inode table"),
             ));
         }
-        let isz = u64::from(info.inode_size);
-        let bs = u64::from(info.block_size);
-        let byte = u64::from(idx) * isz;
-        let blk = desc.inode_table() + byte / bs;
-        let off = (byte % bs) as usize;
+        let isz = usize::from(info.inode_size);
+        let (blk, off) = slot_location(
+            desc.inode_table(),
+            idx,
+            u32::from(info.inode_size),
+            info.block_size,
+        );
         let block = self.meta_block(blk, "inode table")?;
-        let raw = block[off..off + isz as usize].to_vec();
+        let raw = block[off..off + isz].to_vec();
         self.decode_inode(ino, raw)
     }
 

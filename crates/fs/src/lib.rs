@@ -22,6 +22,7 @@ pub mod dir_write;
 pub mod error;
 pub mod extent;
 pub mod file;
+pub mod fs;
 pub mod groups;
 pub mod ialloc;
 pub mod inode;

@@ -185,15 +185,15 @@ pub fn locate_inode(
             format!("group {group}: checksum does not match"),
         ));
     }
-    let off = u64::from(index) * u64::from(g.inode_size);
-    let blk = gd.inode_table().saturating_add(off / bs);
+    let (blk, off) =
+        crate::inode::slot_location(gd.inode_table(), index, g.inode_size, g.block_size);
     if blk >= g.blocks {
         return Err(FsError::corrupt(
             "group descriptor",
             format!("group {group}: inode table outside the filesystem"),
         ));
     }
-    Ok((blk, (off % bs) as usize))
+    Ok((blk, off))
 }
 
 /// The on-disk slot of inode `ino` read through `blocks`, checksum

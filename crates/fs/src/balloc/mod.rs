@@ -986,4 +986,4 @@ fn top(sets: &[BTreeSet<u32>], from: u32) -> Option<(usize, u32)> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -1,0 +1,416 @@
+//! `ext4kit mkdir [-p]` and `ext4kit rm [-r] [-f]` on unmounted images,
+//! each operand one open/close (clean) and each change one transaction;
+//! messages as coreutils prints them.
+
+use std::ffi::OsString;
+
+use anyhow::{anyhow, bail};
+use ext4kit_format::inode::S_IFDIR;
+use ext4kit_fs::FsError;
+use ext4kit_fs::fs::{Filesystem, NewInode};
+use ext4kit_fs::inode::InodeInfo;
+
+use crate::cmd_attr::open_rw;
+use crate::cmd_ls::{Target, parse_target};
+
+/// Split a path into its parent and last component (`None` for "/").
+pub fn split_last(path: &[u8]) -> (Vec<u8>, Option<Vec<u8>>) {
+    let trimmed: &[u8] = {
+        let mut p = path;
+        while p.len() > 1 && p.ends_with(b"/") {
+            p = &p[..p.len() - 1];
+        }
+        p
+    };
+    match trimmed.iter().rposition(|&c| c == b'/') {
+        Some(i) => {
+            let parent = if i == 0 {
+                b"/".to_vec()
+            } else {
+                trimmed[..i].to_vec()
+            };
+            let name = &trimmed[i + 1..];
+            (parent, (!name.is_empty()).then(|| name.to_vec()))
+        }
+        None if trimmed.is_empty() => (b"/".to_vec(), None),
+        None => (b"/".to_vec(), Some(trimmed.to_vec())),
+    }
+}
+
+/// Resolve a directory path (symlinks followed).
+pub fn resolve_dir(fs: &Filesystem, path: &[u8]) -> Result<InodeInfo, FsError> {
+    let d = fs.read(|f| f.resolve(path, true))?;
+    if !d.is_dir() {
+        return Err(FsError::NotADirectory);
+    }
+    Ok(d)
+}
+
+/// The uid/gid new files get (the caller's, as the kernel gives them).
+pub fn owner() -> (u32, u32) {
+    // SAFETY-free: std exposes no getuid; /proc/self/status has it.
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let id = |key: &str| {
+        s.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(2))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (id("Uid:"), id("Gid:"))
+}
+
+/// Make directories in images.
+#[derive(clap::Args, Debug)]
+pub struct MkdirArgs {
+    /// No error if existing, make parent directories as needed.
+    #[arg(short = 'p', long = "parents")]
+    pub parents: bool,
+    /// Permission bits (octal, default 755).
+    #[arg(short = 'm', long = "mode", value_name = "MODE")]
+    pub mode: Option<String>,
+    /// IMG:PATH (e2tools' spelling).
+    #[arg(value_name = "IMG:PATH", required = true)]
+    pub targets: Vec<OsString>,
+}
+
+fn with_fs(t: &Target, f: impl FnOnce(&Filesystem) -> anyhow::Result<()>) -> anyhow::Result<()> {
+    let fs = open_rw(t)?;
+    let r = f(&fs);
+    let c = fs
+        .close()
+        .map_err(|e| anyhow!("{}: closing: {e}", t.img.display()));
+    r.and(c)
+}
+
+/// Run `ext4kit mkdir`.
+pub fn mkdir(args: &MkdirArgs) -> anyhow::Result<i32> {
+    let perm = match &args.mode {
+        Some(m) => crate::cmd_attr::apply_mode(m, 0o777, true)
+            .ok_or_else(|| anyhow!("invalid mode '{m}'"))?,
+        None => 0o755,
+    };
+    let (uid, gid) = owner();
+    let mut failed = false;
+    for arg in &args.targets {
+        let t = parse_target(arg);
+        let res = with_fs(&t, |fs| {
+            let spec = NewInode::new(S_IFDIR | perm, uid, gid);
+            let e = |e: FsError| anyhow!("cannot create directory '{}': {e}", t.spec);
+            if args.parents {
+                let mut cur = fs.read(|f| f.root()).map_err(e)?;
+                for comp in t.path.split(|&c| c == b'/').filter(|c| !c.is_empty()) {
+                    cur = match fs.lookup(cur.ino, comp).map_err(e)? {
+                        Some(i) if i.is_dir() => i,
+                        Some(i) if i.is_symlink() => {
+                            fs.read(|f| f.resolve(&t.path, true)).map_err(e)?
+                        }
+                        Some(_) => return Err(e(FsError::NotADirectory)),
+                        None => fs.mkdir(cur.ino, comp, &spec).map_err(e)?.0,
+                    };
+                }
+                return Ok(());
+            }
+            let (parent, name) = split_last(&t.path);
+            let Some(name) = name else {
+                return Err(e(FsError::Exists));
+            };
+            let d = resolve_dir(fs, &parent).map_err(e)?;
+            fs.mkdir(d.ino, &name, &spec).map_err(e)?;
+            Ok(())
+        });
+        if let Err(e) = res {
+            eprintln!("ext4kit: {}", crate::errmsg::one_line(&e));
+            failed = true;
+        }
+    }
+    Ok(i32::from(failed))
+}
+
+/// Remove files or directories from images.
+#[derive(clap::Args, Debug)]
+pub struct RmArgs {
+    /// Remove directories and their contents recursively.
+    #[arg(short = 'r', short_alias = 'R', long = "recursive")]
+    pub recursive: bool,
+    /// Ignore nonexistent files, never prompt.
+    #[arg(short = 'f', long = "force")]
+    pub force: bool,
+    /// Remove empty directories.
+    #[arg(short = 'd', long = "dir")]
+    pub dir: bool,
+    /// IMG:PATH (e2tools' spelling).
+    #[arg(value_name = "IMG:PATH", required = true)]
+    pub targets: Vec<OsString>,
+}
+
+/// Remove everything below directory `dir`, then nothing else.
+fn remove_tree(fs: &Filesystem, dir: &InodeInfo) -> Result<(), FsError> {
+    let entries = fs.read(|f| f.read_dir(dir))?;
+    for e in entries {
+        if e.name == b"." || e.name == b".." {
+            continue;
+        }
+        let i = fs.inode(e.ino)?;
+        if i.is_dir() {
+            remove_tree(fs, &i)?;
+            fs.rmdir(dir.ino, &e.name)?;
+        } else {
+            fs.unlink(dir.ino, &e.name)?;
+        }
+    }
+    Ok(())
+}
+
+/// Run `ext4kit rm`.
+pub fn rm(args: &RmArgs) -> anyhow::Result<i32> {
+    let mut failed = false;
+    for arg in &args.targets {
+        let t = parse_target(arg);
+        let (parent, name) = split_last(&t.path);
+        let Some(name) = name else {
+            eprintln!("ext4kit: it is dangerous to operate recursively on '/'");
+            failed = true;
+            continue;
+        };
+        if name == b"." || name == b".." {
+            eprintln!(
+                "ext4kit: refusing to remove '.' or '..' directory: skipping '{}'",
+                t.spec
+            );
+            failed = true;
+            continue;
+        }
+        // Checked read-only first: a refused operand is never written.
+        let pre = (|| -> anyhow::Result<bool> {
+            let dev = crate::cmd_ls::open_image(&t)?;
+            let vol = crate::cmd_ls::open_volume(&t, dev.as_ref())?;
+            let fs = vol.fs();
+            let e = |e: FsError| anyhow!("cannot remove '{}': {e}", t.spec);
+            let d = fs.resolve(&parent, true).map_err(e)?;
+            if !d.is_dir() {
+                return Err(e(FsError::NotADirectory));
+            }
+            match fs.lookup(&d, &name).map_err(e)? {
+                None if args.force => Ok(false),
+                None => Err(e(FsError::NotFound)),
+                Some(en) => {
+                    let i = fs.inode(en.ino).map_err(e)?;
+                    if i.is_dir() && !args.recursive && !args.dir {
+                        bail!("cannot remove '{}': Is a directory", t.spec);
+                    }
+                    Ok(true)
+                }
+            }
+        })();
+        let go = match pre {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("ext4kit: {}", crate::errmsg::one_line(&e));
+                failed = true;
+                continue;
+            }
+        };
+        if !go {
+            continue;
+        }
+        let res = with_fs(&t, |fs| {
+            let e = |e: FsError| anyhow!("cannot remove '{}': {e}", t.spec);
+            let d = resolve_dir(fs, &parent).map_err(e)?;
+            let i = fs
+                .lookup(d.ino, &name)
+                .map_err(e)?
+                .ok_or_else(|| e(FsError::NotFound))?;
+            if i.is_dir() {
+                if args.recursive {
+                    remove_tree(fs, &i).map_err(e)?;
+                }
+                fs.rmdir(d.ino, &name).map_err(e)?;
+            } else {
+                fs.unlink(d.ino, &name).map_err(e)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = res {
+            eprintln!("ext4kit: {}", crate::errmsg::one_line(&e));
+            failed = true;
+        }
+    }
+    Ok(i32::from(failed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split() {
+        assert_eq!(split_last(b"/a/b"), (b"/a".to_vec(), Some(b"b".to_vec())));
+        assert_eq!(split_last(b"/a/b/"), (b"/a".to_vec(), Some(b"b".to_vec())));
+        assert_eq!(split_last(b"/a"), (b"/".to_vec(), Some(b"a".to_vec())));
+        assert_eq!(split_last(b"a"), (b"/".to_vec(), Some(b"a".to_vec())));
+        assert_eq!(split_last(b"/"), (b"/".to_vec(), None));
+    }
+}
+
+/// Move (rename) files inside an image.
+#[derive(clap::Args, Debug)]
+pub struct MvArgs {
+    /// Do not overwrite an existing file (RENAME_NOREPLACE).
+    #[arg(short = 'n', long = "no-clobber")]
+    pub no_clobber: bool,
+    /// Exchange source and destination (RENAME_EXCHANGE).
+    #[arg(long = "exchange")]
+    pub exchange: bool,
+    /// IMG:SRC... IMG:DST (one image).
+    #[arg(value_name = "IMG:SRC... IMG:DST", required = true, num_args = 2..)]
+    pub paths: Vec<OsString>,
+}
+
+/// Run `ext4kit mv`.
+pub fn mv(args: &MvArgs) -> anyhow::Result<i32> {
+    let (dst, srcs) = args
+        .paths
+        .split_last()
+        .ok_or_else(|| anyhow!("missing destination operand"))?;
+    let dt = parse_target(dst);
+    let flags = ext4kit_fs::fs::RenameFlags {
+        noreplace: args.no_clobber,
+        exchange: args.exchange,
+    };
+    let mut failed = false;
+    let res = with_fs(&dt, |fs| {
+        let into = fs
+            .read(|f| f.resolve(&dt.path, true))
+            .is_ok_and(|i| i.is_dir())
+            && !args.exchange;
+        if srcs.len() > 1 && !into {
+            bail!("target '{}' is not a directory", dt.spec);
+        }
+        for s in srcs {
+            let st = parse_target(s);
+            let r = (|| -> anyhow::Result<()> {
+                if st.img != dt.img {
+                    bail!(
+                        "cannot move '{}' to '{}': not the same image",
+                        st.spec,
+                        dt.spec
+                    );
+                }
+                let e = |e: FsError| anyhow!("cannot move '{}' to '{}': {e}", st.spec, dt.spec);
+                let (sp, sn) = split_last(&st.path);
+                let sn = sn.ok_or_else(|| e(FsError::InvalidName("the root")))?;
+                let sd = resolve_dir(fs, &sp).map_err(e)?;
+                let (dd, dn) = if into {
+                    (resolve_dir(fs, &dt.path).map_err(e)?, sn.clone())
+                } else {
+                    let (dp, dn) = split_last(&dt.path);
+                    let dn = dn.ok_or_else(|| e(FsError::InvalidName("the root")))?;
+                    (resolve_dir(fs, &dp).map_err(e)?, dn)
+                };
+                if args.no_clobber && fs.lookup(dd.ino, &dn).map_err(e)?.is_some() {
+                    return Ok(()); // mv -n: silently skipped
+                }
+                fs.rename(sd.ino, &sn, dd.ino, &dn, flags).map_err(e)?;
+                Ok(())
+            })();
+            if let Err(e) = r {
+                eprintln!("ext4kit: {}", crate::errmsg::one_line(&e));
+                failed = true;
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = res {
+        eprintln!("ext4kit: {}", crate::errmsg::one_line(&e));
+        failed = true;
+    }
+    Ok(i32::from(failed))
+}
+
+/// Make hard or symbolic links inside an image.
+#[derive(clap::Args, Debug)]
+pub struct LnArgs {
+    /// Make a symbolic link (TARGET is stored as given).
+    #[arg(short = 's', long = "symbolic")]
+    pub symbolic: bool,
+    /// Replace an existing destination.
+    #[arg(short = 'f', long = "force")]
+    pub force: bool,
+    /// TARGET (IMG:PATH for a hard link, any text with -s).
+    #[arg(value_name = "TARGET")]
+    pub target: OsString,
+    /// IMG:LINK_NAME
+    #[arg(value_name = "IMG:LINK_NAME")]
+    pub link: OsString,
+}
+
+/// Run `ext4kit ln`.
+pub fn ln(args: &LnArgs) -> anyhow::Result<i32> {
+    let lt = parse_target(&args.link);
+    let res = with_fs(&lt, |fs| {
+        let e = |e: FsError| anyhow!("failed to create link '{}': {e}", lt.spec);
+        let (lp, ln) = split_last(&lt.path);
+        let ln = ln.ok_or_else(|| e(FsError::Exists))?;
+        let mut d = resolve_dir(fs, &lp).map_err(e)?;
+        let mut name = ln;
+        // An existing directory as LINK_NAME: the link goes inside it.
+        if let Some(i) = fs.lookup(d.ino, &name).map_err(e)?
+            && i.is_dir()
+        {
+            let base = if args.symbolic {
+                args.target.as_encoded_bytes().to_vec()
+            } else {
+                split_last(&parse_target(&args.target).path)
+                    .1
+                    .unwrap_or_default()
+            };
+            let base = base
+                .rsplit(|&c| c == b'/')
+                .find(|c| !c.is_empty())
+                .unwrap_or(b"")
+                .to_vec();
+            d = i;
+            name = base;
+        }
+        if let Some(old) = fs.lookup(d.ino, &name).map_err(e)? {
+            if !args.force || old.is_dir() {
+                return Err(e(FsError::Exists));
+            }
+            fs.unlink(d.ino, &name).map_err(e)?;
+        }
+        if args.symbolic {
+            let (uid, gid) = owner();
+            fs.symlink(
+                d.ino,
+                &name,
+                args.target.as_encoded_bytes(),
+                &NewInode::new(0, uid, gid),
+            )
+            .map_err(e)?;
+        } else {
+            let tt = parse_target(&args.target);
+            if tt.img != lt.img {
+                bail!(
+                    "failed to create hard link '{}': not the same image",
+                    lt.spec
+                );
+            }
+            let i = fs
+                .read(|f| f.resolve(&tt.path, false))
+                .map_err(|x| anyhow!("failed to access '{}': {x}", tt.spec))?;
+            if i.is_dir() {
+                bail!("'{}': hard link not allowed for directory", tt.spec);
+            }
+            fs.link(i.ino, d.ino, &name).map_err(e)?;
+        }
+        Ok(())
+    });
+    match res {
+        Ok(()) => Ok(0),
+        Err(e) => {
+            eprintln!("ext4kit: {}", crate::errmsg::one_line(&e));
+            Ok(1)
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Host file operations std has no safe API for, used by `ext4kit cp` to
+//! write what it copies out of an image: extended attributes, special
+//! files, and times of a path without following a symlink.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+fn cpath(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path with a NUL byte"))
+}
+
+/// `lsetxattr(path, name, value, 0)`.
+pub fn set_xattr(path: &Path, name: &[u8], value: &[u8]) -> io::Result<()> {
+    let p = cpath(path)?;
+    let n = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "xattr name with a NUL"))?;
+    // SAFETY: `p` and `n` are NUL-terminated and live across the call;
+    // `value` is valid for `value.len()` bytes.
+    let r = unsafe {
+        libc::lsetxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `mknod(path, mode, makedev(major, minor))` (fifos, sockets, devices).
+pub fn mknod(path: &Path, mode: u32, major: u32, minor: u32) -> io::Result<()> {
+    let p = cpath(path)?;
+    let dev = libc::makedev(major, minor);
+    // SAFETY: `p` is NUL-terminated and lives across the call.
+    let r = unsafe { libc::mknod(p.as_ptr(), mode as libc::mode_t, dev) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Set atime and mtime (seconds, nanoseconds) of `path` itself (a
+/// symlink is not followed).
+pub fn set_times_nofollow(path: &Path, atime: (i64, u32), mtime: (i64, u32)) -> io::Result<()> {
+    let p = cpath(path)?;
+    let ts = |(s, n): (i64, u32)| libc::timespec {
+        tv_sec: s as libc::time_t,
+        tv_nsec: n as libc::c_long,
+    };
+    let times = [ts(atime), ts(mtime)];
+    // SAFETY: `p` is NUL-terminated; `times` is a two-element array that
+    // lives across the call.
+    let r = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The extended attributes of `path` itself (`llistxattr` + `lgetxattr`),
+/// as (name, value) pairs; none when the filesystem has no xattrs.
+pub fn xattrs(path: &Path) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let p = cpath(path)?;
+    let mut names = vec![0u8; 4096];
+    let n = loop {
+        // SAFETY: `p` is NUL-terminated; `names` is valid for its length.
+        let r = unsafe { libc::llistxattr(p.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+        if r >= 0 {
+            break r as usize;
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ERANGE) if names.len() < 1 << 20 => names.resize(names.len() * 4, 0),
+            Some(libc::ENOTSUP) => return Ok(Vec::new()),
+            _ => return Err(e),
+        }
+    };
+    let mut out = Vec::new();
+    for name in names[..n].split(|&c| c == 0).filter(|s| !s.is_empty()) {
+        let cn = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+        let mut val = vec![0u8; 65536];
+        // SAFETY: `p` and `cn` are NUL-terminated; `val` is valid for its
+        // length.
+        let r =
+            unsafe { libc::lgetxattr(p.as_ptr(), cn.as_ptr(), val.as_mut_ptr().cast(), val.len()) };
+        if r < 0 {
+            continue; // vanished or not readable: skipped, as cp -a does
+        }
+        val.truncate(r as usize);
+        out.push((name.to_vec(), val));
+    }
+    Ok(out)
+}

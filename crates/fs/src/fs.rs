@@ -1,0 +1,1618 @@
+//! The operations layer: one [`Filesystem`] that ties the engine together.
+//!
+//! - **Open** ([`Filesystem::open`]): [`RwFs::open`] (replay first, then
+//!   `needs_recovery`), then the superblock and descriptors read through
+//!   the block cache (the newest images), then both allocators opened from
+//!   those descriptors without I/O. A freed-extent hook hands every durable
+//!   commit's tid to [`BlockAlloc::committed`], so blocks freed by a
+//!   transaction become allocatable only after it is durable.
+//! - **Operations** run inside one journal handle each and end with
+//!   [`Filesystem::finish`], which renders the groups the allocators
+//!   changed (block/inode bitmaps, descriptors with their checksums, the
+//!   superblock's free counts) *into the same handle* before it ends, so
+//!   the transaction that commits an allocation always holds its bitmaps.
+//!   A failure after a change fails the handle ([`Handle::fail`]): the
+//!   journal aborts and nothing of the half operation commits.
+//! - **Locking**: the API is `&self` and thread-safe. Every changing
+//!   operation holds one coarse mutex (`ops`) for its whole handle: changes
+//!   are serialized (reads are not: they take only the cache's and the
+//!   descriptor view's locks). This keeps the render-at-end rule simple
+//!   (no operation can render another's half-made allocation) and the
+//!   credit estimates exact; finer locks (per inode, per directory) are
+//!   left for the mount.
+//! - **Reads** see the newest images through [`Filesystem::read`] (the
+//!   read side's [`Fs`] over the cache, with descriptors kept current).
+//!
+//! Inodes ([`Filesystem::create_inode`], [`Filesystem::delete_inode`]) are
+//! initialized as `__ext4_new_inode` does (mode, ids, times with
+//! nanoseconds and epoch bits, crtime, `i_extra_isize`, a generation,
+//! `EXTENTS_FL` with an empty extent root for files, directories and
+//! symlinks). Extent writes ([`Filesystem::write_at`],
+//! [`Filesystem::truncate`]) keep the file's mapping as a sorted list of
+//! extents, change the list (allocate holes near the goal, convert
+//! unwritten ranges, merge neighbours, cut ranges) and write the tree
+//! back packed: depth 0 up to 4 extents, then leaves and index levels as
+//! many as needed (any depth), reusing the old tree blocks first and
+//! freeing (and revoking) the surplus. This rewrites every node of the
+//! tree on a change: simple and always balanced, but a handle's credits
+//! grow with the tree's size (see [`FsError::TooBig`]); the kernel's
+//! incremental split/merge is the next step for very large trees.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ext4kit_device::Device;
+use ext4kit_format::extent::{
+    ENTRIES_IN_INODE, EXT_INIT_MAX_LEN, Extent as DiskExtent, ExtentHeader, ExtentIndex,
+    entries_per_block, set_block_checksum,
+};
+use ext4kit_format::features::{Compat, Incompat};
+use ext4kit_format::inode::{
+    EXT4_EXTENTS_FL, EXTRA_ISIZE, FAST_SYMLINK_MAX, Inode, S_IFBLK, S_IFCHR, S_IFDIR, S_IFLNK,
+    S_IFMT, device_i_block, fast_symlink_i_block, new_inode_uses_extents, set_checksum,
+    slow_symlink_block,
+};
+use zerocopy::IntoBytes;
+
+use crate::balloc::{AllocRequest, BlockAlloc};
+use crate::extent::{Mapping, NodeInfo};
+use crate::groups::{DescTable, DirtySet, Layout};
+use crate::ialloc::InodeAlloc;
+use crate::inode::{InodeInfo, Timestamp};
+use crate::journal::Handle;
+use crate::rw::{RwFs, RwOptions};
+use crate::sb::{Fs, FsInfo};
+use crate::xattr::Xattr;
+use crate::xattr_write::{self as xw, SetMode, XattrBlocks, XattrError, XattrGeometry};
+use crate::{BlockRead, FsError};
+
+/// Blocks one write handle allocates at most (larger writes are split
+/// into several handles, as the kernel's writeback splits them).
+pub const WRITE_CHUNK: u64 = 2048;
+/// Groups whose bitmaps/descriptor one allocation may change before it is
+/// retried smaller (keeps a handle's credits bounded).
+const MAX_GROUPS: usize = 6;
+/// Blocks one fallocate handle covers at most.
+pub const FALLOC_CHUNK: u64 = 1 << 20;
+/// Groups one fallocate handle may change.
+const FALLOC_GROUPS: usize = 40;
+/// Longest unwritten extent.
+const UNWRITTEN_MAX: u32 = EXT_INIT_MAX_LEN - 1;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The current time (seconds, nanoseconds).
+pub fn now() -> Timestamp {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    Timestamp {
+        sec: d.as_secs() as i64,
+        nsec: d.subsec_nanos(),
+    }
+}
+
+/// `ext4_encode_extra_time`: (32-bit seconds, extra word).
+pub fn encode_time(t: Timestamp) -> (u32, u32) {
+    let epoch = ((t.sec - i64::from(t.sec as i32)) >> 32) as u32 & 3;
+    (t.sec as u32, epoch | (t.nsec.min(999_999_999) << 2))
+}
+
+/// What a new inode gets ([`Filesystem::create_inode`]).
+#[derive(Clone, Copy, Debug)]
+pub struct NewInode {
+    /// Type and permission bits (`S_IF*` | perm).
+    pub mode: u16,
+    pub uid: u32,
+    pub gid: u32,
+    pub links: u16,
+    /// atime = mtime = ctime = crtime; `None`: now.
+    pub time: Option<Timestamp>,
+    /// (major, minor) of a character or block device.
+    pub rdev: Option<(u32, u32)>,
+}
+
+impl NewInode {
+    /// A new inode of `mode` owned by `uid:gid` with one link, times now.
+    pub fn new(mode: u16, uid: u32, gid: u32) -> NewInode {
+        NewInode {
+            mode,
+            uid,
+            gid,
+            links: 1,
+            time: None,
+            rdev: None,
+        }
+    }
+}
+
+/// `fallocate(2)` mode bits (util-linux `-n`, `-p`, `-z`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Falloc {
+    /// `FALLOC_FL_KEEP_SIZE`.
+    pub keep_size: bool,
+    /// `FALLOC_FL_PUNCH_HOLE` (needs `keep_size`).
+    pub punch_hole: bool,
+    /// `FALLOC_FL_ZERO_RANGE`.
+    pub zero_range: bool,
+}
+
+/// Which times [`Filesystem::set_times`] sets.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Times {
+    pub atime: Option<Timestamp>,
+    pub mtime: Option<Timestamp>,
+    pub ctime: Option<Timestamp>,
+    pub crtime: Option<Timestamp>,
+}
+
+/// What [`Filesystem::setattr`] changes (`None`: unchanged).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetAttr {
+    /// Permission bits (0o7777).
+    pub mode: Option<u16>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub times: Option<Times>,
+}
+
+/// A filesystem open for reading and writing (see the module docs).
+pub struct Filesystem {
+    rw: RwFs,
+    info: RwLock<FsInfo>,
+    descs: Arc<DescTable>,
+    balloc: Arc<BlockAlloc>,
+    ialloc: Arc<InodeAlloc>,
+    ops: Mutex<()>,
+    gen_seed: AtomicU32,
+}
+
+impl std::fmt::Debug for Filesystem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Filesystem").finish_non_exhaustive()
+    }
+}
+
+/// An operation in progress: the coarse lock and the handle.
+pub struct Op<'a> {
+    _guard: MutexGuard<'a, ()>,
+    pub h: Handle<'a>,
+}
+
+impl Filesystem {
+    /// Open `dev` for writing: replay, validate, open the allocators.
+    pub fn open(dev: Arc<dyn Device>, opts: RwOptions) -> Result<Filesystem, FsError> {
+        let rw = RwFs::open(dev, opts)?;
+        let info = FsInfo::load(rw.blocks())?;
+        if let Some(f) = info.unknown_ro_compat.first() {
+            return Err(FsError::Unsupported(format!(
+                "read-only compatible feature {f}"
+            )));
+        }
+        let layout = Layout::from_superblock(&info.sb)?;
+        let descs = Arc::new(DescTable::from_descs(layout, info.descs.clone()));
+        let dirty = Arc::new(DirtySet::default());
+        let balloc = Arc::new(BlockAlloc::open(&descs, dirty.clone(), false));
+        let ialloc = Arc::new(InodeAlloc::open(descs.clone(), balloc.clone(), dirty));
+        let b = balloc.clone();
+        rw.journal().add_freed_hook(Box::new(move |tid, _| {
+            b.committed(tid);
+        }));
+        let t = now();
+        let fs = Filesystem {
+            rw,
+            info: RwLock::new(info),
+            descs,
+            balloc,
+            ialloc,
+            ops: Mutex::new(()),
+            gen_seed: AtomicU32::new((t.nsec ^ (t.sec as u32)).wrapping_mul(0x9E37_79B9) | 1),
+        };
+        // Unlinked-while-open inodes and unfinished deletes of a crash.
+        fs.process_orphans()?;
+        Ok(fs)
+    }
+
+    /// Commit, checkpoint and close cleanly.
+    pub fn close(self) -> Result<(), FsError> {
+        self.rw.close()
+    }
+
+    /// Stop without writing anything more (tests: a power cut after the
+    /// last commit).
+    pub fn crash(self) {
+        self.rw.crash()
+    }
+
+    /// The read-write core (journal, cache, superblock).
+    pub fn rw(&self) -> &RwFs {
+        &self.rw
+    }
+
+    /// The block allocator.
+    pub fn block_alloc(&self) -> &BlockAlloc {
+        &self.balloc
+    }
+
+    /// The inode allocator.
+    pub fn inode_alloc(&self) -> &InodeAlloc {
+        &self.ialloc
+    }
+
+    /// Commit the running transaction (sync).
+    pub fn sync(&self) -> Result<(), FsError> {
+        self.rw.journal().commit().map(|_| ())
+    }
+
+    /// fsync of a change that returned `tid`.
+    pub fn commit_tid(&self, tid: u32) -> Result<(), FsError> {
+        self.rw.journal().commit_tid(tid)
+    }
+
+    /// Run `f` over the read side (newest images, current descriptors).
+    pub fn read<R>(&self, f: impl FnOnce(&Fs<'_>) -> R) -> R {
+        let info = self.info.read().unwrap_or_else(|e| e.into_inner());
+        f(&Fs {
+            blocks: self.rw.blocks(),
+            info: &info,
+        })
+    }
+
+    fn block_size(&self) -> u64 {
+        u64::from(self.rw.geometry().block_size)
+    }
+
+    /// Start an operation: the coarse lock, then a handle with `credits`
+    /// plus room for rendering `groups` groups and the superblock.
+    pub fn begin(&self, credits: u32, groups: u32) -> Result<Op<'_>, FsError> {
+        let guard = lock(&self.ops);
+        let max = self.rw.journal().max_transaction();
+        let want = credits
+            .saturating_add(groups.saturating_mul(3))
+            .saturating_add(2);
+        let h = self.rw.start(want.min(max.max(1)))?;
+        Ok(Op { _guard: guard, h })
+    }
+
+    /// End an operation: render the allocators' changes into its handle,
+    /// end it; returns the tid (for [`Filesystem::commit_tid`]). On an
+    /// error the handle fails (journal aborted).
+    pub fn finish(&self, op: Op<'_>) -> Result<u32, FsError> {
+        let Op { _guard, mut h } = op;
+        match self.render(&mut h) {
+            Ok(()) => {
+                let tid = h.tid();
+                drop(h);
+                Ok(tid)
+            }
+            Err(e) => Err(h.fail(e)),
+        }
+    }
+
+    /// Fail an operation whose handle may have changed blocks.
+    pub fn fail(&self, op: Op<'_>, e: FsError) -> FsError {
+        // Allocations of the failed operation stay out of use until the
+        // journal is reopened (it is aborted anyway).
+        let Op { _guard, h } = op;
+        h.fail(e)
+    }
+
+    fn render(&self, h: &mut Handle<'_>) -> Result<(), FsError> {
+        let dirty = self.balloc.take_dirty();
+        if dirty.is_empty() {
+            return Ok(());
+        }
+        let rd = self.rw.blocks();
+        let mut desc_blocks = BTreeSet::new();
+        let mut images = Vec::with_capacity(dirty.len());
+        for d in &dirty {
+            let im = self.ialloc.render(rd, d)?;
+            images.push((d.group, im));
+        }
+        {
+            let mut info = self.info.write().unwrap_or_else(|e| e.into_inner());
+            for (g, im) in &images {
+                if let Some(slot) = info.descs.get_mut(*g as usize) {
+                    *slot = im.desc.clone();
+                }
+            }
+        }
+        for (_, im) in images {
+            for (blk, img) in [im.block_bitmap, im.inode_bitmap].into_iter().flatten() {
+                h.modify(blk, |b| b.copy_from_slice(&img))?;
+            }
+            desc_blocks.insert(im.desc_block);
+        }
+        for i in desc_blocks {
+            let (blk, img) = self.descs.block_image(i);
+            h.modify(blk, |b| b.copy_from_slice(&img))?;
+        }
+        let fb = self.balloc.free_blocks();
+        let fi = u32::try_from(self.ialloc.free_inodes()).unwrap_or(u32::MAX);
+        self.rw.modify_superblock(h, |sb| {
+            sb.set_free_blocks_count(fb);
+            sb.s_free_inodes_count.set(fi);
+        })?;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------
+    // Inodes.
+
+    /// Block and byte offset of inode `ino`'s slot (current descriptors).
+    pub fn inode_location(&self, ino: u32) -> Result<(u64, usize), FsError> {
+        let l = self.descs.layout();
+        if ino == 0 || ino > l.inodes_count {
+            return Err(FsError::corrupt(
+                "inode number",
+                format!("inode {ino} is outside 1..={}", l.inodes_count),
+            ));
+        }
+        let g = (ino - 1) / l.inodes_per_group;
+        let d = self.descs.get(g);
+        Ok(crate::inode::slot_location(
+            d.inode_table(),
+            (ino - 1) % l.inodes_per_group,
+            l.inode_size,
+            l.block_size,
+        ))
+    }
+
+    /// Read and check inode `ino` (newest image).
+    pub fn inode(&self, ino: u32) -> Result<InodeInfo, FsError> {
+        let (blk, off) = self.inode_location(ino)?;
+        let isz = self.descs.layout().inode_size as usize;
+        let b = self.read(|fs| fs.meta_block(blk, "inode table"))?;
+        let raw = b[off..off + isz].to_vec();
+        self.read(|fs| fs.decode_inode(ino, raw))
+    }
+
+    /// Read inode `ino` also when its link count is 0 (an orphan, or an
+    /// inode being deleted); checksum checked.
+    pub fn inode_any(&self, ino: u32) -> Result<InodeInfo, FsError> {
+        let (blk, off) = self.inode_location(ino)?;
+        let isz = self.descs.layout().inode_size as usize;
+        let b = self.read(|fs| fs.meta_block(blk, "inode table"))?;
+        self.decode_any(ino, b[off..off + isz].to_vec())
+    }
+
+    /// `decode_inode` that accepts a link count of 0.
+    fn decode_any(&self, ino: u32, raw: Vec<u8>) -> Result<InodeInfo, FsError> {
+        if raw.len() < 128 || u16::from_le_bytes([raw[0x1A], raw[0x1B]]) != 0 {
+            return self.read(|fs| fs.decode_inode(ino, raw));
+        }
+        let csum = self.rw.geometry().csum;
+        if csum.metadata && !ext4kit_format::inode::checksum_ok(&raw, ino, &csum) {
+            return Err(FsError::corrupt(
+                "inode",
+                format!("inode {ino}: checksum does not match"),
+            ));
+        }
+        let mut copy = raw.clone();
+        copy[0x1A..0x1C].copy_from_slice(&1u16.to_le_bytes());
+        if csum.metadata {
+            set_checksum(&mut copy, ino, &csum);
+        }
+        let mut i = self.read(|fs| fs.decode_inode(ino, copy))?;
+        i.links = 0;
+        i.raw = raw;
+        Ok(i)
+    }
+
+    fn next_generation(&self) -> u32 {
+        // xorshift32: the kernel takes a random number.
+        let mut x = self.gen_seed.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        self.gen_seed.store(x, Ordering::Relaxed);
+        x
+    }
+
+    /// Allocate and initialize an inode near `parent` inside `op`.
+    pub fn create_inode(
+        &self,
+        op: &mut Op<'_>,
+        parent: u32,
+        spec: &NewInode,
+    ) -> Result<InodeInfo, FsError> {
+        let kind = spec.mode & S_IFMT;
+        let rd = self.rw.blocks();
+        let a = self.ialloc.alloc(rd, parent, kind == S_IFDIR)?;
+        let l = self.descs.layout();
+        let isz = l.inode_size as usize;
+        let mut slot = vec![0u8; isz];
+        let mut node = Inode::default();
+        node.i_mode.set(spec.mode);
+        node.i_uid.set(spec.uid as u16);
+        node.l_i_uid_high.set((spec.uid >> 16) as u16);
+        node.i_gid.set(spec.gid as u16);
+        node.l_i_gid_high.set((spec.gid >> 16) as u16);
+        node.i_links_count.set(spec.links);
+        node.i_generation.set(self.next_generation());
+        let t = spec.time.unwrap_or_else(now);
+        let (s, x) = encode_time(t);
+        node.i_atime.set(s);
+        node.i_mtime.set(s);
+        node.i_ctime.set(s);
+        if isz > 128 {
+            node.i_extra_isize.set(EXTRA_ISIZE.min((isz - 128) as u16));
+            node.i_atime_extra.set(x);
+            node.i_mtime_extra.set(x);
+            node.i_ctime_extra.set(x);
+            node.i_crtime.set(s);
+            node.i_crtime_extra.set(x);
+        }
+        let extents = self.read(|fs| fs.info.features.incompat.contains(Incompat::EXTENTS));
+        // A symlink made here is a slow one; create_symlink turns short
+        // targets into fast ones.
+        if extents && new_inode_uses_extents(spec.mode, FAST_SYMLINK_MAX + 1) {
+            node.i_flags.set(EXT4_EXTENTS_FL);
+            let h = ExtentHeader::new(0, ENTRIES_IN_INODE, 0);
+            node.i_block_bytes_mut()[..12].copy_from_slice(h.as_bytes());
+        }
+        if let Some((major, minor)) = spec.rdev
+            && matches!(kind, S_IFCHR | S_IFBLK)
+        {
+            node.i_block_bytes_mut()
+                .copy_from_slice(&device_i_block(major, minor));
+        }
+        let n = slot.len().min(160);
+        slot[..n].copy_from_slice(&node.as_bytes()[..n]);
+        let csum = self.rw.geometry().csum;
+        if csum.metadata {
+            set_checksum(&mut slot, a.ino, &csum);
+        }
+        let (blk, off) = self.inode_location(a.ino)?;
+        if a.fresh_block {
+            op.h.modify_new(blk, |b| b[off..off + isz].copy_from_slice(&slot))?;
+        } else {
+            op.h.modify(blk, |b| b[off..off + isz].copy_from_slice(&slot))?;
+        }
+        self.read(|fs| fs.decode_inode(a.ino, slot))
+    }
+
+    /// Make a symlink inode to `target` inside `op`: a fast symlink (the
+    /// target in `i_block`, no extents flag) below 60 bytes, else one data
+    /// block (ordered data) mapped by an extent, as `ext4_symlink` does.
+    /// The caller links it.
+    pub fn create_symlink(
+        &self,
+        op: &mut Op<'_>,
+        parent: u32,
+        target: &[u8],
+        spec: &NewInode,
+    ) -> Result<InodeInfo, FsError> {
+        let bs = self.block_size();
+        if target.is_empty() || target.len() as u64 >= bs.min(4096) {
+            return Err(FsError::InvalidRequest(format!(
+                "symlink target of {} bytes (File name too long)",
+                target.len()
+            )));
+        }
+        let spec = NewInode {
+            mode: S_IFLNK | 0o777,
+            ..*spec
+        };
+        let mut inode = self.create_inode(op, parent, &spec)?;
+        let extents = inode.has_extents();
+        if let Some(ib) = fast_symlink_i_block(target, extents) {
+            let len = target.len() as u64;
+            self.edit_inode(&mut inode, |n| {
+                n.i_flags.set(n.i_flags.get() & !EXT4_EXTENTS_FL);
+                n.i_block_bytes_mut().copy_from_slice(&ib);
+                n.set_size(len);
+            })?;
+        } else {
+            let data = slow_symlink_block(target, bs as usize)
+                .ok_or_else(|| FsError::InvalidRequest("symlink target too long".into()))?;
+            let group = self.inode_group(inode.ino);
+            let mut req = AllocRequest::new(1, group);
+            req.goal = Some(self.balloc.goal_for_inode(group, false));
+            let a = self.balloc.alloc(self.rw.blocks(), &req)?;
+            let p = a.extents.first().map(|e| e.0).ok_or(FsError::NoSpace {
+                wanted: 1,
+                available: 0,
+            })?;
+            op.h.write_data(p, &data)?;
+            let len = target.len() as u64;
+            let per512 = bs / 512;
+            if extents {
+                let m = Mapping {
+                    lblk: 0,
+                    pblk: p,
+                    len: 1,
+                    unwritten: false,
+                };
+                self.write_tree(op, &mut inode, &[], &[m])?;
+            } else {
+                self.edit_inode(&mut inode, |n| n.i_block[0].set(p as u32))?;
+            }
+            self.edit_inode(&mut inode, |n| {
+                n.set_size(len);
+                n.set_blocks_512(per512);
+            })?;
+        }
+        self.store_inode(op, &inode)?;
+        Ok(inode)
+    }
+
+    /// Change `inode`'s fixed fields (its `raw` and decoded copy are
+    /// updated; nothing is written until [`Filesystem::store_inode`]).
+    pub fn edit_inode(
+        &self,
+        inode: &mut InodeInfo,
+        f: impl FnOnce(&mut Inode),
+    ) -> Result<(), FsError> {
+        let mut node = Inode::parse(&inode.raw)
+            .ok_or_else(|| FsError::corrupt("inode", format!("inode {}: short", inode.ino)))?;
+        f(&mut node);
+        let extra = if inode.raw.len() > 128 {
+            usize::from(u16::from_le_bytes([inode.raw[0x80], inode.raw[0x81]]))
+        } else {
+            0
+        };
+        let n = (128 + extra).min(160).min(inode.raw.len());
+        let mut raw = std::mem::take(&mut inode.raw);
+        raw[..n].copy_from_slice(&node.as_bytes()[..n]);
+        let csum = self.rw.geometry().csum;
+        if csum.metadata {
+            set_checksum(&mut raw, inode.ino, &csum);
+        }
+        *inode = self.decode_any(inode.ino, raw)?;
+        Ok(())
+    }
+
+    /// Write `inode.raw` to its slot inside `op`.
+    pub fn store_inode(&self, op: &mut Op<'_>, inode: &InodeInfo) -> Result<(), FsError> {
+        let (blk, off) = self.inode_location(inode.ino)?;
+        let raw = &inode.raw;
+        op.h.modify(blk, |b| b[off..off + raw.len()].copy_from_slice(raw))
+    }
+
+    /// `setattr`: permission bits (the type is kept), owner, size (a
+    /// truncate or sparse growth first) and times, in that order; ctime is
+    /// now unless given. Returns the last tid.
+    pub fn setattr(&self, ino: u32, a: &SetAttr) -> Result<u32, FsError> {
+        let mut tid = self.rw.journal().running_tid();
+        if let Some(size) = a.size {
+            tid = self.truncate(ino, size)?;
+        }
+        if a.mode.is_none() && a.uid.is_none() && a.gid.is_none() && a.times.is_none() {
+            return Ok(tid);
+        }
+        let mut inode = self.inode(ino)?;
+        // A stored access ACL follows a chmod (posix_acl_chmod).
+        let access = match a.mode {
+            Some(_) => {
+                let attrs = self.read(|fs| fs.xattrs(&inode))?;
+                xw::get_acl(&attrs, xw::AclKind::Access).map_err(xattr_fs)?
+            }
+            None => None,
+        };
+        let mut op = self.begin(4, 1)?;
+        let r = (|| {
+            if let (Some(m), Some(acl)) = (a.mode, access.as_deref()) {
+                let geo = self.xattr_geometry();
+                let mut slot = inode.raw.clone();
+                let mut io = XattrIo {
+                    fs: self,
+                    op: &mut op,
+                };
+                xw::chmod(&geo, &mut io, ino, &mut slot, m, Some(acl)).map_err(xattr_fs)?;
+                inode = self.read(|fs| fs.decode_inode(ino, slot))?;
+            }
+            let t = a.times.unwrap_or_default();
+            let c = t.ctime.unwrap_or_else(now);
+            self.edit_inode(&mut inode, |n| {
+                if let Some(m) = a.mode {
+                    n.i_mode.set((n.i_mode.get() & S_IFMT) | (m & 0o7777));
+                }
+                if let Some(u) = a.uid {
+                    n.i_uid.set(u as u16);
+                    n.l_i_uid_high.set((u >> 16) as u16);
+                }
+                if let Some(g) = a.gid {
+                    n.i_gid.set(g as u16);
+                    n.l_i_gid_high.set((g >> 16) as u16);
+                }
+                set_node_times(n, &t, c);
+            })?;
+            self.store_inode(&mut op, &inode)
+        })();
+        match r {
+            Ok(()) => self.finish(op),
+            Err(e) => Err(self.fail(op, e)),
+        }
+    }
+
+    /// Set times (ctime is set to now unless given), in one transaction.
+    pub fn set_times(&self, ino: u32, t: &Times) -> Result<u32, FsError> {
+        let mut inode = self.inode(ino)?;
+        let mut op = self.begin(1, 0)?;
+        let r = (|| {
+            let c = t.ctime.unwrap_or_else(now);
+            self.edit_inode(&mut inode, |n| set_node_times(n, t, c))?;
+            self.store_inode(&mut op, &inode)
+        })();
+        match r {
+            Ok(()) => self.finish(op),
+            Err(e) => Err(self.fail(op, e)),
+        }
+    }
+
+    /// Free an inode whose last link is gone, in one transaction after
+    /// its blocks are released (large files in several, each leaving a
+    /// consistent file): `i_dtime`, link count 0, inode bitmap, counts.
+    /// Orphan-list protection of the steps is not done yet: a crash
+    /// between the truncate steps leaves a shorter, still linked-less
+    /// inode that e2fsck frees.
+    pub fn delete_inode(&self, ino: u32) -> Result<u32, FsError> {
+        self.truncate(ino, 0)?;
+        let mut inode = self.inode_any(ino)?;
+        let orphan = inode.links == 0;
+        let mut op = self.begin(6, 2)?;
+        let r = (|| {
+            if orphan {
+                self.orphan_del(&mut op, &mut inode)?;
+            }
+            self.release_blocks_all(&mut op, &mut inode)?;
+            if inode.file_acl != 0 {
+                let geo = self.xattr_geometry();
+                let mut slot = inode.raw.clone();
+                let mut io = XattrIo {
+                    fs: self,
+                    op: &mut op,
+                };
+                xw::release_xattr_block(&geo, &mut io, ino, &mut slot).map_err(xattr_fs)?;
+                inode = self.read(|fs| fs.decode_inode(ino, slot))?;
+            }
+            let t = now();
+            self.edit_inode(&mut inode, |n| {
+                n.i_dtime.set(t.sec as u32);
+                n.i_links_count.set(0);
+                n.i_size_lo.set(0);
+                n.i_size_high.set(0);
+            })?;
+            self.store_inode(&mut op, &inode)?;
+            self.ialloc
+                .free(self.rw.blocks(), ino, inode.mode & S_IFMT == S_IFDIR)
+        })();
+        match r {
+            Ok(()) => self.finish(op),
+            Err(e) => Err(self.fail(op, e)),
+        }
+    }
+
+    /// Put `inode` (link count already 0, or a truncate in steps) on the
+    /// orphan list (`s_last_orphan`, chained through `i_dtime`, which the
+    /// kernel and e2fsck process at mount), inside `op`.
+    pub fn orphan_add(&self, op: &mut Op<'_>, inode: &mut InodeInfo) -> Result<(), FsError> {
+        let head = self.rw.superblock()?.s_last_orphan.get();
+        if head == inode.ino {
+            return Ok(());
+        }
+        self.edit_inode(inode, |n| n.i_dtime.set(head))?;
+        self.store_inode(op, inode)?;
+        let ino = inode.ino;
+        self.rw
+            .modify_superblock(&mut op.h, |sb| sb.s_last_orphan.set(ino))
+    }
+
+    /// Take `inode` off the orphan list inside `op` (its `i_dtime` is
+    /// cleared; the caller stores `inode`).
+    pub fn orphan_del(&self, op: &mut Op<'_>, inode: &mut InodeInfo) -> Result<(), FsError> {
+        let next = inode.dtime;
+        let ino = inode.ino;
+        let head = self.rw.superblock()?.s_last_orphan.get();
+        if head == ino {
+            self.rw
+                .modify_superblock(&mut op.h, |sb| sb.s_last_orphan.set(next))?;
+        } else {
+            let mut cur = head;
+            let limit = self.descs.layout().inodes_count;
+            for _ in 0..limit {
+                if cur == 0 {
+                    break;
+                }
+                let mut c = self.inode_any(cur)?;
+                if c.dtime == ino {
+                    self.edit_inode(&mut c, |n| n.i_dtime.set(next))?;
+                    self.store_inode(op, &c)?;
+                    break;
+                }
+                cur = c.dtime;
+            }
+        }
+        self.edit_inode(inode, |n| n.i_dtime.set(0))
+    }
+
+    /// Finish what the orphan list holds (the kernel's
+    /// `ext4_orphan_cleanup`): inodes without links are freed, others
+    /// truncated to their size. Returns how many were processed.
+    pub fn process_orphans(&self) -> Result<u32, FsError> {
+        let limit = self.descs.layout().inodes_count;
+        let mut done = 0;
+        for _ in 0..limit {
+            let head = self.rw.superblock()?.s_last_orphan.get();
+            if head == 0 {
+                break;
+            }
+            let inode = self.inode_any(head)?;
+            if inode.links == 0 {
+                self.delete_inode(head)?;
+            } else {
+                if inode.is_regular() {
+                    self.truncate(head, inode.size)?;
+                }
+                let mut inode = self.inode_any(head)?;
+                let mut op = self.begin(2, 0)?;
+                let r = (|| {
+                    self.orphan_del(&mut op, &mut inode)?;
+                    self.store_inode(&mut op, &inode)
+                })();
+                match r {
+                    Ok(()) => {
+                        self.finish(op)?;
+                    }
+                    Err(e) => return Err(self.fail(op, e)),
+                }
+            }
+            done += 1;
+        }
+        Ok(done)
+    }
+
+    /// Release what is left of an inode's tree after a truncate to 0
+    /// (an empty root needs nothing).
+    fn release_blocks_all(&self, op: &mut Op<'_>, inode: &mut InodeInfo) -> Result<(), FsError> {
+        if !inode.has_extents() {
+            return Ok(());
+        }
+        let (maps, nodes) = self.read(|fs| fs.extent_tree(inode))?;
+        if !maps.is_empty() {
+            return Err(FsError::InvalidRequest(format!(
+                "inode {} still maps blocks after truncate",
+                inode.ino
+            )));
+        }
+        self.write_tree(op, inode, &nodes, &[])
+    }
+
+    // ------------------------------------------------------------------
+    // Extended attributes (through `xattr_write`).
+
+    /// The settings the xattr writer needs.
+    pub fn xattr_geometry(&self) -> XattrGeometry {
+        self.read(|fs| XattrGeometry::new(fs.info))
+    }
+
+    /// The attributes of inode `ino` (ACLs in getxattr's form).
+    pub fn xattrs(&self, ino: u32) -> Result<Vec<Xattr>, FsError> {
+        let inode = self.inode(ino)?;
+        self.read(|fs| fs.xattrs(&inode))
+    }
+
+    /// setxattr (`value` `None`: removexattr), ACLs included
+    /// (`system.posix_acl_*` in getxattr's form, the mode kept in sync):
+    /// one transaction; ctime set; the `ext_attr` feature set when
+    /// missing. A refusal (EEXIST, ENODATA, ENOSPC, ...) changes nothing.
+    pub fn set_xattr(
+        &self,
+        ino: u32,
+        name: &[u8],
+        value: Option<&[u8]>,
+        mode: SetMode,
+    ) -> Result<u32, XattrError> {
+        let mut inode = self.inode(ino)?;
+        let geo = self.xattr_geometry();
+        let mut op = self.begin(4, 2)?;
+        let mut slot = inode.raw.clone();
+        let r = {
+            let mut io = XattrIo {
+                fs: self,
+                op: &mut op,
+            };
+            xw::set_xattr(&geo, &mut io, ino, &mut slot, name, value, mode)
+        };
+        let changed = match r {
+            Ok(c) => c,
+            Err(XattrError::Fs(e)) => return Err(XattrError::Fs(self.fail(op, e))),
+            Err(e) => {
+                // Nothing changed: end the (empty) handle.
+                drop(op);
+                return Err(e);
+            }
+        };
+        if !changed {
+            return self.finish(op).map_err(XattrError::Fs);
+        }
+        let r = (|| {
+            inode = self.read(|fs| fs.decode_inode(ino, slot))?;
+            let t = now();
+            self.edit_inode(&mut inode, |n| set_node_times(n, &Times::default(), t))?;
+            self.store_inode(&mut op, &inode)?;
+            let compat = Compat(self.rw.superblock()?.s_feature_compat.get());
+            if !compat.contains(Compat::EXT_ATTR) {
+                self.rw.modify_superblock(&mut op.h, |sb| {
+                    let c = sb.s_feature_compat.get() | Compat::EXT_ATTR.bits();
+                    sb.s_feature_compat.set(c);
+                })?;
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => self.finish(op).map_err(XattrError::Fs),
+            Err(e) => Err(XattrError::Fs(self.fail(op, e))),
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Extent trees.
+
+    fn mapping(&self, inode: &InodeInfo) -> Result<(Vec<Mapping>, Vec<NodeInfo>), FsError> {
+        if !inode.has_extents() {
+            return Err(FsError::Unsupported(format!(
+                "writing block-mapped inode {} (no extents)",
+                inode.ino
+            )));
+        }
+        self.read(|fs| fs.extent_tree(inode))
+    }
+
+    /// Tree blocks a tree of `n` extents needs (outside the inode).
+    fn tree_blocks(&self, n: usize) -> usize {
+        let per = usize::from(entries_per_block(self.rw.geometry().block_size));
+        let mut total = 0;
+        let mut count = n;
+        while count > usize::from(ENTRIES_IN_INODE) {
+            count = count.div_ceil(per);
+            total += count;
+        }
+        total
+    }
+
+    /// Write `exts` (sorted, non-overlapping) as `inode`'s tree, reusing
+    /// `old` tree blocks; `i_block` and `i_blocks` of `inode` are updated
+    /// (the caller stores the inode).
+    fn write_tree(
+        &self,
+        op: &mut Op<'_>,
+        inode: &mut InodeInfo,
+        old: &[NodeInfo],
+        exts: &[Mapping],
+    ) -> Result<(), FsError> {
+        let bs = self.rw.geometry().block_size;
+        let per = usize::from(entries_per_block(bs));
+        let csum = self.rw.geometry().csum;
+        let mut pool: Vec<u64> = old.iter().filter(|n| n.pblk != 0).map(|n| n.pblk).collect();
+        let old_count = pool.len();
+        let need = self.tree_blocks(exts.len());
+        let rd = self.rw.blocks();
+        if need > pool.len() {
+            let goal = exts
+                .first()
+                .map(|m| m.pblk.saturating_sub(1))
+                .filter(|&g| g > 0);
+            let mut req =
+                AllocRequest::new((need - pool.len()) as u64, self.inode_group(inode.ino));
+            req.goal = goal;
+            let a = self.balloc.alloc(rd, &req)?;
+            for (s, n) in a.extents {
+                pool.extend(s..s + u64::from(n));
+            }
+        }
+        let tid = op.h.tid();
+        while pool.len() > need {
+            let b = pool.pop().unwrap_or_default();
+            self.balloc.free(rd, tid, b, 1)?;
+            op.h.free_extent(b, 1);
+            op.h.revoke(b)?;
+        }
+        // Build level by level: entries of (first lblk, 12 bytes).
+        let mut level: Vec<(u64, [u8; 12])> = exts
+            .iter()
+            .map(|m| {
+                let len = m.len as u16
+                    + if m.unwritten {
+                        EXT_INIT_MAX_LEN as u16
+                    } else {
+                        0
+                    };
+                let e = DiskExtent::new(m.lblk as u32, len, m.pblk);
+                let mut b = [0u8; 12];
+                b.copy_from_slice(e.as_bytes());
+                (m.lblk, b)
+            })
+            .collect();
+        let mut depth = 0u16;
+        let mut next = pool.into_iter();
+        while level.len() > usize::from(ENTRIES_IN_INODE) {
+            let mut up = Vec::with_capacity(level.len().div_ceil(per));
+            for chunk in level.chunks(per) {
+                let blk = next
+                    .next()
+                    .ok_or_else(|| FsError::InvalidRequest("extent tree block count".into()))?;
+                let (ino, generation) = (inode.ino, inode.generation);
+                op.h.modify_new(blk, |b| {
+                    let h = ExtentHeader::new(chunk.len() as u16, per as u16, depth);
+                    b[..12].copy_from_slice(h.as_bytes());
+                    for (i, (_, e)) in chunk.iter().enumerate() {
+                        b[12 + 12 * i..24 + 12 * i].copy_from_slice(e);
+                    }
+                    if csum.metadata {
+                        set_block_checksum(b, ino, generation, &csum);
+                    }
+                })?;
+                let first = chunk[0].0;
+                let x = ExtentIndex::new(first as u32, blk);
+                let mut e = [0u8; 12];
+                e.copy_from_slice(x.as_bytes());
+                up.push((first, e));
+            }
+            level = up;
+            depth += 1;
+        }
+        let mut root = [0u8; 60];
+        root[..12].copy_from_slice(
+            ExtentHeader::new(level.len() as u16, ENTRIES_IN_INODE, depth).as_bytes(),
+        );
+        for (i, (_, e)) in level.iter().enumerate() {
+            root[12 + 12 * i..24 + 12 * i].copy_from_slice(e);
+        }
+        let delta = need as i64 - old_count as i64;
+        let per512 = i64::from(bs / 512);
+        let blocks = (inode.blocks_512 as i64 + delta * per512).max(0) as u64;
+        self.edit_inode(inode, |n| {
+            n.i_block_bytes_mut().copy_from_slice(&root);
+            n.set_blocks_512(blocks);
+        })
+    }
+
+    fn inode_group(&self, ino: u32) -> u32 {
+        (ino.saturating_sub(1)) / self.descs.layout().inodes_per_group
+    }
+
+    /// Credits for a handle that rewrites a tree of `old` nodes into one of
+    /// `new_exts` extents, plus the inode.
+    fn tree_credits(&self, old: &[NodeInfo], new_exts: usize) -> u32 {
+        let o = old.iter().filter(|n| n.pblk != 0).count();
+        (o + self.tree_blocks(new_exts) + 2) as u32
+    }
+
+    /// Write `data` at byte `off` of regular file `ino` (allocating holes,
+    /// converting unwritten extents); returns the tid of the last handle.
+    /// Split into handles of at most [`WRITE_CHUNK`] blocks.
+    pub fn write_at(&self, ino: u32, off: u64, data: &[u8]) -> Result<u32, FsError> {
+        let bs = self.block_size();
+        let end = off
+            .checked_add(data.len() as u64)
+            .filter(|&e| e.div_ceil(bs) <= u64::from(u32::MAX))
+            .ok_or_else(|| {
+                FsError::InvalidRequest(format!("write past the largest file at {off}"))
+            })?;
+        if data.is_empty() {
+            return Ok(self.rw.journal().running_tid());
+        }
+        let mut tid = 0;
+        let mut pos = off;
+        while pos < end {
+            let lb0 = pos / bs;
+            let lb1 = (end.div_ceil(bs)).min(lb0 + WRITE_CHUNK);
+            let stop = (lb1 * bs).min(end);
+            let piece = &data[(pos - off) as usize..(stop - off) as usize];
+            tid = self.write_chunk(ino, pos, piece)?;
+            pos = stop;
+        }
+        Ok(tid)
+    }
+
+    fn write_chunk(&self, ino: u32, off: u64, data: &[u8]) -> Result<u32, FsError> {
+        let bs = self.block_size();
+        let mut inode = self.inode_any(ino)?;
+        if !inode.is_regular() {
+            return Err(if inode.is_dir() {
+                FsError::IsADirectory
+            } else {
+                FsError::InvalidRequest(format!("inode {ino} is not a regular file"))
+            });
+        }
+        let (maps, nodes) = self.mapping(&inode)?;
+        let lb0 = off / bs;
+        let lb1 = (off + data.len() as u64).div_ceil(bs);
+        let credits = self.tree_credits(&nodes, maps.len() + 2 * MAX_GROUPS + 2);
+        let mut op = self.begin(credits, MAX_GROUPS as u32 + 2)?;
+        let r = self.write_in(&mut op, &mut inode, maps, &nodes, off, data, lb0, lb1);
+        match r {
+            Ok(()) => self.finish(op),
+            Err(e) => Err(self.fail(op, e)),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn write_in(
+        &self,
+        op: &mut Op<'_>,
+        inode: &mut InodeInfo,
+        maps: Vec<Mapping>,
+        nodes: &[NodeInfo],
+        off: u64,
+        data: &[u8],
+        lb0: u64,
+        lb1: u64,
+    ) -> Result<(), FsError> {
+        let bs = self.block_size();
+        let rd = self.rw.blocks();
+        // Which blocks were initialized before (their bytes outside the
+        // write are kept) and the new mapping.
+        let old_written: Vec<Mapping> = maps.iter().filter(|m| !m.unwritten).copied().collect();
+        let (mut exts, _) = cut(&maps, lb0, lb1);
+        let mut covered: Vec<Mapping> = maps
+            .iter()
+            .filter_map(|m| clip(m, lb0, lb1))
+            .map(|mut m| {
+                m.unwritten = false;
+                m
+            })
+            .collect();
+        // Allocate the holes.
+        let mut allocated = 0u64;
+        let mut holes = Vec::new();
+        let mut at = lb0;
+        for m in &covered {
+            if m.lblk > at {
+                holes.push((at, m.lblk));
+            }
+            at = m.end();
+        }
+        if at < lb1 {
+            holes.push((at, lb1));
+        }
+        for (h0, h1) in holes {
+            let mut l = h0;
+            while l < h1 {
+                let goal = goal_for(&exts, &covered, l).unwrap_or_else(|| {
+                    self.balloc
+                        .goal_for_inode(self.inode_group(inode.ino), true)
+                });
+                let mut req = AllocRequest::new(h1 - l, self.inode_group(inode.ino));
+                req.goal = Some(goal);
+                let a = self.alloc_bounded(&req, MAX_GROUPS)?;
+                for (s, n) in a {
+                    covered.push(Mapping {
+                        lblk: l,
+                        pblk: s,
+                        len: n,
+                        unwritten: false,
+                    });
+                    l += u64::from(n);
+                    allocated += u64::from(n);
+                }
+                covered.sort_by_key(|m| m.lblk);
+            }
+        }
+        // The data, one physical run at a time.
+        for m in &covered {
+            let first = m.lblk * bs;
+            let last = m.end() * bs;
+            let mut buf = vec![0u8; (last - first) as usize];
+            for (k, lb) in [(0usize, m.lblk), (buf.len() - bs as usize, m.end() - 1)] {
+                let bstart = lb * bs;
+                let partial = bstart < off || bstart + bs > off + data.len() as u64;
+                if partial && old_written.iter().any(|w| w.lblk <= lb && lb < w.end()) {
+                    let p = m.pblk + (lb - m.lblk);
+                    rd.read_block(p, &mut buf[k..k + bs as usize])?;
+                }
+            }
+            let s = off.max(first);
+            let e = (off + data.len() as u64).min(last);
+            buf[(s - first) as usize..(e - first) as usize]
+                .copy_from_slice(&data[(s - off) as usize..(e - off) as usize]);
+            op.h.write_data(m.pblk, &buf)?;
+        }
+        exts.extend(covered);
+        let exts = normalize(exts);
+        let per512 = bs / 512;
+        let size = inode.size.max(off + data.len() as u64);
+        let blocks = inode.blocks_512 + allocated * per512;
+        let t = now();
+        self.edit_inode(inode, |n| {
+            n.set_size(size);
+            n.set_blocks_512(blocks);
+            let (s, x) = encode_time(t);
+            n.i_mtime.set(s);
+            n.i_ctime.set(s);
+            if inode_has_extra(n) {
+                n.i_mtime_extra.set(x);
+                n.i_ctime_extra.set(x);
+            }
+        })?;
+        self.write_tree(op, inode, nodes, &exts)?;
+        self.store_inode(op, inode)
+    }
+
+    /// Allocate, retrying smaller while the allocation would touch more
+    /// groups than a handle budgets for.
+    fn alloc_bounded(&self, req: &AllocRequest, groups: usize) -> Result<Vec<(u64, u32)>, FsError> {
+        let rd = self.rw.blocks();
+        let mut r = *req;
+        loop {
+            let a = self.balloc.alloc(rd, &r)?;
+            if a.dirty.len() <= groups || r.len == 1 {
+                return Ok(a.extents);
+            }
+            self.balloc.give_back(rd, &a.extents)?;
+            r.len = r.len.div_ceil(2);
+        }
+    }
+
+    /// Set the size of regular file `ino`: blocks past the new end are
+    /// freed (in several handles for large files, from the end, each
+    /// leaving a consistent file), the tail of a partial last block is
+    /// zeroed; growing is sparse. Returns the last tid.
+    pub fn truncate(&self, ino: u32, size: u64) -> Result<u32, FsError> {
+        let bs = self.block_size();
+        let inode = self.inode_any(ino)?;
+        if inode.is_dir() {
+            return Err(FsError::IsADirectory);
+        }
+        if !inode.has_extents() && inode.blocks_512 == 0 {
+            // Nothing mapped (devices, fifos, fast symlinks, empty files).
+            return self.set_size_only(ino, size);
+        }
+        loop {
+            let mut inode = self.inode_any(ino)?;
+            let (maps, nodes) = self.mapping(&inode)?;
+            let keep = size.div_ceil(bs);
+            let beyond: Vec<&Mapping> = maps.iter().filter(|m| m.end() > keep).collect();
+            // Bound the groups one handle touches: cut from the end.
+            let l = self.descs.layout();
+            let mut groups = BTreeSet::new();
+            let mut from = keep;
+            for m in beyond.iter().rev() {
+                let s = m.lblk.max(keep);
+                let p0 = m.pblk + (s - m.lblk);
+                let g0 = l.group_of(p0);
+                let g1 = l.group_of(m.pblk + u64::from(m.len) - 1);
+                let mut next = groups.clone();
+                next.extend(g0..=g1);
+                if next.len() > MAX_GROUPS * 4 && !groups.is_empty() {
+                    from = m.end();
+                    break;
+                }
+                groups = next;
+                from = s;
+            }
+            let last_step = from <= keep;
+            let new_size = if last_step {
+                size
+            } else {
+                inode.size.min(from * bs)
+            };
+            let credits = self.tree_credits(&nodes, maps.len() + 1) + 1;
+            let mut op = self.begin(credits, groups.len() as u32 + 1)?;
+            let r = self.truncate_in(&mut op, &mut inode, &maps, &nodes, from, new_size);
+            let tid = match r {
+                Ok(()) => self.finish(op)?,
+                Err(e) => return Err(self.fail(op, e)),
+            };
+            if last_step {
+                return Ok(tid);
+            }
+        }
+    }
+
+    fn truncate_in(
+        &self,
+        op: &mut Op<'_>,
+        inode: &mut InodeInfo,
+        maps: &[Mapping],
+        nodes: &[NodeInfo],
+        from: u64,
+        size: u64,
+    ) -> Result<(), FsError> {
+        let bs = self.block_size();
+        let rd = self.rw.blocks();
+        let (kept, freed) = cut(maps, from, u64::MAX);
+        let tid = op.h.tid();
+        let mut released = 0u64;
+        for f in &freed {
+            self.balloc.free(rd, tid, f.pblk, f.len)?;
+            op.h.free_extent(f.pblk, u64::from(f.len));
+            released += u64::from(f.len);
+        }
+        // Zero the tail of a partial last block (later growth reads zeros).
+        if !size.is_multiple_of(bs) && size < inode.size {
+            let lb = size / bs;
+            if let Some(m) = kept
+                .iter()
+                .find(|m| m.lblk <= lb && lb < m.end() && !m.unwritten)
+            {
+                let p = m.pblk + (lb - m.lblk);
+                let mut b = vec![0u8; bs as usize];
+                rd.read_block(p, &mut b)?;
+                b[(size % bs) as usize..].fill(0);
+                op.h.write_data(p, &b)?;
+            }
+        }
+        let blocks = inode.blocks_512.saturating_sub(released * (bs / 512));
+        let t = now();
+        self.edit_inode(inode, |n| {
+            n.set_size(size);
+            n.set_blocks_512(blocks);
+            set_node_times(n, &Times::default(), t);
+            let (s, x) = encode_time(t);
+            n.i_mtime.set(s);
+            if inode_has_extra(n) {
+                n.i_mtime_extra.set(x);
+            }
+        })?;
+        self.write_tree(op, inode, nodes, &kept)?;
+        self.store_inode(op, inode)
+    }
+
+    fn set_size_only(&self, ino: u32, size: u64) -> Result<u32, FsError> {
+        let mut inode = self.inode_any(ino)?;
+        let mut op = self.begin(1, 0)?;
+        let r = (|| {
+            let t = now();
+            self.edit_inode(&mut inode, |n| {
+                n.set_size(size);
+                set_node_times(n, &Times::default(), t);
+            })?;
+            self.store_inode(&mut op, &inode)
+        })();
+        match r {
+            Ok(()) => self.finish(op),
+            Err(e) => Err(self.fail(op, e)),
+        }
+    }
+
+    /// `fallocate(2)` on regular file `ino` over `[off, off+len)`:
+    /// default and [`Falloc::keep_size`] allocate the holes as unwritten
+    /// extents (reading as zeros); [`Falloc::punch_hole`] frees the whole
+    /// blocks of the range and zeroes the partial ones (size kept);
+    /// [`Falloc::zero_range`] turns the whole blocks into unwritten extents
+    /// (allocating holes) and zeroes the partial ones. Returns the last
+    /// tid. Large ranges take several handles.
+    pub fn fallocate(&self, ino: u32, off: u64, len: u64, mode: Falloc) -> Result<u32, FsError> {
+        let bs = self.block_size();
+        let end = off
+            .checked_add(len)
+            .filter(|&e| len > 0 && e.div_ceil(bs) <= u64::from(u32::MAX))
+            .ok_or_else(|| FsError::InvalidRequest(format!("fallocate range {off}+{len}")))?;
+        if mode.punch_hole && !mode.keep_size {
+            return Err(FsError::InvalidRequest(
+                "punching a hole needs keep_size (FALLOC_FL_KEEP_SIZE)".into(),
+            ));
+        }
+        if mode.punch_hole && mode.zero_range {
+            return Err(FsError::InvalidRequest(
+                "punch_hole and zero_range together".into(),
+            ));
+        }
+        let inode = self.inode(ino)?;
+        if !inode.is_regular() {
+            return Err(if inode.is_dir() {
+                FsError::IsADirectory
+            } else {
+                FsError::InvalidRequest(format!("inode {ino} is not a regular file"))
+            });
+        }
+        // Whole blocks of the range (punch/zero), all touched ones (alloc).
+        let (w0, w1) = if mode.punch_hole || mode.zero_range {
+            (off.div_ceil(bs), end / bs)
+        } else {
+            (off / bs, end.div_ceil(bs))
+        };
+        let mut tid = self.rw.journal().running_tid();
+        // Partial edge blocks first (zeroed in place).
+        if mode.punch_hole || mode.zero_range {
+            let mut edges = Vec::new();
+            if !off.is_multiple_of(bs) {
+                edges.push((off, end.min((off / bs + 1) * bs)));
+            }
+            if !end.is_multiple_of(bs) && (off.is_multiple_of(bs) || end / bs != off / bs) {
+                edges.push(((end / bs) * bs, end));
+            }
+            for (a, b) in edges {
+                tid = self.zero_in_block(ino, a, b)?;
+            }
+        }
+        let chunk = FALLOC_CHUNK;
+        let mut l = w0;
+        while l < w1 {
+            let e = (l + chunk).min(w1);
+            tid = self.falloc_chunk(ino, l, e, mode)?;
+            l = e;
+        }
+        if !mode.keep_size && self.inode(ino)?.size < end {
+            tid = self.set_size_only(ino, end)?;
+        }
+        Ok(tid)
+    }
+
+    /// Zero bytes `[a, b)` (inside one block) of a file where written.
+    fn zero_in_block(&self, ino: u32, a: u64, b: u64) -> Result<u32, FsError> {
+        let bs = self.block_size();
+        let inode = self.inode(ino)?;
+        let lb = a / bs;
+        let m = self.read(|fs| fs.extent_at(&inode, lb))?;
+        let Some(m) = m.filter(|m| !m.unwritten) else {
+            return Ok(self.rw.journal().running_tid());
+        };
+        let p = m.pblk + (lb - m.lblk);
+        let mut op = self.begin(0, 0)?;
+        let r = (|| {
+            let mut buf = vec![0u8; bs as usize];
+            self.rw.blocks().read_block(p, &mut buf)?;
+            buf[(a - lb * bs) as usize..(b - lb * bs) as usize].fill(0);
+            op.h.write_data(p, &buf)
+        })();
+        match r {
+            Ok(()) => self.finish(op),
+            Err(e) => Err(self.fail(op, e)),
+        }
+    }
+
+    fn falloc_chunk(&self, ino: u32, l0: u64, l1: u64, mode: Falloc) -> Result<u32, FsError> {
+        let bs = self.block_size();
+        let mut inode = self.inode(ino)?;
+        let (maps, nodes) = self.mapping(&inode)?;
+        let groups = if mode.punch_hole {
+            let l = self.descs.layout();
+            let mut g = BTreeSet::new();
+            for m in cut(&maps, l0, l1).1 {
+                g.extend(l.group_of(m.pblk)..=l.group_of(m.pblk + u64::from(m.len) - 1));
+            }
+            g.len()
+        } else {
+            FALLOC_GROUPS
+        };
+        let credits = self.tree_credits(&nodes, maps.len() + 2 * FALLOC_GROUPS + 4);
+        let mut op = self.begin(credits, groups as u32 + 2)?;
+        let r = (|| {
+            let rd = self.rw.blocks();
+            let (mut exts, inside) = cut(&maps, l0, l1);
+            let tid = op.h.tid();
+            let per512 = bs / 512;
+            let mut blocks = inode.blocks_512;
+            if mode.punch_hole {
+                for f in &inside {
+                    self.balloc.free(rd, tid, f.pblk, f.len)?;
+                    op.h.free_extent(f.pblk, u64::from(f.len));
+                    blocks = blocks.saturating_sub(u64::from(f.len) * per512);
+                }
+            } else {
+                let mut covered: Vec<Mapping> = inside
+                    .into_iter()
+                    .map(|mut m| {
+                        if mode.zero_range {
+                            m.unwritten = true;
+                        }
+                        m
+                    })
+                    .collect();
+                let mut holes = Vec::new();
+                let mut at = l0;
+                for m in &covered {
+                    if m.lblk > at {
+                        holes.push((at, m.lblk));
+                    }
+                    at = m.end();
+                }
+                if at < l1 {
+                    holes.push((at, l1));
+                }
+                for (h0, h1) in holes {
+                    let mut l = h0;
+                    while l < h1 {
+                        let goal = goal_for(&exts, &covered, l).unwrap_or_else(|| {
+                            self.balloc
+                                .goal_for_inode(self.inode_group(inode.ino), true)
+                        });
+                        let mut req = AllocRequest::new(h1 - l, self.inode_group(inode.ino));
+                        req.goal = Some(goal);
+                        req.max_extent = UNWRITTEN_MAX;
+                        for (s, n) in self.alloc_bounded(&req, FALLOC_GROUPS)? {
+                            covered.push(Mapping {
+                                lblk: l,
+                                pblk: s,
+                                len: n,
+                                unwritten: true,
+                            });
+                            l += u64::from(n);
+                            blocks += u64::from(n) * per512;
+                        }
+                    }
+                }
+                covered.sort_by_key(|m| m.lblk);
+                exts.extend(covered);
+            }
+            let exts = normalize(exts);
+            let t = now();
+            self.edit_inode(&mut inode, |n| {
+                n.set_blocks_512(blocks);
+                set_node_times(n, &Times::default(), t);
+                if mode.punch_hole || mode.zero_range {
+                    let (s, x) = encode_time(t);
+                    n.i_mtime.set(s);
+                    if inode_has_extra(n) {
+                        n.i_mtime_extra.set(x);
+                    }
+                }
+            })?;
+            self.write_tree(&mut op, &mut inode, &nodes, &exts)?;
+            self.store_inode(&mut op, &inode)
+        })();
+        match r {
+            Ok(()) => self.finish(op),
+            Err(e) => Err(self.fail(op, e)),
+        }
+    }
+
+    /// Read up to `buf.len()` bytes at `off` of inode `ino`.
+    pub fn read_at(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize, FsError> {
+        let inode = self.inode_any(ino)?;
+        self.read(|fs| {
+            let c = fs.content(&inode)?;
+            fs.read_at(&inode, &c, off, buf)
+        })
+    }
+}
+
+/// [`XattrBlocks`] on an operation's handle and the block allocator.
+struct XattrIo<'a, 'b> {
+    fs: &'a Filesystem,
+    op: &'a mut Op<'b>,
+}
+
+impl XattrBlocks for XattrIo<'_, '_> {
+    fn read(&self, blk: u64) -> Result<Vec<u8>, FsError> {
+        self.fs.read(|f| f.meta_block(blk, "xattr block"))
+    }
+
+    fn write(&mut self, blk: u64, data: &[u8]) -> Result<(), FsError> {
+        self.op.h.modify(blk, |b| b.copy_from_slice(data))
+    }
+
+    fn alloc(&mut self, goal: u64) -> Result<Option<u64>, FsError> {
+        let l = self.fs.descs.layout();
+        let mut req = AllocRequest::new(1, l.group_of(goal));
+        req.goal = Some(goal);
+        match self.fs.balloc.alloc(self.fs.rw.blocks(), &req) {
+            Ok(a) => Ok(a.extents.first().map(|e| e.0)),
+            Err(FsError::NoSpace { .. } | FsError::SpaceBusy { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn free(&mut self, blk: u64) -> Result<(), FsError> {
+        let tid = self.op.h.tid();
+        self.fs.balloc.free(self.fs.rw.blocks(), tid, blk, 1)?;
+        self.op.h.free_extent(blk, 1);
+        self.op.h.revoke(blk)
+    }
+}
+
+fn xattr_fs(e: XattrError) -> FsError {
+    match e {
+        XattrError::Fs(e) => e,
+        other => FsError::InvalidRequest(other.to_string()),
+    }
+}
+
+fn inode_has_extra(n: &Inode) -> bool {
+    n.i_extra_isize.get() >= 16
+}
+
+fn set_node_times(n: &mut Inode, t: &Times, ctime: Timestamp) {
+    let extra = inode_has_extra(n);
+    let (s, x) = encode_time(ctime);
+    n.i_ctime.set(s);
+    if extra {
+        n.i_ctime_extra.set(x);
+    }
+    if let Some(a) = t.atime {
+        let (s, x) = encode_time(a);
+        n.i_atime.set(s);
+        if extra {
+            n.i_atime_extra.set(x);
+        }
+    }
+    if let Some(m) = t.mtime {
+        let (s, x) = encode_time(m);
+        n.i_mtime.set(s);
+        if extra {
+            n.i_mtime_extra.set(x);
+        }
+    }
+    if let Some(c) = t.crtime
+        && n.i_extra_isize.get() >= 24
+    {
+        let (s, x) = encode_time(c);
+        n.i_crtime.set(s);
+        n.i_crtime_extra.set(x);
+    }
+}
+
+/// The part of `m` inside `[a, b)`.
+fn clip(m: &Mapping, a: u64, b: u64) -> Option<Mapping> {
+    let s = m.lblk.max(a);
+    let e = m.end().min(b);
+    (s < e).then(|| Mapping {
+        lblk: s,
+        pblk: m.pblk + (s - m.lblk),
+        len: (e - s) as u32,
+        unwritten: m.unwritten,
+    })
+}
+
+/// Split `maps` into what lies outside `[a, b)` and what lies inside.
+pub(crate) fn cut(maps: &[Mapping], a: u64, b: u64) -> (Vec<Mapping>, Vec<Mapping>) {
+    let mut out = Vec::with_capacity(maps.len() + 1);
+    let mut inside = Vec::new();
+    for m in maps {
+        if m.end() <= a || m.lblk >= b {
+            out.push(*m);
+            continue;
+        }
+        if let Some(l) = clip(m, 0, a) {
+            out.push(l);
+        }
+        if let Some(i) = clip(m, a, b) {
+            inside.push(i);
+        }
+        if let Some(r) = clip(m, b, u64::MAX) {
+            out.push(r);
+        }
+    }
+    (out, inside)
+}
+
+/// Sort and merge neighbours (contiguous logically and physically, same
+/// state, within the longest extent of that state).
+pub(crate) fn normalize(mut v: Vec<Mapping>) -> Vec<Mapping> {
+    v.sort_by_key(|m| m.lblk);
+    let mut out: Vec<Mapping> = Vec::with_capacity(v.len());
+    for m in v {
+        if let Some(last) = out.last_mut() {
+            let max = if m.unwritten {
+                UNWRITTEN_MAX
+            } else {
+                EXT_INIT_MAX_LEN
+            };
+            if last.end() == m.lblk
+                && last.pblk + u64::from(last.len) == m.pblk
+                && last.unwritten == m.unwritten
+                && last.len + m.len <= max
+            {
+                last.len += m.len;
+                continue;
+            }
+        }
+        out.push(m);
+    }
+    out
+}
+
+/// The goal block for logical block `l`: right after the physical end of
+/// the mapping just before it.
+fn goal_for(a: &[Mapping], b: &[Mapping], l: u64) -> Option<u64> {
+    a.iter()
+        .chain(b.iter())
+        .filter(|m| m.end() <= l)
+        .max_by_key(|m| m.end())
+        .map(|m| m.pblk + u64::from(m.len) + (l - m.end()))
+}
+
+mod ns;
+pub use ns::*;
+
+#[cfg(test)]
+mod tests;

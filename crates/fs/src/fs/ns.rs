@@ -1,0 +1,758 @@
+//! Namespace operations over `dir_write` (issue 7 step 4): create (all
+//! file types), mkdir, symlink, link, unlink, rmdir. Each is one handle
+//! (atomic) under the operations lock: the entry change, the inode(s),
+//! link counts (`dir_nlink`: a directory past 64999 links counts 1),
+//! times and, for a last unlink of a file whose blocks fit one handle,
+//! the release of its blocks and inode. A last unlink of a larger file
+//! drops the name in one transaction and frees the inode in following
+//! ones (no orphan list yet: a crash in between leaves an unreferenced
+//! inode that e2fsck releases).
+
+use ext4kit_format::dir::FT_DIR;
+use ext4kit_format::inode::{S_IFDIR, S_IFMT};
+
+use super::*;
+use crate::dir_write::{DirBlocks, DirParams, DirWriter, new_dir_block};
+use crate::inode::FileType;
+
+/// `EXT4_LINK_MAX`.
+pub const LINK_MAX: u16 = 65000;
+
+/// [`DirBlocks`] over an operation's handle: one directory inode whose
+/// block list, `i_size`, `i_blocks` and flags change in `dir` (the caller
+/// stores it).
+pub(crate) struct DirIo<'a, 'b> {
+    fs: &'a Filesystem,
+    op: &'a mut Op<'b>,
+    pub(crate) dir: InodeInfo,
+    params: DirParams,
+    maps: Vec<Mapping>,
+    nodes: Vec<NodeInfo>,
+}
+
+impl<'a, 'b> DirIo<'a, 'b> {
+    pub(crate) fn new(
+        fs: &'a Filesystem,
+        op: &'a mut Op<'b>,
+        dir: InodeInfo,
+    ) -> Result<Self, FsError> {
+        if !dir.is_dir() {
+            return Err(FsError::NotADirectory);
+        }
+        if dir.has_inline_data() {
+            return Err(FsError::Unsupported(format!(
+                "writing inline-data directory {}",
+                dir.ino
+            )));
+        }
+        let (maps, nodes) = fs.mapping(&dir)?;
+        let params = fs.read(|f| DirParams::new(f.info, &dir));
+        Ok(DirIo {
+            fs,
+            op,
+            dir,
+            params,
+            maps,
+            nodes,
+        })
+    }
+
+    fn phys(&self, lblk: u32) -> Result<u64, FsError> {
+        let l = u64::from(lblk);
+        self.maps
+            .iter()
+            .find(|m| m.lblk <= l && l < m.end())
+            .map(|m| m.pblk + (l - m.lblk))
+            .ok_or_else(|| {
+                FsError::corrupt(
+                    "directory",
+                    format!("inode {} block {lblk} is a hole", self.dir.ino),
+                )
+            })
+    }
+}
+
+impl DirBlocks for DirIo<'_, '_> {
+    fn params(&self) -> DirParams {
+        self.params
+    }
+    fn block_size(&self) -> u32 {
+        self.fs.block_size() as u32
+    }
+    fn nblocks(&self) -> u32 {
+        (self.dir.size / self.fs.block_size()) as u32
+    }
+    fn read(&self, lblk: u32) -> Result<Vec<u8>, FsError> {
+        let p = self.phys(lblk)?;
+        self.fs.read(|f| f.meta_block(p, "directory block"))
+    }
+    fn write(&mut self, lblk: u32, data: &[u8]) -> Result<(), FsError> {
+        let p = self.phys(lblk)?;
+        self.op.h.modify(p, |b| b.copy_from_slice(data))
+    }
+    fn append(&mut self) -> Result<u32, FsError> {
+        let bs = self.fs.block_size();
+        let lblk = self.nblocks();
+        let group = self.fs.inode_group(self.dir.ino);
+        let goal = self
+            .maps
+            .last()
+            .map(|m| m.pblk + u64::from(m.len))
+            .unwrap_or_else(|| self.fs.balloc.goal_for_inode(group, false));
+        let mut req = AllocRequest::new(1, group);
+        req.goal = Some(goal);
+        let a = self.fs.balloc.alloc(self.fs.rw.blocks(), &req)?;
+        let p = a.extents.first().map(|e| e.0).ok_or(FsError::NoSpace {
+            wanted: 1,
+            available: 0,
+        })?;
+        self.op.h.modify_new(p, |_| ())?;
+        self.maps.push(Mapping {
+            lblk: u64::from(lblk),
+            pblk: p,
+            len: 1,
+            unwritten: false,
+        });
+        self.maps = normalize(std::mem::take(&mut self.maps));
+        let size = (u64::from(lblk) + 1) * bs;
+        let blocks = self.dir.blocks_512 + bs / 512;
+        self.fs.edit_inode(&mut self.dir, |n| {
+            n.set_size(size);
+            n.set_blocks_512(blocks);
+        })?;
+        let nodes = std::mem::take(&mut self.nodes);
+        let maps = self.maps.clone();
+        self.fs.write_tree(self.op, &mut self.dir, &nodes, &maps)?;
+        self.nodes = self.fs.read(|f| f.extent_tree(&self.dir))?.1;
+        Ok(lblk)
+    }
+    fn indexed(&self) -> bool {
+        self.dir.is_htree()
+    }
+    fn set_indexed(&mut self) -> Result<(), FsError> {
+        self.fs.edit_inode(&mut self.dir, |n| {
+            n.i_flags
+                .set(n.i_flags.get() | ext4kit_format::inode::EXT4_INDEX_FL)
+        })
+    }
+}
+
+/// Credits for changing one directory entry set (index levels, a split,
+/// a new block and its tree).
+fn dir_credits(dir: &InodeInfo) -> u32 {
+    let _ = dir;
+    24
+}
+
+impl Filesystem {
+    /// Look `name` up in directory `dir`.
+    pub fn lookup(&self, dir: u32, name: &[u8]) -> Result<Option<InodeInfo>, FsError> {
+        let d = self.inode(dir)?;
+        if !d.is_dir() {
+            return Err(FsError::NotADirectory);
+        }
+        match self.read(|f| f.lookup(&d, name))? {
+            Some(e) => Ok(Some(self.inode(e.ino)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn touch_dir(&self, d: &mut InodeInfo, links: i32) -> Result<(), FsError> {
+        let t = now();
+        let (s, x) = encode_time(t);
+        let dir_nlink = self.read(|f| {
+            f.info
+                .features
+                .ro_compat
+                .contains(ext4kit_format::features::RoCompat::DIR_NLINK)
+        });
+        let cur = d.links;
+        let new = match links {
+            1 if cur >= LINK_MAX - 1 || cur == 1 && d.is_dir() && cur < 2 => {
+                if dir_nlink {
+                    1
+                } else {
+                    return Err(FsError::TooManyLinks);
+                }
+            }
+            1 => cur + 1,
+            -1 if cur == 1 && d.is_dir() => 1,
+            -1 => cur.saturating_sub(1),
+            _ => cur,
+        };
+        self.edit_inode(d, |n| {
+            n.i_links_count.set(new);
+            n.i_mtime.set(s);
+            n.i_ctime.set(s);
+            if inode_has_extra(n) {
+                n.i_mtime_extra.set(x);
+                n.i_ctime_extra.set(x);
+            }
+        })
+    }
+
+    /// Run `f` as one operation on directory `parent` (its inode stored at
+    /// the end); `extra` credits for what `f` does besides the entry.
+    ///
+    /// Refusals are found before the handle starts (`absent`: the name
+    /// must not exist; the callers check the rest first); an error from
+    /// `f` fails the handle, as it may have changed blocks.
+    fn in_dir<R>(
+        &self,
+        parent: u32,
+        absent: Option<&[u8]>,
+        extra: u32,
+        groups: u32,
+        f: impl FnOnce(&Filesystem, &mut Op<'_>, &mut InodeInfo) -> Result<R, FsError>,
+    ) -> Result<(R, u32), FsError> {
+        let d = self.inode(parent)?;
+        if !d.is_dir() {
+            return Err(FsError::NotADirectory);
+        }
+        if let Some(name) = absent {
+            self.check_absent(&d, name)?;
+        }
+        let (_, nodes) = self.mapping(&d)?;
+        let credits = dir_credits(&d) + 2 * nodes.len() as u32 + extra;
+        let mut op = self.begin(credits, groups + 2)?;
+        let mut d = d;
+        match f(self, &mut op, &mut d) {
+            Ok(r) => {
+                if let Err(e) = self.store_inode(&mut op, &d) {
+                    return Err(self.fail(op, e));
+                }
+                Ok((r, self.finish(op)?))
+            }
+            Err(e) => Err(self.fail(op, e)),
+        }
+    }
+
+    fn add_entry(
+        &self,
+        op: &mut Op<'_>,
+        d: &mut InodeInfo,
+        name: &[u8],
+        ino: u32,
+        ft: u8,
+    ) -> Result<(), FsError> {
+        let mut io = DirIo::new(self, op, d.clone())?;
+        DirWriter::new(&mut io).add(name, ino, ft)?;
+        *d = io.dir;
+        Ok(())
+    }
+
+    fn check_absent(&self, d: &InodeInfo, name: &[u8]) -> Result<(), FsError> {
+        crate::dir_write::check_name(name)?;
+        if self.read(|f| f.lookup(d, name))?.is_some() {
+            return Err(FsError::Exists);
+        }
+        Ok(())
+    }
+
+    /// Create a regular file, fifo, socket or device `name` in `parent`
+    /// (mknod/create). Returns the new inode and the tid.
+    pub fn create(
+        &self,
+        parent: u32,
+        name: &[u8],
+        spec: &NewInode,
+    ) -> Result<(InodeInfo, u32), FsError> {
+        if spec.mode & S_IFMT == S_IFDIR {
+            return self.mkdir(parent, name, spec);
+        }
+        self.in_dir(parent, Some(name), 4, 2, |fs, op, d| {
+            let spec = NewInode { links: 1, ..*spec };
+            let i = fs.create_inode(op, parent, &spec)?;
+            fs.add_entry(op, d, name, i.ino, i.file_type().dirent_type())?;
+            fs.touch_dir(d, 0)?;
+            Ok(i)
+        })
+    }
+
+    /// Make directory `name` in `parent` ("." and "..", link counts,
+    /// used_dirs).
+    pub fn mkdir(
+        &self,
+        parent: u32,
+        name: &[u8],
+        spec: &NewInode,
+    ) -> Result<(InodeInfo, u32), FsError> {
+        let d = self.inode(parent)?;
+        let dir_nlink = self.read(|f| {
+            f.info
+                .features
+                .ro_compat
+                .contains(ext4kit_format::features::RoCompat::DIR_NLINK)
+        });
+        if d.links >= LINK_MAX - 1 && !dir_nlink {
+            return Err(FsError::TooManyLinks);
+        }
+        self.in_dir(parent, Some(name), 8, 3, |fs, op, d| {
+            let spec = NewInode {
+                mode: S_IFDIR | (spec.mode & 0o7777),
+                links: 2,
+                ..*spec
+            };
+            let mut i = fs.create_inode(op, parent, &spec)?;
+            let params = fs.read(|f| DirParams::new(f.info, &i));
+            let bs = fs.block_size();
+            let block = new_dir_block(&params, bs as u32, parent);
+            let group = fs.inode_group(i.ino);
+            let mut req = AllocRequest::new(1, group);
+            req.goal = Some(fs.balloc.goal_for_inode(group, false));
+            let a = fs.balloc.alloc(fs.rw.blocks(), &req)?;
+            let p = a.extents.first().map(|e| e.0).ok_or(FsError::NoSpace {
+                wanted: 1,
+                available: 0,
+            })?;
+            op.h.modify_new(p, |b| b.copy_from_slice(&block))?;
+            fs.edit_inode(&mut i, |n| {
+                n.set_size(bs);
+                n.set_blocks_512(bs / 512);
+            })?;
+            let m = Mapping {
+                lblk: 0,
+                pblk: p,
+                len: 1,
+                unwritten: false,
+            };
+            fs.write_tree(op, &mut i, &[], &[m])?;
+            fs.store_inode(op, &i)?;
+            fs.add_entry(op, d, name, i.ino, FT_DIR)?;
+            fs.touch_dir(d, 1)?;
+            Ok(i)
+        })
+    }
+
+    /// Make symlink `name` -> `target` in `parent`.
+    pub fn symlink(
+        &self,
+        parent: u32,
+        name: &[u8],
+        target: &[u8],
+        spec: &NewInode,
+    ) -> Result<(InodeInfo, u32), FsError> {
+        let bs = self.block_size();
+        if target.is_empty() || target.len() as u64 >= bs.min(4096) {
+            return Err(FsError::NameTooLong);
+        }
+        self.in_dir(parent, Some(name), 6, 3, |fs, op, d| {
+            let i = fs.create_symlink(op, parent, target, spec)?;
+            fs.add_entry(op, d, name, i.ino, FileType::Symlink.dirent_type())?;
+            fs.touch_dir(d, 0)?;
+            Ok(i)
+        })
+    }
+
+    /// Hard link `ino` as `name` in `parent` (not for directories).
+    pub fn link(&self, ino: u32, parent: u32, name: &[u8]) -> Result<u32, FsError> {
+        let i = self.inode(ino)?;
+        if i.is_dir() {
+            return Err(FsError::IsADirectory);
+        }
+        if i.links >= LINK_MAX {
+            return Err(FsError::TooManyLinks);
+        }
+        Ok(self
+            .in_dir(parent, Some(name), 3, 1, |fs, op, d| {
+                let mut i = fs.inode(ino)?;
+                let links = i.links + 1;
+                let t = now();
+                fs.edit_inode(&mut i, |n| {
+                    n.i_links_count.set(links);
+                    set_node_times(n, &Times::default(), t);
+                })?;
+                fs.store_inode(op, &i)?;
+                fs.add_entry(op, d, name, ino, i.file_type().dirent_type())?;
+                fs.touch_dir(d, 0)
+            })?
+            .1)
+    }
+
+    /// Blocks and groups a complete release of `inode` needs.
+    fn release_cost(&self, inode: &InodeInfo) -> Result<(u32, u32), FsError> {
+        if !inode.has_extents() {
+            return Ok((2, 1));
+        }
+        let (maps, nodes) = self.mapping(inode)?;
+        let l = self.descs.layout();
+        let mut groups = BTreeSet::new();
+        for m in &maps {
+            groups.extend(l.group_of(m.pblk)..=l.group_of(m.pblk + u64::from(m.len) - 1));
+        }
+        Ok((nodes.len() as u32 + 4, groups.len() as u32 + 2))
+    }
+
+    /// Free everything of `inode` inside `op` (blocks, tree, xattr block,
+    /// dtime, link count 0, inode bitmap).
+    fn release_in(&self, op: &mut Op<'_>, inode: &mut InodeInfo) -> Result<(), FsError> {
+        let bs = self.block_size();
+        let rd = self.rw.blocks();
+        let tid = op.h.tid();
+        if inode.has_extents() {
+            let (maps, nodes) = self.mapping(inode)?;
+            for m in &maps {
+                self.balloc.free(rd, tid, m.pblk, m.len)?;
+                op.h.free_extent(m.pblk, u64::from(m.len));
+            }
+            let freed: u64 = maps.iter().map(|m| u64::from(m.len)).sum();
+            let blocks = inode.blocks_512.saturating_sub(freed * (bs / 512));
+            self.edit_inode(inode, |n| n.set_blocks_512(blocks))?;
+            self.write_tree(op, inode, &nodes, &[])?;
+            if inode.is_dir() {
+                for m in &maps {
+                    for b in m.pblk..m.pblk + u64::from(m.len) {
+                        op.h.revoke(b)?;
+                    }
+                }
+            }
+        }
+        let ino = inode.ino;
+        if inode.file_acl != 0 {
+            let geo = self.xattr_geometry();
+            let mut slot = inode.raw.clone();
+            let mut io = XattrIo { fs: self, op };
+            xw::release_xattr_block(&geo, &mut io, ino, &mut slot).map_err(xattr_fs)?;
+            *inode = self.read(|fs| fs.decode_inode(ino, slot))?;
+        }
+        let t = now();
+        self.edit_inode(inode, |n| {
+            n.i_dtime.set(t.sec as u32);
+            n.i_links_count.set(0);
+            n.set_size(0);
+        })?;
+        self.store_inode(op, inode)?;
+        self.ialloc.free(rd, ino, inode.mode & S_IFMT == S_IFDIR)
+    }
+
+    /// Remove `name` (not a directory) from `parent`; the inode is freed
+    /// with its last link.
+    pub fn unlink(&self, parent: u32, name: &[u8]) -> Result<u32, FsError> {
+        self.unlink_with(parent, name, false).map(|(t, _)| t)
+    }
+
+    /// unlink for a file that is still open: the last link goes, the
+    /// inode stays (link count 0, on the orphan list, readable and
+    /// writable by number) until [`Filesystem::release_orphan`] on the last
+    /// close, or the next open after a crash frees it. Returns the tid and
+    /// whether the inode became such an orphan.
+    pub fn unlink_open(&self, parent: u32, name: &[u8]) -> Result<(u32, bool), FsError> {
+        self.unlink_with(parent, name, true)
+    }
+
+    /// The last close of an inode unlinked while open: free it.
+    pub fn release_orphan(&self, ino: u32) -> Result<u32, FsError> {
+        let i = self.inode_any(ino)?;
+        if i.links != 0 {
+            return Ok(self.rw.journal().running_tid());
+        }
+        self.delete_inode(ino)
+    }
+
+    fn unlink_with(&self, parent: u32, name: &[u8], keep: bool) -> Result<(u32, bool), FsError> {
+        let Some(target) = self.lookup(parent, name)? else {
+            return Err(FsError::NotFound);
+        };
+        if target.is_dir() {
+            return Err(FsError::IsADirectory);
+        }
+        let (c, g) = self.release_cost(&target)?;
+        let whole = !keep && target.links <= 1 && g as usize <= MAX_GROUPS * 4;
+        let (_, tid) = self.in_dir(
+            parent,
+            None,
+            c + 2,
+            if whole { g } else { 0 },
+            |fs, op, d| {
+                let mut io = DirIo::new(fs, op, d.clone())?;
+                DirWriter::new(&mut io).remove(name)?;
+                *d = io.dir;
+                fs.touch_dir(d, 0)?;
+                let mut i = fs.inode(target.ino)?;
+                if i.links <= 1 && whole {
+                    fs.release_in(op, &mut i)
+                } else {
+                    let links = i.links.saturating_sub(1);
+                    let t = now();
+                    fs.edit_inode(&mut i, |n| {
+                        n.i_links_count.set(links);
+                        set_node_times(n, &Times::default(), t);
+                    })?;
+                    if links == 0 {
+                        // Freed on release (or right after, in its own
+                        // transactions); on the orphan list until then.
+                        fs.orphan_add(op, &mut i)
+                    } else {
+                        fs.store_inode(op, &i)
+                    }
+                }
+            },
+        )?;
+        let orphan = target.links <= 1 && !whole;
+        if orphan && !keep {
+            return Ok((self.delete_inode(target.ino)?, false));
+        }
+        Ok((tid, orphan))
+    }
+
+    /// Remove the empty directory `name` from `parent`.
+    pub fn rmdir(&self, parent: u32, name: &[u8]) -> Result<u32, FsError> {
+        if name == b"." {
+            return Err(FsError::InvalidName("rmdir of '.'"));
+        }
+        if name == b".." {
+            return Err(FsError::NotEmpty);
+        }
+        let Some(target) = self.lookup(parent, name)? else {
+            return Err(FsError::NotFound);
+        };
+        if !target.is_dir() {
+            return Err(FsError::NotADirectory);
+        }
+        let entries = self.read(|f| f.read_dir(&target))?;
+        if entries.iter().any(|e| e.name != b"." && e.name != b"..") {
+            return Err(FsError::NotEmpty);
+        }
+        let (c, g) = self.release_cost(&target)?;
+        Ok(self
+            .in_dir(parent, None, c + 4, g, |fs, op, d| {
+                let mut t = fs.inode(target.ino)?;
+                let mut io = DirIo::new(fs, op, d.clone())?;
+                DirWriter::new(&mut io).remove(name)?;
+                *d = io.dir;
+                fs.touch_dir(d, -1)?;
+                fs.release_in(op, &mut t)
+            })?
+            .1)
+    }
+
+    /// Apply `f` to directory `d` through a [`DirWriter`] (its inode state
+    /// carried back into `d`).
+    fn with_dir<R>(
+        &self,
+        op: &mut Op<'_>,
+        d: &mut InodeInfo,
+        f: impl FnOnce(&mut DirWriter<'_, DirIo<'_, '_>>) -> Result<R, FsError>,
+    ) -> Result<R, FsError> {
+        let mut io = DirIo::new(self, op, d.clone())?;
+        let r = f(&mut DirWriter::new(&mut io))?;
+        *d = io.dir;
+        Ok(r)
+    }
+
+    /// Is directory `anc` the directory `ino` or one of its ancestors?
+    fn is_ancestor(&self, anc: u32, mut ino: u32) -> Result<bool, FsError> {
+        for _ in 0..4096 {
+            if ino == anc {
+                return Ok(true);
+            }
+            if ino == 2 {
+                return Ok(false);
+            }
+            let d = self.inode(ino)?;
+            let Some(up) = self.read(|f| f.lookup(&d, b".."))? else {
+                return Ok(false);
+            };
+            ino = up.ino;
+        }
+        Err(FsError::corrupt(
+            "directory",
+            "a '..' chain does not reach the root",
+        ))
+    }
+
+    /// rename(2) / renameat2: move `sname` of `sdir` to `dname` of `ddir`,
+    /// replacing an existing target (a file, or an empty directory for a
+    /// directory) unless `flags.noreplace`; `flags.exchange` swaps the two
+    /// entries. Directories moved across parents get their `..` and both
+    /// parents' link counts updated. One transaction.
+    pub fn rename(
+        &self,
+        sdir: u32,
+        sname: &[u8],
+        ddir: u32,
+        dname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<u32, FsError> {
+        if flags.noreplace && flags.exchange {
+            return Err(FsError::InvalidName(
+                "RENAME_NOREPLACE with RENAME_EXCHANGE",
+            ));
+        }
+        for n in [sname, dname] {
+            crate::dir_write::check_name(n)?;
+            if n == b"." || n == b".." {
+                return Err(FsError::InvalidName("renaming '.' or '..'"));
+            }
+        }
+        let src = self.lookup(sdir, sname)?.ok_or(FsError::NotFound)?;
+        let dst = self.lookup(ddir, dname)?;
+        // As do_renameat2: NOREPLACE is checked first, then two links of
+        // one inode make the rename a no-op (vfs_rename).
+        if flags.noreplace && dst.is_some() {
+            return Err(FsError::Exists);
+        }
+        if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
+            return Ok(self.rw.journal().running_tid());
+        }
+        if flags.exchange && dst.is_none() {
+            return Err(FsError::NotFound);
+        }
+        // A directory may not move below itself.
+        if src.is_dir() && sdir != ddir && self.is_ancestor(src.ino, ddir)? {
+            return Err(FsError::InvalidName("moving a directory into itself"));
+        }
+        if flags.exchange
+            && let Some(d) = &dst
+            && d.is_dir()
+            && sdir != ddir
+            && self.is_ancestor(d.ino, sdir)?
+        {
+            return Err(FsError::InvalidName("moving a directory into itself"));
+        }
+        let mut release = None;
+        if let (Some(d), false) = (&dst, flags.exchange) {
+            match (src.is_dir(), d.is_dir()) {
+                (true, false) => return Err(FsError::NotADirectory),
+                (false, true) => return Err(FsError::IsADirectory),
+                (true, true) => {
+                    let e = self.read(|f| f.read_dir(d))?;
+                    if e.iter().any(|x| x.name != b"." && x.name != b"..") {
+                        return Err(FsError::NotEmpty);
+                    }
+                }
+                _ => {}
+            }
+            if d.is_dir() || d.links <= 1 {
+                release = Some(self.release_cost(d)?);
+            }
+        }
+        let (rc, rg) = release.unwrap_or((2, 0));
+        let mut op = self.begin(2 * 24 + rc + 8, rg + 3)?;
+        let r = (|| -> Result<(), FsError> {
+            let mut sd = self.inode(sdir)?;
+            let mut dd_own = if ddir == sdir {
+                None
+            } else {
+                Some(self.inode(ddir)?)
+            };
+            let sft = src.file_type().dirent_type();
+            if flags.exchange {
+                let d = dst.clone().ok_or(FsError::NotFound)?;
+                let dft = d.file_type().dirent_type();
+                self.with_dir(&mut op, &mut sd, |w| {
+                    w.retarget(sname, d.ino, dft).map(|_| ())
+                })?;
+                {
+                    let dd = dd_own.as_mut().unwrap_or(&mut sd);
+                    self.with_dir(&mut op, dd, |w| w.retarget(dname, src.ino, sft).map(|_| ()))?;
+                }
+                if sdir != ddir {
+                    for (moved, to) in [(&src, ddir), (&d, sdir)] {
+                        if moved.is_dir() {
+                            let mut m = self.inode(moved.ino)?;
+                            self.with_dir(&mut op, &mut m, |w| {
+                                w.retarget(b"..", to, FT_DIR).map(|_| ())
+                            })?;
+                            self.store_inode(&mut op, &m)?;
+                        }
+                    }
+                    let dd = dd_own.as_mut().ok_or(FsError::NotFound)?;
+                    match (src.is_dir(), d.is_dir()) {
+                        (true, false) => {
+                            self.touch_dir(&mut sd, -1)?;
+                            self.touch_dir(dd, 1)?;
+                        }
+                        (false, true) => {
+                            self.touch_dir(&mut sd, 1)?;
+                            self.touch_dir(dd, -1)?;
+                        }
+                        _ => {
+                            self.touch_dir(&mut sd, 0)?;
+                            self.touch_dir(dd, 0)?;
+                        }
+                    }
+                } else {
+                    self.touch_dir(&mut sd, 0)?;
+                }
+                for ino in [src.ino, d.ino] {
+                    let mut i = self.inode(ino)?;
+                    let t = now();
+                    self.edit_inode(&mut i, |n| set_node_times(n, &Times::default(), t))?;
+                    self.store_inode(&mut op, &i)?;
+                }
+            } else {
+                // The target name first (add, or retarget over the old).
+                {
+                    let dd = dd_own.as_mut().unwrap_or(&mut sd);
+                    match &dst {
+                        Some(_) => {
+                            self.with_dir(&mut op, dd, |w| {
+                                w.retarget(dname, src.ino, sft).map(|_| ())
+                            })?;
+                        }
+                        None => self.with_dir(&mut op, dd, |w| w.add(dname, src.ino, sft))?,
+                    }
+                }
+                self.with_dir(&mut op, &mut sd, |w| w.remove(sname).map(|_| ()))?;
+                // The replaced inode loses a link (or everything).
+                let replaced_dir = dst.as_ref().is_some_and(|d| d.is_dir());
+                if let Some(d) = &dst {
+                    let mut i = self.inode(d.ino)?;
+                    if d.is_dir() || i.links <= 1 {
+                        self.release_in(&mut op, &mut i)?;
+                    } else {
+                        let links = i.links - 1;
+                        let t = now();
+                        self.edit_inode(&mut i, |n| {
+                            n.i_links_count.set(links);
+                            set_node_times(n, &Times::default(), t);
+                        })?;
+                        self.store_inode(&mut op, &i)?;
+                    }
+                }
+                if src.is_dir() && sdir != ddir {
+                    let mut m = self.inode(src.ino)?;
+                    self.with_dir(&mut op, &mut m, |w| {
+                        w.retarget(b"..", ddir, FT_DIR).map(|_| ())
+                    })?;
+                    self.store_inode(&mut op, &m)?;
+                }
+                match dd_own.as_mut() {
+                    Some(dd) => {
+                        let sl = if src.is_dir() { -1 } else { 0 };
+                        let dl = if src.is_dir() && !replaced_dir { 1 } else { 0 };
+                        self.touch_dir(&mut sd, sl)?;
+                        self.touch_dir(dd, dl)?;
+                    }
+                    None => {
+                        let l = if replaced_dir { -1 } else { 0 };
+                        self.touch_dir(&mut sd, l)?;
+                    }
+                }
+                let mut i = self.inode(src.ino)?;
+                let t = now();
+                self.edit_inode(&mut i, |n| set_node_times(n, &Times::default(), t))?;
+                self.store_inode(&mut op, &i)?;
+            }
+            self.store_inode(&mut op, &sd)?;
+            if let Some(dd) = &dd_own {
+                self.store_inode(&mut op, dd)?;
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => self.finish(op),
+            Err(e) => Err(self.fail(op, e)),
+        }
+    }
+}
+
+/// renameat2 flags.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    /// RENAME_NOREPLACE: fail with EEXIST when the target exists.
+    pub noreplace: bool,
+    /// RENAME_EXCHANGE: swap source and target (both must exist).
+    pub exchange: bool,
+}

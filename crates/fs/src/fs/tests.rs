@@ -1,0 +1,222 @@
+//! The operations layer on a fresh filesystem in memory.
+
+use std::sync::Arc;
+
+use ext4kit_device::{Device, MemDevice};
+use ext4kit_format::inode::{S_IFMT, S_IFREG};
+
+use super::*;
+use crate::balloc::tests::image;
+
+fn open(dev: &Arc<MemDevice>) -> Filesystem {
+    Filesystem::open(dev.clone() as Arc<dyn Device>, RwOptions::default()).unwrap()
+}
+
+fn new_file(fs: &Filesystem) -> u32 {
+    let mut op = fs.begin(2, 2).unwrap();
+    let spec = NewInode {
+        mode: S_IFREG | 0o644,
+        uid: 1000,
+        gid: 100,
+        links: 1,
+        time: None,
+        rdev: None,
+    };
+    let i = fs.create_inode(&mut op, 2, &spec).unwrap();
+    fs.finish(op).unwrap();
+    i.ino
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+fn read_all(fs: &Filesystem, ino: u32) -> Vec<u8> {
+    let size = fs.inode(ino).unwrap().size as usize;
+    let mut v = vec![0u8; size];
+    assert_eq!(fs.read_at(ino, 0, &mut v).unwrap(), size);
+    v
+}
+
+#[test]
+fn cut_and_normalize() {
+    let m = |l, p, n, u| Mapping {
+        lblk: l,
+        pblk: p,
+        len: n,
+        unwritten: u,
+    };
+    let v = vec![
+        m(0, 100, 10, false),
+        m(10, 110, 5, false),
+        m(20, 200, 5, true),
+    ];
+    let n = normalize(v.clone());
+    assert_eq!(n, vec![m(0, 100, 15, false), m(20, 200, 5, true)]);
+    let (out, inside) = cut(&n, 5, 22);
+    assert_eq!(out, vec![m(0, 100, 5, false), m(22, 202, 3, true)]);
+    assert_eq!(inside, vec![m(5, 105, 10, false), m(20, 200, 2, true)]);
+    // Merging stops at the longest extent of each state.
+    let big = normalize(vec![m(0, 0, 32768, false), m(32768, 32768, 1, false)]);
+    assert_eq!(big.len(), 2);
+}
+
+#[test]
+fn create_write_read_truncate_delete_reopen() {
+    let dev = Arc::new(image(64 << 20, &[]));
+    let fs = open(&dev);
+    let free0 = fs.block_alloc().free_blocks();
+    let ifree0 = fs.inode_alloc().free_inodes();
+    let ino = new_file(&fs);
+    let i = fs.inode(ino).unwrap();
+    assert_eq!(i.mode & S_IFMT, S_IFREG);
+    assert_eq!((i.uid, i.gid, i.links, i.size), (1000, 100, 1, 0));
+    assert!(i.has_extents() && i.crtime.is_some() && i.extra_isize == 32);
+    // A write at an unaligned offset, then an overwrite in the middle.
+    let a = pattern(10_000, 1);
+    fs.write_at(ino, 3000, &a).unwrap();
+    let b = pattern(2000, 7);
+    fs.write_at(ino, 5000, &b).unwrap();
+    let mut want = vec![0u8; 3000];
+    want.extend_from_slice(&a);
+    want[5000..7000].copy_from_slice(&b);
+    assert_eq!(read_all(&fs, ino), want);
+    let i = fs.inode(ino).unwrap();
+    assert_eq!(i.size, 13_000);
+    // 1 KiB blocks: blocks 2..=12 written (0 and 1 are a hole), i_blocks
+    // in 512-byte units.
+    assert_eq!(i.blocks_512, 11 * 2);
+    // Truncate inside a block: the tail reads zeros after growing again.
+    fs.truncate(ino, 4500).unwrap();
+    fs.truncate(ino, 6000).unwrap();
+    want.truncate(4500);
+    want.resize(6000, 0);
+    assert_eq!(read_all(&fs, ino), want);
+    assert_eq!(fs.inode(ino).unwrap().blocks_512, 3 * 2);
+    // Sparse write far away (a hole between).
+    fs.write_at(ino, 1 << 20, b"end").unwrap();
+    want.resize(1 << 20, 0);
+    want.extend_from_slice(b"end");
+    assert_eq!(read_all(&fs, ino), want);
+    fs.close().unwrap();
+    // Reopened: everything is there.
+    let fs = open(&dev);
+    assert_eq!(read_all(&fs, ino), want);
+    fs.delete_inode(ino).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.block_alloc().free_blocks(), free0);
+    assert_eq!(fs.inode_alloc().free_inodes(), ifree0);
+    fs.close().unwrap();
+}
+
+#[test]
+fn fragmented_file_grows_a_deep_tree_and_shrinks_back() {
+    let dev = Arc::new(image(64 << 20, &[]));
+    let fs = open(&dev);
+    let free0 = fs.block_alloc().free_blocks();
+    let ino = new_file(&fs);
+    // Every other block: one extent each (1 KiB blocks: 84 per leaf).
+    let n = 400u64;
+    for k in 0..n {
+        fs.write_at(ino, 2 * k * 1024, &pattern(1024, k as u8))
+            .unwrap();
+    }
+    let i = fs.inode(ino).unwrap();
+    let (maps, nodes) = fs.read(|f| f.extent_tree(&i)).unwrap();
+    assert!(maps.len() as u64 >= n / 2, "{} extents", maps.len());
+    let depth = nodes.iter().map(|x| x.depth).max().unwrap();
+    assert_eq!(depth, 2, "5 leaves need an index level below the root");
+    let tree = nodes.iter().filter(|x| x.pblk != 0).count() as u64;
+    assert_eq!(i.blocks_512, (n + tree) * 2);
+    for k in [0u64, 1, 77, n - 1] {
+        let mut b = vec![0u8; 1024];
+        fs.read_at(ino, 2 * k * 1024, &mut b).unwrap();
+        assert_eq!(b, pattern(1024, k as u8), "block {k}");
+    }
+    fs.truncate(ino, 3 * 1024).unwrap();
+    let i = fs.inode(ino).unwrap();
+    let (maps, nodes) = fs.read(|f| f.extent_tree(&i)).unwrap();
+    assert_eq!(nodes.len(), 1, "back to a root-only tree");
+    assert_eq!(maps.len(), 2);
+    fs.truncate(ino, 0).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.inode(ino).unwrap().blocks_512, 0);
+    assert_eq!(fs.block_alloc().free_blocks(), free0);
+    fs.close().unwrap();
+}
+
+#[test]
+fn fallocate_modes_keep_the_mapping_and_counts() {
+    let dev = Arc::new(image(64 << 20, &[]));
+    let fs = open(&dev);
+    let free0 = fs.block_alloc().free_blocks();
+    let ino = new_file(&fs);
+    let maps = |fs: &Filesystem| {
+        let i = fs.inode(ino).unwrap();
+        (fs.read(|f| f.extents(&i)).unwrap(), i)
+    };
+    fs.fallocate(ino, 0, 100 * 1024, Falloc::default()).unwrap();
+    let (m, i) = maps(&fs);
+    assert!(m.iter().all(|x| x.unwritten));
+    assert_eq!((i.size, i.blocks_512), (100 * 1024, 200));
+    // A write in the middle splits the unwritten extent in three.
+    fs.write_at(ino, 10 * 1024, &[7u8; 2048]).unwrap();
+    let (m, _) = maps(&fs);
+    let states: Vec<(u64, u32, bool)> = m.iter().map(|x| (x.lblk, x.len, x.unwritten)).collect();
+    assert_eq!(states, vec![(0, 10, true), (10, 2, false), (12, 88, true)]);
+    // KEEP_SIZE: blocks past the end, size unchanged.
+    let keep = Falloc {
+        keep_size: true,
+        ..Falloc::default()
+    };
+    fs.fallocate(ino, 100 * 1024, 50 * 1024, keep).unwrap();
+    let (_, i) = maps(&fs);
+    assert_eq!((i.size, i.blocks_512), (100 * 1024, 300));
+    // Punch the written blocks and a bit more: freed, reads zeros.
+    let punch = Falloc {
+        keep_size: true,
+        punch_hole: true,
+        ..Falloc::default()
+    };
+    fs.fallocate(ino, 9 * 1024, 4 * 1024, punch).unwrap();
+    let (m, i) = maps(&fs);
+    assert!(m.iter().all(|x| x.end() <= 9 || x.lblk >= 13));
+    assert_eq!(i.blocks_512, 300 - 8);
+    let mut b = vec![1u8; 4096];
+    fs.read_at(ino, 9 * 1024, &mut b).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    // ZERO_RANGE over a written block makes it unwritten (reads zeros).
+    fs.write_at(ino, 20 * 1024, &[9u8; 1024]).unwrap();
+    let zero = Falloc {
+        zero_range: true,
+        ..Falloc::default()
+    };
+    fs.fallocate(ino, 20 * 1024, 1024, zero).unwrap();
+    let (m, _) = maps(&fs);
+    assert!(
+        m.iter()
+            .any(|x| x.lblk <= 20 && 20 < x.end() && x.unwritten)
+    );
+    fs.read_at(ino, 20 * 1024, &mut b[..1024]).unwrap();
+    assert!(b[..1024].iter().all(|&x| x == 0));
+    // Refusals.
+    assert!(
+        fs.fallocate(
+            ino,
+            0,
+            1024,
+            Falloc {
+                punch_hole: true,
+                ..Falloc::default()
+            }
+        )
+        .is_err()
+    );
+    assert!(fs.fallocate(ino, 0, 0, Falloc::default()).is_err());
+    fs.delete_inode(ino).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.block_alloc().free_blocks(), free0);
+    fs.close().unwrap();
+}
