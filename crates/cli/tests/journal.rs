@@ -31,10 +31,6 @@ fn e2fs_tools() -> Result<(), String> {
     Ok(())
 }
 
-fn copy(src: &Path, dst: &Path) {
-    run_ok(tool("cp").arg("--sparse=always").arg(src).arg(dst)).unwrap();
-}
-
 /// Superblock fields that say when and how much was written, and the
 /// checksum over them: the only bytes allowed to differ from e2fsck's.
 fn mask_superblock(img: &Path) {
@@ -77,8 +73,8 @@ const RECOVER: u32 = 0x4;
 fn replay_like_e2fsck(img: &Path, dir: &Path) -> (String, PathBuf) {
     let ours = dir.join("ours.img");
     let theirs = dir.join("theirs.img");
-    copy(img, &ours);
-    copy(img, &theirs);
+    sparse_copy(img, &ours);
+    sparse_copy(img, &theirs);
     let out = run(ext4kit().args(["journal", "replay"]).arg(&ours)).unwrap();
     assert!(
         out.status.success(),
@@ -106,8 +102,8 @@ fn replay_like_e2fsck(img: &Path, dir: &Path) -> (String, PathBuf) {
         assert!(a.checksum_ok(), "superblock checksum");
     }
     let (ma, mb) = (dir.join("ours.masked"), dir.join("theirs.masked"));
-    copy(&ours, &ma);
-    copy(&theirs, &mb);
+    sparse_copy(&ours, &ma);
+    sparse_copy(&theirs, &mb);
     mask_superblock(&ma);
     mask_superblock(&mb);
     sparse_equal(&ma, &mb).unwrap_or_else(|e| panic!("replay differs from e2fsck's: {e}"));
@@ -481,7 +477,7 @@ fn refusals_are_one_line_and_write_nothing() {
     // fast_commit filesystem) are refused: the log's end moves.
     let fc = dir.path().join("fc.img");
     let fcdir = image_dir();
-    copy(&debugfs_image(fcdir.path(), Csum::V3, 1024), &fc);
+    sparse_copy(&debugfs_image(fcdir.path(), Csum::V3, 1024), &fc);
     patch_jsb(&fc, 1024, |j| j[0x2B] |= 0x20);
     for (img, want) in [
         (&nj, "has no journal"),
@@ -545,7 +541,7 @@ fn fuzz_campaign(base: &Path, dir: &Path, bs: u64, cases: u64, seed: u64) -> (u3
     let ours = dir.join("ours.img");
     let theirs = dir.join("theirs.img");
     for case in 0..cases {
-        copy(base, &img);
+        sparse_copy(base, &img);
         {
             let f = fs::OpenOptions::new().write(true).open(&img).unwrap();
             for _ in 0..1 + next() % 4 {
@@ -560,8 +556,8 @@ fn fuzz_campaign(base: &Path, dir: &Path, bs: u64, cases: u64, seed: u64) -> (u3
                 f.write_all_at(&[v], phys[l] * bs + off).unwrap();
             }
         }
-        copy(&img, &ours);
-        copy(&img, &theirs);
+        sparse_copy(&img, &ours);
+        sparse_copy(&img, &theirs);
         let out = run(ext4kit().args(["journal", "replay"]).arg(&ours)).unwrap();
         let t = text(&out);
         assert!(!t.contains("panicked"), "case {case}: {t}");
@@ -708,7 +704,7 @@ fn kernel_dirty_journals_replay_like_e2fsck() {
                 fs::write(m.path().join(format!("d/f{i}")), format!("x{i}\n")).unwrap();
             }
             fsync(&m.path().join("d/f200"));
-            copy(&base, &copyimg);
+            sparse_copy(&base, &copyimg);
         }
         m.unmount().unwrap();
         drop(lo);

@@ -34,42 +34,6 @@ use ext4kit_fs::{BlockRead, DeviceBlocks};
 
 // ---------------------------------------------------------------- helpers
 
-fn tools() -> Result<(), String> {
-    for t in ["mke2fs", "e2fsck"] {
-        if !have(t) {
-            return Err(format!("{t} not found"));
-        }
-    }
-    Ok(())
-}
-
-fn mkimg(dir: &Path, name: &str, size: &str, args: &[&str]) -> PathBuf {
-    let img = dir.join(name);
-    let _ = fs::remove_file(&img);
-    run_ok(tool("truncate").args(["-s", size]).arg(&img)).unwrap();
-    run_ok(
-        mke2fs(["-q", "-F", "-t", "ext4", "-U", UUID, "-E", "nodiscard"])
-            .args(args)
-            .arg(&img),
-    )
-    .unwrap();
-    img
-}
-
-fn copy(src: &Path, dst: &Path) {
-    run_ok(tool("cp").arg("--sparse=always").arg(src).arg(dst)).unwrap();
-}
-
-fn open_file(img: &Path) -> Arc<dyn Device> {
-    // Not exclusive: a child process forked by a parallel test may hold
-    // a copy of the descriptor (and its flock) for a moment.
-    let o = OpenOptions {
-        write: true,
-        exclusive: false,
-    };
-    Arc::new(FileDevice::open(img, o).unwrap())
-}
-
 fn opts(csum: JournalCsum) -> RwOptions {
     RwOptions {
         journal: JournalOptions {
@@ -228,8 +192,8 @@ fn ours_equals_e2fsck(img: &Path, dir: &Path) -> PathBuf {
 fn ours_equals_e2fsck_rec(img: &Path, dir: &Path) -> (PathBuf, journal::Recovery) {
     let ours = dir.join("ours.img");
     let theirs = dir.join("theirs.img");
-    copy(img, &ours);
-    copy(img, &theirs);
+    sparse_copy(img, &ours);
+    sparse_copy(img, &theirs);
     let rec = {
         let dev = FileDevice::open(
             &ours,
@@ -252,8 +216,8 @@ fn ours_equals_e2fsck_rec(img: &Path, dir: &Path) -> (PathBuf, journal::Recovery
     .unwrap();
     assert!(e.status.code().is_some_and(|c| c <= 1), "e2fsck: {e:?}");
     let (ma, mb) = (dir.join("ours.masked"), dir.join("theirs.masked"));
-    copy(&ours, &ma);
-    copy(&theirs, &mb);
+    sparse_copy(&ours, &ma);
+    sparse_copy(&theirs, &mb);
     for p in [&ma, &mb] {
         let f = fs::OpenOptions::new().write(true).open(p).unwrap();
         for (off, len) in [
@@ -276,7 +240,7 @@ fn ours_equals_e2fsck_rec(img: &Path, dir: &Path) -> (PathBuf, journal::Recovery
 /// `-fn` is clean; returns the state.
 fn e2fsck_fy_state(img: &Path, dir: &Path) -> State {
     let p = dir.join("fy.img");
-    copy(img, &p);
+    sparse_copy(img, &p);
     let out = run(tool("e2fsck").arg("-fy").arg(&p)).unwrap();
     let t = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.code().is_some_and(|c| c <= 1), "e2fsck -fy: {t}");
@@ -301,7 +265,7 @@ fn kernel_check(img: &Path, dir: &Path, want: &State, what: &str) {
         return skip(what, &why);
     }
     let p = dir.join("kernel.img");
-    copy(img, &p);
+    sparse_copy(img, &p);
     {
         let lo = LoopDev::attach(&p).unwrap();
         let m = Mount::new(lo.path(), "ext4", None).unwrap();
@@ -444,7 +408,7 @@ fn committed_case(c: &Case, dir: &Path) {
 
 #[test]
 fn committed_journal_replays_like_e2fsck_and_the_kernel() {
-    if let Err(why) = tools() {
+    if let Err(why) = e2fs_tools() {
         return skip("committed_journal_replays_like_e2fsck_and_the_kernel", &why);
     }
     let dir = image_dir();
@@ -544,7 +508,7 @@ fn committed_journal_replays_like_e2fsck_and_the_kernel() {
 
 #[test]
 fn clean_close_is_clean_for_e2fsck_and_the_kernel() {
-    if let Err(why) = tools() {
+    if let Err(why) = e2fs_tools() {
         return skip("clean_close_is_clean_for_e2fsck_and_the_kernel", &why);
     }
     let dir = image_dir();
@@ -597,7 +561,7 @@ fn clean_close_is_clean_for_e2fsck_and_the_kernel() {
 
 #[test]
 fn open_replays_a_dirty_journal_and_refuses_what_it_cannot_write() {
-    if let Err(why) = tools() {
+    if let Err(why) = e2fs_tools() {
         return skip(
             "open_replays_a_dirty_journal_and_refuses_what_it_cannot_write",
             &why,
@@ -757,7 +721,7 @@ fn campaign_size() -> (u32, usize, u64, u64) {
 
 #[test]
 fn crash_at_every_write_recovers_a_committed_prefix() {
-    if let Err(why) = tools() {
+    if let Err(why) = e2fs_tools() {
         return skip("crash_at_every_write_recovers_a_committed_prefix", &why);
     }
     let dir = image_dir();
@@ -897,7 +861,7 @@ fn crash_at_every_write_recovers_a_committed_prefix() {
 #[test]
 fn kernel_then_ext4kit_then_kernel() {
     const WHAT: &str = "kernel_then_ext4kit_then_kernel";
-    if let Err(why) = tools().and_then(|()| kernel_mount_available()) {
+    if let Err(why) = e2fs_tools().and_then(|()| kernel_mount_available()) {
         return skip(WHAT, &why);
     }
     if !have("python3") || !have("debugfs") {

@@ -13,42 +13,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::*;
-use ext4kit_device::{CutMode, Device, FaultDevice, FileDevice, MemDevice, OpenOptions};
+use ext4kit_device::{CutMode, Device, FaultDevice, MemDevice};
 use ext4kit_format::inode::S_IFREG;
 use ext4kit_fs::fs::{Falloc, Filesystem, NewInode, SetAttr, Times};
 use ext4kit_fs::inode::Timestamp;
 use ext4kit_fs::rw::RwOptions;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-
-fn tools() -> Result<(), String> {
-    for t in ["mke2fs", "e2fsck", "debugfs"] {
-        if !have(t) {
-            return Err(format!("{t} not found"));
-        }
-    }
-    Ok(())
-}
-
-fn mkimg(dir: &Path, name: &str, size: &str, args: &[&str]) -> PathBuf {
-    let img = dir.join(name);
-    let _ = fs::remove_file(&img);
-    run_ok(tool("truncate").args(["-s", size]).arg(&img)).unwrap();
-    run_ok(
-        mke2fs(["-q", "-F", "-t", "ext4", "-U", UUID, "-E", "nodiscard"])
-            .args(args)
-            .arg(&img),
-    )
-    .unwrap();
-    img
-}
-
-fn open_file(img: &Path) -> Arc<dyn Device> {
-    let o = OpenOptions {
-        write: true,
-        exclusive: false,
-    };
-    Arc::new(FileDevice::open(img, o).unwrap())
-}
 
 fn new_file(fs: &Filesystem) -> u32 {
     let mut op = fs.begin(2, 2).unwrap();
@@ -220,7 +190,7 @@ fn check_case(dir: &Path, name: &str, args: &[&str]) {
 #[test]
 fn kernel_reads_what_ext4kit_wrote() {
     let name = "kernel_reads_what_ext4kit_wrote";
-    if let Err(r) = tools().and_then(|_| kernel_mount_available()) {
+    if let Err(r) = e2fs_tools().and_then(|_| kernel_mount_available()) {
         return skip(name, &r);
     }
     let dir = image_dir();
@@ -298,7 +268,7 @@ fn kernel_reads_what_ext4kit_wrote() {
 
 #[test]
 fn written_files_read_back_by_debugfs_and_e2fsck_clean() {
-    if let Err(r) = tools() {
+    if let Err(r) = e2fs_tools() {
         return skip("written_files_read_back_by_debugfs_and_e2fsck_clean", &r);
     }
     let dir = image_dir();
@@ -322,7 +292,7 @@ fn written_files_read_back_by_debugfs_and_e2fsck_clean() {
 /// returned, and e2fsck is clean once the file is linked.
 #[test]
 fn crash_at_every_write_recovers_a_committed_state() {
-    if let Err(r) = tools() {
+    if let Err(r) = e2fs_tools() {
         return skip("crash_at_every_write_recovers_a_committed_state", &r);
     }
     let dir = image_dir();
@@ -457,7 +427,7 @@ impl Rng {
 #[test]
 fn random_sequences_match_the_model() {
     let name = "random_sequences_match_the_model";
-    if let Err(r) = tools() {
+    if let Err(r) = e2fs_tools() {
         return skip(name, &r);
     }
     let runs: u64 = std::env::var("EXT4KIT_OPS_MODEL")
@@ -578,7 +548,7 @@ fn stat_line(img: &Path, path: &str) -> String {
 /// exits 1 and leaves the image as it was.
 #[test]
 fn attribute_and_size_tools() {
-    if let Err(r) = tools() {
+    if let Err(r) = e2fs_tools() {
         return skip("attribute_and_size_tools", &r);
     }
     let dir = image_dir();
@@ -662,7 +632,7 @@ fn attribute_and_size_tools() {
 /// block; getfattr/getfacl through the kernel (as root) and e2fsck agree.
 #[test]
 fn xattrs_through_the_operations_layer() {
-    if let Err(r) = tools() {
+    if let Err(r) = e2fs_tools() {
         return skip("xattrs_through_the_operations_layer", &r);
     }
     use ext4kit_fs::xattr_write::SetMode;
@@ -769,7 +739,7 @@ fn xattrs_through_the_operations_layer() {
 /// kernel read the same targets and device numbers.
 #[test]
 fn symlinks_and_devices() {
-    if let Err(r) = tools() {
+    if let Err(r) = e2fs_tools() {
         return skip("symlinks_and_devices", &r);
     }
     use ext4kit_format::inode::{S_IFBLK, S_IFCHR, S_IFIFO, S_IFSOCK};
@@ -870,7 +840,7 @@ fn symlinks_and_devices() {
 /// leaves the image clean; refusals write nothing.
 #[test]
 fn cp_between_image_and_host() {
-    if let Err(r) = tools() {
+    if let Err(r) = e2fs_tools() {
         return skip("cp_between_image_and_host", &r);
     }
     let dir = image_dir();
@@ -1035,7 +1005,7 @@ fn cp_between_image_and_host() {
 /// the same names, types and link counts; refusals change nothing.
 #[test]
 fn namespace_operations() {
-    if let Err(r) = tools() {
+    if let Err(r) = e2fs_tools() {
         return skip("namespace_operations", &r);
     }
     use ext4kit_format::inode::{S_IFCHR, S_IFDIR, S_IFIFO, S_IFSOCK};
@@ -1171,7 +1141,7 @@ fn namespace_operations() {
 /// after everything; the kernel sees the result.
 #[test]
 fn rename_cases() {
-    if let Err(r) = tools() {
+    if let Err(r) = e2fs_tools() {
         return skip("rename_cases", &r);
     }
     use ext4kit_format::inode::S_IFDIR;
@@ -1272,7 +1242,7 @@ fn rename_cases() {
 /// coreutils would leave them, e2fsck clean, one-line errors.
 #[test]
 fn mv_and_ln_tools() {
-    if let Err(r) = tools() {
+    if let Err(r) = e2fs_tools() {
         return skip("mv_and_ln_tools", &r);
     }
     let dir = image_dir();
@@ -1331,7 +1301,7 @@ fn mv_and_ln_tools() {
 /// and e2fsck is clean. `EXT4KIT_NS_MODEL=N` sequences (default 4).
 #[test]
 fn random_namespace_matches_the_model() {
-    if let Err(r) = tools() {
+    if let Err(r) = e2fs_tools() {
         return skip("random_namespace_matches_the_model", &r);
     }
     use ext4kit_format::inode::S_IFDIR;
@@ -1638,7 +1608,7 @@ fn random_namespace_matches_the_model() {
 /// returned, and e2fsck is clean.
 #[test]
 fn crash_in_namespace_operations_recovers_a_committed_tree() {
-    if let Err(r) = tools() {
+    if let Err(r) = e2fs_tools() {
         return skip(
             "crash_in_namespace_operations_recovers_a_committed_tree",
             &r,
@@ -1745,7 +1715,7 @@ fn crash_in_namespace_operations_recovers_a_committed_tree() {
 /// it. e2fsck clean every way.
 #[test]
 fn unlink_while_open_and_orphans_after_a_crash() {
-    if let Err(r) = tools() {
+    if let Err(r) = e2fs_tools() {
         return skip("unlink_while_open_and_orphans_after_a_crash", &r);
     }
     let dir = image_dir();

@@ -672,3 +672,44 @@ pub fn debugfs_ea_list(img: &Path, path: &str) -> Vec<(String, usize)> {
         })
         .collect()
 }
+
+/// `mke2fs` and `e2fsck` are installed (for a `skip` line otherwise).
+pub fn e2fs_tools() -> Result<(), String> {
+    for t in ["mke2fs", "e2fsck"] {
+        if !have(t) {
+            return Err(format!("{t} not found"));
+        }
+    }
+    Ok(())
+}
+
+/// A new sparse image `dir/name` of `size` made by mke2fs (ext4, [`UUID`],
+/// no discard) with extra `args`.
+pub fn mkimg(dir: &Path, name: &str, size: &str, args: &[&str]) -> PathBuf {
+    let img = dir.join(name);
+    let _ = std::fs::remove_file(&img);
+    run_ok(tool("truncate").args(["-s", size]).arg(&img)).unwrap();
+    run_ok(
+        mke2fs(["-q", "-F", "-t", "ext4", "-U", UUID, "-E", "nodiscard"])
+            .args(args)
+            .arg(&img),
+    )
+    .unwrap();
+    img
+}
+
+/// Copy an image, keeping its holes.
+pub fn sparse_copy(src: &Path, dst: &Path) {
+    run_ok(tool("cp").arg("--sparse=always").arg(src).arg(dst)).unwrap();
+}
+
+/// An image file opened read-write as a shared device. Not exclusive: a
+/// child process forked by a parallel test may hold a copy of the
+/// descriptor (and its flock) for a moment.
+pub fn open_file(img: &Path) -> std::sync::Arc<dyn Device> {
+    let o = OpenOptions {
+        write: true,
+        exclusive: false,
+    };
+    std::sync::Arc::new(FileDevice::open(img, o).unwrap())
+}
