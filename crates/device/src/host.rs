@@ -108,3 +108,24 @@ pub fn xattrs(path: &Path) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     }
     Ok(out)
 }
+
+/// Seconds since the epoch as `time(2)` and the kernel's superblock
+/// stamps (`ktime_get_real_seconds`) see them: the coarse real-time clock,
+/// which lags the fine one by up to a tick. A superblock stamped from the
+/// fine clock just after a second turns can read as "in the future" to an
+/// e2fsck started a millisecond later.
+pub fn realtime_coarse_secs() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    if r == 0 && ts.tv_sec >= 0 {
+        ts.tv_sec as u64
+    } else {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    }
+}

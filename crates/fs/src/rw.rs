@@ -25,7 +25,6 @@
 //! real tools before the inode module exists.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use ext4kit_device::Device;
 use ext4kit_format::Csum;
@@ -258,11 +257,10 @@ fn fs_err(e: recover::RecoverError) -> FsError {
     FsError::Recover(e)
 }
 
-fn now() -> (u64, u32) {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    (d.as_secs(), d.subsec_nanos())
+/// Seconds for the superblock's stamps: the coarse clock, as the kernel
+/// and e2fsck's `time(2)` read it.
+fn now() -> u64 {
+    ext4kit_device::host::realtime_coarse_secs()
 }
 
 fn stamp(lo: &mut zerocopy::little_endian::U32, hi: &mut u8, t: u64) {
@@ -357,7 +355,7 @@ impl RwFs {
             RoCompat(sb.s_feature_ro_compat.get()).contains(RoCompat::METADATA_CSUM);
         let w = JournalWriter::new(dev.clone(), j, opts.journal)?;
         // needs_recovery on disk before the first commit (ext4_setup_super).
-        let (t, _) = now();
+        let t = now();
         write_sb_direct(&*dev, |sb| {
             let inc = sb.s_feature_incompat.get() | Incompat::RECOVER.bits();
             sb.s_feature_incompat.set(inc);
@@ -437,7 +435,7 @@ impl RwFs {
         self.w.shutdown()?;
         let st = self.w.stats();
         let written_kb = ((st.log_blocks_written + st.home_blocks_written + 2) * bs) >> 10;
-        let (t, _) = now();
+        let t = now();
         // Everything is home now: the summary counts come from the group
         // descriptors, as the kernel's unmount writes its counters.
         let dev = &**self.w.device();
