@@ -560,6 +560,7 @@ impl Observer for Progress<'_> {
                         wait,
                         multiplier,
                         load,
+                        signals,
                         ..
                     } => json!({
                         "event": "batch",
@@ -569,6 +570,13 @@ impl Observer for Progress<'_> {
                         "wait_us": wait.as_micros() as u64,
                         "mult": (multiplier * 100.0).round() / 100.0,
                         "load": (load * 1000.0).round() / 1000.0,
+                        "signals": {
+                            "disk": (signals.disk * 1000.0).round() / 1000.0,
+                            "stall": (signals.stall * 1000.0).round() / 1000.0,
+                            "cpu": (signals.cpu * 1000.0).round() / 1000.0,
+                            "requests": (signals.requests * 1000.0).round() / 1000.0,
+                            "slowdown": (signals.slowdown * 1000.0).round() / 1000.0,
+                        },
                     }),
                     Event::Finished { device, .. } => {
                         json!({"event": "finished", "device": device})

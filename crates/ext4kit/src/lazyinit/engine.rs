@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::pacing::{Clock, Pace, Pacer};
+use super::pacing::{Clock, Pace, Pacer, Signals};
 use super::zero::{ZeroStats, Zeroer};
 use super::{Job, LazyError, commit_zeroed};
 
@@ -75,6 +75,8 @@ pub enum Event<'a> {
         multiplier: f64,
         /// Foreign load estimate (adaptive pacing), 0..1.
         load: f64,
+        /// The pressures behind it (adaptive pacing; all 0 otherwise).
+        signals: Signals,
     },
     /// Every group of a filesystem is done.
     Finished { job: usize, device: &'a str },
@@ -326,6 +328,7 @@ impl<'a, 'd> Engine<'a, 'd> {
         // Refuse to zero anything if someone changed the descriptors.
         slot.job.image.verify_desc_block_unchanged(di)?;
         let mut requests = 1u64;
+        let mut bytes = 0u64;
         let mut done: Vec<(u32, ZeroStats)> = Vec::new();
         let batch_time = if slot.pacer.full_speed() {
             opts.max_batch_time
@@ -341,6 +344,7 @@ impl<'a, 'd> Engine<'a, 'd> {
             let (off, len) = w.byte_range(&geom);
             let st = slot.zeroer.zero_range(dev, off, len, geom.block_size)?;
             requests += st.requests;
+            bytes += st.bytes_zeroed + st.bytes_read;
             done.push((w.group, st));
             if stop.is_some_and(|f| f.load(Ordering::SeqCst))
                 || clock.now().saturating_sub(t0) >= batch_time
@@ -356,7 +360,7 @@ impl<'a, 'd> Engine<'a, 'd> {
         let t1 = clock.now();
         let elapsed = t1.saturating_sub(t0);
         let s1 = slot.job.load.as_mut().and_then(|l| l.sample());
-        let wait = slot.pacer.after_work(t1, elapsed, requests, s1);
+        let wait = slot.pacer.after_work(t1, elapsed, requests, bytes, s1);
         slot.next_due = t1 + wait;
         slot.work_time += elapsed;
         slot.zeroed_now += groups.len() as u32;
@@ -383,6 +387,7 @@ impl<'a, 'd> Engine<'a, 'd> {
             wait,
             multiplier: slot.pacer.multiplier(),
             load: slot.pacer.load(),
+            signals: slot.pacer.signals(),
         });
         Ok(())
     }

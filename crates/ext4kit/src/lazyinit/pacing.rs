@@ -240,7 +240,8 @@ impl Ewma {
 ///    thresholds ([`REQ_IDLE`]..[`REQ_BUSY`]).
 /// 3. **Our own slowdown** (LEDBAT-style: a background transfer yields
 ///    when its own latency grows): the cost of a unit, work time per
-///    request issued, smoothed over about [`COST_TAU`] of work, against its
+///    byte zeroed or read (not per request: a batch's fixed requests would
+///    make long batches look slow), smoothed over about [`COST_TAU`] of work, against its
 ///    baseline, the lowest smoothed cost seen (drifting up by a factor e
 ///    per [`BASE_DRIFT`] of work so that it can follow a change of the
 ///    work itself). Contention for anything we share with the foreground
@@ -253,8 +254,8 @@ impl Ewma {
 ///    cost (time constant [`BASE_RELAX`] of idle time): a slowdown that
 ///    nothing else explains is eventually taken as the new normal.
 ///
-/// A pressure counts only as far as the previous unit showed it too (the
-/// smaller of the two is used): single outliers are common on an idle
+/// A pressure counts only as far as the two previous units showed it too
+/// (the smallest of the three is used): single outliers are common on an idle
 /// machine. The multiplier moves towards the target by [`BACKOFF_GAIN`] of the gap
 /// per unit when it must rise (but at most to twice its value, or to
 /// [`RAMP_START`] from 0, so that a short burst costs one short wait), and falls by at least [`RECOVER_GAIN`] of
@@ -295,14 +296,16 @@ pub struct Pacer {
     idle_pressure: f64,
     idle_quiet: bool,
     idle_secs: f64,
-    /// Decayed sums of work seconds and of requests (own cost).
+    /// Decayed sums of work seconds and of bytes touched (own cost).
     cost_secs: f64,
-    cost_reqs: f64,
-    /// Baseline cost (seconds per request) and the units measured so far.
+    cost_bytes: f64,
+    /// Baseline cost (seconds per byte) and the units measured so far.
     base: Option<f64>,
     cost_units: u32,
     /// The pressure of the previous unit, before debouncing.
     prev_pressure: f64,
+    /// The pressure of the unit before that.
+    prev_pressure2: f64,
     /// The last signals (for reports and tests).
     signals: Signals,
     have_signal: bool,
@@ -351,10 +354,11 @@ impl Pacer {
             idle_quiet: false,
             idle_secs: 0.0,
             cost_secs: 0.0,
-            cost_reqs: 0.0,
+            cost_bytes: 0.0,
             base: None,
             cost_units: 0,
             prev_pressure: 0.0,
+            prev_pressure2: 0.0,
             signals: Signals::default(),
             have_signal: false,
         }
@@ -478,6 +482,7 @@ impl Pacer {
         now: Duration,
         elapsed: Duration,
         our_requests: u64,
+        our_bytes: u64,
         sample: Option<LoadSample>,
     ) -> Duration {
         let smoothed = self.work.update(elapsed.as_secs_f64());
@@ -509,8 +514,10 @@ impl Pacer {
 
         // Our own cost per request against its baseline.
         let secs = elapsed.as_secs_f64();
-        let slow = if our_requests > 0 && secs > 0.0 {
-            self.own_slowdown(secs, our_requests as f64)
+        // Per byte, not per request: a batch's fixed requests (flushes, the
+        // descriptor block) would make long batches look slower per request.
+        let slow = if our_bytes > 0 && secs > 0.0 {
+            self.own_slowdown(secs, our_bytes as f64)
         } else {
             0.0
         };
@@ -525,10 +532,12 @@ impl Pacer {
             .idle_pressure
             .max(self.signals.requests)
             .max(slow_pressure);
-        // One unit alone is not believed: a single slow unit, a burst of
-        // someone's requests or a tick of CPU in a short window are common
-        // on an idle machine. Sustained load shows in two units in a row.
-        let p = now_p.min(self.prev_pressure);
+        // One or two units alone are not believed: a single slow unit, a
+        // burst of someone's requests or a tick of CPU in a short window are
+        // common on an idle machine. Sustained load shows in three units in
+        // a row.
+        let p = now_p.min(self.prev_pressure).min(self.prev_pressure2);
+        self.prev_pressure2 = self.prev_pressure;
         self.prev_pressure = now_p;
         self.signals.pressure = p;
         let target = f64::from(max_mult) * p;
@@ -563,11 +572,11 @@ impl Pacer {
 
     /// Feed one unit's cost; the smoothed cost over its baseline (0 while
     /// there is no baseline yet).
-    fn own_slowdown(&mut self, secs: f64, reqs: f64) -> f64 {
+    fn own_slowdown(&mut self, secs: f64, bytes: f64) -> f64 {
         let keep = (-secs / COST_TAU.as_secs_f64()).exp();
         self.cost_secs = self.cost_secs * keep + secs;
-        self.cost_reqs = self.cost_reqs * keep + reqs;
-        let cost = self.cost_secs / self.cost_reqs;
+        self.cost_bytes = self.cost_bytes * keep + bytes;
+        let cost = self.cost_secs / self.cost_bytes;
         self.cost_units = self.cost_units.saturating_add(1);
         let mut base = match self.base {
             Some(b) => (b * (secs / BASE_DRIFT.as_secs_f64()).exp()).min(cost),
@@ -604,12 +613,12 @@ mod tests {
     #[test]
     fn fixed_is_mult_times_smoothed_work() {
         let mut p = Pacer::new(Pace::Fixed { mult: 10 });
-        assert_eq!(p.after_work(MS, 20 * MS, 3, None), 200 * MS);
+        assert_eq!(p.after_work(MS, 20 * MS, 3, 3 << 20, None), 200 * MS);
         // 0.3 × 40 + 0.7 × 20 = 26 ms → 260 ms
-        let d = p.after_work(MS, 40 * MS, 3, None);
+        let d = p.after_work(MS, 40 * MS, 3, 3 << 20, None);
         assert!((d.as_secs_f64() - 0.260).abs() < 1e-9, "{d:?}");
         let mut p = Pacer::new(Pace::Fixed { mult: 0 });
-        assert_eq!(p.after_work(MS, 20 * MS, 3, None), Duration::ZERO);
+        assert_eq!(p.after_work(MS, 20 * MS, 3, 3 << 20, None), Duration::ZERO);
     }
 
     #[test]
@@ -712,7 +721,7 @@ mod tests {
             p.before_work(self.now, Some(self.sample()));
             let our_iops = ours as f64 * 4.0 / work.as_secs_f64();
             self.pass(work, 1.0, our_iops + f.iops, 0.5 + f.cpu, f.stall);
-            let wait = p.after_work(self.now, work, ours, Some(self.sample()));
+            let wait = p.after_work(self.now, work, ours, ours << 20, Some(self.sample()));
             self.pass(wait, f.disk, f.iops, f.cpu, f.stall);
             self.work += work;
             self.slept += wait;
@@ -850,7 +859,7 @@ mod tests {
             slowdown: 3.0,
             ..IDLE
         };
-        let m = sim.run(&mut p, fg, Duration::from_secs(1));
+        let m = sim.run(&mut p, fg, Duration::from_millis(1500));
         assert!(m >= 10.0, "{m}");
         assert!(p.signals().slowdown > 1.5, "{:?}", p.signals());
         let duty = sim.duty(&mut p, fg, Duration::from_secs(5));
@@ -863,7 +872,7 @@ mod tests {
         // And when the contention goes away the baseline follows down at
         // once: a second slowdown is seen again.
         sim.run(&mut p, IDLE, Duration::from_secs(5));
-        let m = sim.run(&mut p, fg, Duration::from_secs(1));
+        let m = sim.run(&mut p, fg, Duration::from_millis(1500));
         assert!(m >= 10.0, "{m}");
     }
 
@@ -911,7 +920,7 @@ mod tests {
         for _ in 0..10 {
             p.before_work(sim.now, Some(sim.sample()));
             sim.pass(25 * MS, 1.0, 4.0 * 24.0 / 0.025, 0.5, 0.0);
-            let wait = p.after_work(sim.now, 25 * MS, 6, Some(sim.sample()));
+            let wait = p.after_work(sim.now, 25 * MS, 6, 6 << 20, Some(sim.sample()));
             sim.pass(wait, 0.03, 4000.0, 0.0, 0.0);
             m = p.multiplier();
         }
@@ -926,7 +935,7 @@ mod tests {
             fallback_mult: 7,
         });
         p.before_work(Duration::ZERO, None);
-        assert_eq!(p.after_work(10 * MS, 10 * MS, 1, None), 70 * MS);
+        assert_eq!(p.after_work(10 * MS, 10 * MS, 1, 1 << 20, None), 70 * MS);
         assert_eq!(p.multiplier(), 7.0);
     }
 
@@ -942,7 +951,7 @@ mod tests {
             p.before_work(now, Some(s));
             now += work;
             s.ios += 24;
-            let wait = p.after_work(now, work, 6, Some(s));
+            let wait = p.after_work(now, work, 6, 6 << 20, Some(s));
             now += wait;
             if i == 99 {
                 assert_eq!(p.multiplier(), 0.0);
@@ -950,5 +959,33 @@ mod tests {
             top = top.max(p.multiplier());
         }
         assert!(top >= 20.0, "{top}");
+    }
+
+    #[test]
+    fn long_batches_at_the_same_cost_per_byte_are_not_a_slowdown() {
+        // Paced batches of 3 groups and full-speed ones of 11 at 9 ms a
+        // group; each batch also makes 5 requests of its own (flushes, the
+        // descriptor block): per request the long ones look 1.7× slower.
+        let mut p = adaptive();
+        let mut now = Duration::ZERO;
+        let mut s = LoadSample::default();
+        for i in 0..200u32 {
+            let groups: u64 = if i % 20 < 10 { 3 } else { 11 };
+            let work = 9 * MS * groups as u32;
+            p.before_work(now, Some(s));
+            now += work;
+            s.ios += groups + 5;
+            let wait = p.after_work(now, work, groups + 5, groups << 21, Some(s));
+            now += wait;
+            if i > 20 {
+                assert!(
+                    p.signals().slowdown < SLOW_SUSPECT,
+                    "{i}: {:?}",
+                    p.signals()
+                );
+                assert_eq!(p.multiplier(), 0.0, "{i}");
+                assert!(wait <= work / 20, "{i}: {wait:?}");
+            }
+        }
     }
 }
