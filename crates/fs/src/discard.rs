@@ -33,7 +33,10 @@
 //! **fstrim** ([`Discarder::trim`]): the same group walk over a byte range
 //! with a minimum extent length (FITRIM's `start`/`len`/`minlen`); groups
 //! whose free space is already unallocated on the device are skipped, so a
-//! second run costs one `SEEK_DATA` walk per group.
+//! second run costs one `SEEK_DATA` walk per group. On devices that cannot
+//! report allocation, groups trimmed before (in this session, with no
+//! larger minimum) that have freed nothing since are skipped, as the
+//! kernel's in-memory `EXT4_MB_GRP_WAS_TRIMMED` does.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -268,6 +271,8 @@ struct Inner {
     idle: Condvar,
     stop_reconcile: AtomicBool,
     rec: Mutex<ReconcileStats>,
+    /// minlen (blocks) of the last whole trim (`s_last_trim_minblks`).
+    last_minlen: AtomicU64,
 }
 
 /// The handle the freed-extent hook holds: queue a commit's ranges.
@@ -404,6 +409,7 @@ impl Inner {
             })
             .collect();
         if cand.is_empty() {
+            out.complete = true;
             return Ok(out);
         }
         out.free_blocks = cand.iter().map(|r| r.1).sum();
@@ -425,12 +431,17 @@ impl Inner {
         };
         if held.is_empty() {
             out.skipped = true;
+            out.complete = true;
             return Ok(out);
         }
+        let held_blocks: u64 = held.iter().map(|r| r.1).sum();
         let mut claimed = Vec::new();
         for (s, n) in held {
             claimed.extend(self.alloc.claim_for_discard(rd, s, n as u32)?);
         }
+        // Everything was claimable: no free block of the group waits for a
+        // commit (it would be freed later without a discard).
+        out.complete = claimed.iter().map(|r| u64::from(r.1)).sum::<u64>() == held_blocks;
         if claimed.is_empty() {
             return Ok(out);
         }
@@ -483,6 +494,8 @@ impl Inner {
 struct GroupTrim {
     free_blocks: u64,
     skipped: bool,
+    /// All its free space in the range is discarded (or already was).
+    complete: bool,
     requests: u64,
     bytes: u64,
     failed: u64,
@@ -558,6 +571,7 @@ impl Discarder {
             idle: Condvar::new(),
             stop_reconcile: AtomicBool::new(false),
             rec: Mutex::new(ReconcileStats::default()),
+            last_minlen: AtomicU64::new(0),
         });
         let d = Discarder {
             inner,
@@ -663,9 +677,24 @@ impl Discarder {
         for g in g0..=g1 {
             inner.alloc.free_ranges(rd, g)?;
         }
+        let last_minlen = inner.last_minlen.load(Ordering::SeqCst);
         for g in g0..=g1 {
-            let t = inner.trim_group(rd, g, lo, hi, minlen, rep.allocation_known)?;
             rep.groups += 1;
+            // A device that cannot tell what it holds: skip groups trimmed
+            // before (with no larger minimum) that freed nothing since, as
+            // the kernel's FITRIM does.
+            if !rep.allocation_known && inner.alloc.was_trimmed(g) && minlen >= last_minlen {
+                rep.groups_skipped += 1;
+                continue;
+            }
+            let t = inner.trim_group(rd, g, lo, hi, minlen, rep.allocation_known)?;
+            let gs = l.group_start(g);
+            if t.complete
+                && lo <= gs.max(l.first_data_block)
+                && hi >= gs + u64::from(l.blocks_in_group(g))
+            {
+                inner.alloc.mark_trimmed(g);
+            }
             rep.groups_skipped += u32::from(t.skipped);
             rep.free_bytes += t.free_blocks * bs;
             rep.requests += t.requests;
@@ -673,6 +702,9 @@ impl Discarder {
             rep.failed += t.failed;
         }
         rep.unsupported = lock(&inner.q).stats.unsupported;
+        if g0 == 0 && g1 + 1 == l.group_count {
+            inner.last_minlen.store(minlen, Ordering::SeqCst);
+        }
         Ok(rep)
     }
 

@@ -297,3 +297,77 @@ fn online_trim() {
     assert_eq!(fs.block_alloc().busy_blocks(), 0);
     fs.close().unwrap();
 }
+
+/// A memory device that cannot report allocation (as a block device).
+struct Blind(Arc<MemDevice>);
+
+impl Device for Blind {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> ext4kit_device::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> ext4kit_device::Result<()> {
+        self.0.write_at(buf, offset)
+    }
+    fn flush(&self) -> ext4kit_device::Result<()> {
+        self.0.flush()
+    }
+    fn zeroout(&self, offset: u64, len: u64) -> ext4kit_device::Result<()> {
+        self.0.zeroout(offset, len)
+    }
+    fn discard(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> ext4kit_device::Result<ext4kit_device::DiscardOutcome> {
+        self.0.discard(offset, len)
+    }
+    fn name(&self) -> String {
+        "blind".into()
+    }
+}
+
+/// Without allocation information every free range is discarded once;
+/// a second trim skips the groups that freed nothing since (the kernel's
+/// WAS_TRIMMED); the reconciler does nothing in Auto and everything in
+/// Full.
+#[test]
+fn trim_without_allocation_info() {
+    let mem = Arc::new(image(64 << 20, &[]));
+    let dev = Arc::new(DelayDevice::new(Blind(mem.clone())));
+    let ctl = dev.control();
+    let fs = Filesystem::open(dev.clone(), RwOptions::default()).unwrap();
+    let r = fs.trim(&Default::default()).unwrap();
+    assert!(!r.allocation_known);
+    assert!(r.bytes > 0 && r.bytes == r.free_bytes, "{r:?}");
+    assert_eq!(r.groups_skipped, 0);
+    ctl.reset_counters();
+    let r2 = fs.trim(&Default::default()).unwrap();
+    assert_eq!((r2.bytes, r2.groups_skipped), (0, r2.groups), "{r2:?}");
+    assert_eq!(ctl.discards(), 0);
+    // Free something: its group is trimmed again, the others not.
+    let a = file(&fs, "a");
+    fs.write_at(a, 0, &vec![1u8; 1 << 20]).unwrap();
+    fs.sync().unwrap();
+    fs.unlink(ROOT, b"a").unwrap();
+    fs.sync().unwrap();
+    let r3 = fs.trim(&Default::default()).unwrap();
+    assert!(
+        r3.bytes > 0 && r3.groups_skipped >= 1 && r3.groups_skipped < r3.groups,
+        "{r3:?}"
+    );
+    fs.close().unwrap();
+    let fs = Filesystem::open(dev.clone(), opts(4, Reconcile::Auto)).unwrap();
+    let rs = fs.wait_reconciled().unwrap();
+    assert_eq!((rs.mode, rs.bytes), (Reconcile::Off, 0), "{rs:?}");
+    fs.close().unwrap();
+    let fs = Filesystem::open(dev.clone(), opts(4, Reconcile::Full)).unwrap();
+    let rs = fs.wait_reconciled().unwrap();
+    assert!(
+        rs.mode == Reconcile::Full && rs.finished && rs.bytes > 0,
+        "{rs:?}"
+    );
+    fs.close().unwrap();
+}

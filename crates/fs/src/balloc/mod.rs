@@ -42,7 +42,7 @@ pub mod extents;
 pub mod layout;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -184,6 +184,9 @@ pub struct BlockAlloc {
     groups: Vec<Mutex<BGroup>>,
     /// Longest allocatable range per group (0 while unread).
     largest: Vec<AtomicU32>,
+    /// Trimmed and nothing freed since (the kernel's in-memory
+    /// `EXT4_MB_GRP_WAS_TRIMMED`); cleared by [`BlockAlloc::free`].
+    trimmed: Vec<AtomicBool>,
     /// Allocatable blocks per group (descriptor count while unread).
     avail_in: Vec<AtomicU32>,
     index: Mutex<Index>,
@@ -272,6 +275,7 @@ impl BlockAlloc {
             disk_csum: all.iter().map(|d| d.block_bitmap_csum()).collect(),
             layout,
             groups,
+            trimmed: (0..n).map(|_| AtomicBool::new(false)).collect(),
             largest,
             avail_in,
             index: Mutex::new(index),
@@ -836,6 +840,7 @@ impl BlockAlloc {
             self.reindex(g, &mut bg);
             self.dirty.mark(g, true, false);
             log.push((self.layout.group_start(g) + u64::from(rel), n));
+            self.trimmed[g as usize].store(false, Ordering::Relaxed);
         }
         lock(&self.busy).by_tid.entry(tid).or_default().extend(log);
         Ok(())
@@ -971,6 +976,21 @@ impl BlockAlloc {
                 self.avail_total.fetch_add(u64::from(n), Ordering::Relaxed);
                 self.reindex(g, &mut bg);
             }
+        }
+    }
+
+    /// Has group `g` been trimmed with nothing freed since?
+    pub fn was_trimmed(&self, g: u32) -> bool {
+        self.trimmed
+            .get(g as usize)
+            .is_some_and(|t| t.load(Ordering::Relaxed))
+    }
+
+    /// Record that group `g`'s free space was all trimmed (fstrim), until
+    /// the next [`BlockAlloc::free`] in it.
+    pub fn mark_trimmed(&self, g: u32) {
+        if let Some(t) = self.trimmed.get(g as usize) {
+            t.store(true, Ordering::Relaxed);
         }
     }
 
