@@ -278,3 +278,60 @@ fn fstrim_refusals() {
     assert_eq!(file_hash(&junk).unwrap(), hj);
     e2fsck_clean(&img).unwrap();
 }
+
+/// As root: files written and deleted by the kernel (mounted without
+/// `-o discard`), then `ext4kit fstrim` on the loop device (a block
+/// device: no allocation information, so all free space is discarded;
+/// the loop driver punches the holes) and on the image file (nothing
+/// left to do). The kept file is intact, e2fsck clean.
+#[test]
+fn fstrim_kernel_image_and_block_device() {
+    let name = "fstrim_kernel_image_and_block_device";
+    if let Err(e) = kernel_mount_available().and_then(|()| e2fs_tools()) {
+        skip(name, &e);
+        return;
+    }
+    let dir = image_dir();
+    let img = mkimg(dir.path(), "k.img", "256M", &["-b", "4096"]);
+    let keep = dir.path().join("keep");
+    pattern_file(&keep, 8 << 20, 9).unwrap();
+    let lo = match LoopDev::attach(&img) {
+        Ok(l) => l,
+        Err(e) => return skip(name, &e),
+    };
+    {
+        let m = match Mount::new(lo.path(), "ext4", Some("nodiscard")) {
+            Ok(m) => m,
+            Err(e) => return skip(name, &e),
+        };
+        pattern_file(&m.path().join("big"), 48 << 20, 5).unwrap();
+        std::fs::copy(&keep, m.path().join("keep")).unwrap();
+        run_ok(&mut tool("sync")).unwrap();
+        std::fs::remove_file(m.path().join("big")).unwrap();
+        run_ok(&mut tool("sync")).unwrap();
+        m.unmount().unwrap();
+    }
+    let held = allocated(&img);
+    let out = fstrim(&["--json"], lo.path());
+    assert!(out.status.success(), "{}", last_line(&out));
+    let j = json(&out);
+    assert_eq!(j["allocation_known"], false, "{j}");
+    assert_eq!(j["trimmed_bytes"], j["free_bytes"], "{j}");
+    let after = allocated(&img);
+    assert!(after + (40 << 20) <= held, "{held} -> {after}: {j}");
+    drop(lo);
+    let out = fstrim(&["--json"], &img);
+    assert!(out.status.success(), "{}", last_line(&out));
+    let j = json(&out);
+    assert!(j["trimmed_bytes"].as_u64().unwrap() < 1 << 20, "{j}");
+    e2fsck_clean(&img).unwrap();
+    let kept = dir.path().join("kept");
+    run_ok(
+        tool("debugfs")
+            .arg("-R")
+            .arg(format!("dump /keep {}", kept.display()))
+            .arg(&img),
+    )
+    .unwrap();
+    assert_eq!(file_hash(&kept).unwrap(), file_hash(&keep).unwrap());
+}
