@@ -28,7 +28,14 @@ if [[ -z $dir ]]; then
     if [[ -d /dev/shm && -w /dev/shm ]]; then dir=/dev/shm; else dir=${TMPDIR:-/tmp}; fi
 fi
 img=$(mktemp "$dir/ext4kit-discard-bench.XXXXXX")
-trap 'rm -f "$img"' EXIT
+mnt=
+lo=
+cleanup() {
+    if [[ -n $mnt ]]; then umount "$mnt" 2>/dev/null || true; rmdir "$mnt" 2>/dev/null || true; fi
+    if [[ -n $lo ]]; then losetup -d "$lo" 2>/dev/null || true; fi
+    rm -f "$img"
+}
+trap cleanup EXIT
 cargo build --release -q -p ext4kit-fs --example discard_bench >&2
 echo "## machine"
 echo
@@ -39,3 +46,40 @@ target/release/examples/discard_bench "$img" \
     "${BENCH_WORKERS:-8}" "${BENCH_RUNS:-3}" "${BENCH_FLUSH_MS:-2}"
 echo
 echo "- load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"
+
+# Thin space given back after a delete and an immediate unmount: the
+# kernel with -o discard on a loop device (root only) against ext4kit's
+# -o discard on the image file (close at once; crash + reopen).
+mib=${BENCH_THIN_MIB:-1024}
+echo
+echo "## space given back after deleting $mib MiB and unmounting at once"
+echo
+target/release/examples/discard_bench thin "$img" "$mib"
+if [[ $(id -u) == 0 ]] && command -v losetup >/dev/null; then
+    mnt=$(mktemp -d)
+    truncate -s 0 "$img"
+    truncate -s $((mib * 2))M "$img"
+    mke2fs -F -q -t ext4 -b 4096 -E nodiscard "$img"
+    empty=$(( $(stat -c %b "$img") * 512 / 1048576 ))
+    lo=$(losetup -f --show "$img")
+    mount -o discard "$lo" "$mnt"
+    dd if=/dev/urandom of="$mnt/big" bs=4M count=$((mib / 4)) conv=fsync status=none
+    sync
+    full=$(( $(stat -c %b "$img") * 512 / 1048576 ))
+    rm "$mnt/big"
+    sync
+    umount "$mnt"
+    rmdir "$mnt"
+    mnt=
+    losetup -d "$lo"
+    lo=
+    after=$(( $(stat -c %b "$img") * 512 / 1048576 ))
+    fsck=$(e2fsck -fn "$img" >/dev/null 2>&1 && echo clean || echo NOT clean)
+    echo
+    echo "| kernel $(uname -r) -o discard, loop | empty MiB | with data MiB | after rm, sync, umount MiB |"
+    echo "|---|---:|---:|---:|"
+    echo "| rm, sync, umount at once (e2fsck $fsck) | $empty | $full | $after |"
+else
+    echo
+    echo "(kernel comparison skipped: needs root and losetup)"
+fi

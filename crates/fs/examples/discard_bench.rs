@@ -16,6 +16,10 @@
 //!   `WORKERS` threads, never waited for; "drain" is the time until the
 //!   last discard finished.
 //!
+//! `discard_bench thin IMG MIB` instead measures the image file's
+//! allocation after a delete with discard and an immediate close (and
+//! after a crash plus a reopen with discard).
+//!
 //! `cargo run --release -p ext4kit-fs --example discard_bench -- IMG
 //! [FILES] [BLOCKS] [DELAY_MS] [WORKERS] [RUNS] [FLUSH_MS]` (defaults 64 64
 //! 5 8 3 2; FLUSH_MS: the latency of each device flush, two per commit,
@@ -40,9 +44,9 @@ fn out(s: &str) {
     let _ = writeln!(std::io::stdout().lock(), "{s}");
 }
 
-fn mkfs(img: &Path) -> Result<(), String> {
+fn mkfs(img: &Path, size: u64) -> Result<(), String> {
     let f = std::fs::File::create(img).map_err(|e| format!("{}: {e}", img.display()))?;
-    f.set_len(512 << 20).map_err(|e| e.to_string())?;
+    f.set_len(size).map_err(|e| e.to_string())?;
     drop(f);
     let st = Command::new("mke2fs")
         .args(["-F", "-q", "-t", "ext4", "-b", "4096", "-E", "nodiscard"])
@@ -105,7 +109,7 @@ struct Params {
 
 fn one(img: &Path, mode: Mode, p: &Params) -> Result<Run, FsError> {
     let (files, blocks, delay, workers) = (p.files, p.blocks, p.delay, p.workers);
-    mkfs(img).map_err(FsError::Unsupported)?;
+    mkfs(img, 512 << 20).map_err(FsError::Unsupported)?;
     let o = OpenOptions {
         write: true,
         exclusive: false,
@@ -194,8 +198,95 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// st_blocks × 512 of a file.
+fn allocated(img: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(img).map_or(0, |m| m.blocks() * 512)
+}
+
+/// `thin IMG MIB`: on a fresh sparse image, write MIB MiB to a file
+/// (nodiscard), then delete it with `-o discard` and close at once; then
+/// the same with a crash instead of the close, and an open with discard
+/// (the reconciler). Prints the image's allocation at each step.
+fn thin(img: &Path, mib: u64) -> Result<(), FsError> {
+    let mib_of = |b: u64| b as f64 / (1u64 << 20) as f64;
+    for crash in [false, true] {
+        mkfs(img, (mib << 21).max(512 << 20)).map_err(FsError::Unsupported)?;
+        let empty = allocated(img);
+        let o = OpenOptions {
+            write: true,
+            exclusive: false,
+        };
+        let open = |discard: bool| -> Result<Filesystem, FsError> {
+            let dev: Arc<dyn Device> = Arc::new(FileDevice::open(img, o)?);
+            let opts = RwOptions {
+                discard: discard.then(|| DiscardOptions {
+                    reconcile_pace: 0,
+                    ..DiscardOptions::default()
+                }),
+                ..RwOptions::default()
+            };
+            Filesystem::open(dev, opts)
+        };
+        let fs = open(false)?;
+        let spec = NewInode::new(S_IFREG | 0o644, 0, 0);
+        let ino = fs.create(ROOT, b"big", &spec)?.0.ino;
+        let chunk = vec![0xA5u8; 4 << 20];
+        for i in 0..mib / 4 {
+            fs.write_at(ino, i * chunk.len() as u64, &chunk)?;
+        }
+        fs.close()?;
+        let full = allocated(img);
+        let fs = open(true)?;
+        let t = Instant::now();
+        fs.unlink(ROOT, b"big")?;
+        fs.sync()?;
+        let line = if crash {
+            fs.crash();
+            let lost = allocated(img);
+            let fs = open(true)?;
+            let r = fs.wait_reconciled();
+            fs.close()?;
+            format!(
+                "| delete, sync, crash; open with discard (reconciler: {:.0} MiB) | {:.1} | {:.1} | {:.1} | {:.1} |",
+                mib_of(r.map_or(0, |r| r.bytes)),
+                mib_of(empty),
+                mib_of(full),
+                mib_of(lost),
+                mib_of(allocated(img))
+            )
+        } else {
+            fs.close()?;
+            format!(
+                "| delete, sync, close at once ({:.0} ms) | {:.1} | {:.1} | {:.1} | {:.1} |",
+                t.elapsed().as_secs_f64() * 1e3,
+                mib_of(empty),
+                mib_of(full),
+                mib_of(allocated(img)),
+                mib_of(allocated(img))
+            )
+        };
+        out(&line);
+    }
+    let _ = std::fs::remove_file(img);
+    Ok(())
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("thin") {
+        let (Some(img), Some(mib)) = (args.get(1), args.get(2).and_then(|s| s.parse().ok())) else {
+            eprintln!("usage: discard_bench thin IMG MIB");
+            std::process::exit(2);
+        };
+        out("| ext4kit -o discard | empty MiB | with data MiB | after delete MiB | at the end MiB |");
+        out("|---|---:|---:|---:|---:|");
+        if let Err(e) = thin(Path::new(img), mib) {
+            eprintln!("discard_bench thin: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let Some(img) = args.first() else {
         eprintln!(
             "usage: discard_bench IMG [FILES] [BLOCKS] [DELAY_MS] [WORKERS] [RUNS] [FLUSH_MS]"
