@@ -279,7 +279,9 @@ fn main() {
             eprintln!("usage: discard_bench thin IMG MIB");
             std::process::exit(2);
         };
-        out("| ext4kit -o discard | empty MiB | with data MiB | after delete MiB | at the end MiB |");
+        out(
+            "| ext4kit -o discard | empty MiB | with data MiB | after delete MiB | at the end MiB |",
+        );
         out("|---|---:|---:|---:|---:|");
         if let Err(e) = thin(Path::new(img), mib) {
             eprintln!("discard_bench thin: {e}");
