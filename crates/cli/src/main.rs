@@ -11,6 +11,7 @@ mod out;
 mod cmd_attr;
 mod cmd_cat;
 mod cmd_cp;
+mod cmd_fstrim;
 mod cmd_generate;
 mod cmd_info;
 mod cmd_journal;
@@ -73,6 +74,8 @@ enum Cmd {
     Truncate(cmd_attr::TruncateArgs),
     /// Preallocate, punch or zero file space in an image (util-linux fallocate).
     Fallocate(cmd_attr::FallocateArgs),
+    /// Discard the free space of an unmounted image or device (util-linux fstrim).
+    Fstrim(cmd_fstrim::FstrimArgs),
     /// Write man pages or shell completions (for packaging).
     #[command(hide = true)]
     Generate(cmd_generate::GenerateArgs),
@@ -192,6 +195,7 @@ fn main() {
                             "chown",
                             "truncate",
                             "fallocate",
+                            "fstrim",
                         ]
                         .contains(&s.as_str())
                     });
@@ -219,6 +223,7 @@ fn main() {
             Cmd::Chown(a) => cmd_attr::chown(a),
             Cmd::Truncate(a) => cmd_attr::truncate(a),
             Cmd::Fallocate(a) => cmd_attr::fallocate(a),
+            Cmd::Fstrim(a) => cmd_fstrim::run(a),
             Cmd::Generate(a) => cmd_generate::run(a, Cli::command()),
         }
     };

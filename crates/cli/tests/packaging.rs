@@ -53,6 +53,7 @@ fn man_pages_generate_and_render() {
             "ext4kit-chown.1",
             "ext4kit-cp.1",
             "ext4kit-fallocate.1",
+            "ext4kit-fstrim.1",
             "ext4kit-info.1",
             "ext4kit-journal.1",
             "ext4kit-lazyinit.1",

@@ -495,6 +495,10 @@ impl<D: Device> Device for FaultDevice<D> {
         Ok(ranges)
     }
 
+    fn reports_allocation(&self) -> bool {
+        self.inner.reports_allocation()
+    }
+
     fn allocated_bytes(&self) -> Option<u64> {
         self.inner.allocated_bytes()
     }

@@ -311,6 +311,13 @@ impl Device for FileDevice {
         Ok(out)
     }
 
+    /// Holes are what the host filesystem has not allocated
+    /// (`SEEK_DATA`); where it cannot report holes every byte shows as
+    /// data, which only makes a reconciler discard more than needed.
+    fn reports_allocation(&self) -> bool {
+        true
+    }
+
     fn allocated_bytes(&self) -> Option<u64> {
         self.file.metadata().ok().map(|m| m.blocks() * 512)
     }

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 mod blockdev;
+mod delay;
 mod fault;
 mod file;
 pub mod host;
@@ -23,6 +24,7 @@ mod sys;
 mod sysfs;
 
 pub use blockdev::BlockDevice;
+pub use delay::{DelayControl, DelayDevice, DiscardRecord};
 pub use fault::{CutMode, FaultControl, FaultDevice, TEAR_SECTOR};
 pub use file::FileDevice;
 pub use mem::MemDevice;
@@ -297,6 +299,14 @@ pub trait Device: Send + Sync {
         Ok(Vec::new())
     }
 
+    /// Does [`Device::known_zero_ranges`] report what the storage holds
+    /// (every unallocated range shows as a hole), so that free space the
+    /// device still holds can be found (image files, memory)? Block
+    /// devices cannot tell (the default: `false`).
+    fn reports_allocation(&self) -> bool {
+        false
+    }
+
     /// Is the whole range proven to read as zeros without reading it?
     fn is_known_zero(&self, offset: u64, len: u64) -> Result<bool> {
         if len == 0 {
@@ -359,6 +369,9 @@ macro_rules! forward_device_impl {
             }
             fn known_zero_ranges(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
                 (**self).known_zero_ranges(offset, len)
+            }
+            fn reports_allocation(&self) -> bool {
+                (**self).reports_allocation()
             }
             fn is_known_zero(&self, offset: u64, len: u64) -> Result<bool> {
                 (**self).is_known_zero(offset, len)

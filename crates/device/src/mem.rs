@@ -217,6 +217,10 @@ impl Device for MemDevice {
         Ok(out)
     }
 
+    fn reports_allocation(&self) -> bool {
+        true
+    }
+
     fn allocated_bytes(&self) -> Option<u64> {
         Some(self.lock().len() as u64 * CHUNK64)
     }

@@ -57,6 +57,7 @@ use ext4kit_format::inode::{
 use zerocopy::IntoBytes;
 
 use crate::balloc::{AllocRequest, BlockAlloc};
+use crate::discard::{DiscardStats, Discarder, ReconcileStats, TrimReport, TrimRequest};
 use crate::extent::{Mapping, NodeInfo};
 use crate::groups::{DescTable, DirtySet, Layout};
 use crate::ialloc::InodeAlloc;
@@ -170,6 +171,9 @@ pub struct Filesystem {
     ialloc: Arc<InodeAlloc>,
     ops: Mutex<()>,
     gen_seed: AtomicU32,
+    /// The discard pool with `-o discard` (declared last: dropped after
+    /// the journal, whose hook feeds it).
+    discard: Option<Discarder>,
 }
 
 impl std::fmt::Debug for Filesystem {
@@ -187,7 +191,8 @@ pub struct Op<'a> {
 impl Filesystem {
     /// Open `dev` for writing: replay, validate, open the allocators.
     pub fn open(dev: Arc<dyn Device>, opts: RwOptions) -> Result<Filesystem, FsError> {
-        let rw = RwFs::open(dev, opts)?;
+        let discard_opts = opts.discard.clone();
+        let rw = RwFs::open(dev.clone(), opts)?;
         let info = FsInfo::load(rw.blocks())?;
         if let Some(f) = info.unknown_ro_compat.first() {
             return Err(FsError::Unsupported(format!(
@@ -197,11 +202,31 @@ impl Filesystem {
         let layout = Layout::from_superblock(&info.sb)?;
         let descs = Arc::new(DescTable::from_descs(layout, info.descs.clone()));
         let dirty = Arc::new(DirtySet::default());
-        let balloc = Arc::new(BlockAlloc::open(&descs, dirty.clone(), false));
+        let balloc = Arc::new(BlockAlloc::open(
+            &descs,
+            dirty.clone(),
+            discard_opts.is_some(),
+        ));
         let ialloc = Arc::new(InodeAlloc::open(descs.clone(), balloc.clone(), dirty));
+        let discard = match &discard_opts {
+            Some(o) => Some(Discarder::new(
+                dev,
+                balloc.clone(),
+                descs.layout().block_size,
+                descs.layout().blocks_count,
+                o,
+            )?),
+            None => None,
+        };
         let b = balloc.clone();
+        let q = discard.as_ref().map(Discarder::queue);
+        // After every durable commit: its frees become allocatable, or
+        // with discard they are queued (never waited for here).
         rw.journal().add_freed_hook(Box::new(move |tid, _| {
-            b.committed(tid);
+            let ranges = b.committed(tid);
+            if let Some(q) = &q {
+                q.submit(&ranges);
+            }
         }));
         let t = now();
         let fs = Filesystem {
@@ -212,21 +237,93 @@ impl Filesystem {
             ialloc,
             ops: Mutex::new(()),
             gen_seed: AtomicU32::new((t.nsec ^ (t.sec as u32)).wrapping_mul(0x9E37_79B9) | 1),
+            discard,
         };
         // Unlinked-while-open inodes and unfinished deletes of a crash.
         fs.process_orphans()?;
+        if let (Some(d), Some(o)) = (&fs.discard, &discard_opts) {
+            d.start_reconciler(o.reconcile, o.reconcile_pace)?;
+        }
         Ok(fs)
     }
 
-    /// Commit, checkpoint and close cleanly.
+    /// Commit, checkpoint and close cleanly. With discard on, the
+    /// reconciler stops (what it did not reach is found at the next
+    /// open), the last commit's discards and every queued one are issued
+    /// and waited for, and the device is flushed.
     pub fn close(self) -> Result<(), FsError> {
-        self.rw.close()
+        if let Some(d) = &self.discard {
+            d.stop_reconciler();
+        }
+        let dev = self.rw.journal().device().clone();
+        let Filesystem { rw, discard, .. } = self;
+        let r = rw.close();
+        if let Some(d) = discard {
+            d.finish();
+            if r.is_ok() {
+                dev.flush()?;
+            }
+        }
+        r
     }
 
     /// Stop without writing anything more (tests: a power cut after the
-    /// last commit).
+    /// last commit). Queued discards are dropped (the discards in hand
+    /// finish first), as a kill would lose them.
     pub fn crash(self) {
-        self.rw.crash()
+        let Filesystem { rw, discard, .. } = self;
+        if let Some(d) = discard {
+            d.abandon();
+        }
+        rw.crash()
+    }
+
+    /// The discard queue's counters (`None` without discard).
+    pub fn discard_stats(&self) -> Option<DiscardStats> {
+        self.discard.as_ref().map(Discarder::stats)
+    }
+
+    /// The reconciler's progress (`None` without discard).
+    pub fn reconcile_stats(&self) -> Option<ReconcileStats> {
+        self.discard.as_ref().map(Discarder::reconcile_stats)
+    }
+
+    /// Wait until every queued discard has finished.
+    pub fn wait_discards(&self) {
+        if let Some(d) = &self.discard {
+            d.wait_idle();
+        }
+    }
+
+    /// Wait for the reconciler to finish (or stop).
+    pub fn wait_reconciled(&self) -> Option<ReconcileStats> {
+        self.discard.as_ref().map(Discarder::wait_reconciled)
+    }
+
+    /// FITRIM (online `fstrim`): discard the free space in `req`'s range
+    /// that the device still holds (all of it on devices that cannot
+    /// tell), through the discard pool (a temporary one without
+    /// `-o discard`). Blocks being discarded are busy meanwhile.
+    pub fn trim(&self, req: &TrimRequest) -> Result<TrimReport, FsError> {
+        let tmp;
+        let d = match &self.discard {
+            Some(d) => d,
+            None => {
+                tmp = Discarder::new(
+                    self.rw.journal().device().clone(),
+                    self.balloc.clone(),
+                    self.rw.geometry().block_size,
+                    self.descs.layout().blocks_count,
+                    &crate::discard::DiscardOptions::default(),
+                )?;
+                &tmp
+            }
+        };
+        let r = d.trim(self.rw.blocks(), req);
+        if self.discard.is_none() {
+            d.finish();
+        }
+        r
     }
 
     /// The read-write core (journal, cache, superblock).

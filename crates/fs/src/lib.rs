@@ -19,6 +19,7 @@ pub mod blockmap;
 pub mod cache;
 pub mod dir;
 pub mod dir_write;
+pub mod discard;
 pub mod error;
 pub mod extent;
 pub mod file;

@@ -99,6 +99,10 @@ pub fn check_writable(sb: &Superblock) -> Result<(), FsError> {
 #[derive(Clone, Debug, Default)]
 pub struct RwOptions {
     pub journal: JournalOptions,
+    /// Discard at commit (`-o discard`) and the reconciler at open
+    /// ([`crate::discard`]); `None`: nodiscard. Used by
+    /// [`crate::fs::Filesystem::open`].
+    pub discard: Option<crate::discard::DiscardOptions>,
 }
 
 /// What [`RwFs::open`] found and did.

@@ -29,7 +29,11 @@
 //! transaction's bitmap shows them free) but not allocatable until
 //! [`BlockAlloc::committed`] for their transaction and, with discard on,
 //! until [`BlockAlloc::discarded`]. When only busy space could satisfy a
-//! request the error is [`FsError::SpaceBusy`], not [`FsError::NoSpace`].
+//! request the error is [`FsError::SpaceBusy`], not [`FsError::NoSpace`];
+//! with discards in flight [`BlockAlloc::alloc`] first waits for them (a
+//! condition variable signalled by [`BlockAlloc::discarded`]) and retries.
+//! [`BlockAlloc::claim_for_discard`] takes allocatable ranges out of use
+//! for a discard that is not a commit's (the reconciler, fstrim).
 //!
 //! Locks: one mutex per group, one for the index, one for the busy log;
 //! order group → index → busy log; searches hold only the index.
@@ -38,8 +42,9 @@ pub mod extents;
 pub mod layout;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, GroupDesc};
 use ext4kit_format::jbd2::tid_geq;
@@ -158,7 +163,15 @@ struct BusyLog {
     by_tid: BTreeMap<u32, Vec<(u64, u32)>>,
     /// Committed ranges whose discard is in flight: start → len.
     discarding: BTreeMap<u64, u32>,
+    /// Blocks in `discarding`.
+    discarding_blocks: u64,
+    /// Bumped by every [`BlockAlloc::discarded`] (waiters' progress test).
+    released: u64,
 }
+
+/// How long an allocation short of space waits for one discard to finish
+/// before it gives up with [`FsError::SpaceBusy`].
+const DISCARD_WAIT: Duration = Duration::from_secs(30);
 
 /// The block allocator of one filesystem. Shared between threads (`&self`).
 #[derive(Debug)]
@@ -171,10 +184,15 @@ pub struct BlockAlloc {
     groups: Vec<Mutex<BGroup>>,
     /// Longest allocatable range per group (0 while unread).
     largest: Vec<AtomicU32>,
+    /// Trimmed and nothing freed since (the kernel's in-memory
+    /// `EXT4_MB_GRP_WAS_TRIMMED`); cleared by [`BlockAlloc::free`].
+    trimmed: Vec<AtomicBool>,
     /// Allocatable blocks per group (descriptor count while unread).
     avail_in: Vec<AtomicU32>,
     index: Mutex<Index>,
     busy: Mutex<BusyLog>,
+    /// Signalled when a discard finishes (see [`BlockAlloc::alloc`]).
+    discard_done: Condvar,
     dirty: Arc<DirtySet>,
     discard: bool,
     avail_total: AtomicU64,
@@ -257,10 +275,12 @@ impl BlockAlloc {
             disk_csum: all.iter().map(|d| d.block_bitmap_csum()).collect(),
             layout,
             groups,
+            trimmed: (0..n).map(|_| AtomicBool::new(false)).collect(),
             largest,
             avail_in,
             index: Mutex::new(index),
             busy: Mutex::new(BusyLog::default()),
+            discard_done: Condvar::new(),
             dirty,
             discard,
             avail_total: AtomicU64::new(total),
@@ -406,8 +426,44 @@ impl BlockAlloc {
         Ok(())
     }
 
-    /// Allocate `req.len` blocks, or nothing.
+    /// Allocate `req.len` blocks, or nothing. Short of space only because
+    /// blocks wait for their discard, it waits for discards to finish
+    /// (XFS's `xfs_extent_busy_flush`) and retries; [`FsError::SpaceBusy`]
+    /// when only uncommitted frees (or a discard that makes no progress
+    /// for 30 s) stand in the way, [`FsError::NoSpace`] when the space is
+    /// not there.
     pub fn alloc(&self, rd: &dyn BlockRead, req: &AllocRequest) -> Result<Allocation, FsError> {
+        loop {
+            match self.alloc_once(rd, req) {
+                Err(FsError::SpaceBusy { .. }) if self.wait_for_discard() => continue,
+                r => return r,
+            }
+        }
+    }
+
+    /// Wait until a discard in flight finishes; `false` if none is in
+    /// flight (waiting cannot help) or none finished in [`DISCARD_WAIT`].
+    fn wait_for_discard(&self) -> bool {
+        let log = lock(&self.busy);
+        if log.discarding.is_empty() {
+            return false;
+        }
+        let seen = log.released;
+        let (log, _) = self
+            .discard_done
+            .wait_timeout_while(log, DISCARD_WAIT, |l| l.released == seen)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        log.released != seen
+    }
+
+    /// Ranges and blocks whose discard is in flight (committed frees with
+    /// discard on, and claims of [`BlockAlloc::claim_for_discard`]).
+    pub fn discards_pending(&self) -> (usize, u64) {
+        let log = lock(&self.busy);
+        (log.discarding.len(), log.discarding_blocks)
+    }
+
+    fn alloc_once(&self, rd: &dyn BlockRead, req: &AllocRequest) -> Result<Allocation, FsError> {
         if req.len == 0 {
             return Ok(Allocation::default());
         }
@@ -784,6 +840,7 @@ impl BlockAlloc {
             self.reindex(g, &mut bg);
             self.dirty.mark(g, true, false);
             log.push((self.layout.group_start(g) + u64::from(rel), n));
+            self.trimmed[g as usize].store(false, Ordering::Relaxed);
         }
         lock(&self.busy).by_tid.entry(tid).or_default().extend(log);
         Ok(())
@@ -825,6 +882,7 @@ impl BlockAlloc {
             let mut log = lock(&self.busy);
             for &(s, n) in &merged {
                 log.discarding.insert(s, n);
+                log.discarding_blocks += u64::from(n);
             }
         } else {
             for &(s, n) in &merged {
@@ -860,9 +918,50 @@ impl BlockAlloc {
             if rend > end {
                 log.discarding.insert(end, (rend - end) as u32);
             }
+            log.discarding_blocks -= u64::from(len);
         }
         self.release(start, len);
+        lock(&self.busy).released += 1;
+        self.discard_done.notify_all();
         Ok(())
+    }
+
+    /// Take the allocatable parts of `[start, start+len)` out of use for a
+    /// discard that no commit asked for (the reconciler, fstrim): they
+    /// become busy, as a committed free waiting for its discard, so no
+    /// allocation can hand them out while the discard runs. Returns them
+    /// (absolute, sorted); each must end with [`BlockAlloc::discarded`].
+    /// Groups whose bitmap was never read are read through `rd`.
+    pub fn claim_for_discard(
+        &self,
+        rd: &dyn BlockRead,
+        start: u64,
+        len: u32,
+    ) -> Result<Vec<(u64, u32)>, FsError> {
+        let mut out = Vec::new();
+        for (g, rel, n) in self.pieces(start, len)? {
+            let mut bg = self.group(g)?;
+            self.load(rd, g, &mut bg)?;
+            let parts = bg.avail.intersect(rel, n);
+            if parts.is_empty() {
+                continue;
+            }
+            let gs = self.layout.group_start(g);
+            let mut log = lock(&self.busy);
+            for (s, m) in parts {
+                if bg.avail.remove(s, m) && bg.busy.insert(s, m) {
+                    self.avail_total.fetch_sub(u64::from(m), Ordering::Relaxed);
+                    self.busy_total.fetch_add(u64::from(m), Ordering::Relaxed);
+                    let abs = gs + u64::from(s);
+                    log.discarding.insert(abs, m);
+                    log.discarding_blocks += u64::from(m);
+                    out.push((abs, m));
+                }
+            }
+            drop(log);
+            self.reindex(g, &mut bg);
+        }
+        Ok(out)
     }
 
     /// Busy → allocatable.
@@ -877,6 +976,21 @@ impl BlockAlloc {
                 self.avail_total.fetch_add(u64::from(n), Ordering::Relaxed);
                 self.reindex(g, &mut bg);
             }
+        }
+    }
+
+    /// Has group `g` been trimmed with nothing freed since?
+    pub fn was_trimmed(&self, g: u32) -> bool {
+        self.trimmed
+            .get(g as usize)
+            .is_some_and(|t| t.load(Ordering::Relaxed))
+    }
+
+    /// Record that group `g`'s free space was all trimmed (fstrim), until
+    /// the next [`BlockAlloc::free`] in it.
+    pub fn mark_trimmed(&self, g: u32) {
+        if let Some(t) = self.trimmed.get(g as usize) {
+            t.store(true, Ordering::Relaxed);
         }
     }
 
