@@ -17,6 +17,7 @@ mod cmd_journal;
 mod cmd_lazyinit;
 mod cmd_ls;
 mod cmd_mkfs;
+mod cmd_mount;
 mod cmd_ns;
 mod cmd_stat;
 mod direct;
@@ -73,6 +74,9 @@ enum Cmd {
     Truncate(cmd_attr::TruncateArgs),
     /// Preallocate, punch or zero file space in an image (util-linux fallocate).
     Fallocate(cmd_attr::FallocateArgs),
+    /// Mount an ext4 image or device with FUSE (journaled read-write, or -o ro).
+    #[command(long_about = cmd_mount::LONG_ABOUT)]
+    Mount(cmd_mount::MountArgs),
     /// Write man pages or shell completions (for packaging).
     #[command(hide = true)]
     Generate(cmd_generate::GenerateArgs),
@@ -192,6 +196,7 @@ fn main() {
                             "chown",
                             "truncate",
                             "fallocate",
+                            "mount",
                         ]
                         .contains(&s.as_str())
                     });
@@ -219,6 +224,7 @@ fn main() {
             Cmd::Chown(a) => cmd_attr::chown(a),
             Cmd::Truncate(a) => cmd_attr::truncate(a),
             Cmd::Fallocate(a) => cmd_attr::fallocate(a),
+            Cmd::Mount(a) => cmd_mount::run(a),
             Cmd::Generate(a) => cmd_generate::run(a, Cli::command()),
         }
     };

@@ -129,3 +129,75 @@ pub fn realtime_coarse_secs() -> u64 {
             .map_or(0, |d| d.as_secs())
     }
 }
+
+/// `renameat2(from, to, flags)` with `RENAME_NOREPLACE` (1) and/or
+/// `RENAME_EXCHANGE` (2), which `std::fs::rename` cannot pass (tests of
+/// the FUSE mount).
+pub fn rename_with_flags(from: &Path, to: &Path, flags: u32) -> io::Result<()> {
+    let (f, t) = (cpath(from)?, cpath(to)?);
+    // SAFETY: `f` and `t` are NUL-terminated and live across the call.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            flags as libc::c_uint,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Write `data` at `offset` of `file` through a shared writable mapping
+/// (mmap, copy, msync, munmap): the page-cache write path, for tests of
+/// filesystems that must handle it. `file` must be open read-write and
+/// at least `offset + data.len()` bytes long.
+pub fn write_through_mmap(file: &std::fs::File, offset: u64, data: &[u8]) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if data.is_empty() {
+        return Ok(());
+    }
+    let page = crate::page_size() as u64;
+    let start = offset - offset % page;
+    let len = (offset - start) as usize + data.len();
+    let off = libc::off_t::try_from(start)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
+    // SAFETY: a fresh mapping chosen by the kernel (no fixed address), of
+    // `len` bytes of an open file descriptor; failure is checked below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            off,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the mapping is `len` bytes long and writable; the copy ends
+    // at `(offset - start) + data.len() == len`; source and destination
+    // cannot overlap (`data` is not in this new mapping).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            data.as_ptr(),
+            p.cast::<u8>().add((offset - start) as usize),
+            data.len(),
+        );
+    }
+    // SAFETY: `p`/`len` are exactly the mapping made above.
+    let synced = unsafe { libc::msync(p, len, libc::MS_SYNC) };
+    let err = (synced != 0).then(io::Error::last_os_error);
+    // SAFETY: as above; the mapping is not used after this.
+    unsafe { libc::munmap(p, len) };
+    match err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
