@@ -4,7 +4,8 @@
 //! times before 1970) is read back identically by a kernel ext4 mount
 //! after unmounting, and `e2fsck -fn` is clean; unlink of an open file;
 //! SIGTERM, background mounts and umount; kill -9 during fsyncs then a
-//! replaying mount; the fuse2fs leak (4 KiB random writes then rm);
+//! replaying mount; the fuse2fs leak (4 KiB random writes then rm); the
+//! errno of 60 refused or edge-case calls equal to kernel ext4's;
 //! pjdfstest when installed.
 //!
 //! Every mount is made on a temporary directory and unmounted by a guard
@@ -899,3 +900,225 @@ entries = [
 
 /// Test groups run by default.
 const PJDFSTEST_SUBSET: &[&str] = &["chmod", "link", "mkdir", "rename", "rmdir", "unlink"];
+
+/// One outcome: "ok", "ok <detail>" or the errno.
+fn outcome<T: std::fmt::Debug>(r: std::io::Result<T>) -> String {
+    match r {
+        Ok(v) => format!("ok {v:?}"),
+        Err(e) => match e.raw_os_error() {
+            Some(n) => format!("errno {n}"),
+            None => format!("error {e}"),
+        },
+    }
+}
+
+/// The same operations, with their expected refusals, on `root`: what
+/// each returned, in order.
+fn errno_script(root: &Path) -> Vec<(String, String)> {
+    let p = |s: &str| root.join(s);
+    let mut out = Vec::new();
+    let mut step = |what: &str, r: String| out.push((what.to_string(), r));
+    step("mkdir d", outcome(fs::create_dir(p("d"))));
+    step("mkdir d again", outcome(fs::create_dir(p("d"))));
+    step("write d/f", outcome(fs::write(p("d/f"), b"data")));
+    step("rmdir non-empty", outcome(fs::remove_dir(p("d"))));
+    step("rmdir a file", outcome(fs::remove_dir(p("d/f"))));
+    step("unlink a dir", outcome(fs::remove_file(p("d"))));
+    step(
+        "open missing",
+        outcome(File::open(p("missing")).map(|_| ())),
+    );
+    step("mkdir below a file", outcome(fs::create_dir(p("d/f/x"))));
+    step("name of 255", outcome(fs::write(p(&"a".repeat(255)), b"")));
+    step("name of 256", outcome(fs::write(p(&"b".repeat(256)), b"")));
+    step(
+        "symlink 4095",
+        outcome(symlink("t".repeat(4095), p("s4095"))),
+    );
+    step(
+        "readlink 4095",
+        outcome(fs::read_link(p("s4095")).map(|t| t.as_os_str().len())),
+    );
+    step("readlink of a file", outcome(fs::read_link(p("d/f"))));
+    step("link a dir", outcome(fs::hard_link(p("d"), p("dlink"))));
+    step(
+        "link missing",
+        outcome(fs::hard_link(p("nope"), p("nlink"))),
+    );
+    step(
+        "link onto existing",
+        outcome(fs::hard_link(p("d/f"), p("s4095"))),
+    );
+    fs::create_dir_all(p("e/sub")).unwrap();
+    fs::create_dir_all(p("g/sub")).unwrap();
+    step(
+        "rename into itself",
+        outcome(fs::rename(p("e"), p("e/sub/e"))),
+    );
+    step(
+        "rename file over dir",
+        outcome(fs::rename(p("d/f"), p("e"))),
+    );
+    step(
+        "rename dir over file",
+        outcome(fs::rename(p("e"), p("d/f"))),
+    );
+    step(
+        "rename over non-empty dir",
+        outcome(fs::rename(p("e"), p("g"))),
+    );
+    step(
+        "rename over empty dir",
+        outcome(fs::rename(p("e/sub"), p("g/sub"))),
+    );
+    step("rename missing", outcome(fs::rename(p("nope"), p("x"))));
+    step(
+        "noreplace onto existing",
+        outcome(host::rename_with_flags(&p("d/f"), &p("s4095"), 1)),
+    );
+    step(
+        "exchange with missing",
+        outcome(host::rename_with_flags(&p("d/f"), &p("nope"), 2)),
+    );
+    step(
+        "noreplace|exchange",
+        outcome(host::rename_with_flags(&p("d/f"), &p("s4095"), 3)),
+    );
+    let f = p("d/f");
+    step(
+        "xattr set",
+        outcome(host::set_xattr_flags(&f, b"user.a", Some(b"1"), 0)),
+    );
+    step(
+        "xattr create existing",
+        outcome(host::set_xattr_flags(&f, b"user.a", Some(b"2"), 1)),
+    );
+    step(
+        "xattr replace missing",
+        outcome(host::set_xattr_flags(&f, b"user.b", Some(b"2"), 2)),
+    );
+    step("xattr get missing", outcome(host::get_xattr(&f, b"user.b")));
+    step("xattr get", outcome(host::get_xattr(&f, b"user.a")));
+    step(
+        "xattr remove missing",
+        outcome(host::set_xattr_flags(&f, b"user.b", None, 0)),
+    );
+    step(
+        "xattr remove",
+        outcome(host::set_xattr_flags(&f, b"user.a", None, 0)),
+    );
+    step(
+        "xattr unknown namespace",
+        outcome(host::set_xattr_flags(&f, b"foo.a", Some(b"1"), 0)),
+    );
+    step(
+        "xattr get unknown namespace",
+        outcome(host::get_xattr(&f, b"foo.a")),
+    );
+    step(
+        "xattr on a symlink",
+        outcome(host::set_xattr_flags(&p("s4095"), b"user.a", Some(b"1"), 0)),
+    );
+    step(
+        "xattr empty name",
+        outcome(host::set_xattr_flags(&f, b"user.", Some(b"1"), 0)),
+    );
+    step(
+        "xattr too big for a block",
+        outcome(host::set_xattr_flags(
+            &f,
+            b"user.big",
+            Some(&[7u8; 5000]),
+            0,
+        )),
+    );
+    step(
+        "xattr past 64 KiB",
+        outcome(host::set_xattr_flags(
+            &f,
+            b"user.huge",
+            Some(&vec![7u8; 65537]),
+            0,
+        )),
+    );
+    step(
+        "trusted xattr",
+        outcome(host::set_xattr_flags(&f, b"trusted.t", Some(b"1"), 0)),
+    );
+    let fh = OpenOptions::new().read(true).write(true).open(&f).unwrap();
+    let max = (1u64 << 44) - 4096;
+    step("truncate to the largest size", outcome(fh.set_len(max)));
+    step("truncate past it", outcome(fh.set_len(max + 1)));
+    step("write at the end", outcome(fh.write_at(b"x", max)));
+    step("write before the end", outcome(fh.write_at(b"xy", max - 1)));
+    step("truncate back", outcome(fh.set_len(10_000)));
+    step("write at 1 MiB", outcome(fh.write_all_at(b"data", 1 << 20)));
+    step("seek data from 0", outcome(host::seek_data_hole(&fh, 0, 3)));
+    step("seek hole from 0", outcome(host::seek_data_hole(&fh, 0, 4)));
+    step(
+        "seek data in the hole",
+        outcome(host::seek_data_hole(&fh, 8192, 3)),
+    );
+    step(
+        "seek data past the end",
+        outcome(host::seek_data_hole(&fh, 2 << 20, 3)),
+    );
+    step(
+        "seek hole past the end",
+        outcome(host::seek_data_hole(&fh, 2 << 20, 4)),
+    );
+    step(
+        "size",
+        outcome(fh.metadata().map(|m| (m.len(), m.blocks()))),
+    );
+    drop(fh);
+    step(
+        "open a dir for writing",
+        outcome(OpenOptions::new().write(true).open(p("d")).map(|_| ())),
+    );
+    step(
+        "fifo",
+        outcome(host::mknod(&p("fifo"), libc::S_IFIFO | 0o600, 0, 0)),
+    );
+    step(
+        "fifo again",
+        outcome(host::mknod(&p("fifo"), libc::S_IFIFO | 0o600, 0, 0)),
+    );
+    step(
+        "xattr on a fifo",
+        outcome(host::set_xattr_flags(&p("fifo"), b"user.a", Some(b"1"), 0)),
+    );
+    step("unlink .", outcome(fs::remove_dir(p("d/."))));
+    step("rmdir the root's ..", outcome(fs::remove_dir(p("d/.."))));
+    out
+}
+
+#[test]
+fn errnos_match_kernel_ext4() {
+    let what = "errnos_match_kernel_ext4";
+    if let Err(e) = fuse_available().and_then(|()| kernel_mount_available()) {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "64M");
+    let copy = dir.path().join("kernel.img");
+    sparse_copy(&img, &copy);
+    let lo = LoopDev::attach(&copy).unwrap();
+    let km = Mount::new(lo.path(), "ext4", None).unwrap();
+    let kernel = errno_script(km.path());
+    km.unmount().unwrap();
+    drop(lo);
+    let m = FuseMount::new(&img, &[]).unwrap();
+    let ours = errno_script(m.path());
+    m.unmount().unwrap();
+    assert_eq!(kernel.len(), ours.len());
+    let mut diffs = Vec::new();
+    for ((w, k), (_, o)) in kernel.iter().zip(&ours) {
+        if k != o {
+            diffs.push(format!("{w}: kernel {k}, ext4kit {o}"));
+        }
+    }
+    assert!(diffs.is_empty(), "{}", diffs.join("\n"));
+    e2fsck_clean(&img).unwrap();
+    e2fsck_clean(&copy).unwrap();
+}

@@ -201,3 +201,57 @@ pub fn write_through_mmap(file: &std::fs::File, offset: u64, data: &[u8]) -> io:
         None => Ok(()),
     }
 }
+
+/// `lsetxattr(path, name, value, flags)` (`XATTR_CREATE` 1, `XATTR_REPLACE`
+/// 2) or, with `value` `None`, `lremovexattr(path, name)`.
+pub fn set_xattr_flags(
+    path: &Path,
+    name: &[u8],
+    value: Option<&[u8]>,
+    flags: i32,
+) -> io::Result<()> {
+    let p = cpath(path)?;
+    let n = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "xattr name with a NUL"))?;
+    let r = match value {
+        // SAFETY: `p` and `n` are NUL-terminated and live across the call;
+        // `v` is valid for `v.len()` bytes.
+        Some(v) => unsafe {
+            libc::lsetxattr(p.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), flags)
+        },
+        // SAFETY: `p` and `n` are NUL-terminated and live across the call.
+        None => unsafe { libc::lremovexattr(p.as_ptr(), n.as_ptr()) },
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `lgetxattr(path, name)`: the value (up to 64 KiB).
+pub fn get_xattr(path: &Path, name: &[u8]) -> io::Result<Vec<u8>> {
+    let p = cpath(path)?;
+    let n = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "xattr name with a NUL"))?;
+    let mut val = vec![0u8; 65536];
+    // SAFETY: `p` and `n` are NUL-terminated; `val` is valid for its length.
+    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), val.as_mut_ptr().cast(), val.len()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    val.truncate(r as usize);
+    Ok(val)
+}
+
+/// `lseek(file, offset, whence)` with `SEEK_DATA` (3) or `SEEK_HOLE` (4).
+pub fn seek_data_hole(file: &std::fs::File, offset: i64, whence: i32) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain syscall on an open descriptor; no memory involved.
+    let r = unsafe { libc::lseek(file.as_raw_fd(), offset as libc::off_t, whence) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as u64)
+    }
+}
