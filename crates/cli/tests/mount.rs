@@ -761,11 +761,17 @@ fn kill9_during_fsyncs_then_replay() {
                 let _ = fs::write(r2.join(format!("loose-{i}")), b"not synced");
             }
         });
-        let delay = 200 + (seed.wrapping_mul(round + 1).wrapping_mul(2_654_435_761) % 600);
+        // A few fsyncs first (a loaded machine is slow), then a random
+        // moment.
+        let mut synced: Vec<(String, usize)> = Vec::new();
+        while synced.len() < 3 {
+            synced.push(rx.recv_timeout(Duration::from_secs(60)).unwrap());
+        }
+        let delay = seed.wrapping_mul(round + 1).wrapping_mul(2_654_435_761) % 500;
         std::thread::sleep(Duration::from_millis(delay));
         m.kill9();
         let _ = worker.join();
-        let synced: Vec<(String, usize)> = rx.try_iter().collect();
+        synced.extend(rx.try_iter());
         assert!(!synced.is_empty(), "round {round}: nothing was fsynced");
         assert!(dumpe2fs_h(&img).contains("needs_recovery"));
         if round == 0 {
