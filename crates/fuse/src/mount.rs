@@ -339,6 +339,13 @@ pub fn serve(req: &MountRequest, ready: impl FnOnce()) -> Result<MountReport, Mo
         Ok(s) => s,
         Err(source) => {
             close(shared, &req.device)?;
+            // Without root, fuser runs fusermount3: say so when it is missing.
+            let source =
+                if source.kind() == io::ErrorKind::NotFound && !nix::unistd::geteuid().is_root() {
+                    io::Error::other("fusermount3 not found (install fuse3, or mount as root)")
+                } else {
+                    source
+                };
             return Err(MountError::Mount { path: mnt, source });
         }
     };

@@ -122,6 +122,7 @@ impl FuseFs {
 
     fn fire_orphan(&self, ino: Option<u32>) {
         let Some(ino) = ino else { return };
+        let _c = self.s.change();
         if let Backend::Rw(fs) = &self.s.backend
             && let Err(e) = fs.release_orphan(ino)
         {
@@ -179,6 +180,7 @@ impl FuseFs {
         } else {
             req.gid()
         };
+        let _c = self.s.change();
         let mut spec = NewInode::new(mode, req.uid(), gid);
         if let Make::Node { rdev, .. } = what
             && matches!(mode & S_IFMT, S_IFCHR | S_IFBLK)
@@ -252,6 +254,7 @@ impl FuseFs {
             size: a.size,
             times: any_time.then_some(times),
         };
+        let _c = self.s.change();
         let tid = retry(fs, || fs.setattr(ino, &sa)).map_err(|e| errno(&e))?;
         self.s.state().changed(ino, tid);
         self.s.inode(ino)
@@ -281,6 +284,8 @@ impl FuseFs {
 
     fn do_write(&self, ino: u32, fh: u64, off: u64, data: &[u8]) -> R<u32> {
         let fs = self.fs()?;
+        // Also makes O_APPEND's "size, then write there" atomic.
+        let _c = self.s.change();
         let append = matches!(
             self.s.state().handles.get(&fh),
             Some(Handle::File { append: true, .. })
@@ -341,8 +346,9 @@ impl FuseFs {
         let fs = self.fs()?;
         let name = name_ok(name)?;
         let p = ext4_ino(parent)?;
-        // Held across the engine call: an open of the same inode cannot
-        // slip in between the check and the unlink.
+        // The state is held across the engine call: an open of the same
+        // inode cannot slip in between the check and the unlink.
+        let _c = self.s.change();
         let mut st = self.s.state();
         let target = fs
             .lookup(p, name)
@@ -382,6 +388,7 @@ impl FuseFs {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
         };
+        let _c = self.s.change();
         let mut st = self.s.state();
         let src = fs
             .lookup(sd, name)
@@ -543,6 +550,7 @@ impl FuseFs {
         if f.punch_hole && offset >= i.size {
             return Ok(());
         }
+        let _c = self.s.change();
         let tid = retry(fs, || fs.fallocate(ino, offset, length, f)).map_err(|e| errno(&e))?;
         self.s.state().changed(ino, tid);
         Ok(())
@@ -609,6 +617,7 @@ impl FuseFs {
             XATTR_REPLACE => SetMode::Replace,
             _ => return Err(Errno::EINVAL),
         };
+        let _c = self.s.change();
         let tid = fs
             .set_xattr(ino, name, value, mode)
             .map_err(|e| xattr_errno(&e))?;
@@ -767,6 +776,7 @@ impl fuser::Filesystem for FuseFs {
             let fs = self.fs()?;
             let name = name_ok(name)?;
             let p = ext4_ino(parent)?;
+            let _c = self.s.change();
             let tid = fs.rmdir(p, name).map_err(|e| errno(&e))?;
             self.s.state().changed(p, tid);
             Ok(())
@@ -817,6 +827,7 @@ impl fuser::Filesystem for FuseFs {
             let fs = self.fs()?;
             let name = name_ok(newname)?;
             let (ino, p) = (ext4_ino(ino)?, ext4_ino(newparent)?);
+            let _c = self.s.change();
             let tid = retry(fs, || fs.link(ino, p, name)).map_err(|e| errno(&e))?;
             let mut st = self.s.state();
             st.changed(ino, tid);

@@ -175,6 +175,17 @@ impl State {
 pub struct Shared {
     pub backend: Backend,
     pub state: Mutex<State>,
+    /// Held for every changing engine call. The engine serializes the
+    /// handles of changes anyway (its coarse operations mutex), but it
+    /// reads an inode before taking that mutex and lets go of it between
+    /// the handles of one call (write chunks, truncate steps, the steps
+    /// of freeing an orphan): two calls touching one inode, or the
+    /// orphan list that links inodes together, could interleave there and
+    /// store a stale inode (seen: freeing two orphans from two threads
+    /// corrupted the orphan list). Requests the kernel does not serialize
+    /// (mmap writeback, release, forget) made that reachable. Lock order:
+    /// `change`, then `state`.
+    pub change: Mutex<()>,
     pub opts: MountOptions,
     pub block_size: u32,
     /// Largest file size (`ext4_max_size` for extent files: 2^32 - 1
@@ -188,6 +199,7 @@ impl Shared {
         Shared {
             backend,
             state: Mutex::new(State::default()),
+            change: Mutex::new(()),
             opts,
             block_size,
             max_file: (u64::from(u32::MAX)) * u64::from(block_size),
@@ -196,6 +208,11 @@ impl Shared {
 
     pub fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The change lock (see [`Shared::change`]).
+    pub fn change(&self) -> MutexGuard<'_, ()> {
+        self.change.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Inode `ino` as the kernel may ask for it: also an orphan (link
@@ -216,6 +233,7 @@ impl Shared {
     /// Free the orphans still on the list (unmount: the kernel sends no
     /// forgets then). Returns how many failed.
     pub fn release_orphans(&self) -> Vec<(u32, FsError)> {
+        let _c = self.change();
         let orphans: Vec<u32> = self.state().orphans.drain().collect();
         let mut failed = Vec::new();
         if let Backend::Rw(fs) = &self.backend {
