@@ -588,6 +588,17 @@ fn unlinked_open_file_lives_until_closed() {
     f.read_exact_at(&mut buf, 1 << 20).unwrap();
     assert_eq!(&buf, b"after unlink");
     assert_eq!(f.metadata().unwrap().nlink(), 0);
+    // fchmod, fchown, futimens work on it as on ext4.
+    f.set_permissions(fs::Permissions::from_mode(0o600))
+        .unwrap();
+    std::os::unix::fs::fchown(&f, Some(42), Some(43)).unwrap();
+    let t = std::time::UNIX_EPOCH + Duration::new(1_000_000_000, 5);
+    f.set_modified(t).unwrap();
+    let md = f.metadata().unwrap();
+    assert_eq!((md.mode() & 0o7777, md.uid(), md.gid()), (0o600, 42, 43));
+    assert_eq!((md.mtime(), md.mtime_nsec()), (1_000_000_000, 5));
+    f.set_len(9 << 20).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 9 << 20);
     assert!(free_blocks(m.path()) + 2000 < before);
     drop(f);
     wait_until("the blocks to come back", Duration::from_secs(10), || {

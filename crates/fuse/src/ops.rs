@@ -20,6 +20,7 @@ use ext4kit_fs::FsError;
 use ext4kit_fs::file::Content;
 use ext4kit_fs::fs::{Falloc, Filesystem, NewInode, RenameFlags as EngineRename, SetAttr, Times};
 use ext4kit_fs::inode::InodeInfo;
+use ext4kit_fs::rw::InodeAttrs;
 use ext4kit_fs::xattr_write::{self as xw, SetMode};
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo,
@@ -255,7 +256,37 @@ impl FuseFs {
             times: any_time.then_some(times),
         };
         let _c = self.s.change();
-        let tid = retry(fs, || fs.setattr(ino, &sa)).map_err(|e| errno(&e))?;
+        let orphan = self.s.state().orphans.contains(&ino);
+        let tid =
+            if orphan && (sa.mode.is_some() || sa.uid.is_some() || sa.gid.is_some() || any_time) {
+                // An unlinked open file (link count 0): the engine's setattr
+                // reads only linked inodes, so the size goes through it (its
+                // truncate takes orphans) and the rest is written to the slot
+                // directly, ctime now (fchmod, fchown, futimens on it work on
+                // ext4).
+                if sa.size.is_some() {
+                    let only_size = SetAttr {
+                        size: sa.size,
+                        ..SetAttr::default()
+                    };
+                    retry(fs, || fs.setattr(ino, &only_size)).map_err(|e| errno(&e))?;
+                }
+                let pair = |t: Option<ext4kit_fs::inode::Timestamp>| t.map(|t| (t.sec, t.nsec));
+                let now = ext4kit_fs::fs::now();
+                let attrs = InodeAttrs {
+                    perm: sa.mode,
+                    uid: sa.uid,
+                    gid: sa.gid,
+                    atime: pair(times.atime),
+                    mtime: pair(times.mtime),
+                    ctime: pair(Some(times.ctime.unwrap_or(now))),
+                };
+                fs.rw()
+                    .set_inode_attrs(ino, &attrs)
+                    .map_err(|e| errno(&e))?
+            } else {
+                retry(fs, || fs.setattr(ino, &sa)).map_err(|e| errno(&e))?
+            };
         self.s.state().changed(ino, tid);
         self.s.inode(ino)
     }
