@@ -18,6 +18,7 @@ mod cmd_journal;
 mod cmd_lazyinit;
 mod cmd_ls;
 mod cmd_mkfs;
+mod cmd_mount;
 mod cmd_ns;
 mod cmd_stat;
 mod direct;
@@ -76,6 +77,9 @@ enum Cmd {
     Fallocate(cmd_attr::FallocateArgs),
     /// Discard the free space of an unmounted image or device (util-linux fstrim).
     Fstrim(cmd_fstrim::FstrimArgs),
+    /// Mount an ext4 image or device with FUSE (journaled read-write, or -o ro).
+    #[command(long_about = cmd_mount::LONG_ABOUT)]
+    Mount(cmd_mount::MountArgs),
     /// Write man pages or shell completions (for packaging).
     #[command(hide = true)]
     Generate(cmd_generate::GenerateArgs),
@@ -196,6 +200,7 @@ fn main() {
                             "truncate",
                             "fallocate",
                             "fstrim",
+                            "mount",
                         ]
                         .contains(&s.as_str())
                     });
@@ -224,6 +229,7 @@ fn main() {
             Cmd::Truncate(a) => cmd_attr::truncate(a),
             Cmd::Fallocate(a) => cmd_attr::fallocate(a),
             Cmd::Fstrim(a) => cmd_fstrim::run(a),
+            Cmd::Mount(a) => cmd_mount::run(a),
             Cmd::Generate(a) => cmd_generate::run(a, Cli::command()),
         }
     };

@@ -61,6 +61,7 @@ fn man_pages_generate_and_render() {
             "ext4kit-ls.1",
             "ext4kit-mkdir.1",
             "ext4kit-mkfs.1",
+            "ext4kit-mount.1",
             "ext4kit-mv.1",
             "ext4kit-rm.1",
             "ext4kit-stat.1",

@@ -129,3 +129,129 @@ pub fn realtime_coarse_secs() -> u64 {
             .map_or(0, |d| d.as_secs())
     }
 }
+
+/// `renameat2(from, to, flags)` with `RENAME_NOREPLACE` (1) and/or
+/// `RENAME_EXCHANGE` (2), which `std::fs::rename` cannot pass (tests of
+/// the FUSE mount).
+pub fn rename_with_flags(from: &Path, to: &Path, flags: u32) -> io::Result<()> {
+    let (f, t) = (cpath(from)?, cpath(to)?);
+    // SAFETY: `f` and `t` are NUL-terminated and live across the call.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            flags as libc::c_uint,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Write `data` at `offset` of `file` through a shared writable mapping
+/// (mmap, copy, msync, munmap): the page-cache write path, for tests of
+/// filesystems that must handle it. `file` must be open read-write and
+/// at least `offset + data.len()` bytes long.
+pub fn write_through_mmap(file: &std::fs::File, offset: u64, data: &[u8]) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if data.is_empty() {
+        return Ok(());
+    }
+    let page = crate::page_size() as u64;
+    let start = offset - offset % page;
+    let len = (offset - start) as usize + data.len();
+    let off = libc::off_t::try_from(start)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset too large"))?;
+    // SAFETY: a fresh mapping chosen by the kernel (no fixed address), of
+    // `len` bytes of an open file descriptor; failure is checked below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            off,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the mapping is `len` bytes long and writable; the copy ends
+    // at `(offset - start) + data.len() == len`; source and destination
+    // cannot overlap (`data` is not in this new mapping).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            data.as_ptr(),
+            p.cast::<u8>().add((offset - start) as usize),
+            data.len(),
+        );
+    }
+    // SAFETY: `p`/`len` are exactly the mapping made above.
+    let synced = unsafe { libc::msync(p, len, libc::MS_SYNC) };
+    let err = (synced != 0).then(io::Error::last_os_error);
+    // SAFETY: as above; the mapping is not used after this.
+    unsafe { libc::munmap(p, len) };
+    match err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// `lsetxattr(path, name, value, flags)` (`XATTR_CREATE` 1, `XATTR_REPLACE`
+/// 2) or, with `value` `None`, `lremovexattr(path, name)`.
+pub fn set_xattr_flags(
+    path: &Path,
+    name: &[u8],
+    value: Option<&[u8]>,
+    flags: i32,
+) -> io::Result<()> {
+    let p = cpath(path)?;
+    let n = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "xattr name with a NUL"))?;
+    let r = match value {
+        // SAFETY: `p` and `n` are NUL-terminated and live across the call;
+        // `v` is valid for `v.len()` bytes.
+        Some(v) => unsafe {
+            libc::lsetxattr(p.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), flags)
+        },
+        // SAFETY: `p` and `n` are NUL-terminated and live across the call.
+        None => unsafe { libc::lremovexattr(p.as_ptr(), n.as_ptr()) },
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `lgetxattr(path, name)`: the value (up to 64 KiB).
+pub fn get_xattr(path: &Path, name: &[u8]) -> io::Result<Vec<u8>> {
+    let p = cpath(path)?;
+    let n = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "xattr name with a NUL"))?;
+    let mut val = vec![0u8; 65536];
+    // SAFETY: `p` and `n` are NUL-terminated; `val` is valid for its length.
+    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), val.as_mut_ptr().cast(), val.len()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    val.truncate(r as usize);
+    Ok(val)
+}
+
+/// `lseek(file, offset, whence)` with `SEEK_DATA` (3) or `SEEK_HOLE` (4).
+pub fn seek_data_hole(file: &std::fs::File, offset: i64, whence: i32) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain syscall on an open descriptor; no memory involved.
+    let r = unsafe { libc::lseek(file.as_raw_fd(), offset as libc::off_t, whence) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as u64)
+    }
+}

@@ -1,0 +1,162 @@
+//! `ext4kit mount [-o OPTS] [-f] DEVICE MOUNTPOINT`: serve an ext4 image
+//! or block device through FUSE (`crates/fuse`).
+//!
+//! Without `-f` the command returns once the mount is live: it starts
+//! itself again as a detached child (`--daemon-child`, its own process
+//! group, working directory `/`, no terminal) and waits for one line on
+//! the child's stdout: `ready` when the mount is live, else the child
+//! exits and its one-line error (on its stderr) is printed here with its
+//! exit status. No fork of a threaded process, no unsafe code.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, anyhow, bail};
+use ext4kit_fuse::{MountOptions, MountRequest, default_threads, serve};
+
+/// `ext4kit mount --help` (set on the subcommand in main.rs: the
+/// variant's doc comment would replace a long_about given here).
+pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through FUSE: journaled \
+                  read-write (a dirty journal is replayed first, as the kernel does), or \
+                  read-only with -o ro. Needs /dev/fuse; as root the mount is made directly, \
+                  otherwise through fusermount3. Without -f the command returns once the \
+                  mount is live and the filesystem is served in the background.\n\n\
+                  Unmount with `umount MOUNTPOINT` or `fusermount3 -u MOUNTPOINT`, or send \
+                  SIGTERM/SIGINT to the serving process: the journal is committed and \
+                  checkpointed and the filesystem is left clean (e2fsck -fn finds nothing, \
+                  no needs_recovery). fsync makes data durable (one journal commit); \
+                  changes are otherwise committed every commit=SEC seconds.\n\n\
+                  Options (-o, comma-separated, may be repeated; later ones win):\n  \
+                  ro, rw                  read-only (served from the read side; nothing is \
+                  written) or read-write (default)\n  \
+                  commit=SEC              commit the running transaction after SEC seconds \
+                  (default 5; 0 = default)\n  \
+                  errors=remount-ro|continue  after a failed write the journal is aborted \
+                  and further changes fail with EROFS (continue is accepted, behaves the same)\n  \
+                  norecovery, noload      with ro only: do not replay a dirty journal, not \
+                  even in memory\n  \
+                  data=ordered            the only data mode (the default)\n  \
+                  discard, nodiscard      discard freed blocks after each commit (parsed; \
+                  issued once discard at commit is merged)\n  \
+                  init_itable=N, noinit_itable, lazyinit=adaptive|fixed\n                          \
+                  online lazy inode-table init pacing (parsed; runs once online lazy init \
+                  is merged; `ext4kit lazyinit` does it offline)\n  \
+                  allow_other             let other users in (the kernel checks \
+                  permissions and ACLs)\n  \
+                  default_permissions     always in effect (accepted)\n  \
+                  noatime, nosuid, nodev, noexec, defaults\n                          \
+                  passed to the kernel mount\n\n\
+                  A mounted or busy device is refused; an unknown option is refused with \
+                  one line before anything is opened.";
+
+/// Mount an ext4 image or block device with FUSE.
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Examples:\n  ext4kit mkfs disk.img 1G\n  ext4kit mount disk.img /mnt\n  \
+                  cp -a ~/src /mnt/ && umount /mnt\n  ext4kit mount -f -o ro,noload disk.img /mnt"
+)]
+pub struct MountArgs {
+    /// Mount options, comma-separated (see above); may be repeated.
+    #[arg(short = 'o', value_name = "OPTS")]
+    pub options: Vec<String>,
+    /// Stay in the foreground until unmounted (do not detach).
+    #[arg(short = 'f', long = "foreground")]
+    pub foreground: bool,
+    /// FUSE worker threads (default: CPUs, 2 to 4).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub threads: Option<u16>,
+    /// The detached child of a background mount (internal).
+    #[arg(long = "daemon-child", hide = true)]
+    pub daemon_child: bool,
+    /// ext4 image file or block device.
+    #[arg(value_name = "DEVICE")]
+    pub device: PathBuf,
+    /// Directory to mount on.
+    #[arg(value_name = "MOUNTPOINT")]
+    pub mountpoint: PathBuf,
+}
+
+/// The child's "the mount is live" line.
+const READY: &str = "ready";
+
+fn absolute(p: &Path, what: &str) -> anyhow::Result<PathBuf> {
+    p.canonicalize()
+        .with_context(|| format!("{what} {}", p.display()))
+}
+
+/// Run `ext4kit mount`.
+pub fn run(args: &MountArgs) -> anyhow::Result<i32> {
+    let opts =
+        MountOptions::parse(args.options.iter().map(String::as_str)).map_err(|e| anyhow!("{e}"))?;
+    let mountpoint = absolute(&args.mountpoint, "mount point")?;
+    if !mountpoint.is_dir() {
+        bail!("mount point {}: Not a directory", args.mountpoint.display());
+    }
+    let device = absolute(&args.device, "device")?;
+    let threads = args
+        .threads
+        .map(usize::from)
+        .unwrap_or_else(default_threads);
+    if !args.foreground && !args.daemon_child {
+        return detach(args, &device, &mountpoint);
+    }
+    let req = MountRequest {
+        device,
+        mountpoint,
+        opts,
+        threads,
+    };
+    let child = args.daemon_child;
+    serve(&req, || {
+        if child {
+            // Tell the parent, then let go of its pipes.
+            outln!("{READY}");
+            if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+                let _ = nix::unistd::dup2_stdout(&null);
+                let _ = nix::unistd::dup2_stderr(&null);
+            }
+        }
+    })?;
+    Ok(0)
+}
+
+/// Start the serving child and wait until its mount is live or it failed.
+fn detach(args: &MountArgs, device: &Path, mountpoint: &Path) -> anyhow::Result<i32> {
+    let exe = std::env::current_exe().context("finding the ext4kit binary")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount").arg("--daemon-child");
+    for o in &args.options {
+        cmd.arg("-o").arg(o);
+    }
+    if let Some(t) = args.threads {
+        cmd.arg("--threads").arg(t.to_string());
+    }
+    cmd.arg("--").arg(device).arg(mountpoint);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .current_dir("/")
+        .process_group(0);
+    let mut child = cmd.spawn().context("starting the mount process")?;
+    let mut line = String::new();
+    if let Some(mut so) = child.stdout.take() {
+        let _ = so.read_to_string(&mut line);
+    }
+    if line.lines().next() == Some(READY) {
+        return Ok(0);
+    }
+    let status = child.wait().context("waiting for the mount process")?;
+    let mut err = String::new();
+    if let Some(mut se) = child.stderr.take() {
+        let _ = se.read_to_string(&mut err);
+    }
+    let err = err.trim();
+    if err.is_empty() {
+        bail!("the mount process ended ({status}) before the mount was live");
+    }
+    // The child's own one-line message ("ext4kit: ...").
+    eprintln!("{err}");
+    Ok(status.code().filter(|&c| c != 0).unwrap_or(1))
+}

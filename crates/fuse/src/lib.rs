@@ -1,0 +1,25 @@
+//! ext4kit's FUSE adapter: the read-write engine ([`ext4kit_fs`]) served
+//! to the kernel as a mounted filesystem. The only crate that depends on
+//! `fuser` (0.18, pure-Rust mount: mount(2) on `/dev/fuse` as root,
+//! `fusermount3` otherwise; no libfuse).
+//!
+//! - [`options`]: `-o` options with the kernel's ext4 names.
+//! - [`attr`]: inode numbers (FUSE's root 1 is ext4's 2), attributes,
+//!   times (with a workaround for fuser 0.18.0's pre-1970 setattr bug),
+//!   device numbers, errno values as kernel ext4 returns them.
+//! - [`shared`]: the engine (read-write, or the read side for `ro`) and
+//!   the mount's bookkeeping: lookup counts, open handles, orphans
+//!   (unlinked while open: freed at the last release/forget or at
+//!   unmount), readdir snapshots, the tid of each inode's last change
+//!   (what fsync commits).
+//! - [`ops`]: the `fuser::Filesystem` implementation.
+//! - [`mount`]: open, mount, serve, unmount on signals, close cleanly.
+
+pub mod attr;
+pub mod mount;
+pub mod ops;
+pub mod options;
+pub mod shared;
+
+pub use mount::{MountError, MountReport, MountRequest, default_threads, serve};
+pub use options::{MountOptions, OptionError};

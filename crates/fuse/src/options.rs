@@ -1,0 +1,309 @@
+//! `-o` mount options, with the kernel's ext4 names and meanings where
+//! ext4kit has them, FUSE's `allow_other`/`default_permissions`, and
+//! ext4kit's own `lazyinit=`.
+//!
+//! Parsing is pure: an unknown or malformed option is a one-line
+//! [`OptionError`] before anything is opened, so a refused mount writes
+//! nothing. Later options override earlier ones (`-o ro,rw` is `rw`), as
+//! with mount(8).
+
+use std::time::Duration;
+
+/// What `errors=` asks for after a failed metadata write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ErrorBehavior {
+    /// `errors=remount-ro` (the default): the journal is aborted, nothing
+    /// of the failed operation commits, further changes fail with EROFS.
+    #[default]
+    RemountRo,
+    /// `errors=continue`: accepted for compatibility. The engine still
+    /// stops writing after a failed transaction (a half operation can
+    /// never be committed), so this behaves as `remount-ro`.
+    Continue,
+}
+
+/// How online lazy init paces itself (`lazyinit=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LazyinitPace {
+    /// `init_itable=N` (default 10, the kernel's default multiplier).
+    #[default]
+    Fixed,
+    /// `lazyinit=adaptive`: the multiplier follows contention signals.
+    Adaptive,
+}
+
+/// Parsed mount options.
+///
+/// Fields marked "wired after merge" are parsed, validated and stored
+/// here; the features they drive (discard at commit, online lazy init)
+/// are built in parallel and are plugged in where [`crate::mount`] opens
+/// the engine (see `MountOptions::engine_note` users there).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountOptions {
+    /// `ro`: served from the read side; the device is opened read-only.
+    pub read_only: bool,
+    /// `discard` / `nodiscard` (default off). Wired after merge: the
+    /// per-commit discard batch (`crates/fs/src/discard.rs`).
+    pub discard: bool,
+    /// `init_itable=N`: online lazy init sleeps N times the time each
+    /// group took (kernel default 10). Wired after merge.
+    pub init_itable: u32,
+    /// `noinit_itable`: no online lazy init. Wired after merge.
+    pub noinit_itable: bool,
+    /// `lazyinit=adaptive|fixed`. Wired after merge.
+    pub lazyinit: LazyinitPace,
+    /// `commit=SEC`: the running transaction is committed once it is this
+    /// old (default 5 s; `commit=0` means the default, as in the kernel).
+    pub commit: Duration,
+    /// `errors=remount-ro|continue`.
+    pub errors: ErrorBehavior,
+    /// `norecovery` / `noload` (with `ro` only): a dirty journal is not
+    /// replayed, not even in memory; the on-disk state is shown as it is.
+    pub norecovery: bool,
+    /// FUSE `allow_other`: users other than the mounting one may access
+    /// the mount (permissions are checked by the kernel).
+    pub allow_other: bool,
+    /// FUSE `default_permissions`. Always in effect: the kernel checks
+    /// permissions (and POSIX ACLs) as for any local filesystem; the
+    /// option is accepted so that fstab lines can carry it.
+    pub default_permissions: bool,
+    /// VFS flags passed through to the kernel mount.
+    pub noatime: bool,
+    pub nosuid: bool,
+    pub nodev: bool,
+    pub noexec: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            read_only: false,
+            discard: false,
+            init_itable: DEFAULT_INIT_ITABLE,
+            noinit_itable: false,
+            lazyinit: LazyinitPace::Fixed,
+            commit: DEFAULT_COMMIT,
+            errors: ErrorBehavior::RemountRo,
+            norecovery: false,
+            allow_other: false,
+            default_permissions: true,
+            noatime: false,
+            nosuid: false,
+            nodev: false,
+            noexec: false,
+        }
+    }
+}
+
+/// The kernel's `JBD2_DEFAULT_MAX_COMMIT_AGE`.
+pub const DEFAULT_COMMIT: Duration = Duration::from_secs(5);
+/// The kernel's `EXT4_DEF_LI_WAIT_MULT`.
+pub const DEFAULT_INIT_ITABLE: u32 = 10;
+/// Longest `commit=` accepted (the kernel takes up to `INT_MAX / HZ`; a
+/// day is already far past any useful value).
+pub const MAX_COMMIT_SECS: u64 = 86_400;
+
+/// A refused `-o` string: one line naming the option.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct OptionError(pub String);
+
+impl MountOptions {
+    /// Parse the comma-separated option lists of every `-o` in order
+    /// (later options win), then check the combination.
+    pub fn parse<'a>(lists: impl IntoIterator<Item = &'a str>) -> Result<Self, OptionError> {
+        let mut o = MountOptions::default();
+        for list in lists {
+            for opt in list.split(',') {
+                let opt = opt.trim();
+                if !opt.is_empty() {
+                    o.apply(opt)?;
+                }
+            }
+        }
+        if o.norecovery && !o.read_only {
+            return Err(OptionError(
+                "norecovery/noload needs a read-only mount (add -o ro)".into(),
+            ));
+        }
+        Ok(o)
+    }
+
+    fn apply(&mut self, opt: &str) -> Result<(), OptionError> {
+        let (key, value) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        let flag = |set: &mut bool, v: bool| -> Result<(), OptionError> {
+            if value.is_some() {
+                return Err(OptionError(format!("mount option '{key}' takes no value")));
+            }
+            *set = v;
+            Ok(())
+        };
+        match key {
+            "ro" => flag(&mut self.read_only, true),
+            "rw" => flag(&mut self.read_only, false),
+            "discard" => flag(&mut self.discard, true),
+            "nodiscard" => flag(&mut self.discard, false),
+            "noinit_itable" => flag(&mut self.noinit_itable, true),
+            "init_itable" => {
+                // The kernel's `init_itable` alone means the default.
+                self.init_itable = match value {
+                    None => DEFAULT_INIT_ITABLE,
+                    Some(v) => number(key, v)?,
+                };
+                self.noinit_itable = false;
+                Ok(())
+            }
+            "lazyinit" => {
+                self.lazyinit = match value {
+                    Some("adaptive") => LazyinitPace::Adaptive,
+                    Some("fixed") => LazyinitPace::Fixed,
+                    Some(v) => {
+                        return Err(OptionError(format!(
+                            "invalid value '{v}' for mount option 'lazyinit' (adaptive or fixed)"
+                        )));
+                    }
+                    None => {
+                        return Err(OptionError(
+                            "mount option 'lazyinit' needs a value (adaptive or fixed)".into(),
+                        ));
+                    }
+                };
+                Ok(())
+            }
+            "commit" => {
+                let secs: u64 = match value {
+                    Some(v) => number(key, v)?,
+                    None => 0,
+                };
+                if secs > MAX_COMMIT_SECS {
+                    return Err(OptionError(format!(
+                        "commit={secs} is too large (at most {MAX_COMMIT_SECS} seconds)"
+                    )));
+                }
+                self.commit = if secs == 0 {
+                    DEFAULT_COMMIT
+                } else {
+                    Duration::from_secs(secs)
+                };
+                Ok(())
+            }
+            "errors" => {
+                self.errors = match value {
+                    Some("remount-ro") => ErrorBehavior::RemountRo,
+                    Some("continue") => ErrorBehavior::Continue,
+                    Some("panic") => {
+                        return Err(OptionError(
+                            "errors=panic is not supported (use remount-ro or continue)".into(),
+                        ));
+                    }
+                    Some(v) => {
+                        return Err(OptionError(format!(
+                            "invalid value '{v}' for mount option 'errors' (remount-ro or continue)"
+                        )));
+                    }
+                    None => {
+                        return Err(OptionError(
+                            "mount option 'errors' needs a value (remount-ro or continue)".into(),
+                        ));
+                    }
+                };
+                Ok(())
+            }
+            "norecovery" | "noload" => flag(&mut self.norecovery, true),
+            "data" => match value {
+                Some("ordered") => Ok(()),
+                Some(v @ ("journal" | "writeback")) => Err(OptionError(format!(
+                    "data={v} is not supported (only data=ordered)"
+                ))),
+                Some(v) => Err(OptionError(format!(
+                    "invalid value '{v}' for mount option 'data' (only ordered)"
+                ))),
+                None => Err(OptionError(
+                    "mount option 'data' needs a value (ordered)".into(),
+                )),
+            },
+            "allow_other" => flag(&mut self.allow_other, true),
+            "default_permissions" => flag(&mut self.default_permissions, true),
+            // Defaults of every mount, accepted as no-ops.
+            "defaults" | "async" | "relatime" | "atime" | "suid" | "dev" | "exec" => {
+                let mut ignored = false;
+                flag(&mut ignored, false)
+            }
+            "noatime" | "nodiratime" => flag(&mut self.noatime, true),
+            "nosuid" => flag(&mut self.nosuid, true),
+            "nodev" => flag(&mut self.nodev, true),
+            "noexec" => flag(&mut self.noexec, true),
+            _ => Err(OptionError(format!("unknown mount option '{opt}'"))),
+        }
+    }
+}
+
+fn number<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, OptionError> {
+    v.parse().map_err(|_| {
+        OptionError(format!(
+            "invalid value '{v}' for mount option '{key}' (a whole number)"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<MountOptions, OptionError> {
+        MountOptions::parse([s])
+    }
+
+    #[test]
+    fn defaults() {
+        let o = p("").unwrap();
+        assert_eq!(o, MountOptions::default());
+        assert!(!o.read_only && !o.discard && !o.noinit_itable);
+        assert_eq!(o.commit, Duration::from_secs(5));
+        assert_eq!(o.init_itable, 10);
+    }
+
+    #[test]
+    fn kernel_names() {
+        let o =
+            p("ro,discard,init_itable=3,commit=30,errors=continue,noload,data=ordered").unwrap();
+        assert!(o.read_only && o.discard && o.norecovery);
+        assert_eq!(o.init_itable, 3);
+        assert_eq!(o.commit, Duration::from_secs(30));
+        assert_eq!(o.errors, ErrorBehavior::Continue);
+        let o =
+            MountOptions::parse(["discard", "nodiscard,noinit_itable,lazyinit=adaptive"]).unwrap();
+        assert!(!o.discard && o.noinit_itable);
+        assert_eq!(o.lazyinit, LazyinitPace::Adaptive);
+        assert_eq!(p("commit=0").unwrap().commit, DEFAULT_COMMIT);
+        assert!(!p("ro,rw").unwrap().read_only);
+        assert!(p("allow_other,default_permissions").unwrap().allow_other);
+        assert!(p("noatime,nosuid,nodev,noexec,defaults").unwrap().nosuid);
+    }
+
+    #[test]
+    fn refusals_name_the_option() {
+        for (s, want) in [
+            ("bogus", "unknown mount option 'bogus'"),
+            ("rw,frobnicate=1", "unknown mount option 'frobnicate=1'"),
+            ("commit=x", "invalid value 'x' for mount option 'commit'"),
+            ("commit=-1", "invalid value '-1'"),
+            ("commit=99999999", "too large"),
+            ("init_itable=many", "invalid value 'many'"),
+            ("errors=panic", "errors=panic is not supported"),
+            ("errors=sometimes", "invalid value 'sometimes'"),
+            ("data=journal", "data=journal is not supported"),
+            ("norecovery", "needs a read-only mount"),
+            ("noload,rw", "needs a read-only mount"),
+            ("ro=1", "'ro' takes no value"),
+            ("lazyinit=sometimes", "invalid value 'sometimes'"),
+        ] {
+            let e = p(s).unwrap_err().to_string();
+            assert!(e.contains(want), "{s}: {e}");
+            assert!(!e.contains('\n'), "{s}: {e}");
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! What every FUSE worker thread shares: the engine (read-write, or the
+//! read side for `ro` mounts) and the mount's bookkeeping (lookup counts,
+//! open files, orphans, directory snapshots, the tid of each inode's last
+//! change).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ext4kit_format::jbd2::tid_gt;
+use ext4kit_fs::FsError;
+use ext4kit_fs::fs::Filesystem;
+use ext4kit_fs::inode::InodeInfo;
+use ext4kit_fs::sb::{Fs, Volume};
+use fuser::{Errno, FileType};
+
+use crate::attr::errno;
+use crate::options::MountOptions;
+
+/// The engine behind the mount (one per mount, never moved around: the
+/// size difference of the variants does not matter).
+#[allow(clippy::large_enum_variant)]
+pub enum Backend {
+    /// Read-write: the operations layer (journaled).
+    Rw(Filesystem),
+    /// Read-only (`-o ro`): the read side over the device, a dirty
+    /// journal replayed in memory (or not at all with `norecovery`).
+    /// The device lives as long as the process (leaked on purpose: a
+    /// read-only mount has nothing to close).
+    Ro(Volume<'static>),
+}
+
+impl Backend {
+    /// Run `f` over the read side (the newest images when read-write).
+    pub fn read<R>(&self, f: impl FnOnce(&Fs<'_>) -> R) -> R {
+        match self {
+            Backend::Rw(fs) => fs.read(f),
+            Backend::Ro(v) => f(&v.fs()),
+        }
+    }
+
+    /// The read-write engine, or EROFS.
+    pub fn rw(&self) -> Result<&Filesystem, Errno> {
+        match self {
+            Backend::Rw(fs) => Ok(fs),
+            Backend::Ro(_) => Err(Errno::EROFS),
+        }
+    }
+
+    /// The filesystem block size.
+    pub fn block_size(&self) -> u32 {
+        self.read(|f| f.info.block_size)
+    }
+}
+
+/// One directory entry of a readdir snapshot.
+#[derive(Clone, Debug)]
+pub struct DirItem {
+    pub ino: u32,
+    pub name: Vec<u8>,
+    pub kind: FileType,
+}
+
+/// An open file or directory.
+#[derive(Debug)]
+pub enum Handle {
+    File {
+        ino: u32,
+        /// O_APPEND: every write goes to the end of the file.
+        append: bool,
+    },
+    Dir {
+        ino: u32,
+        /// The entries as they were at the first readdir (offset 0):
+        /// offsets are positions in it, so they stay valid however the
+        /// directory changes meanwhile (POSIX leaves it open whether
+        /// names added or removed after opendir/rewinddir show up).
+        snap: Option<Arc<Vec<DirItem>>>,
+    },
+}
+
+/// The mount's bookkeeping, behind one mutex.
+#[derive(Debug, Default)]
+pub struct State {
+    /// FUSE lookup count per inode (entries replied minus forgets).
+    pub lookups: HashMap<u32, u64>,
+    /// Open handles per inode.
+    pub open: HashMap<u32, u32>,
+    /// Inodes unlinked while open (link count 0, on the orphan list):
+    /// freed when neither an open handle nor a kernel reference is left,
+    /// or at unmount.
+    pub orphans: HashSet<u32>,
+    pub handles: HashMap<u64, Handle>,
+    pub next_fh: u64,
+    /// The tid of each inode's last change (what fsync commits).
+    pub tids: HashMap<u32, u32>,
+}
+
+impl State {
+    /// A new handle number.
+    pub fn add_handle(&mut self, h: Handle) -> u64 {
+        self.next_fh = self.next_fh.wrapping_add(1).max(1);
+        while self.handles.contains_key(&self.next_fh) {
+            self.next_fh = self.next_fh.wrapping_add(1).max(1);
+        }
+        let fh = self.next_fh;
+        if let Handle::File { ino, .. } = &h {
+            *self.open.entry(*ino).or_insert(0) += 1;
+        }
+        self.handles.insert(fh, h);
+        fh
+    }
+
+    /// Close a handle; for a file, whether that was the last handle of an
+    /// orphan the kernel no longer references (free it now).
+    pub fn close_handle(&mut self, fh: u64) -> Option<u32> {
+        let Some(Handle::File { ino, .. }) = self.handles.remove(&fh) else {
+            return None;
+        };
+        let left = match self.open.get_mut(&ino) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                *n
+            }
+            _ => {
+                self.open.remove(&ino);
+                0
+            }
+        };
+        (left == 0 && self.orphan_unreferenced(ino)).then_some(ino)
+    }
+
+    /// One more kernel reference to `ino` (an entry reply).
+    pub fn looked_up(&mut self, ino: u32) {
+        *self.lookups.entry(ino).or_insert(0) += 1;
+    }
+
+    /// The kernel dropped `n` references; whether `ino` is an orphan that
+    /// nothing refers to any more (free it now).
+    pub fn forget(&mut self, ino: u32, n: u64) -> Option<u32> {
+        match self.lookups.get_mut(&ino) {
+            Some(c) if *c > n => *c -= n,
+            _ => {
+                self.lookups.remove(&ino);
+            }
+        }
+        (!self.open.contains_key(&ino) && self.orphan_unreferenced(ino)).then_some(ino)
+    }
+
+    fn orphan_unreferenced(&mut self, ino: u32) -> bool {
+        if self.orphans.contains(&ino) && !self.lookups.contains_key(&ino) {
+            self.orphans.remove(&ino);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Is `ino` open?
+    pub fn is_open(&self, ino: u32) -> bool {
+        self.open.contains_key(&ino)
+    }
+
+    /// Remember that `ino` changed in transaction `tid`.
+    pub fn changed(&mut self, ino: u32, tid: u32) {
+        self.tids.insert(ino, tid);
+    }
+
+    /// Forget the tids that are durable already.
+    pub fn prune_tids(&mut self, last_committed: u32) {
+        self.tids.retain(|_, t| tid_gt(*t, last_committed));
+    }
+}
+
+/// Everything the workers, the commit timer and the mount share.
+pub struct Shared {
+    pub backend: Backend,
+    pub state: Mutex<State>,
+    /// Held for every changing engine call. The engine serializes the
+    /// handles of changes anyway (its coarse operations mutex), but it
+    /// reads an inode before taking that mutex and lets go of it between
+    /// the handles of one call (write chunks, truncate steps, the steps
+    /// of freeing an orphan): two calls touching one inode, or the
+    /// orphan list that links inodes together, could interleave there and
+    /// store a stale inode (seen: freeing two orphans from two threads
+    /// corrupted the orphan list). Requests the kernel does not serialize
+    /// (mmap writeback, release, forget) made that reachable. Lock order:
+    /// `change`, then `state`.
+    pub change: Mutex<()>,
+    pub opts: MountOptions,
+    pub block_size: u32,
+    /// Largest file size (`ext4_max_size` for extent files: 2^32 - 1
+    /// blocks).
+    pub max_file: u64,
+}
+
+impl Shared {
+    pub fn new(backend: Backend, opts: MountOptions) -> Shared {
+        let block_size = backend.block_size();
+        Shared {
+            backend,
+            state: Mutex::new(State::default()),
+            change: Mutex::new(()),
+            opts,
+            block_size,
+            max_file: (u64::from(u32::MAX)) * u64::from(block_size),
+        }
+    }
+
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The change lock (see [`Shared::change`]).
+    pub fn change(&self) -> MutexGuard<'_, ()> {
+        self.change.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Inode `ino` as the kernel may ask for it: also an orphan (link
+    /// count 0, still open), never a freed inode.
+    pub fn inode(&self, ino: u32) -> Result<InodeInfo, Errno> {
+        match &self.backend {
+            Backend::Rw(fs) => {
+                let i = fs.inode_any(ino).map_err(|e| errno(&e))?;
+                if i.links == 0 && !self.state().orphans.contains(&ino) {
+                    return Err(Errno::ENOENT);
+                }
+                Ok(i)
+            }
+            Backend::Ro(v) => v.fs().inode(ino).map_err(|e| errno(&e)),
+        }
+    }
+
+    /// Free the orphans still on the list (unmount: the kernel sends no
+    /// forgets then). Returns how many failed.
+    pub fn release_orphans(&self) -> Vec<(u32, FsError)> {
+        let _c = self.change();
+        let orphans: Vec<u32> = self.state().orphans.drain().collect();
+        let mut failed = Vec::new();
+        if let Backend::Rw(fs) = &self.backend {
+            for ino in orphans {
+                if let Err(e) = fs.release_orphan(ino) {
+                    failed.push((ino, e));
+                }
+            }
+        }
+        failed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orphan_freed_after_last_close_and_forget() {
+        let mut s = State::default();
+        let a = s.add_handle(Handle::File {
+            ino: 12,
+            append: false,
+        });
+        let b = s.add_handle(Handle::File {
+            ino: 12,
+            append: false,
+        });
+        s.looked_up(12);
+        s.orphans.insert(12);
+        assert_eq!(s.close_handle(a), None);
+        // Last close, but the kernel still holds the inode.
+        assert_eq!(s.close_handle(b), None);
+        assert_eq!(s.forget(12, 1), Some(12));
+        assert!(s.orphans.is_empty());
+
+        // Forget first, then the last close.
+        let c = s.add_handle(Handle::File {
+            ino: 13,
+            append: false,
+        });
+        s.looked_up(13);
+        s.orphans.insert(13);
+        assert_eq!(s.forget(13, 1), None);
+        assert_eq!(s.close_handle(c), Some(13));
+        // Not an orphan: nothing to free.
+        let d = s.add_handle(Handle::File {
+            ino: 14,
+            append: false,
+        });
+        assert_eq!(s.close_handle(d), None);
+        assert!(s.open.is_empty() && s.handles.is_empty());
+    }
+
+    #[test]
+    fn tids_pruned_when_durable() {
+        let mut s = State::default();
+        s.changed(12, 5);
+        s.changed(13, 7);
+        s.prune_tids(5);
+        assert!(!s.tids.contains_key(&12));
+        assert_eq!(s.tids.get(&13), Some(&7));
+    }
+}
