@@ -19,10 +19,10 @@
 //!
 //! Plug-in points for the parts of issue 8 built elsewhere: online lazy
 //! init (`opts.noinit_itable`, `opts.init_itable`, `opts.lazyinit`) starts
-//! its worker next to the commit timer, on `Backend::Rw` only; discard at
-//! commit (`opts.discard`) is an engine option set where [`RwOptions`] is
-//! built in `open_backend`. Both are parsed and stored today and wired
-//! after those branches merge.
+//! its worker next to the commit timer, on `Backend::Rw` only (parsed and
+//! stored; wired when the worker merges); discard at commit
+//! (`opts.discard`) is the engine's [`DiscardOptions`], set where
+//! [`RwOptions`] is built in `open_backend`.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use ext4kit_device::{Device, DeviceError, OpenOptions, check_not_mounted, mounts, open_device};
 use ext4kit_format::superblock::{SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock};
+use ext4kit_fs::discard::DiscardOptions;
 use ext4kit_fs::fs::Filesystem;
 use ext4kit_fs::journal::JournalOptions;
 use ext4kit_fs::rw::RwOptions;
@@ -139,13 +140,15 @@ pub fn open_backend(path: &Path, opts: &MountOptions) -> Result<Backend, MountEr
     }
     let dev: Arc<dyn Device> =
         Arc::from(open_device(path, OpenOptions::read_write()).map_err(dev_err(path))?);
-    // Discard at commit (opts.discard) becomes an RwOptions field after
-    // the discard branch merges.
+    // -o discard: the per-commit discard batch and, at open, the
+    // reconciler that gives back what an earlier crash or kill lost.
     let ro = RwOptions {
         journal: JournalOptions {
             commit_interval: opts.commit,
             ..JournalOptions::default()
         },
+        discard: opts.discard.then(DiscardOptions::default),
+        ..RwOptions::default()
     };
     let fs = Filesystem::open(dev, ro).map_err(fs_err(path))?;
     Ok(Backend::Rw(fs))

@@ -42,8 +42,8 @@ pub enum LazyinitPace {
 pub struct MountOptions {
     /// `ro`: served from the read side; the device is opened read-only.
     pub read_only: bool,
-    /// `discard` / `nodiscard` (default off). Wired after merge: the
-    /// per-commit discard batch (`crates/fs/src/discard.rs`).
+    /// `discard` / `nodiscard` (default off): the per-commit discard batch
+    /// and the reconciler at open (`crates/fs/src/discard.rs`).
     pub discard: bool,
     /// `init_itable=N`: online lazy init sleeps N times the time each
     /// group took (kernel default 10). Wired after merge.
