@@ -40,6 +40,7 @@ fn opts(csum: JournalCsum) -> RwOptions {
             csum,
             ..JournalOptions::default()
         },
+        ..RwOptions::default()
     }
 }
 

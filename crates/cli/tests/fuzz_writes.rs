@@ -1,0 +1,324 @@
+//! Corrupt metadata never panics, never hangs: a seeded mutation campaign
+//! over a small image (inode table, extent blocks, directory blocks with
+//! the htree root, an xattr block, bitmaps, the descriptor block, the
+//! journal superblock). Each case flips a few bytes of one metadata block,
+//! then opens the image read-write, walks the whole tree (readdir, stat,
+//! read, readlink, xattrs) and runs a few writes (create, write, unlink,
+//! rename, setxattr, truncate, mkdir), under a time bound. Every error is
+//! one line; when an operation met corruption, the image records it
+//! (error state and count in the superblock). `EXT4KIT_FUZZ_WRITES=N`
+//! runs N cases (default 48), `EXT4KIT_FUZZ_SEED=S` another seed.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::*;
+use ext4kit_device::{Device, MemDevice};
+use ext4kit_format::inode::S_IFREG;
+use ext4kit_format::superblock::{STATE_ERROR, SUPERBLOCK_OFFSET, Superblock};
+use ext4kit_fs::FsError;
+use ext4kit_fs::fs::{Filesystem, NewInode, RenameFlags};
+use ext4kit_fs::rw::{ErrorBehavior, RwOptions};
+use ext4kit_fs::xattr_write::SetMode;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn name(i: usize) -> Vec<u8> {
+    format!("entry-with-a-longish-name-{i:04}").into_bytes()
+}
+
+/// The base image (1 KiB blocks) and its metadata blocks worth corrupting.
+fn base(dir: &std::path::Path) -> (Vec<u8>, Vec<(&'static str, u64)>) {
+    let img = mkimg(dir, "base.img", "8M", &["-b", "1024", "-N", "512"]);
+    let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+    let reg = NewInode::new(S_IFREG | 0o644, 0, 0);
+    let dirs = NewInode::new(ext4kit_format::inode::S_IFDIR | 0o755, 0, 0);
+    let (d, _) = fs.mkdir(2, b"d", &dirs).unwrap();
+    for i in 0..120 {
+        fs.create(d.ino, &name(i), &reg).unwrap();
+    }
+    let (f0, _) = fs.create(2, b"f0", &reg).unwrap();
+    let (f1, _) = fs.create(2, b"f1", &reg).unwrap();
+    for k in 0..14u64 {
+        fs.write_at(f0.ino, k * 2048, &[k as u8 + 1; 1024]).unwrap();
+        fs.write_at(f1.ino, k * 2048, &[k as u8 + 7; 1024]).unwrap();
+    }
+    let (x, _) = fs.create(2, b"x", &reg).unwrap();
+    fs.set_xattr(x.ino, b"user.big", Some(&[b'v'; 400]), SetMode::Any)
+        .unwrap();
+    let (s, _) = fs.create(2, b"small", &reg).unwrap();
+    fs.write_at(s.ino, 0, &[b's'; 3000]).unwrap();
+    fs.symlink(2, b"link", b"d/entry-with-a-longish-name-0001", &reg)
+        .unwrap();
+    let mut targets: Vec<(&'static str, u64)> = Vec::new();
+    let mut itable = HashSet::new();
+    for ino in [2, 8, d.ino, f0.ino, f1.ino, x.ino, s.ino] {
+        itable.insert(fs.inode_location(ino).unwrap().0);
+    }
+    targets.extend(itable.into_iter().map(|b| ("inode table", b)));
+    for ino in [f0.ino, f1.ino] {
+        let i = fs.inode(ino).unwrap();
+        let (_, nodes) = fs.read(|f| f.extent_tree(&i)).unwrap();
+        targets.extend(
+            nodes
+                .iter()
+                .filter(|n| n.pblk != 0)
+                .map(|n| ("extent block", n.pblk)),
+        );
+    }
+    for ino in [d.ino, 2] {
+        let i = fs.inode(ino).unwrap();
+        assert!(ino == 2 || i.is_htree(), "d is an htree");
+        for m in fs.read(|f| f.file_map(&i)).unwrap() {
+            targets.extend((m.pblk..m.pblk + u64::from(m.len)).map(|b| ("directory block", b)));
+        }
+    }
+    let xi = fs.inode(x.ino).unwrap();
+    assert_ne!(xi.file_acl, 0, "x has an xattr block");
+    targets.push(("xattr block", xi.file_acl));
+    let (bb, ib, first) = fs.read(|f| {
+        let g = &f.info.descs[0];
+        (g.block_bitmap(), g.inode_bitmap(), f.info.first_data_block)
+    });
+    targets.push(("block bitmap", bb));
+    targets.push(("inode bitmap", ib));
+    targets.push(("descriptor block", first + 1));
+    let j = fs.inode(8).unwrap();
+    let jm = fs.read(|f| f.file_map(&j)).unwrap();
+    targets.push(("journal superblock", jm[0].pblk));
+    fs.close().unwrap();
+    e2fsck_clean(&img).unwrap();
+    (std::fs::read(&img).unwrap(), targets)
+}
+
+/// One line, no panic text.
+fn one_line(what: &str, e: &impl std::fmt::Display) -> Result<(), String> {
+    let s = e.to_string();
+    if s.contains('\n') || s.is_empty() {
+        return Err(format!("{what}: error is not one line: {s:?}"));
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Outcome {
+    /// An operation (after a successful open) failed with corruption.
+    detected: bool,
+}
+
+fn note(out: &mut Outcome, what: &str, e: &FsError) -> Result<(), String> {
+    one_line(what, e)?;
+    if e.is_corruption() {
+        out.detected = true;
+    }
+    Ok(())
+}
+
+/// Walk everything below `dir` (read-only operations).
+fn walk(
+    fs: &Filesystem,
+    dir: u32,
+    depth: u32,
+    seen: &mut HashSet<u32>,
+    out: &mut Outcome,
+) -> Result<(), String> {
+    if depth > 4 || !seen.insert(dir) {
+        return Ok(());
+    }
+    let d = match fs.inode(dir) {
+        Ok(d) => d,
+        Err(e) => return note(out, "stat dir", &e),
+    };
+    let entries = match fs.read(|f| f.read_dir(&d)) {
+        Ok(v) => v,
+        Err(e) => {
+            // What the mount does with errors of read-side closures.
+            fs.note_error("readdir", line!(), dir, &e);
+            return note(out, "readdir", &e);
+        }
+    };
+    for e in entries.iter().take(300) {
+        if e.name == b"." || e.name == b".." {
+            continue;
+        }
+        let i = match fs.lookup(dir, &e.name) {
+            Ok(Some(i)) => i,
+            Ok(None) => continue,
+            Err(err) => {
+                note(out, "lookup", &err)?;
+                continue;
+            }
+        };
+        if i.is_dir() {
+            walk(fs, i.ino, depth + 1, seen, out)?;
+        } else if i.is_regular() {
+            let mut buf = vec![0u8; i.size.min(1 << 20) as usize];
+            if let Err(err) = fs.read_at(i.ino, 0, &mut buf) {
+                note(out, "read", &err)?;
+            }
+        } else if i.is_symlink()
+            && let Err(err) = fs.read(|f| f.read_link(&i))
+        {
+            fs.note_error("readlink", line!(), i.ino, &err);
+            note(out, "readlink", &err)?;
+        }
+        if let Err(err) = fs.xattrs(i.ino) {
+            note(out, "xattrs", &err)?;
+        }
+    }
+    Ok(())
+}
+
+fn case(dev: Arc<MemDevice>, errors: ErrorBehavior) -> Result<Outcome, String> {
+    let mut out = Outcome::default();
+    let opts = RwOptions {
+        errors: Some(errors),
+        ..RwOptions::default()
+    };
+    let fs = match Filesystem::open(dev.clone(), opts) {
+        Ok(fs) => fs,
+        Err(e) => {
+            one_line("open", &e)?;
+            return Ok(out);
+        }
+    };
+    walk(&fs, 2, 0, &mut HashSet::new(), &mut out)?;
+    let reg = NewInode::new(S_IFREG | 0o644, 0, 0);
+    let ino_of = |n: &[u8]| fs.lookup(2, n).ok().flatten().map(|i| i.ino);
+    let d = ino_of(b"d");
+    macro_rules! op {
+        ($what:expr, $e:expr) => {
+            if let Err(e) = $e {
+                note(&mut out, $what, &e)?;
+            }
+        };
+    }
+    match fs.create(2, b"new", &reg) {
+        Ok((i, _)) => op!("write new", fs.write_at(i.ino, 0, &[7u8; 5000])),
+        Err(e) => note(&mut out, "create", &e)?,
+    }
+    if let Some(d) = d {
+        op!("unlink", fs.unlink(d, &name(5)));
+        op!(
+            "rename",
+            fs.rename(2, b"small", d, b"moved", RenameFlags::default())
+        );
+        op!("mkdir", fs.mkdir(d, b"sub", &NewInode::new(0o40755, 0, 0)));
+        op!("create in d", fs.create(d, b"zz-new-name", &reg));
+    }
+    for (n, val) in [(&b"x"[..], 300usize), (&b"f0"[..], 40)] {
+        if let Some(i) = ino_of(n) {
+            match fs.set_xattr(i, b"user.k", Some(&vec![b'q'; val]), SetMode::Any) {
+                Ok(_) => {}
+                Err(ext4kit_fs::xattr_write::XattrError::Fs(e)) => note(&mut out, "setxattr", &e)?,
+                Err(e) => one_line("setxattr", &e)?,
+            }
+        }
+    }
+    if let Some(f0) = ino_of(b"f0") {
+        op!("truncate", fs.truncate(f0, 3000));
+    }
+    if let Some(f1) = ino_of(b"f1") {
+        op!("write f1", fs.write_at(f1, 8192, &[9u8; 4096]));
+        op!("truncate f1", fs.truncate(f1, 40_000));
+    }
+    op!("unlink x", fs.unlink(2, b"x"));
+    if let Err(e) = fs.close() {
+        one_line("close", &e)?;
+    }
+    if out.detected {
+        let mut raw = vec![0u8; 1024];
+        dev.read_at(&mut raw, SUPERBLOCK_OFFSET)
+            .map_err(|e| e.to_string())?;
+        let sb = Superblock::parse(&raw).ok_or("short superblock")?;
+        if sb.s_state.get() & STATE_ERROR == 0 || sb.s_error_count.get() == 0 {
+            return Err(format!(
+                "corruption detected but not recorded (state {:#x}, count {})",
+                sb.s_state.get(),
+                sb.s_error_count.get()
+            ));
+        }
+    }
+    Ok(out)
+}
+
+#[test]
+fn corrupt_metadata_never_panics_nor_hangs() {
+    if let Err(r) = e2fs_tools() {
+        return skip("corrupt_metadata_never_panics_nor_hangs", &r);
+    }
+    let dir = image_dir();
+    let (bytes, targets) = base(dir.path());
+    let base_dev = MemDevice::from_bytes(bytes);
+    let cases: u64 = std::env::var("EXT4KIT_FUZZ_WRITES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(48);
+    let seed: u64 = std::env::var("EXT4KIT_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x5EED_F00D);
+    let bs = 1024u64;
+    let mut failures = Vec::new();
+    let mut detected = 0;
+    for n in 0..cases {
+        let mut rng = Rng(seed ^ (n + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let (what, blk) = targets[rng.below(targets.len() as u64) as usize];
+        let dev = Arc::new(base_dev.snapshot());
+        let mut flips = Vec::new();
+        for _ in 0..1 + rng.below(3) {
+            // Half the flips hit a header (the first 64 bytes).
+            let off = if rng.below(2) == 0 {
+                rng.below(64)
+            } else {
+                rng.below(bs)
+            };
+            let x = 1 + rng.below(255) as u8;
+            let at = blk * bs + off;
+            let mut b = [0u8; 1];
+            dev.read_at(&mut b, at).unwrap();
+            b[0] ^= x;
+            dev.write_at(&b, at).unwrap();
+            flips.push((off, x));
+        }
+        let errors = if n % 2 == 0 {
+            ErrorBehavior::RemountRo
+        } else {
+            ErrorBehavior::Continue
+        };
+        let label = format!("case {n} ({what} {blk}, flips {flips:?}, {errors:?})");
+        let (tx, rx) = mpsc::channel();
+        let d = dev.clone();
+        std::thread::spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(d, errors)));
+            let _ = tx.send(r);
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(Ok(Ok(o))) => detected += u32::from(o.detected),
+            Ok(Ok(Err(e))) => failures.push(format!("{label}: {e}")),
+            Ok(Err(_)) => failures.push(format!("{label}: panicked")),
+            Err(_) => {
+                failures.push(format!("{label}: no answer after 60 s (hang)"));
+                break;
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    eprintln!("{cases} cases, {detected} with corruption detected by an operation");
+}
