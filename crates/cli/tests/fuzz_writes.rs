@@ -44,8 +44,14 @@ fn name(i: usize) -> Vec<u8> {
 }
 
 /// The base image (1 KiB blocks) and its metadata blocks worth corrupting.
-fn base(dir: &std::path::Path) -> (Vec<u8>, Vec<(&'static str, u64)>) {
-    let img = mkimg(dir, "base.img", "8M", &["-b", "1024", "-N", "512"]);
+fn base(
+    dir: &std::path::Path,
+    img_name: &str,
+    extra: &[&str],
+) -> (Vec<u8>, Vec<(&'static str, u64)>) {
+    let mut args = vec!["-b", "1024", "-N", "512"];
+    args.extend_from_slice(extra);
+    let img = mkimg(dir, img_name, "8M", &args);
     let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
     let reg = NewInode::new(S_IFREG | 0o644, 0, 0);
     let dirs = NewInode::new(ext4kit_format::inode::S_IFDIR | 0o755, 0, 0);
@@ -86,7 +92,17 @@ fn base(dir: &std::path::Path) -> (Vec<u8>, Vec<(&'static str, u64)>) {
         let i = fs.inode(ino).unwrap();
         assert!(ino == 2 || i.is_htree(), "d is an htree");
         for m in fs.read(|f| f.file_map(&i)).unwrap() {
-            targets.extend((m.pblk..m.pblk + u64::from(m.len)).map(|b| ("directory block", b)));
+            targets.extend((m.pblk..m.pblk + u64::from(m.len)).map(|b| {
+                let root = ino == d.ino && b == m.pblk && m.lblk == 0;
+                (
+                    if root {
+                        "htree root"
+                    } else {
+                        "directory block"
+                    },
+                    b,
+                )
+            }));
         }
     }
     let xi = fs.inode(x.ino).unwrap();
@@ -258,14 +274,77 @@ fn case(dev: Arc<MemDevice>, errors: ErrorBehavior) -> Result<Outcome, String> {
     Ok(out)
 }
 
+type Base = (MemDevice, Vec<(&'static str, u64)>);
+
+/// The two base images: with metadata_csum (most flips fail a checksum)
+/// and without (flips reach the structure checks).
+fn bases(dir: &std::path::Path) -> Vec<Base> {
+    [
+        ("csum.img", &[][..]),
+        ("nocsum.img", &["-O", "^metadata_csum"][..]),
+    ]
+    .iter()
+    .map(|(n, a)| {
+        let (bytes, targets) = base(dir, n, a);
+        (MemDevice::from_bytes(bytes), targets)
+    })
+    .collect()
+}
+
+/// Run [`case`] on `dev` in a thread with a time bound; `Err` says what
+/// went wrong (a panic, a hang, a bad error).
+fn run_bounded(dev: Arc<MemDevice>, errors: ErrorBehavior) -> Result<Outcome, String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(dev, errors)));
+        let _ = tx.send(r);
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => Err("panicked".into()),
+        Err(_) => Err("no answer after 60 s (hang)".into()),
+    }
+}
+
+/// Panics the campaign found, replayed every run: (base 0 = csum or 1,
+/// target, byte offset in the block, bytes written there).
+const REGRESSIONS: &[(usize, &str, u64, &[u8])] = &[
+    // dx_root_info.indirect_levels 255: "levels + 1" overflowed (dir.rs).
+    (0, "htree root", 30, &[0xff]),
+    (1, "htree root", 30, &[0xff]),
+];
+
+#[test]
+fn corrupt_metadata_regressions() {
+    if let Err(r) = e2fs_tools() {
+        return skip("corrupt_metadata_regressions", &r);
+    }
+    let dir = image_dir();
+    let bases = bases(dir.path());
+    let mut failures = Vec::new();
+    for &(b, what, off, bytes) in REGRESSIONS {
+        let (base_dev, targets) = &bases[b];
+        let blk = targets.iter().find(|t| t.0 == what).unwrap().1;
+        for errors in [ErrorBehavior::RemountRo, ErrorBehavior::Continue] {
+            let dev = Arc::new(base_dev.snapshot());
+            dev.write_at(bytes, blk * 1024 + off).unwrap();
+            if let Err(e) = run_bounded(dev, errors) {
+                failures.push(format!(
+                    "{what} +{off} {bytes:?} (base {b}, {errors:?}): {e}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn corrupt_metadata_never_panics_nor_hangs() {
     if let Err(r) = e2fs_tools() {
         return skip("corrupt_metadata_never_panics_nor_hangs", &r);
     }
     let dir = image_dir();
-    let (bytes, targets) = base(dir.path());
-    let base_dev = MemDevice::from_bytes(bytes);
+    let bases = bases(dir.path());
     let cases: u64 = std::env::var("EXT4KIT_FUZZ_WRITES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -279,22 +358,30 @@ fn corrupt_metadata_never_panics_nor_hangs() {
     let mut detected = 0;
     for n in 0..cases {
         let mut rng = Rng(seed ^ (n + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let (base_dev, targets) = &bases[(n / 2 % 2) as usize];
         let (what, blk) = targets[rng.below(targets.len() as u64) as usize];
         let dev = Arc::new(base_dev.snapshot());
         let mut flips = Vec::new();
         for _ in 0..1 + rng.below(3) {
-            // Half the flips hit a header (the first 64 bytes).
+            // Half the flips hit a header (the first 64 bytes); some set a
+            // whole 32-bit word (0, all ones, or random).
             let off = if rng.below(2) == 0 {
                 rng.below(64)
             } else {
                 rng.below(bs)
             };
-            let x = 1 + rng.below(255) as u8;
             let at = blk * bs + off;
-            let mut b = [0u8; 1];
-            dev.read_at(&mut b, at).unwrap();
-            b[0] ^= x;
-            dev.write_at(&b, at).unwrap();
+            let mut b = [0u8; 4];
+            let len = (bs - off).min(4) as usize;
+            dev.read_at(&mut b[..len], at).unwrap();
+            let x = match rng.below(4) {
+                0 => 0,
+                1 => u32::MAX,
+                2 => rng.next() as u32,
+                _ => u32::from_le_bytes(b) ^ (1 + rng.below(255) as u32),
+            };
+            let w = x.to_le_bytes();
+            dev.write_at(&w[..len], at).unwrap();
             flips.push((off, x));
         }
         let errors = if n % 2 == 0 {
@@ -302,20 +389,16 @@ fn corrupt_metadata_never_panics_nor_hangs() {
         } else {
             ErrorBehavior::Continue
         };
-        let label = format!("case {n} ({what} {blk}, flips {flips:?}, {errors:?})");
-        let (tx, rx) = mpsc::channel();
-        let d = dev.clone();
-        std::thread::spawn(move || {
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(d, errors)));
-            let _ = tx.send(r);
-        });
-        match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(Ok(Ok(o))) => detected += u32::from(o.detected),
-            Ok(Ok(Err(e))) => failures.push(format!("{label}: {e}")),
-            Ok(Err(_)) => failures.push(format!("{label}: panicked")),
-            Err(_) => {
-                failures.push(format!("{label}: no answer after 60 s (hang)"));
-                break;
+        let csum = if n / 2 % 2 == 0 { "csum" } else { "nocsum" };
+        let label = format!("case {n} ({csum}, {what} {blk}, words {flips:?}, {errors:?})");
+        match run_bounded(dev, errors) {
+            Ok(o) => detected += u32::from(o.detected),
+            Err(e) => {
+                let hang = e.contains("hang");
+                failures.push(format!("{label}: {e}"));
+                if hang {
+                    break;
+                }
             }
         }
     }
