@@ -193,3 +193,42 @@ fn continue_records_the_error_and_goes_on() {
     fs.close().unwrap();
     assert_eq!(superblock(&img).s_error_count.get(), 3);
 }
+
+/// The first operation to meet an aborted journal (here aborted by hand,
+/// as a failed write would) records it as the kernel's "Detected aborted
+/// journal" does (EIO) and fails with EROFS; the filesystem is read-only
+/// from then on, and it is recorded once.
+#[test]
+fn an_aborted_journal_is_recorded_once() {
+    if let Err(r) = e2fs_tools() {
+        return skip("an_aborted_journal_is_recorded_once", &r);
+    }
+    let dir = image_dir();
+    let img = mkimg(dir.path(), "a.img", "16M", &[]);
+    let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+    fs.rw()
+        .journal()
+        .abort_journal(&FsError::InvalidRequest("a test".into()));
+    let spec = NewInode::new(S_IFREG | 0o600, 0, 0);
+    let e = fs.create(2, b"x", &spec).unwrap_err();
+    assert!(matches!(e, FsError::Aborted(_)), "{e}");
+    assert_eq!(e.errno(), 30);
+    let e = fs.create(2, b"y", &spec).unwrap_err();
+    assert!(matches!(e, FsError::ReadOnly(_)), "{e}");
+    assert!(fs.lookup(2, b"lost+found").unwrap().is_some());
+    fs.close().unwrap();
+    let sb = superblock(&img);
+    assert_ne!(sb.s_state.get() & STATE_ERROR, 0);
+    assert_eq!(sb.s_error_count.get(), 1);
+    assert_eq!(c_str(&sb.s_first_error_func), "create");
+    assert_eq!(sb.s_first_error_errcode, 2, "EIO");
+    // The next open replays nothing, keeps the record and clears the
+    // journal's s_errno.
+    Filesystem::open(open_file(&img), RwOptions::default())
+        .unwrap()
+        .close()
+        .unwrap();
+    let sb = superblock(&img);
+    assert_eq!(sb.s_error_count.get(), 1);
+    assert_ne!(sb.s_state.get() & STATE_ERROR, 0);
+}

@@ -115,7 +115,9 @@ impl FsError {
             FsError::Corrupt { .. } => 117,         // EUCLEAN (EFSCORRUPTED)
             FsError::BlockOutOfRange { .. } => 117, // EFSCORRUPTED
             FsError::ReadOnly(_) => 30,             // EROFS
-            _ => 5,                                 // EIO
+            // ext4_journal_check_start: "Detected aborted journal".
+            FsError::Aborted(_) => 30, // EROFS
+            _ => 5,                    // EIO
         }
     }
 
@@ -136,7 +138,7 @@ impl FsError {
         match self {
             FsError::Corrupt { detail, .. } if detail.contains("checksum") => 4,
             FsError::Corrupt { .. } | FsError::BlockOutOfRange { .. } => 5,
-            FsError::Device(_) => 2,
+            FsError::Device(_) | FsError::Aborted(_) => 2,
             FsError::ReadOnly(_) => 8,
             FsError::NoSpace { .. } | FsError::SpaceBusy { .. } => 6,
             _ => 1,

@@ -201,6 +201,13 @@ impl Filesystem {
         let orphan_file = OrphanFile::load(&Fs {
             blocks: rw.blocks(),
             info: &info,
+        })
+        .inspect_err(|e| {
+            // ext4_init_orphan_info: ext4_error, and the mount fails.
+            if e.is_corruption() {
+                let rec = crate::rw::ErrorRecord::of(e, "orphan_file_load", line!(), 0);
+                rw.record_error(&rec, e);
+            }
         })?;
         let layout = Layout::from_superblock(&info.sb)?;
         let descs = Arc::new(DescTable::from_descs(layout, info.descs.clone()));

@@ -84,10 +84,13 @@ impl Filesystem {
     }
 
     /// Record `e` if it is a corruption (met by `func` at `line` working
-    /// on inode `ino`). For callers that meet errors outside the
-    /// operations, e.g. in a [`Filesystem::read`] closure (readdir).
+    /// on inode `ino`), or the first operation to meet an aborted journal
+    /// (the kernel's "Detected aborted journal": EIO, read-only from then
+    /// on). For callers that meet errors outside the operations, e.g. in
+    /// a [`Filesystem::read`] closure (readdir).
     pub fn note_error(&self, func: &str, line: u32, ino: u32, e: &FsError) {
-        if !e.is_corruption() {
+        let aborted = matches!(e, FsError::Aborted(_)) && self.rw().read_only().is_none();
+        if !e.is_corruption() && !aborted {
             return;
         }
         let rec = ErrorRecord::of(e, func, line, ino);
