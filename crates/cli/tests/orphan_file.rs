@@ -1,7 +1,7 @@
 //! The orphan file (orphan_file feature): an inode unlinked while open is
 //! recorded in the orphan file's blocks (not on the old `s_last_orphan`
-//! list); `orphan_present` is set while the filesystem is open and cleared
-//! by a clean close. Released, it leaves; after a crash ext4kit's next
+//! list); `orphan_present` is set in the transaction that fills the first
+//! slot and cleared in the one that empties the file. Released, it leaves; after a crash ext4kit's next
 //! open frees it, and so does the kernel's mount; an orphan the kernel
 //! left in the orphan file (shutdown without log flush with the file
 //! still open) is freed by ext4kit's open. e2fsck clean every way, with
@@ -36,7 +36,6 @@ fn orphan_present(img: &Path) -> bool {
 /// the orphan file. Returns the open filesystem and the inode.
 fn setup(img: &Path) -> (Filesystem, u32) {
     let fs = Filesystem::open(open_file(img), RwOptions::default()).unwrap();
-    assert!(orphan_present(img), "orphan_present set at open");
     let (f, _) = fs
         .create(2, b"f", &NewInode::new(S_IFREG | 0o644, 0, 0))
         .unwrap();
@@ -46,7 +45,10 @@ fn setup(img: &Path) -> (Filesystem, u32) {
     let of = fs.orphan_file().expect("orphan file");
     assert!(of.contains(f.ino));
     assert_eq!(of.entries(), vec![f.ino]);
-    assert_eq!(fs.rw().superblock().unwrap().s_last_orphan.get(), 0);
+    let sb = fs.rw().superblock().unwrap();
+    assert_eq!(sb.s_last_orphan.get(), 0);
+    // Set in the transaction that fills the first slot.
+    assert!(RoCompat(sb.s_feature_ro_compat.get()).contains(RoCompat::ORPHAN_PRESENT));
     let mut b = vec![0u8; 10];
     fs.read_at(f.ino, 100, &mut b).unwrap();
     assert_eq!(b, vec![0x5a; 10]);
@@ -86,7 +88,6 @@ fn unlinked_open_files_go_to_the_orphan_file() {
     sparse_copy(&base, &img);
     let (fs, _) = setup(&img);
     fs.crash();
-    assert!(orphan_present(&img));
     let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
     assert!(fs.orphan_file().unwrap().is_empty());
     fs.close().unwrap();

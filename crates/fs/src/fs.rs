@@ -48,7 +48,7 @@ use ext4kit_format::extent::{
     ENTRIES_IN_INODE, EXT_INIT_MAX_LEN, Extent as DiskExtent, ExtentHeader, ExtentIndex,
     entries_per_block, set_block_checksum,
 };
-use ext4kit_format::features::{Compat, Incompat};
+use ext4kit_format::features::{Compat, Incompat, RoCompat};
 use ext4kit_format::inode::{
     EXT4_EXTENTS_FL, EXTRA_ISIZE, FAST_SYMLINK_MAX, Inode, S_IFBLK, S_IFCHR, S_IFDIR, S_IFLNK,
     S_IFMT, device_i_block, fast_symlink_i_block, new_inode_uses_extents, set_checksum,
@@ -746,6 +746,7 @@ impl Filesystem {
         if let Some(of) = &self.orphan_file
             && of.add(&mut op.h, inode.ino, &self.rw.geometry().csum)?
         {
+            self.set_orphan_present(op, true)?;
             return self.store_inode(op, inode);
         }
         let head = self.rw.superblock()?.s_last_orphan.get();
@@ -759,6 +760,23 @@ impl Filesystem {
             .modify_superblock(&mut op.h, |sb| sb.s_last_orphan.set(ino))
     }
 
+    /// Set or clear `orphan_present` inside `op` (where the kernel sets it
+    /// at mount, it is set here in the transaction that puts the first
+    /// inode in the orphan file and cleared in the one that empties it:
+    /// a crash without orphans leaves nothing for e2fsck to clear).
+    fn set_orphan_present(&self, op: &mut Op<'_>, on: bool) -> Result<(), FsError> {
+        let bit = RoCompat::ORPHAN_PRESENT.bits();
+        let ro = self.rw.superblock()?.s_feature_ro_compat.get();
+        if (ro & bit != 0) == on {
+            return Ok(());
+        }
+        self.rw.modify_superblock(&mut op.h, |sb| {
+            let ro = sb.s_feature_ro_compat.get();
+            sb.s_feature_ro_compat
+                .set(if on { ro | bit } else { ro & !bit });
+        })
+    }
+
     /// Take `inode` off the orphan list inside `op` (its `i_dtime` is
     /// cleared; the caller stores `inode`).
     pub fn orphan_del(&self, op: &mut Op<'_>, inode: &mut InodeInfo) -> Result<(), FsError> {
@@ -766,6 +784,9 @@ impl Filesystem {
             Some(of) => of.del(&mut op.h, inode.ino, &self.rw.geometry().csum)?,
             None => false,
         };
+        if in_file && self.orphan_file.as_ref().is_some_and(|o| o.is_empty()) {
+            self.set_orphan_present(op, false)?;
+        }
         let next = inode.dtime;
         let ino = inode.ino;
         let head = self.rw.superblock()?.s_last_orphan.get();

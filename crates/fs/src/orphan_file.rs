@@ -15,7 +15,8 @@
 //! slots are taken; adding and removing an entry changes one block through
 //! the operation's journal handle (checksum recomputed), so an inode is on
 //! the orphan file in the same transaction as the change that needs it.
-//! Callers serialize changes (the operations lock).
+//! Callers serialize changes (the operations lock); `orphan_present` is
+//! the operations layer's (`Filesystem::orphan_add`/`orphan_del`).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

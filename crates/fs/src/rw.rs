@@ -530,11 +530,6 @@ impl RwFs {
             sb.s_mnt_count.set(sb.s_mnt_count.get().wrapping_add(1));
             stamp(&mut sb.s_mtime, &mut sb.s_mtime_hi, t);
             stamp(&mut sb.s_wtime, &mut sb.s_wtime_hi, t);
-            // ext4_setup_super: entries may be added from now on.
-            if Compat(sb.s_feature_compat.get()).contains(Compat::ORPHAN_FILE) {
-                let ro = sb.s_feature_ro_compat.get() | RoCompat::ORPHAN_PRESENT.bits();
-                sb.s_feature_ro_compat.set(ro);
-            }
         })?;
         let errors = opts
             .errors
