@@ -98,23 +98,25 @@ impl FsError {
     /// The errno a POSIX caller (the FUSE mount) reports for this error.
     pub fn errno(&self) -> i32 {
         match self {
-            FsError::NotFound => 2,                 // ENOENT
-            FsError::NotADirectory => 20,           // ENOTDIR
-            FsError::IsADirectory => 21,            // EISDIR
-            FsError::SymlinkLoop => 40,             // ELOOP
-            FsError::NotASymlink => 22,             // EINVAL
-            FsError::Exists => 17,                  // EEXIST
-            FsError::NameTooLong => 36,             // ENAMETOOLONG
-            FsError::InvalidName(_) => 22,          // EINVAL
-            FsError::StructureFull(_) => 28,        // ENOSPC
-            FsError::NotEmpty => 39,                // ENOTEMPTY
-            FsError::TooManyLinks => 31,            // EMLINK
-            FsError::NoSpace { .. } => 28,          // ENOSPC
-            FsError::SpaceBusy { .. } => 28,        // ENOSPC (after waiting)
-            FsError::Unsupported(_) => 95,          // EOPNOTSUPP
-            FsError::Corrupt { .. } => 117,         // EUCLEAN (EFSCORRUPTED)
+            FsError::NotFound => 2,          // ENOENT
+            FsError::NotADirectory => 20,    // ENOTDIR
+            FsError::IsADirectory => 21,     // EISDIR
+            FsError::SymlinkLoop => 40,      // ELOOP
+            FsError::NotASymlink => 22,      // EINVAL
+            FsError::Exists => 17,           // EEXIST
+            FsError::NameTooLong => 36,      // ENAMETOOLONG
+            FsError::InvalidName(_) => 22,   // EINVAL
+            FsError::StructureFull(_) => 28, // ENOSPC
+            FsError::NotEmpty => 39,         // ENOTEMPTY
+            FsError::TooManyLinks => 31,     // EMLINK
+            FsError::NoSpace { .. } => 28,   // ENOSPC
+            FsError::SpaceBusy { .. } => 28, // ENOSPC (after waiting)
+            FsError::Unsupported(_) => 95,   // EOPNOTSUPP
+            // EFSBADCRC (EBADMSG) for checksums, as ext4 returns them.
+            FsError::Corrupt { detail, .. } if detail.contains("checksum") => 74,
+            FsError::Corrupt { .. } => 117, // EUCLEAN (EFSCORRUPTED)
             FsError::BlockOutOfRange { .. } => 117, // EFSCORRUPTED
-            FsError::ReadOnly(_) => 30,             // EROFS
+            FsError::ReadOnly(_) => 30,     // EROFS
             // ext4_journal_check_start: "Detected aborted journal".
             FsError::Aborted(_) => 30, // EROFS
             _ => 5,                    // EIO
