@@ -163,3 +163,55 @@ fcntl.ioctl(dfd, 0x8004587D, struct.pack("I", 2))
     fs.close().unwrap();
     same_summary(&before, &base, &img);
 }
+
+/// A full orphan file (one block: 254 slots with 1 KiB blocks) sends the
+/// next orphan to the old list, as the kernel falls back; after a crash
+/// the next open frees both the list's and the file's orphans.
+#[test]
+fn a_full_orphan_file_falls_back_to_the_list() {
+    if let Err(r) = e2fs_tools() {
+        return skip("a_full_orphan_file_falls_back_to_the_list", &r);
+    }
+    let dir = image_dir();
+    let base = mkimg(
+        dir.path(),
+        "full.img",
+        "16M",
+        &[
+            "-b",
+            "1024",
+            "-O",
+            "orphan_file",
+            "-E",
+            "orphan_file_size=1",
+        ],
+    );
+    let before = e2fsck_clean(&base).unwrap();
+    let img = dir.path().join("f.img");
+    sparse_copy(&base, &img);
+    let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+    let slots = (1024 - 8) / 4;
+    let mut inos = Vec::new();
+    for i in 0..=slots {
+        let name = format!("f{i}");
+        let (f, _) = fs
+            .create(2, name.as_bytes(), &NewInode::new(S_IFREG | 0o644, 0, 0))
+            .unwrap();
+        fs.write_at(f.ino, 0, b"ten bytes.").unwrap();
+        assert!(fs.unlink_open(2, name.as_bytes()).unwrap().1);
+        inos.push(f.ino);
+    }
+    let of = fs.orphan_file().unwrap();
+    assert_eq!(of.entries(), inos[..slots]);
+    let last = inos[slots];
+    assert!(!of.contains(last));
+    assert_eq!(fs.rw().superblock().unwrap().s_last_orphan.get(), last);
+    fs.sync().unwrap();
+    fs.crash();
+    let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+    assert!(fs.orphan_file().unwrap().is_empty());
+    assert_eq!(fs.rw().superblock().unwrap().s_last_orphan.get(), 0);
+    fs.close().unwrap();
+    assert!(!orphan_present(&img));
+    same_summary(&before, &base, &img);
+}
