@@ -50,7 +50,7 @@ fn base(
     img_name: &str,
     extra: &[&str],
 ) -> (Vec<u8>, Vec<(&'static str, u64)>, Reseal) {
-    let mut args = vec!["-b", "1024", "-N", "512"];
+    let mut args = vec!["-b", "1024", "-N", "1024"];
     args.extend_from_slice(extra);
     let img = mkimg(dir, img_name, "8M", &args);
     let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
@@ -65,6 +65,20 @@ fn base(
     for k in 0..14u64 {
         fs.write_at(f0.ino, k * 2048, &[k as u8 + 1; 1024]).unwrap();
         fs.write_at(f1.ino, k * 2048, &[k as u8 + 7; 1024]).unwrap();
+    }
+    // A two-level htree (long names: few per leaf) and a depth-2 extent
+    // tree (more than 4 leaves of 84 extents).
+    let (h, _) = fs.mkdir(2, b"h", &dirs).unwrap();
+    for i in 0..420 {
+        let mut n = name(i);
+        n.resize(200, b'x');
+        fs.create(h.ino, &n, &reg).unwrap();
+    }
+    let (f2, _) = fs.create(2, b"f2", &reg).unwrap();
+    let (f3, _) = fs.create(2, b"f3", &reg).unwrap();
+    for k in 0..350u64 {
+        fs.write_at(f2.ino, k * 2048, &[k as u8; 1024]).unwrap();
+        fs.write_at(f3.ino, k * 2048, &[k as u8; 1024]).unwrap();
     }
     let (x, _) = fs.create(2, b"x", &reg).unwrap();
     fs.set_xattr(x.ino, b"user.big", Some(&[b'v'; 400]), SetMode::Any)
@@ -81,13 +95,16 @@ fn base(
         owners: HashMap::new(),
     });
     let mut itable = HashSet::new();
-    for ino in [2, 8, d.ino, f0.ino, f1.ino, x.ino, s.ino] {
+    for ino in [2, 8, d.ino, f0.ino, f1.ino, x.ino, s.ino, h.ino, f2.ino] {
         itable.insert(fs.inode_location(ino).unwrap().0);
     }
     targets.extend(itable.into_iter().map(|b| ("inode table", b)));
-    for ino in [f0.ino, f1.ino] {
+    for ino in [f0.ino, f1.ino, f2.ino] {
         let i = fs.inode(ino).unwrap();
         let (_, nodes) = fs.read(|f| f.extent_tree(&i)).unwrap();
+        if ino == f2.ino {
+            assert!(nodes.iter().any(|n| n.depth == 2), "f2: depth 2");
+        }
         for n in &nodes {
             reseal.owners.insert(n.pblk, (i.ino, i.generation));
         }
@@ -98,9 +115,13 @@ fn base(
                 .map(|n| ("extent block", n.pblk)),
         );
     }
-    for ino in [d.ino, 2] {
+    for ino in [d.ino, 2, h.ino] {
         let i = fs.inode(ino).unwrap();
-        assert!(ino == 2 || i.is_htree(), "d is an htree");
+        assert!(ino == 2 || i.is_htree(), "an htree");
+        if ino == h.ino {
+            let levels = fs.read(|f| f.htree_levels(&i)).unwrap();
+            assert_eq!(levels, Some(2), "h: two index levels");
+        }
         for m in fs.read(|f| f.file_map(&i)).unwrap() {
             for b in m.pblk..m.pblk + u64::from(m.len) {
                 reseal.owners.insert(b, (i.ino, i.generation));
