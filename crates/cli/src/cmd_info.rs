@@ -83,6 +83,12 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
             "lazyinit_refusal": st.refusal,
             "bytes_to_zero": st.bytes_to_zero,
         });
+        let mut v = v;
+        // (Added apart: one json! of everything passes the macro's
+        // recursion limit.)
+        v["error_count"] = json!(sb.s_error_count.get());
+        v["first_error"] = json!(s.first_error.as_ref().map(FsErrorInfo::json));
+        v["last_error"] = json!(s.last_error.as_ref().map(FsErrorInfo::json));
         outln!("{v}");
         return Ok(0);
     }
@@ -116,6 +122,14 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
     );
     outln!("state:               {}", s.state);
     outln!("errors behavior:     {}", s.errors_behavior);
+    if sb.s_error_count.get() != 0 || s.first_error.is_some() {
+        outln!("error count:         {}", sb.s_error_count.get());
+    }
+    for (what, e) in [("first", &s.first_error), ("last", &s.last_error)] {
+        if let Some(e) = e {
+            outln!("{:<21}{}", format!("{what} error:"), e.text());
+        }
+    }
     outln!("features:            {}", features.join(" "));
     outln!("block size:          {}", g.block_size);
     outln!(
@@ -200,6 +214,9 @@ struct Summary {
     state: String,
     /// e2p's `print_fs_errors`, lower case.
     errors_behavior: &'static str,
+    /// The first and last recorded filesystem errors.
+    first_error: Option<FsErrorInfo>,
+    last_error: Option<FsErrorInfo>,
     /// Signed, as dumpe2fs prints it (-1: no limit).
     max_mount_count: i16,
     /// Seconds since the epoch (with the `_hi` byte); `None` when 0.
@@ -235,6 +252,22 @@ impl Summary {
                 3 => "panic",
                 _ => "unknown (continue)",
             },
+            first_error: FsErrorInfo::of(
+                time(sb.s_first_error_time.get(), sb.s_first_error_time_hi),
+                &sb.s_first_error_func,
+                sb.s_first_error_line.get(),
+                sb.s_first_error_ino.get(),
+                sb.s_first_error_block.get(),
+                sb.s_first_error_errcode,
+            ),
+            last_error: FsErrorInfo::of(
+                time(sb.s_last_error_time.get(), sb.s_last_error_time_hi),
+                &sb.s_last_error_func,
+                sb.s_last_error_line.get(),
+                sb.s_last_error_ino.get(),
+                sb.s_last_error_block.get(),
+                sb.s_last_error_errcode,
+            ),
             max_mount_count: sb.s_max_mnt_count.get() as i16,
             created: time(sb.s_mkfs_time.get(), sb.s_mkfs_time_hi),
             last_mount: time(sb.s_mtime.get(), sb.s_mtime_hi),
@@ -242,6 +275,92 @@ impl Summary {
             last_check: time(sb.s_lastcheck.get(), sb.s_lastcheck_hi),
         }
     }
+}
+
+/// One recorded filesystem error (what dumpe2fs shows as "First error
+/// time", "... function", "... line #", "... inode #", "... block #",
+/// "... err").
+struct FsErrorInfo {
+    time: u64,
+    func: String,
+    line: u32,
+    ino: u32,
+    block: u64,
+    /// e2p's name of the `EXT4_ERR_*` code; `None` when 0.
+    code: Option<String>,
+}
+
+impl FsErrorInfo {
+    /// `None` when no time is recorded (dumpe2fs's rule).
+    fn of(
+        time: Option<u64>,
+        func: &[u8],
+        line: u32,
+        ino: u32,
+        block: u64,
+        code: u8,
+    ) -> Option<Self> {
+        Some(FsErrorInfo {
+            time: time?,
+            func: c_string(func).unwrap_or_default(),
+            line,
+            ino,
+            block,
+            code: (code != 0).then(|| errcode_name(code)),
+        })
+    }
+
+    fn text(&self) -> String {
+        let mut t = format!("{} in {}:{}", ctime_utc(self.time), self.func, self.line);
+        if self.ino != 0 {
+            t.push_str(&format!(", inode {}", self.ino));
+        }
+        if self.block != 0 {
+            t.push_str(&format!(", block {}", self.block));
+        }
+        if let Some(c) = &self.code {
+            t.push_str(&format!(": {c}"));
+        }
+        t
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "time": self.time,
+            "function": self.func,
+            "line": self.line,
+            "inode": self.ino,
+            "block": self.block,
+            "errcode": self.code,
+        })
+    }
+}
+
+/// e2p's `e2p_errcode2str`.
+fn errcode_name(code: u8) -> String {
+    const NAMES: [&str; 18] = [
+        "",
+        "UNKNOWN",
+        "EIO",
+        "ENOMEM",
+        "EFSBADCRC",
+        "EFSCORRUPTED",
+        "ENOSPC",
+        "ENOKEY",
+        "EROFS",
+        "EFBIG",
+        "EEXIST",
+        "ERANGE",
+        "EOVERFLOW",
+        "EBUSY",
+        "ENOTDIR",
+        "ENOTEMPTY",
+        "ESHUTDOWN",
+        "EFAULT",
+    ];
+    NAMES
+        .get(usize::from(code))
+        .map_or_else(|| format!("UNKNOWN_ERRCODE_{code}"), |s| s.to_string())
 }
 
 /// A NUL-padded superblock string; `None` when empty.

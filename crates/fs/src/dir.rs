@@ -223,7 +223,7 @@ impl Fs<'_> {
             return Err(bad(
                 dir.ino,
                 "htree root",
-                format!("{} index levels (at most {max})", levels + 1),
+                format!("{} index levels (at most {max})", u32::from(levels) + 1),
             ));
         }
         if info.info_length < 8 {

@@ -88,6 +88,10 @@ pub enum FsError {
     /// A link count at its limit (EMLINK).
     #[error("Too many links")]
     TooManyLinks,
+    /// A write after an error made the filesystem read-only
+    /// (errors=remount-ro behaviour; EROFS).
+    #[error("Read-only file system (after an earlier error: {0})")]
+    ReadOnly(String),
 }
 
 impl FsError {
@@ -108,8 +112,54 @@ impl FsError {
             FsError::NoSpace { .. } => 28,   // ENOSPC
             FsError::SpaceBusy { .. } => 28, // ENOSPC (after waiting)
             FsError::Unsupported(_) => 95,   // EOPNOTSUPP
-            FsError::Corrupt { .. } => 117,  // EUCLEAN (EFSCORRUPTED)
-            _ => 5,                          // EIO
+            // EFSBADCRC (EBADMSG) for checksums, as ext4 returns them.
+            FsError::Corrupt { detail, .. } if detail.contains("checksum") => 74,
+            FsError::Corrupt { .. } => 117, // EUCLEAN (EFSCORRUPTED)
+            FsError::BlockOutOfRange { .. } => 117, // EFSCORRUPTED
+            FsError::ReadOnly(_) => 30,     // EROFS
+            // ext4_journal_check_start: "Detected aborted journal".
+            FsError::Aborted(_) => 30, // EROFS
+            _ => 5,                    // EIO
+        }
+    }
+
+    /// Is this a corrupt on-disk structure (what ext4 records in the
+    /// superblock's error fields and acts on with `errors=`)?
+    pub fn is_corruption(&self) -> bool {
+        matches!(
+            self,
+            FsError::Corrupt { .. } | FsError::BlockOutOfRange { .. }
+        )
+    }
+
+    /// The `EXT4_ERR_*` code the superblock records for this error
+    /// (`s_first_error_errcode`, `s_last_error_errcode`; e2p's names):
+    /// EFSBADCRC (4) for a checksum mismatch, EFSCORRUPTED (5) for other
+    /// corruption, EIO (2) for a device error, UNKNOWN (1) otherwise.
+    pub fn ext4_errcode(&self) -> u8 {
+        match self {
+            FsError::Corrupt { detail, .. } if detail.contains("checksum") => 4,
+            FsError::Corrupt { .. } | FsError::BlockOutOfRange { .. } => 5,
+            FsError::Device(_) | FsError::Aborted(_) => 2,
+            FsError::ReadOnly(_) => 8,
+            FsError::NoSpace { .. } | FsError::SpaceBusy { .. } => 6,
+            _ => 1,
+        }
+    }
+
+    /// The inode and block a corruption error names, where its message
+    /// does ("inode N", "block N"; a block out of range): what the
+    /// superblock's `s_*_error_ino`/`_block` record. 0 when unknown.
+    pub fn location(&self) -> (u32, u64) {
+        match self {
+            FsError::BlockOutOfRange { block, .. } => (0, *block),
+            FsError::Corrupt { detail, .. } => (
+                number_after(detail, "inode ")
+                    .and_then(|n| u32::try_from(n).ok())
+                    .unwrap_or(0),
+                number_after(detail, "block ").unwrap_or(0),
+            ),
+            _ => (0, 0),
         }
     }
 
@@ -120,4 +170,11 @@ impl FsError {
             detail: detail.into(),
         }
     }
+}
+
+/// The decimal number right after the first `key` in `s`.
+fn number_after(s: &str, key: &str) -> Option<u64> {
+    let i = s.find(key)? + key.len();
+    let digits: String = s[i..].chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse().ok()
 }

@@ -48,12 +48,13 @@ use ext4kit_format::extent::{
     ENTRIES_IN_INODE, EXT_INIT_MAX_LEN, Extent as DiskExtent, ExtentHeader, ExtentIndex,
     entries_per_block, set_block_checksum,
 };
-use ext4kit_format::features::{Compat, Incompat};
+use ext4kit_format::features::{Compat, Incompat, RoCompat};
 use ext4kit_format::inode::{
     EXT4_EXTENTS_FL, EXTRA_ISIZE, FAST_SYMLINK_MAX, Inode, S_IFBLK, S_IFCHR, S_IFDIR, S_IFLNK,
     S_IFMT, device_i_block, fast_symlink_i_block, new_inode_uses_extents, set_checksum,
     slow_symlink_block,
 };
+use ext4kit_format::superblock::STATE_ERROR;
 use zerocopy::IntoBytes;
 
 use crate::balloc::{AllocRequest, BlockAlloc};
@@ -63,6 +64,7 @@ use crate::groups::{DescTable, DirtySet, Layout};
 use crate::ialloc::InodeAlloc;
 use crate::inode::{InodeInfo, Timestamp};
 use crate::journal::Handle;
+use crate::orphan_file::OrphanFile;
 use crate::rw::{RwFs, RwOptions};
 use crate::sb::{Fs, FsInfo};
 use crate::xattr::Xattr;
@@ -171,6 +173,8 @@ pub struct Filesystem {
     ialloc: Arc<InodeAlloc>,
     ops: Mutex<()>,
     gen_seed: AtomicU32,
+    /// The orphan file, with the orphan_file feature.
+    orphan_file: Option<OrphanFile>,
     /// The discard pool with `-o discard` (declared last: dropped after
     /// the journal, whose hook feeds it).
     discard: Option<Discarder>,
@@ -199,6 +203,17 @@ impl Filesystem {
                 "read-only compatible feature {f}"
             )));
         }
+        let orphan_file = OrphanFile::load(&Fs {
+            blocks: rw.blocks(),
+            info: &info,
+        })
+        .inspect_err(|e| {
+            // ext4_init_orphan_info: ext4_error, and the mount fails.
+            if e.is_corruption() {
+                let rec = crate::rw::ErrorRecord::of(e, "orphan_file_load", line!(), 0);
+                rw.record_error(&rec, e);
+            }
+        })?;
         let layout = Layout::from_superblock(&info.sb)?;
         let descs = Arc::new(DescTable::from_descs(layout, info.descs.clone()));
         let dirty = Arc::new(DirtySet::default());
@@ -237,21 +252,26 @@ impl Filesystem {
             ialloc,
             ops: Mutex::new(()),
             gen_seed: AtomicU32::new((t.nsec ^ (t.sec as u32)).wrapping_mul(0x9E37_79B9) | 1),
+            orphan_file,
             discard,
         };
         // Unlinked-while-open inodes and unfinished deletes of a crash.
         fs.process_orphans()?;
+        fs.rw.set_orphans_left(fs.orphans_left());
         if let (Some(d), Some(o)) = (&fs.discard, &discard_opts) {
             d.start_reconciler(o.reconcile, o.reconcile_pace)?;
         }
         Ok(fs)
     }
 
-    /// Commit, checkpoint and close cleanly. With discard on, the
-    /// reconciler stops (what it did not reach is found at the next
-    /// open), the last commit's discards and every queued one are issued
-    /// and waited for, and the device is flushed.
+    /// Commit, checkpoint and close cleanly (`orphan_present` is cleared
+    /// unless the orphan file still holds inodes: unlinked files not
+    /// released before the close, which the next open frees). With
+    /// discard on, the reconciler stops (what it did not reach is found at
+    /// the next open), the last commit's discards and every queued one are
+    /// issued and waited for, and the device is flushed.
     pub fn close(self) -> Result<(), FsError> {
+        self.rw.set_orphans_left(self.orphans_left());
         if let Some(d) = &self.discard {
             d.stop_reconciler();
         }
@@ -265,6 +285,15 @@ impl Filesystem {
             }
         }
         r
+    }
+
+    fn orphans_left(&self) -> bool {
+        self.orphan_file.as_ref().is_some_and(|o| !o.is_empty())
+    }
+
+    /// The orphan file, with the orphan_file feature.
+    pub fn orphan_file(&self) -> Option<&OrphanFile> {
+        self.orphan_file.as_ref()
     }
 
     /// Stop without writing anything more (tests: a power cut after the
@@ -462,6 +491,10 @@ impl Filesystem {
 
     /// Read and check inode `ino` (newest image).
     pub fn inode(&self, ino: u32) -> Result<InodeInfo, FsError> {
+        self.guard("inode", ino, || self.inode_op(ino))
+    }
+
+    fn inode_op(&self, ino: u32) -> Result<InodeInfo, FsError> {
         let (blk, off) = self.inode_location(ino)?;
         let isz = self.descs.layout().inode_size as usize;
         let b = self.read(|fs| fs.meta_block(blk, "inode table"))?;
@@ -472,6 +505,10 @@ impl Filesystem {
     /// Read inode `ino` also when its link count is 0 (an orphan, or an
     /// inode being deleted); checksum checked.
     pub fn inode_any(&self, ino: u32) -> Result<InodeInfo, FsError> {
+        self.guard("inode_any", ino, || self.inode_any_op(ino))
+    }
+
+    fn inode_any_op(&self, ino: u32) -> Result<InodeInfo, FsError> {
         let (blk, off) = self.inode_location(ino)?;
         let isz = self.descs.layout().inode_size as usize;
         let b = self.read(|fs| fs.meta_block(blk, "inode table"))?;
@@ -676,6 +713,10 @@ impl Filesystem {
     /// truncate or sparse growth first) and times, in that order; ctime is
     /// now unless given. Returns the last tid.
     pub fn setattr(&self, ino: u32, a: &SetAttr) -> Result<u32, FsError> {
+        self.guard("setattr", ino, || self.setattr_op(ino, a))
+    }
+
+    fn setattr_op(&self, ino: u32, a: &SetAttr) -> Result<u32, FsError> {
         let mut tid = self.rw.journal().running_tid();
         if let Some(size) = a.size {
             tid = self.truncate(ino, size)?;
@@ -730,6 +771,10 @@ impl Filesystem {
 
     /// Set times (ctime is set to now unless given), in one transaction.
     pub fn set_times(&self, ino: u32, t: &Times) -> Result<u32, FsError> {
+        self.guard("set_times", ino, || self.set_times_op(ino, t))
+    }
+
+    fn set_times_op(&self, ino: u32, t: &Times) -> Result<u32, FsError> {
         let mut inode = self.inode(ino)?;
         let mut op = self.begin(1, 0)?;
         let r = (|| {
@@ -750,6 +795,10 @@ impl Filesystem {
     /// between the truncate steps leaves a shorter, still linked-less
     /// inode that e2fsck frees.
     pub fn delete_inode(&self, ino: u32) -> Result<u32, FsError> {
+        self.guard("delete_inode", ino, || self.delete_inode_op(ino))
+    }
+
+    fn delete_inode_op(&self, ino: u32) -> Result<u32, FsError> {
         self.truncate(ino, 0)?;
         let mut inode = self.inode_any(ino)?;
         let orphan = inode.links == 0;
@@ -786,10 +835,17 @@ impl Filesystem {
         }
     }
 
-    /// Put `inode` (link count already 0, or a truncate in steps) on the
-    /// orphan list (`s_last_orphan`, chained through `i_dtime`, which the
-    /// kernel and e2fsck process at mount), inside `op`.
+    /// Put `inode` (link count already 0, or a truncate in steps) in the
+    /// orphan file (with orphan_file, while it has a free slot) or on the
+    /// orphan list (`s_last_orphan`, chained through `i_dtime`), which the
+    /// kernel and e2fsck process at mount, inside `op`; `inode` is stored.
     pub fn orphan_add(&self, op: &mut Op<'_>, inode: &mut InodeInfo) -> Result<(), FsError> {
+        if let Some(of) = &self.orphan_file
+            && of.add(&mut op.h, inode.ino, &self.rw.geometry().csum)?
+        {
+            self.set_orphan_present(op, true)?;
+            return self.store_inode(op, inode);
+        }
         let head = self.rw.superblock()?.s_last_orphan.get();
         if head == inode.ino {
             return Ok(());
@@ -801,12 +857,39 @@ impl Filesystem {
             .modify_superblock(&mut op.h, |sb| sb.s_last_orphan.set(ino))
     }
 
+    /// Set or clear `orphan_present` inside `op` (where the kernel sets it
+    /// at mount, it is set here in the transaction that puts the first
+    /// inode in the orphan file and cleared in the one that empties it:
+    /// a crash without orphans leaves nothing for e2fsck to clear).
+    fn set_orphan_present(&self, op: &mut Op<'_>, on: bool) -> Result<(), FsError> {
+        let bit = RoCompat::ORPHAN_PRESENT.bits();
+        let ro = self.rw.superblock()?.s_feature_ro_compat.get();
+        if (ro & bit != 0) == on {
+            return Ok(());
+        }
+        self.rw.modify_superblock(&mut op.h, |sb| {
+            let ro = sb.s_feature_ro_compat.get();
+            sb.s_feature_ro_compat
+                .set(if on { ro | bit } else { ro & !bit });
+        })
+    }
+
     /// Take `inode` off the orphan list inside `op` (its `i_dtime` is
     /// cleared; the caller stores `inode`).
     pub fn orphan_del(&self, op: &mut Op<'_>, inode: &mut InodeInfo) -> Result<(), FsError> {
+        let in_file = match &self.orphan_file {
+            Some(of) => of.del(&mut op.h, inode.ino, &self.rw.geometry().csum)?,
+            None => false,
+        };
+        if in_file && self.orphan_file.as_ref().is_some_and(|o| o.is_empty()) {
+            self.set_orphan_present(op, false)?;
+        }
         let next = inode.dtime;
         let ino = inode.ino;
         let head = self.rw.superblock()?.s_last_orphan.get();
+        if in_file && head != ino {
+            return Ok(());
+        }
         if head == ino {
             self.rw
                 .modify_superblock(&mut op.h, |sb| sb.s_last_orphan.set(next))?;
@@ -833,6 +916,16 @@ impl Filesystem {
     /// `ext4_orphan_cleanup`): inodes without links are freed, others
     /// truncated to their size. Returns how many were processed.
     pub fn process_orphans(&self) -> Result<u32, FsError> {
+        self.guard("process_orphans", 0, || self.process_orphans_op())
+    }
+
+    fn process_orphans_op(&self) -> Result<u32, FsError> {
+        // As ext4_orphan_cleanup: not on a filesystem with errors (the
+        // list and the file can't be trusted; e2fsck's full check frees
+        // what is unlinked).
+        if self.rw.superblock()?.s_state.get() & STATE_ERROR != 0 {
+            return Ok(0);
+        }
         let limit = self.descs.layout().inodes_count;
         let mut done = 0;
         for _ in 0..limit {
@@ -840,29 +933,43 @@ impl Filesystem {
             if head == 0 {
                 break;
             }
-            let inode = self.inode_any(head)?;
-            if inode.links == 0 {
-                self.delete_inode(head)?;
-            } else {
-                if inode.is_regular() {
-                    self.truncate(head, inode.size)?;
-                }
-                let mut inode = self.inode_any(head)?;
-                let mut op = self.begin(2, 0)?;
-                let r = (|| {
-                    self.orphan_del(&mut op, &mut inode)?;
-                    self.store_inode(&mut op, &inode)
-                })();
-                match r {
-                    Ok(()) => {
-                        self.finish(op)?;
-                    }
-                    Err(e) => return Err(self.fail(op, e)),
-                }
-            }
+            self.process_orphan(head)?;
+            done += 1;
+        }
+        // Then the orphan file, slot by slot (the kernel's order).
+        for ino in self
+            .orphan_file
+            .as_ref()
+            .map(|o| o.entries())
+            .unwrap_or_default()
+        {
+            self.process_orphan(ino)?;
             done += 1;
         }
         Ok(done)
+    }
+
+    /// Free orphan `ino` (no links) or truncate it to its size and take it
+    /// off the list or file.
+    fn process_orphan(&self, ino: u32) -> Result<(), FsError> {
+        let inode = self.inode_any(ino)?;
+        if inode.links == 0 {
+            self.delete_inode(ino)?;
+            return Ok(());
+        }
+        if inode.is_regular() {
+            self.truncate(ino, inode.size)?;
+        }
+        let mut inode = self.inode_any(ino)?;
+        let mut op = self.begin(2, 0)?;
+        let r = (|| {
+            self.orphan_del(&mut op, &mut inode)?;
+            self.store_inode(&mut op, &inode)
+        })();
+        match r {
+            Ok(()) => self.finish(op).map(|_| ()),
+            Err(e) => Err(self.fail(op, e)),
+        }
     }
 
     /// Release what is left of an inode's tree after a truncate to 0
@@ -891,6 +998,10 @@ impl Filesystem {
 
     /// The attributes of inode `ino` (ACLs in getxattr's form).
     pub fn xattrs(&self, ino: u32) -> Result<Vec<Xattr>, FsError> {
+        self.guard("xattrs", ino, || self.xattrs_op(ino))
+    }
+
+    fn xattrs_op(&self, ino: u32) -> Result<Vec<Xattr>, FsError> {
         let inode = self.inode(ino)?;
         self.read(|fs| fs.xattrs(&inode))
     }
@@ -900,6 +1011,18 @@ impl Filesystem {
     /// one transaction; ctime set; the `ext_attr` feature set when
     /// missing. A refusal (EEXIST, ENODATA, ENOSPC, ...) changes nothing.
     pub fn set_xattr(
+        &self,
+        ino: u32,
+        name: &[u8],
+        value: Option<&[u8]>,
+        mode: SetMode,
+    ) -> Result<u32, XattrError> {
+        self.guard("set_xattr", ino, || {
+            self.set_xattr_op(ino, name, value, mode)
+        })
+    }
+
+    fn set_xattr_op(
         &self,
         ino: u32,
         name: &[u8],
@@ -1086,6 +1209,10 @@ impl Filesystem {
     /// converting unwritten extents); returns the tid of the last handle.
     /// Split into handles of at most [`WRITE_CHUNK`] blocks.
     pub fn write_at(&self, ino: u32, off: u64, data: &[u8]) -> Result<u32, FsError> {
+        self.guard("write_at", ino, || self.write_at_op(ino, off, data))
+    }
+
+    fn write_at_op(&self, ino: u32, off: u64, data: &[u8]) -> Result<u32, FsError> {
         let bs = self.block_size();
         let end = off
             .checked_add(data.len() as u64)
@@ -1253,6 +1380,10 @@ impl Filesystem {
     /// leaving a consistent file), the tail of a partial last block is
     /// zeroed; growing is sparse. Returns the last tid.
     pub fn truncate(&self, ino: u32, size: u64) -> Result<u32, FsError> {
+        self.guard("truncate", ino, || self.truncate_op(ino, size))
+    }
+
+    fn truncate_op(&self, ino: u32, size: u64) -> Result<u32, FsError> {
         let bs = self.block_size();
         let inode = self.inode_any(ino)?;
         if inode.is_dir() {
@@ -1378,6 +1509,10 @@ impl Filesystem {
     /// (allocating holes) and zeroes the partial ones. Returns the last
     /// tid. Large ranges take several handles.
     pub fn fallocate(&self, ino: u32, off: u64, len: u64, mode: Falloc) -> Result<u32, FsError> {
+        self.guard("fallocate", ino, || self.fallocate_op(ino, off, len, mode))
+    }
+
+    fn fallocate_op(&self, ino: u32, off: u64, len: u64, mode: Falloc) -> Result<u32, FsError> {
         let bs = self.block_size();
         let end = off
             .checked_add(len)
@@ -1555,6 +1690,10 @@ impl Filesystem {
 
     /// Read up to `buf.len()` bytes at `off` of inode `ino`.
     pub fn read_at(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize, FsError> {
+        self.guard("read_at", ino, || self.read_at_op(ino, off, buf))
+    }
+
+    fn read_at_op(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize, FsError> {
         let inode = self.inode_any(ino)?;
         self.read(|fs| {
             let c = fs.content(&inode)?;
@@ -1708,7 +1847,9 @@ fn goal_for(a: &[Mapping], b: &[Mapping], l: u64) -> Option<u64> {
         .map(|m| m.pblk + u64::from(m.len) + (l - m.end()))
 }
 
+mod errors;
 mod ns;
+pub use errors::OpError;
 pub use ns::*;
 
 #[cfg(test)]

@@ -28,6 +28,7 @@ pub mod groups;
 pub mod ialloc;
 pub mod inode;
 pub mod journal;
+pub mod orphan_file;
 pub mod path;
 pub mod rw;
 pub mod sb;

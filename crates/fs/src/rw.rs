@@ -24,7 +24,8 @@
 //! [`RwFs::set_inode_attrs`]) exists to prove the journal against the
 //! real tools before the inode module exists.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use ext4kit_device::Device;
 use ext4kit_format::Csum;
@@ -103,6 +104,149 @@ pub struct RwOptions {
     /// ([`crate::discard`]); `None`: nodiscard. Used by
     /// [`crate::fs::Filesystem::open`].
     pub discard: Option<crate::discard::DiscardOptions>,
+    /// What a corrupt structure met during an operation does (the mount's
+    /// `-o errors=`); `None`: the superblock's `s_errors`.
+    pub errors: Option<ErrorBehavior>,
+}
+
+/// ext4's `errors=` behaviour. Every one of them fails the operation that
+/// met the corruption and records it in the superblock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorBehavior {
+    /// `errors=continue` (`s_errors` 1, mke2fs's default): later
+    /// operations go on. A corruption met after the operation changed
+    /// blocks still aborts the journal (its half change must not
+    /// commit), and then the filesystem is read-only as with
+    /// [`ErrorBehavior::RemountRo`].
+    Continue,
+    /// `errors=remount-ro` (`s_errors` 2): the journal is aborted (what
+    /// committed before stays in the log for the next open), later writes
+    /// fail with EROFS ([`FsError::ReadOnly`]), reads keep working.
+    RemountRo,
+    /// `errors=panic` (`s_errors` 3): a library does not panic; treated
+    /// as [`ErrorBehavior::RemountRo`].
+    Panic,
+}
+
+impl ErrorBehavior {
+    /// From `s_errors` (the kernel's default for other values:
+    /// remount-ro).
+    pub fn from_s_errors(v: u16) -> ErrorBehavior {
+        match v {
+            1 => ErrorBehavior::Continue,
+            3 => ErrorBehavior::Panic,
+            _ => ErrorBehavior::RemountRo,
+        }
+    }
+}
+
+/// One error as the superblock records it (`save_error_info`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ErrorRecord {
+    /// Seconds since the epoch.
+    pub time: u64,
+    pub ino: u32,
+    pub block: u64,
+    /// The function that met the error (at most 32 bytes are kept).
+    pub func: String,
+    pub line: u32,
+    /// `EXT4_ERR_*` ([`FsError::ext4_errcode`]).
+    pub code: u8,
+}
+
+impl ErrorRecord {
+    /// A record of `e` met by `func` (line `line`) working on inode
+    /// `ino`, stamped now; the inode and block named by the error win.
+    pub fn of(e: &FsError, func: &str, line: u32, ino: u32) -> ErrorRecord {
+        let (i, block) = e.location();
+        ErrorRecord {
+            time: now(),
+            ino: if i != 0 { i } else { ino },
+            block,
+            func: func.to_string(),
+            line,
+            code: e.ext4_errcode(),
+        }
+    }
+}
+
+/// Record `r` in `sb` as `ext4_update_super` does: the error state, the
+/// first error (only when none is recorded), the last error, the count.
+pub fn apply_error(sb: &mut Superblock, r: &ErrorRecord) {
+    let func = {
+        let mut f = [0u8; 32];
+        let b = r.func.as_bytes();
+        let n = b.len().min(32);
+        f[..n].copy_from_slice(&b[..n]);
+        f
+    };
+    sb.s_state.set(sb.s_state.get() | STATE_ERROR);
+    if sb.s_first_error_time.get() == 0 && sb.s_first_error_time_hi == 0 {
+        stamp(
+            &mut sb.s_first_error_time,
+            &mut sb.s_first_error_time_hi,
+            r.time,
+        );
+        sb.s_first_error_func = func;
+        sb.s_first_error_line.set(r.line);
+        sb.s_first_error_ino.set(r.ino);
+        sb.s_first_error_block.set(r.block);
+        sb.s_first_error_errcode = r.code;
+    }
+    stamp(
+        &mut sb.s_last_error_time,
+        &mut sb.s_last_error_time_hi,
+        r.time,
+    );
+    sb.s_last_error_func = func;
+    sb.s_last_error_line.set(r.line);
+    sb.s_last_error_ino.set(r.ino);
+    sb.s_last_error_block.set(r.block);
+    sb.s_last_error_errcode = r.code;
+    sb.s_error_count
+        .set(sb.s_error_count.get().saturating_add(1));
+}
+
+/// The superblock's error fields (`EXT4_S_ERR_START..EXT4_S_ERR_END`,
+/// plus the four `_hi`/errcode bytes), which the kernel keeps across a
+/// journal replay (`ext4_load_journal`): a logged superblock copy is
+/// older than an error written directly after the journal aborted.
+#[derive(Clone)]
+struct ErrorFields {
+    main: Vec<u8>,
+    tail: Vec<u8>,
+    state_error: bool,
+}
+
+const ERR_MAIN: std::ops::Range<usize> =
+    std::mem::offset_of!(Superblock, s_error_count)..std::mem::offset_of!(Superblock, s_mount_opts);
+const ERR_TAIL: std::ops::Range<usize> = std::mem::offset_of!(Superblock, s_first_error_time_hi)
+    ..std::mem::offset_of!(Superblock, s_encoding);
+
+impl ErrorFields {
+    fn of(sb: &Superblock) -> ErrorFields {
+        let b = sb.as_bytes();
+        ErrorFields {
+            main: b[ERR_MAIN].to_vec(),
+            tail: b[ERR_TAIL].to_vec(),
+            state_error: sb.s_state.get() & STATE_ERROR != 0,
+        }
+    }
+
+    /// Put the saved fields back, unless the replayed superblock counts
+    /// more errors (errors=continue journals its records).
+    fn restore(&self, sb: &mut Superblock) {
+        let saved = u32::from_le_bytes([self.main[0], self.main[1], self.main[2], self.main[3]]);
+        if saved < sb.s_error_count.get() {
+            return;
+        }
+        let b = sb.as_mut_bytes();
+        b[ERR_MAIN].copy_from_slice(&self.main);
+        b[ERR_TAIL].copy_from_slice(&self.tail);
+        if self.state_error {
+            sb.s_state.set(sb.s_state.get() | STATE_ERROR);
+        }
+    }
 }
 
 /// What [`RwFs::open`] found and did.
@@ -255,6 +399,22 @@ pub struct RwFs {
     sb_off: usize,
     metadata_csum: bool,
     report: OpenReport,
+    errors: ErrorBehavior,
+    /// Why writes are refused (errors=remount-ro after an error).
+    read_only: Mutex<Option<String>>,
+    /// Serializes error records.
+    err_lock: Mutex<()>,
+    /// Errors recorded under errors=continue, not yet in a superblock
+    /// image: the next handle that changes the superblock carries them
+    /// (the kernel's `s_sb_upd_work`), or the close.
+    pending_errors: Mutex<Vec<ErrorRecord>>,
+    /// The orphan file may hold inodes: `orphan_present` stays set at
+    /// close (as found at open until the operations layer says).
+    orphans_left: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn fs_err(e: recover::RecoverError) -> FsError {
@@ -302,6 +462,8 @@ impl RwFs {
             }
         };
         check_writable(&sb)?;
+        // The error fields survive the replay (ext4_load_journal).
+        let saved_errors = sb_ok.then(|| ErrorFields::of(&sb));
         let j = Journal::open_with(&*dev, sb_ok).map_err(fs_err)?;
         let mut report = OpenReport::default();
         let dirty = j.jsb.s_start.get() != 0
@@ -363,6 +525,9 @@ impl RwFs {
         write_sb_direct(&*dev, |sb| {
             let inc = sb.s_feature_incompat.get() | Incompat::RECOVER.bits();
             sb.s_feature_incompat.set(inc);
+            if let Some(saved) = &saved_errors {
+                saved.restore(sb);
+            }
             if journal_error {
                 sb.s_state.set(sb.s_state.get() | STATE_ERROR);
             }
@@ -370,6 +535,9 @@ impl RwFs {
             stamp(&mut sb.s_mtime, &mut sb.s_mtime_hi, t);
             stamp(&mut sb.s_wtime, &mut sb.s_wtime_hi, t);
         })?;
+        let errors = opts
+            .errors
+            .unwrap_or_else(|| ErrorBehavior::from_s_errors(sb.s_errors.get()));
         Ok(RwFs {
             w,
             sb_block: SUPERBLOCK_OFFSET / u64::from(bs),
@@ -377,7 +545,58 @@ impl RwFs {
             geo,
             metadata_csum,
             report,
+            errors,
+            read_only: Mutex::new(None),
+            err_lock: Mutex::new(()),
+            pending_errors: Mutex::new(Vec::new()),
+            orphans_left: AtomicBool::new(
+                RoCompat(sb.s_feature_ro_compat.get()).contains(RoCompat::ORPHAN_PRESENT),
+            ),
         })
+    }
+
+    /// Whether the orphan file holds inodes at close (`orphan_present`
+    /// is kept set then, else cleared, as the kernel's unmount clears it).
+    pub fn set_orphans_left(&self, left: bool) {
+        self.orphans_left.store(left, Ordering::Relaxed);
+    }
+
+    /// The `errors=` behaviour in force.
+    pub fn error_behavior(&self) -> ErrorBehavior {
+        self.errors
+    }
+
+    /// `Some(why)` once an error made the filesystem read-only.
+    pub fn read_only(&self) -> Option<String> {
+        lock(&self.read_only).clone()
+    }
+
+    /// Record a corruption (or other error) an operation met, as ext4's
+    /// `ext4_handle_error` does: with remount-ro (or when the journal is
+    /// aborted anyway) the journal is aborted, writes are refused from now
+    /// on and the record goes straight to the superblock's home (with its
+    /// checksum, flushed: the journal may be aborted); with continue it
+    /// goes into the next handle that changes the superblock (the
+    /// kernel's deferred `s_sb_upd_work`), or the close, and writes go
+    /// on. Never starts a handle (safe while the caller holds one). Best
+    /// effort: a failing superblock write is not reported (the
+    /// operation's error is).
+    pub fn record_error(&self, rec: &ErrorRecord, why: &FsError) {
+        let _g = lock(&self.err_lock);
+        if self.errors == ErrorBehavior::Continue && self.w.aborted().is_none() {
+            lock(&self.pending_errors).push(rec.clone());
+            return;
+        }
+        self.w.abort_journal(why);
+        lock(&self.read_only).get_or_insert_with(|| why.to_string());
+        let pending = std::mem::take(&mut *lock(&self.pending_errors));
+        let dev = &**self.w.device();
+        let _ = write_sb_direct(dev, |sb| {
+            for p in pending.iter().chain([rec]) {
+                apply_error(sb, p);
+            }
+        });
+        self.blocks().invalidate_clean(self.sb_block);
     }
 
     /// What open did.
@@ -400,8 +619,12 @@ impl RwFs {
         &self.geo
     }
 
-    /// Start a handle (see [`JournalWriter::start`]).
+    /// Start a handle (see [`JournalWriter::start`]); refused with
+    /// [`FsError::ReadOnly`] after an error made the filesystem read-only.
     pub fn start(&self, credits: u32) -> Result<Handle<'_>, FsError> {
+        if let Some(why) = self.read_only() {
+            return Err(FsError::ReadOnly(why));
+        }
         self.w.start(credits)
     }
 
@@ -421,20 +644,45 @@ impl RwFs {
     ) -> Result<R, FsError> {
         let off = self.sb_off;
         let csum = self.metadata_csum;
-        h.modify(self.sb_block, |buf| {
+        // Errors recorded under errors=continue ride along.
+        let pending = std::mem::take(&mut *lock(&self.pending_errors));
+        let r = h.modify(self.sb_block, |buf| {
             let raw = &mut buf[off..off + SUPERBLOCK_SIZE];
             let mut sb = Superblock::parse(raw).unwrap_or_else(Superblock::zeroed);
+            for p in &pending {
+                apply_error(&mut sb, p);
+            }
             let r = f(&mut sb);
             if csum {
                 sb.update_checksum();
             }
             raw.copy_from_slice(sb.as_bytes());
             r
-        })
+        });
+        if r.is_err() {
+            lock(&self.pending_errors).extend(pending);
+        }
+        r
     }
 
-    /// Clean close (see the module docs).
+    /// Clean close (see the module docs). After an error made the
+    /// filesystem read-only nothing more is written (the journal is
+    /// aborted; the next open replays what committed, as after the
+    /// kernel's unmount of an aborted filesystem).
     pub fn close(self) -> Result<(), FsError> {
+        if self.read_only().is_some() {
+            return Ok(());
+        }
+        if self.w.aborted().is_some() {
+            // The close will fail; errors recorded under continue go
+            // straight to the superblock first.
+            let pending = std::mem::take(&mut *lock(&self.pending_errors));
+            if !pending.is_empty() {
+                let _ = write_sb_direct(&**self.w.device(), |sb| {
+                    pending.iter().for_each(|p| apply_error(sb, p))
+                });
+            }
+        }
         let bs = u64::from(self.geo.block_size);
         self.w.shutdown()?;
         let st = self.w.stats();
@@ -450,11 +698,20 @@ impl RwFs {
                 &sb,
             )?
         };
+        let pending = std::mem::take(&mut *lock(&self.pending_errors));
+        let orphans_left = self.orphans_left.load(Ordering::Relaxed);
         write_sb_direct(dev, |sb| {
+            for p in &pending {
+                apply_error(sb, p);
+            }
             sb.set_free_blocks_count(free_blocks);
             sb.s_free_inodes_count.set(free_inodes);
             let inc = sb.s_feature_incompat.get() & !Incompat::RECOVER.bits();
             sb.s_feature_incompat.set(inc);
+            if !orphans_left {
+                let ro = sb.s_feature_ro_compat.get() & !RoCompat::ORPHAN_PRESENT.bits();
+                sb.s_feature_ro_compat.set(ro);
+            }
             stamp(&mut sb.s_wtime, &mut sb.s_wtime_hi, t);
             let kb = sb.s_kbytes_written.get();
             if kb != 0 {

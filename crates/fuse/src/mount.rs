@@ -148,7 +148,7 @@ pub fn open_backend(path: &Path, opts: &MountOptions) -> Result<Backend, MountEr
             ..JournalOptions::default()
         },
         discard: opts.discard.then(DiscardOptions::default),
-        ..RwOptions::default()
+        errors: opts.errors,
     };
     let fs = Filesystem::open(dev, ro).map_err(fs_err(path))?;
     Ok(Backend::Rw(fs))

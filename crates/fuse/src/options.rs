@@ -9,18 +9,7 @@
 
 use std::time::Duration;
 
-/// What `errors=` asks for after a failed metadata write.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ErrorBehavior {
-    /// `errors=remount-ro` (the default): the journal is aborted, nothing
-    /// of the failed operation commits, further changes fail with EROFS.
-    #[default]
-    RemountRo,
-    /// `errors=continue`: accepted for compatibility. The engine still
-    /// stops writing after a failed transaction (a half operation can
-    /// never be committed), so this behaves as `remount-ro`.
-    Continue,
-}
+pub use ext4kit_fs::rw::ErrorBehavior;
 
 /// How online lazy init paces itself (`lazyinit=`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -55,8 +44,9 @@ pub struct MountOptions {
     /// `commit=SEC`: the running transaction is committed once it is this
     /// old (default 5 s; `commit=0` means the default, as in the kernel).
     pub commit: Duration,
-    /// `errors=remount-ro|continue`.
-    pub errors: ErrorBehavior,
+    /// `errors=remount-ro|continue`; `None`: what the superblock's
+    /// `s_errors` says (tune2fs -e), as the kernel does.
+    pub errors: Option<ErrorBehavior>,
     /// `norecovery` / `noload` (with `ro` only): a dirty journal is not
     /// replayed, not even in memory; the on-disk state is shown as it is.
     pub norecovery: bool,
@@ -83,7 +73,7 @@ impl Default for MountOptions {
             noinit_itable: false,
             lazyinit: LazyinitPace::Fixed,
             commit: DEFAULT_COMMIT,
-            errors: ErrorBehavior::RemountRo,
+            errors: None,
             norecovery: false,
             allow_other: false,
             default_permissions: true,
@@ -192,8 +182,8 @@ impl MountOptions {
             }
             "errors" => {
                 self.errors = match value {
-                    Some("remount-ro") => ErrorBehavior::RemountRo,
-                    Some("continue") => ErrorBehavior::Continue,
+                    Some("remount-ro") => Some(ErrorBehavior::RemountRo),
+                    Some("continue") => Some(ErrorBehavior::Continue),
                     Some("panic") => {
                         return Err(OptionError(
                             "errors=panic is not supported (use remount-ro or continue)".into(),
@@ -273,7 +263,7 @@ mod tests {
         assert!(o.read_only && o.discard && o.norecovery);
         assert_eq!(o.init_itable, 3);
         assert_eq!(o.commit, Duration::from_secs(30));
-        assert_eq!(o.errors, ErrorBehavior::Continue);
+        assert_eq!(o.errors, Some(ErrorBehavior::Continue));
         let o =
             MountOptions::parse(["discard", "nodiscard,noinit_itable,lazyinit=adaptive"]).unwrap();
         assert!(!o.discard && o.noinit_itable);

@@ -147,6 +147,10 @@ fn dir_credits(dir: &InodeInfo) -> u32 {
 impl Filesystem {
     /// Look `name` up in directory `dir`.
     pub fn lookup(&self, dir: u32, name: &[u8]) -> Result<Option<InodeInfo>, FsError> {
+        self.guard("lookup", dir, || self.lookup_op(dir, name))
+    }
+
+    fn lookup_op(&self, dir: u32, name: &[u8]) -> Result<Option<InodeInfo>, FsError> {
         let d = self.inode(dir)?;
         if !d.is_dir() {
             return Err(FsError::NotADirectory);
@@ -257,6 +261,15 @@ impl Filesystem {
         name: &[u8],
         spec: &NewInode,
     ) -> Result<(InodeInfo, u32), FsError> {
+        self.guard("create", parent, || self.create_op(parent, name, spec))
+    }
+
+    fn create_op(
+        &self,
+        parent: u32,
+        name: &[u8],
+        spec: &NewInode,
+    ) -> Result<(InodeInfo, u32), FsError> {
         if spec.mode & S_IFMT == S_IFDIR {
             return self.mkdir(parent, name, spec);
         }
@@ -272,6 +285,15 @@ impl Filesystem {
     /// Make directory `name` in `parent` ("." and "..", link counts,
     /// used_dirs).
     pub fn mkdir(
+        &self,
+        parent: u32,
+        name: &[u8],
+        spec: &NewInode,
+    ) -> Result<(InodeInfo, u32), FsError> {
+        self.guard("mkdir", parent, || self.mkdir_op(parent, name, spec))
+    }
+
+    fn mkdir_op(
         &self,
         parent: u32,
         name: &[u8],
@@ -332,6 +354,18 @@ impl Filesystem {
         target: &[u8],
         spec: &NewInode,
     ) -> Result<(InodeInfo, u32), FsError> {
+        self.guard("symlink", parent, || {
+            self.symlink_op(parent, name, target, spec)
+        })
+    }
+
+    fn symlink_op(
+        &self,
+        parent: u32,
+        name: &[u8],
+        target: &[u8],
+        spec: &NewInode,
+    ) -> Result<(InodeInfo, u32), FsError> {
         let bs = self.block_size();
         if target.is_empty() || target.len() as u64 >= bs.min(4096) {
             return Err(FsError::NameTooLong);
@@ -346,6 +380,10 @@ impl Filesystem {
 
     /// Hard link `ino` as `name` in `parent` (not for directories).
     pub fn link(&self, ino: u32, parent: u32, name: &[u8]) -> Result<u32, FsError> {
+        self.guard("link", ino, || self.link_op(ino, parent, name))
+    }
+
+    fn link_op(&self, ino: u32, parent: u32, name: &[u8]) -> Result<u32, FsError> {
         let i = self.inode(ino)?;
         if i.is_dir() {
             return Err(FsError::IsADirectory);
@@ -428,6 +466,10 @@ impl Filesystem {
     /// Remove `name` (not a directory) from `parent`; the inode is freed
     /// with its last link.
     pub fn unlink(&self, parent: u32, name: &[u8]) -> Result<u32, FsError> {
+        self.guard("unlink", parent, || self.unlink_op(parent, name))
+    }
+
+    fn unlink_op(&self, parent: u32, name: &[u8]) -> Result<u32, FsError> {
         self.unlink_with(parent, name, false).map(|(t, _)| t)
     }
 
@@ -437,11 +479,19 @@ impl Filesystem {
     /// close, or the next open after a crash frees it. Returns the tid and
     /// whether the inode became such an orphan.
     pub fn unlink_open(&self, parent: u32, name: &[u8]) -> Result<(u32, bool), FsError> {
+        self.guard("unlink_open", parent, || self.unlink_open_op(parent, name))
+    }
+
+    fn unlink_open_op(&self, parent: u32, name: &[u8]) -> Result<(u32, bool), FsError> {
         self.unlink_with(parent, name, true)
     }
 
     /// The last close of an inode unlinked while open: free it.
     pub fn release_orphan(&self, ino: u32) -> Result<u32, FsError> {
+        self.guard("release_orphan", ino, || self.release_orphan_op(ino))
+    }
+
+    fn release_orphan_op(&self, ino: u32) -> Result<u32, FsError> {
         let i = self.inode_any(ino)?;
         if i.links != 0 {
             return Ok(self.rw.journal().running_tid());
@@ -497,6 +547,10 @@ impl Filesystem {
 
     /// Remove the empty directory `name` from `parent`.
     pub fn rmdir(&self, parent: u32, name: &[u8]) -> Result<u32, FsError> {
+        self.guard("rmdir", parent, || self.rmdir_op(parent, name))
+    }
+
+    fn rmdir_op(&self, parent: u32, name: &[u8]) -> Result<u32, FsError> {
         if name == b"." {
             return Err(FsError::InvalidName("rmdir of '.'"));
         }
@@ -567,6 +621,19 @@ impl Filesystem {
     /// entries. Directories moved across parents get their `..` and both
     /// parents' link counts updated. One transaction.
     pub fn rename(
+        &self,
+        sdir: u32,
+        sname: &[u8],
+        ddir: u32,
+        dname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<u32, FsError> {
+        self.guard("rename", sdir, || {
+            self.rename_op(sdir, sname, ddir, dname, flags)
+        })
+    }
+
+    fn rename_op(
         &self,
         sdir: u32,
         sname: &[u8],

@@ -351,9 +351,13 @@ impl JournalWriter {
 
     /// Abort the journal (ext4's errors=remount-ro): the running
     /// transaction is never committed, every later handle and commit
-    /// fails. What was committed stays in the log for the next open.
+    /// fails. What was committed stays in the log for the next open. As
+    /// `jbd2_journal_abort`, -EIO is recorded in the journal superblock's
+    /// `s_errno` (best effort). The caller must not hold a handle.
     pub fn abort_journal(&self, why: &FsError) -> FsError {
-        self.abort(why)
+        let e = self.abort(why);
+        self.record_errno(&mut lock(&self.log));
+        e
     }
 
     pub(crate) fn abort(&self, why: &FsError) -> FsError {
