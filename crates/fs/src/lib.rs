@@ -21,6 +21,7 @@ pub mod dir;
 pub mod dir_write;
 pub mod error;
 pub mod extent;
+pub mod extent_write;
 pub mod file;
 pub mod fs;
 pub mod groups;
