@@ -28,12 +28,15 @@
 //! - **Keys**: when the first entry of a node changes, the keys of the
 //!   index entries above it follow (`ext4_ext_correct_indexes`), so every
 //!   index key equals its child's first key (e2fsck checks it).
-//! - **Tidying**: a leaf or index node that a removal left at most half
-//!   full is merged with a sibling when both fit in one block, and a root
-//!   whose children's entries fit in the inode takes them in and loses a
-//!   level (the kernel's `ext4_ext_try_to_merge_up`, for any depth and
-//!   number of children), so trees stay short and narrow as e2fsck's pass
-//!   1E wants them.
+//! - **Tidying** (beyond the kernel): a leaf or index node that an edit
+//!   left at most half full is merged with a sibling when both fit in one
+//!   block; a root whose children's entries fit in the inode takes them in
+//!   and loses a level (the kernel's `ext4_ext_try_to_merge_up`, for any
+//!   depth and number of children); a depth-1 tree (at most four leaves)
+//!   is kept packed. Trees of depth 0 and 1 thus always satisfy e2fsck's
+//!   pass 1E ("could be narrower/shorter"); deeper ones can get its offer
+//!   after random edits, as the kernel's do: packing a whole level is not
+//!   an O(depth) operation.
 //!
 //! Every block goes through [`TreeIo`] (the operations layer implements it
 //! on a journal handle and the block allocator); checksums are set through
