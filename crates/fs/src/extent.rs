@@ -39,6 +39,62 @@ pub struct NodeInfo {
     pub max: u16,
 }
 
+/// The checks every extent node gets before use (readers and writers):
+/// magic, depth (`depth`: the one expected, `None` for the root: any up
+/// to [`MAX_DEPTH`]), entries <= max <= the room of `buf`, no empty index
+/// node, and with `csum` (metadata_csum) the block's checksum tail (not
+/// for the root, `pblk == 0`). Returns (depth, entries, max).
+pub fn check_node(
+    buf: &[u8],
+    pblk: u64,
+    depth: Option<u16>,
+    ino: u32,
+    generation: u32,
+    csum: Option<&ext4kit_format::Csum>,
+) -> Result<(u16, u16, u16), FsError> {
+    let bad = |d: String| node_error(ino, pblk, d);
+    let (h, _) = ExtentHeader::read_from_prefix(buf).map_err(|_| bad("short node".into()))?;
+    if h.eh_magic.get() != EXTENT_MAGIC {
+        return Err(bad(format!("bad magic {:#06x}", h.eh_magic.get())));
+    }
+    let d = h.eh_depth.get();
+    let (entries, max) = (h.eh_entries.get(), h.eh_max.get());
+    let room = ((buf.len() - 12) / 12) as u16;
+    if d > MAX_DEPTH || depth.is_some_and(|want| want != d) {
+        return Err(bad(format!("depth {d} where {depth:?} was expected")));
+    }
+    if max == 0 || max > room || entries > max {
+        return Err(bad(format!(
+            "{entries} entries, max {max} (room for {room})"
+        )));
+    }
+    if entries == 0 && d > 0 {
+        return Err(bad("an index node with no entries".into()));
+    }
+    if let Some(csum) = csum.filter(|_| pblk != 0) {
+        let end = 12 + usize::from(max) * 12;
+        let stored = buf
+            .get(end..end + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let want = csum.extent_block(ino, generation, &buf[..end]);
+        if stored != Some(want) {
+            return Err(bad("checksum does not match".into()));
+        }
+    }
+    Ok((d, entries, max))
+}
+
+/// `FsError::Corrupt` for inode `ino`'s tree node at `pblk` (0: the root
+/// in the inode).
+pub fn node_error(ino: u32, pblk: u64, d: impl std::fmt::Display) -> FsError {
+    let at = if pblk == 0 {
+        "in the inode".to_string()
+    } else {
+        format!("block {pblk}")
+    };
+    FsError::corrupt("extent tree", format!("inode {ino} {at}: {d}"))
+}
+
 struct Walk<'a, 'b> {
     fs: &'b Fs<'a>,
     ino: u32,
@@ -50,12 +106,7 @@ struct Walk<'a, 'b> {
 
 impl Walk<'_, '_> {
     fn bad(&self, pblk: u64, d: impl std::fmt::Display) -> FsError {
-        let at = if pblk == 0 {
-            "in the inode".to_string()
-        } else {
-            format!("block {pblk}")
-        };
-        FsError::corrupt("extent tree", format!("inode {} {at}: {d}", self.ino))
+        node_error(self.ino, pblk, d)
     }
 
     /// Header checks of one node (magic, depth, entries, max, checksum).
@@ -65,41 +116,8 @@ impl Walk<'_, '_> {
         pblk: u64,
         depth: Option<u16>,
     ) -> Result<(u16, u16, u16), FsError> {
-        let (h, _) =
-            ExtentHeader::read_from_prefix(buf).map_err(|_| self.bad(pblk, "short node"))?;
-        if h.eh_magic.get() != EXTENT_MAGIC {
-            return Err(self.bad(pblk, format!("bad magic {:#06x}", h.eh_magic.get())));
-        }
-        let d = h.eh_depth.get();
-        let (entries, max) = (h.eh_entries.get(), h.eh_max.get());
-        let room = ((buf.len() - 12) / 12) as u16;
-        if d > MAX_DEPTH || depth.is_some_and(|want| want != d) {
-            return Err(self.bad(pblk, format!("depth {d} where {depth:?} was expected")));
-        }
-        if max == 0 || max > room || entries > max {
-            return Err(self.bad(
-                pblk,
-                format!("{entries} entries, max {max} (room for {room})"),
-            ));
-        }
-        if entries == 0 && d > 0 {
-            return Err(self.bad(pblk, "an index node with no entries"));
-        }
-        if pblk != 0 && self.fs.info.csum.metadata {
-            let end = 12 + usize::from(max) * 12;
-            let stored = buf
-                .get(end..end + 4)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-            let want = self
-                .fs
-                .info
-                .csum
-                .extent_block(self.ino, self.generation, &buf[..end]);
-            if stored != Some(want) {
-                return Err(self.bad(pblk, "checksum does not match"));
-            }
-        }
-        Ok((d, entries, max))
+        let csum = self.fs.info.csum.metadata.then_some(&self.fs.info.csum);
+        check_node(buf, pblk, depth, self.ino, self.generation, csum)
     }
 
     /// Walk the node in `buf` (the inode's 60 bytes or a tree block),

@@ -28,15 +28,18 @@
 //! nanoseconds and epoch bits, crtime, `i_extra_isize`, a generation,
 //! `EXTENTS_FL` with an empty extent root for files, directories and
 //! symlinks). Extent writes ([`Filesystem::write_at`],
-//! [`Filesystem::truncate`]) keep the file's mapping as a sorted list of
-//! extents, change the list (allocate holes near the goal, convert
-//! unwritten ranges, merge neighbours, cut ranges) and write the tree
-//! back packed: depth 0 up to 4 extents, then leaves and index levels as
-//! many as needed (any depth), reusing the old tree blocks first and
-//! freeing (and revoking) the surplus. This rewrites every node of the
-//! tree on a change: simple and always balanced, but a handle's credits
-//! grow with the tree's size (see [`FsError::TooBig`]); the kernel's
-//! incremental split/merge is the next step for very large trees.
+//! [`Filesystem::truncate`], [`Filesystem::fallocate`]) edit the tree in
+//! place through [`ExtentTree`] (`extent_write`): a root-to-leaf path per
+//! change, inserts that merge with neighbours or split leaves and grow the
+//! root, removals that trim, free emptied nodes and shrink the tree, and
+//! unwritten conversions as a remove plus an insert, so a change costs
+//! O(depth) whatever the tree's size. A handle asks for the credits of a
+//! few single-extent edits at the tree's depth and stops early (the next
+//! handle goes on) when they or its group budget run short; truncates and
+//! punches plan each handle's range from the end by the tree blocks and
+//! groups it touches. New files, directories and symlinks get their
+//! one-extent root written whole (`write_tree`, also used to
+//! release a whole tree and, for now, by directory appends).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -60,6 +63,9 @@ use zerocopy::IntoBytes;
 use crate::balloc::{AllocRequest, BlockAlloc};
 use crate::discard::{DiscardStats, Discarder, ReconcileStats, TrimReport, TrimRequest};
 use crate::extent::{Mapping, NodeInfo};
+use crate::extent_write::{
+    ExtentTree, LBLK_END, TreeIo, TreeParams, UNWRITTEN_MAX, single_extent_credits,
+};
 use crate::groups::{DescTable, DirtySet, Layout};
 use crate::ialloc::InodeAlloc;
 use crate::inode::{InodeInfo, Timestamp};
@@ -81,8 +87,9 @@ const MAX_GROUPS: usize = 6;
 pub const FALLOC_CHUNK: u64 = 1 << 20;
 /// Groups one fallocate handle may change.
 const FALLOC_GROUPS: usize = 40;
-/// Longest unwritten extent.
-const UNWRITTEN_MAX: u32 = EXT_INIT_MAX_LEN - 1;
+/// Tree blocks one truncate or punch handle plans to touch at most (the
+/// credits allowing).
+const REMOVE_BLOCKS: u32 = 64;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -1198,16 +1205,53 @@ impl Filesystem {
         (ino.saturating_sub(1)) / self.descs.layout().inodes_per_group
     }
 
-    /// Credits for a handle that rewrites a tree of `old` nodes into one of
-    /// `new_exts` extents, plus the inode.
-    fn tree_credits(&self, old: &[NodeInfo], new_exts: usize) -> u32 {
-        let o = old.iter().filter(|n| n.pblk != 0).count();
-        (o + self.tree_blocks(new_exts) + 2) as u32
+    /// The facts the extent editor needs about `inode`.
+    fn tree_params(&self, inode: &InodeInfo) -> TreeParams {
+        let g = self.rw.geometry();
+        TreeParams {
+            ino: inode.ino,
+            generation: inode.generation,
+            csum: g.csum,
+            block_size: g.block_size,
+            first_data_block: g.first_data_block,
+            blocks_count: g.blocks,
+        }
+    }
+
+    /// Run `f` on `inode`'s extent tree whose root is `root` (updated),
+    /// inside `op`; `delta` gathers the tree blocks added minus freed.
+    fn tree_edit<R>(
+        &self,
+        op: &mut Op<'_>,
+        inode: &InodeInfo,
+        root: &mut [u8; 60],
+        delta: &mut i64,
+        f: impl FnOnce(&mut ExtentTree<'_>) -> Result<R, FsError>,
+    ) -> Result<R, FsError> {
+        let mut io = TreeOp {
+            fs: self,
+            op,
+            group: self.inode_group(inode.ino),
+        };
+        let mut t = ExtentTree::new(&mut io, self.tree_params(inode), root)?;
+        let r = f(&mut t)?;
+        *root = *t.root();
+        *delta += t.blocks_delta;
+        Ok(r)
+    }
+
+    /// Start a handle for an extent edit: `want` credits, at most what the
+    /// log allows next to the rendering of `groups` groups.
+    fn begin_edit(&self, want: u32, groups: u32) -> Result<Op<'_>, FsError> {
+        let max = self.rw.journal().max_transaction();
+        let room = max.saturating_sub(groups.saturating_mul(3).saturating_add(2));
+        self.begin(want.min(room).max(1), groups)
     }
 
     /// Write `data` at byte `off` of regular file `ino` (allocating holes,
     /// converting unwritten extents); returns the tid of the last handle.
-    /// Split into handles of at most [`WRITE_CHUNK`] blocks.
+    /// Split into handles of at most [`WRITE_CHUNK`] blocks (fewer when a
+    /// handle runs out of credits or groups for its tree edits).
     pub fn write_at(&self, ino: u32, off: u64, data: &[u8]) -> Result<u32, FsError> {
         self.guard("write_at", ino, || self.write_at_op(ino, off, data))
     }
@@ -1230,15 +1274,31 @@ impl Filesystem {
             let lb1 = (end.div_ceil(bs)).min(lb0 + WRITE_CHUNK);
             let stop = (lb1 * bs).min(end);
             let piece = &data[(pos - off) as usize..(stop - off) as usize];
-            tid = self.write_chunk(ino, pos, piece)?;
-            pos = stop;
+            let (t, done) = self.fill_chunk(
+                ino,
+                lb0,
+                lb1,
+                Fill::Write {
+                    off: pos,
+                    data: piece,
+                },
+            )?;
+            tid = t;
+            pos = (done * bs).min(stop);
         }
         Ok(tid)
     }
 
-    fn write_chunk(&self, ino: u32, off: u64, data: &[u8]) -> Result<u32, FsError> {
-        let bs = self.block_size();
-        let mut inode = self.inode_any(ino)?;
+    /// One handle of a write or an allocating fallocate over blocks
+    /// `[l0, l1)`; returns the tid and the first block not done.
+    fn fill_chunk(
+        &self,
+        ino: u32,
+        l0: u64,
+        l1: u64,
+        mode: Fill<'_>,
+    ) -> Result<(u32, u64), FsError> {
+        let inode = self.inode_any(ino)?;
         if !inode.is_regular() {
             return Err(if inode.is_dir() {
                 FsError::IsADirectory
@@ -1246,128 +1306,223 @@ impl Filesystem {
                 FsError::InvalidRequest(format!("inode {ino} is not a regular file"))
             });
         }
-        let (maps, nodes) = self.mapping(&inode)?;
-        let lb0 = off / bs;
-        let lb1 = (off + data.len() as u64).div_ceil(bs);
-        let credits = self.tree_credits(&nodes, maps.len() + 2 * MAX_GROUPS + 2);
-        let mut op = self.begin(credits, MAX_GROUPS as u32 + 2)?;
-        let r = self.write_in(&mut op, &mut inode, maps, &nodes, off, data, lb0, lb1);
-        match r {
-            Ok(()) => self.finish(op),
+        if !inode.has_extents() {
+            return Err(FsError::Unsupported(format!(
+                "writing block-mapped inode {ino} (no extents)"
+            )));
+        }
+        let groups = match mode {
+            Fill::Write { .. } => MAX_GROUPS,
+            Fill::Alloc { .. } => FALLOC_GROUPS,
+        };
+        let d = root_depth(&inode.i_block);
+        let want = 4 * single_extent_credits(d + 1) + 4;
+        let mut op = self.begin_edit(want, groups as u32 + 2)?;
+        match self.fill_in(&mut op, ino, l0, l1, &mode, groups) {
+            Ok(done) if done > l0 => Ok((self.finish(op)?, done)),
+            Ok(_) => {
+                let e = FsError::InvalidRequest(format!(
+                    "inode {ino}: the journal is too small for one extent edit"
+                ));
+                Err(self.fail(op, e))
+            }
             Err(e) => Err(self.fail(op, e)),
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn write_in(
+    fn fill_in(
         &self,
         op: &mut Op<'_>,
-        inode: &mut InodeInfo,
-        maps: Vec<Mapping>,
-        nodes: &[NodeInfo],
-        off: u64,
-        data: &[u8],
-        lb0: u64,
-        lb1: u64,
-    ) -> Result<(), FsError> {
+        ino: u32,
+        l0: u64,
+        l1: u64,
+        mode: &Fill<'_>,
+        group_budget: usize,
+    ) -> Result<u64, FsError> {
         let bs = self.block_size();
-        let rd = self.rw.blocks();
-        // Which blocks were initialized before (their bytes outside the
-        // write are kept) and the new mapping.
-        let old_written: Vec<Mapping> = maps.iter().filter(|m| !m.unwritten).copied().collect();
-        let (mut exts, _) = cut(&maps, lb0, lb1);
-        let mut covered: Vec<Mapping> = maps
-            .iter()
-            .filter_map(|m| clip(m, lb0, lb1))
-            .map(|mut m| {
-                m.unwritten = false;
-                m
-            })
-            .collect();
-        // Allocate the holes.
+        let mut inode = self.inode_any(ino)?;
+        let mut root = inode.i_block;
+        let mut delta = 0i64;
+        let existing = self.tree_edit(op, &inode, &mut root, &mut delta, |t| t.range(l0, l1))?;
+        let write = matches!(mode, Fill::Write { .. });
+        let unwritten_new = !write;
+        let zero = matches!(mode, Fill::Alloc { zero: true });
+        let l = self.descs.layout();
+        let ig = self.inode_group(ino);
+        let mut groups: BTreeSet<u32> = BTreeSet::new();
         let mut allocated = 0u64;
-        let mut holes = Vec::new();
-        let mut at = lb0;
-        for m in &covered {
-            if m.lblk > at {
-                holes.push((at, m.lblk));
+        let mut goal: Option<u64> = None;
+        let mut at = l0;
+        let mut ex = existing.iter().peekable();
+        // Room for `ops` more tree edits (and the inode block)?
+        let room = |op: &Op<'_>, root: &[u8; 60], ops: u32| {
+            op.h.credits() > ops * single_extent_credits(root_depth(root) + 1)
+        };
+        'outer: while at < l1 {
+            while ex.peek().is_some_and(|e| e.end() <= at) {
+                ex.next();
             }
-            at = m.end();
-        }
-        if at < lb1 {
-            holes.push((at, lb1));
-        }
-        for (h0, h1) in holes {
-            let mut l = h0;
-            while l < h1 {
-                let goal = goal_for(&exts, &covered, l).unwrap_or_else(|| {
-                    self.balloc
-                        .goal_for_inode(self.inode_group(inode.ino), true)
-                });
-                let mut req = AllocRequest::new(h1 - l, self.inode_group(inode.ino));
-                req.goal = Some(goal);
-                let a = self.alloc_bounded(&req, MAX_GROUPS)?;
-                for (s, n) in a {
-                    covered.push(Mapping {
-                        lblk: l,
+            let next = ex.peek().copied();
+            if let Some(e) = next.filter(|e| e.lblk <= at) {
+                let piece = clip(e, at, e.end().min(l1)).unwrap_or(*e);
+                let convert = if write {
+                    piece.unwritten
+                } else {
+                    zero && !piece.unwritten
+                };
+                if convert && !room(op, &root, 3) {
+                    break;
+                }
+                if let Fill::Write { off, data } = mode {
+                    self.write_piece(op, &piece, !piece.unwritten, *off, data)?;
+                }
+                if convert {
+                    // A written extent of 32768 blocks is two unwritten ones.
+                    let max = if piece.unwritten {
+                        EXT_INIT_MAX_LEN
+                    } else {
+                        UNWRITTEN_MAX
+                    };
+                    self.tree_edit(op, &inode, &mut root, &mut delta, |t| {
+                        t.remove(piece.lblk, piece.end())?;
+                        let mut done = 0;
+                        while done < piece.len {
+                            let n = (piece.len - done).min(max);
+                            t.insert(&Mapping {
+                                lblk: piece.lblk + u64::from(done),
+                                pblk: piece.pblk + u64::from(done),
+                                len: n,
+                                unwritten: !piece.unwritten,
+                            })?;
+                            done += n;
+                        }
+                        Ok(())
+                    })?;
+                }
+                goal = Some(piece.pblk + u64::from(piece.len));
+                at = piece.end();
+                continue;
+            }
+            // A hole up to the next extent.
+            let h1 = next.map_or(l1, |e| e.lblk.min(l1));
+            while at < h1 {
+                if !room(op, &root, 1) || (at > l0 && groups.len() + 1 >= group_budget) {
+                    break 'outer;
+                }
+                let g = match goal {
+                    Some(g) => g,
+                    None => self
+                        .tree_edit(op, &inode, &mut root, &mut delta, |t| t.goal_for(at))?
+                        .unwrap_or_else(|| self.balloc.goal_for_inode(ig, true)),
+                };
+                let mut req = AllocRequest::new(h1 - at, ig);
+                req.goal = Some(g);
+                if unwritten_new {
+                    req.max_extent = UNWRITTEN_MAX;
+                }
+                let left = group_budget.saturating_sub(groups.len()).max(1);
+                let pieces = self.alloc_bounded(&req, left, &groups)?;
+                for (k, &(s, n)) in pieces.iter().enumerate() {
+                    if k > 0 && !room(op, &root, 1) {
+                        self.balloc.give_back(self.rw.blocks(), &pieces[k..])?;
+                        break 'outer;
+                    }
+                    groups.extend(l.group_of(s)..=l.group_of(s + u64::from(n) - 1));
+                    let m = Mapping {
+                        lblk: at,
                         pblk: s,
                         len: n,
-                        unwritten: false,
-                    });
-                    l += u64::from(n);
+                        unwritten: unwritten_new,
+                    };
+                    if let Fill::Write { off, data } = mode {
+                        self.write_piece(op, &m, false, *off, data)?;
+                    }
+                    self.tree_edit(op, &inode, &mut root, &mut delta, |t| t.insert(&m))?;
                     allocated += u64::from(n);
-                }
-                covered.sort_by_key(|m| m.lblk);
-            }
-        }
-        // The data, one physical run at a time.
-        for m in &covered {
-            let first = m.lblk * bs;
-            let last = m.end() * bs;
-            let mut buf = vec![0u8; (last - first) as usize];
-            for (k, lb) in [(0usize, m.lblk), (buf.len() - bs as usize, m.end() - 1)] {
-                let bstart = lb * bs;
-                let partial = bstart < off || bstart + bs > off + data.len() as u64;
-                if partial && old_written.iter().any(|w| w.lblk <= lb && lb < w.end()) {
-                    let p = m.pblk + (lb - m.lblk);
-                    rd.read_block(p, &mut buf[k..k + bs as usize])?;
+                    at += u64::from(n);
+                    goal = Some(s + u64::from(n));
                 }
             }
-            let s = off.max(first);
-            let e = (off + data.len() as u64).min(last);
-            buf[(s - first) as usize..(e - first) as usize]
-                .copy_from_slice(&data[(s - off) as usize..(e - off) as usize]);
-            op.h.write_data(m.pblk, &buf)?;
         }
-        exts.extend(covered);
-        let exts = normalize(exts);
         let per512 = bs / 512;
-        let size = inode.size.max(off + data.len() as u64);
-        let blocks = inode.blocks_512 + allocated * per512;
+        let blocks =
+            (inode.blocks_512 as i64 + (allocated as i64 + delta) * per512 as i64).max(0) as u64;
+        let size = match mode {
+            Fill::Write { off, data } => inode.size.max((off + data.len() as u64).min(at * bs)),
+            Fill::Alloc { .. } => inode.size,
+        };
         let t = now();
-        self.edit_inode(inode, |n| {
+        self.edit_inode(&mut inode, |n| {
+            n.i_block_bytes_mut().copy_from_slice(&root);
             n.set_size(size);
             n.set_blocks_512(blocks);
             let (s, x) = encode_time(t);
-            n.i_mtime.set(s);
             n.i_ctime.set(s);
             if inode_has_extra(n) {
-                n.i_mtime_extra.set(x);
                 n.i_ctime_extra.set(x);
             }
+            if write || zero {
+                n.i_mtime.set(s);
+                if inode_has_extra(n) {
+                    n.i_mtime_extra.set(x);
+                }
+            }
         })?;
-        self.write_tree(op, inode, nodes, &exts)?;
-        self.store_inode(op, inode)
+        self.store_inode(op, &inode)?;
+        Ok(at)
+    }
+
+    /// Write the part of `data` (at byte `off` of the file) that falls in
+    /// `m`'s blocks, as ordered data; partial edge blocks keep their old
+    /// bytes when `old_written`, else read as zeros around the data.
+    fn write_piece(
+        &self,
+        op: &mut Op<'_>,
+        m: &Mapping,
+        old_written: bool,
+        off: u64,
+        data: &[u8],
+    ) -> Result<(), FsError> {
+        let bs = self.block_size();
+        let first = m.lblk * bs;
+        let last = m.end() * bs;
+        let dend = off + data.len() as u64;
+        let s = off.max(first);
+        let e = dend.min(last);
+        if s >= e {
+            return Ok(());
+        }
+        let mut buf = vec![0u8; (last - first) as usize];
+        if old_written {
+            for (k, lb) in [(0usize, m.lblk), (buf.len() - bs as usize, m.end() - 1)] {
+                let bstart = lb * bs;
+                if bstart < off || bstart + bs > dend {
+                    let p = m.pblk + (lb - m.lblk);
+                    self.rw
+                        .blocks()
+                        .read_block(p, &mut buf[k..k + bs as usize])?;
+                }
+            }
+        }
+        buf[(s - first) as usize..(e - first) as usize]
+            .copy_from_slice(&data[(s - off) as usize..(e - off) as usize]);
+        op.h.write_data(m.pblk, &buf)
     }
 
     /// Allocate, retrying smaller while the allocation would touch more
-    /// groups than a handle budgets for.
-    fn alloc_bounded(&self, req: &AllocRequest, groups: usize) -> Result<Vec<(u64, u32)>, FsError> {
+    /// than `groups` groups outside `have`.
+    fn alloc_bounded(
+        &self,
+        req: &AllocRequest,
+        groups: usize,
+        have: &BTreeSet<u32>,
+    ) -> Result<Vec<(u64, u32)>, FsError> {
         let rd = self.rw.blocks();
         let mut r = *req;
         loop {
             let a = self.balloc.alloc(rd, &r)?;
-            if a.dirty.len() <= groups || r.len == 1 {
+            let new = a.dirty.iter().filter(|g| !have.contains(g)).count();
+            if new <= groups || r.len == 1 {
                 return Ok(a.extents);
             }
             self.balloc.give_back(rd, &a.extents)?;
@@ -1393,85 +1548,112 @@ impl Filesystem {
             // Nothing mapped (devices, fifos, fast symlinks, empty files).
             return self.set_size_only(ino, size);
         }
+        if !inode.has_extents() {
+            return Err(FsError::Unsupported(format!(
+                "writing block-mapped inode {ino} (no extents)"
+            )));
+        }
+        self.unmap(ino, size.div_ceil(bs), LBLK_END, Some(size))
+    }
+
+    /// Unmap blocks `[a, b)` of `ino` in handles from the end, each a
+    /// consistent file: a truncate to `size` (set by the last handle, the
+    /// size follows the cut in between; a partial last block's tail is
+    /// zeroed) or, with `None`, a punched hole. Returns the last tid.
+    fn unmap(&self, ino: u32, a: u64, b: u64, size: Option<u64>) -> Result<u32, FsError> {
         loop {
-            let mut inode = self.inode_any(ino)?;
-            let (maps, nodes) = self.mapping(&inode)?;
-            let keep = size.div_ceil(bs);
-            let beyond: Vec<&Mapping> = maps.iter().filter(|m| m.end() > keep).collect();
-            // Bound the groups one handle touches: cut from the end.
-            let l = self.descs.layout();
-            let mut groups = BTreeSet::new();
-            let mut from = keep;
-            for m in beyond.iter().rev() {
-                let s = m.lblk.max(keep);
-                let p0 = m.pblk + (s - m.lblk);
-                let g0 = l.group_of(p0);
-                let g1 = l.group_of(m.pblk + u64::from(m.len) - 1);
-                let mut next = groups.clone();
-                next.extend(g0..=g1);
-                if next.len() > MAX_GROUPS * 4 && !groups.is_empty() {
-                    from = m.end();
-                    break;
+            let d = root_depth(&self.inode_any(ino)?.i_block);
+            let groups = MAX_GROUPS * 4;
+            let want = 2 * REMOVE_BLOCKS + 2 * single_extent_credits(d + 1) + 4;
+            let mut op = self.begin_edit(want, groups as u32 + 2)?;
+            match self.unmap_in(&mut op, ino, a, b, size, groups) {
+                Ok(last) => {
+                    let tid = self.finish(op)?;
+                    if last {
+                        return Ok(tid);
+                    }
                 }
-                groups = next;
-                from = s;
-            }
-            let last_step = from <= keep;
-            let new_size = if last_step {
-                size
-            } else {
-                inode.size.min(from * bs)
-            };
-            let credits = self.tree_credits(&nodes, maps.len() + 1) + 1;
-            let mut op = self.begin(credits, groups.len() as u32 + 1)?;
-            let r = self.truncate_in(&mut op, &mut inode, &maps, &nodes, from, new_size);
-            let tid = match r {
-                Ok(()) => self.finish(op)?,
                 Err(e) => return Err(self.fail(op, e)),
-            };
-            if last_step {
-                return Ok(tid);
             }
         }
     }
 
-    fn truncate_in(
+    /// One step of [`Filesystem::unmap`]; true when it was the last.
+    fn unmap_in(
         &self,
         op: &mut Op<'_>,
-        inode: &mut InodeInfo,
-        maps: &[Mapping],
-        nodes: &[NodeInfo],
-        from: u64,
-        size: u64,
-    ) -> Result<(), FsError> {
+        ino: u32,
+        a: u64,
+        b: u64,
+        size: Option<u64>,
+        group_budget: usize,
+    ) -> Result<bool, FsError> {
         let bs = self.block_size();
         let rd = self.rw.blocks();
-        let (kept, freed) = cut(maps, from, u64::MAX);
+        let mut inode = self.inode_any(ino)?;
+        let mut root = inode.i_block;
+        let mut delta = 0i64;
+        // Plan: from the end, as many extents as the credits (two per
+        // tree block read: the block and a sibling it may merge with)
+        // and the groups allow.
+        let d = root_depth(&root);
+        let spare =
+            op.h.credits()
+                .saturating_sub(2 * single_extent_credits(d + 1) + 2);
+        let max_blocks = (spare / 2).max(1) as usize;
+        let (plan, complete) = self.tree_edit(op, &inode, &mut root, &mut delta, |t| {
+            t.range_back(a, b, max_blocks)
+        })?;
+        let l = self.descs.layout();
+        let mut groups = BTreeSet::new();
+        let mut s = if complete {
+            a
+        } else {
+            plan.last().map_or(a, |(m, _)| m.lblk.max(a))
+        };
+        for (m, _) in &plan {
+            let Some(c) = clip(m, a, b) else { continue };
+            let mut next = groups.clone();
+            next.extend(l.group_of(c.pblk)..=l.group_of(c.pblk + u64::from(c.len) - 1));
+            if next.len() > group_budget && !groups.is_empty() {
+                s = c.end();
+                break;
+            }
+            groups = next;
+        }
+        let removed = self.tree_edit(op, &inode, &mut root, &mut delta, |t| t.remove(s, b))?;
         let tid = op.h.tid();
         let mut released = 0u64;
-        for f in &freed {
+        for f in &removed {
             self.balloc.free(rd, tid, f.pblk, f.len)?;
             op.h.free_extent(f.pblk, u64::from(f.len));
             released += u64::from(f.len);
         }
+        let last = s <= a;
+        let new_size = match size {
+            Some(sz) if last => sz,
+            Some(_) => inode.size.min(s * bs),
+            None => inode.size,
+        };
         // Zero the tail of a partial last block (later growth reads zeros).
-        if !size.is_multiple_of(bs) && size < inode.size {
-            let lb = size / bs;
-            if let Some(m) = kept
-                .iter()
-                .find(|m| m.lblk <= lb && lb < m.end() && !m.unwritten)
-            {
+        if let Some(sz) = size.filter(|&sz| last && !sz.is_multiple_of(bs) && sz < inode.size) {
+            let lb = sz / bs;
+            let m = self.tree_edit(op, &inode, &mut root, &mut delta, |t| t.lookup(lb))?;
+            if let Some(m) = m.filter(|m| !m.unwritten) {
                 let p = m.pblk + (lb - m.lblk);
-                let mut b = vec![0u8; bs as usize];
-                rd.read_block(p, &mut b)?;
-                b[(size % bs) as usize..].fill(0);
-                op.h.write_data(p, &b)?;
+                let mut buf = vec![0u8; bs as usize];
+                rd.read_block(p, &mut buf)?;
+                buf[(sz % bs) as usize..].fill(0);
+                op.h.write_data(p, &buf)?;
             }
         }
-        let blocks = inode.blocks_512.saturating_sub(released * (bs / 512));
+        let per512 = (bs / 512) as i64;
+        let blocks =
+            (inode.blocks_512 as i64 - released as i64 * per512 + delta * per512).max(0) as u64;
         let t = now();
-        self.edit_inode(inode, |n| {
-            n.set_size(size);
+        self.edit_inode(&mut inode, |n| {
+            n.i_block_bytes_mut().copy_from_slice(&root);
+            n.set_size(new_size);
             n.set_blocks_512(blocks);
             set_node_times(n, &Times::default(), t);
             let (s, x) = encode_time(t);
@@ -1480,8 +1662,8 @@ impl Filesystem {
                 n.i_mtime_extra.set(x);
             }
         })?;
-        self.write_tree(op, inode, nodes, &kept)?;
-        self.store_inode(op, inode)
+        self.store_inode(op, &inode)?;
+        Ok(last)
     }
 
     fn set_size_only(&self, ino: u32, size: u64) -> Result<u32, FsError> {
@@ -1556,12 +1738,25 @@ impl Filesystem {
                 tid = self.zero_in_block(ino, a, b)?;
             }
         }
-        let chunk = FALLOC_CHUNK;
-        let mut l = w0;
-        while l < w1 {
-            let e = (l + chunk).min(w1);
-            tid = self.falloc_chunk(ino, l, e, mode)?;
-            l = e;
+        if mode.punch_hole {
+            if w0 < w1 {
+                tid = self.unmap(ino, w0, w1, None)?;
+            }
+        } else {
+            let mut l = w0;
+            while l < w1 {
+                let e = (l + FALLOC_CHUNK).min(w1);
+                let (t, done) = self.fill_chunk(
+                    ino,
+                    l,
+                    e,
+                    Fill::Alloc {
+                        zero: mode.zero_range,
+                    },
+                )?;
+                tid = t;
+                l = done;
+            }
         }
         if !mode.keep_size && self.inode(ino)?.size < end {
             tid = self.set_size_only(ino, end)?;
@@ -1592,102 +1787,6 @@ impl Filesystem {
         }
     }
 
-    fn falloc_chunk(&self, ino: u32, l0: u64, l1: u64, mode: Falloc) -> Result<u32, FsError> {
-        let bs = self.block_size();
-        let mut inode = self.inode(ino)?;
-        let (maps, nodes) = self.mapping(&inode)?;
-        let groups = if mode.punch_hole {
-            let l = self.descs.layout();
-            let mut g = BTreeSet::new();
-            for m in cut(&maps, l0, l1).1 {
-                g.extend(l.group_of(m.pblk)..=l.group_of(m.pblk + u64::from(m.len) - 1));
-            }
-            g.len()
-        } else {
-            FALLOC_GROUPS
-        };
-        let credits = self.tree_credits(&nodes, maps.len() + 2 * FALLOC_GROUPS + 4);
-        let mut op = self.begin(credits, groups as u32 + 2)?;
-        let r = (|| {
-            let rd = self.rw.blocks();
-            let (mut exts, inside) = cut(&maps, l0, l1);
-            let tid = op.h.tid();
-            let per512 = bs / 512;
-            let mut blocks = inode.blocks_512;
-            if mode.punch_hole {
-                for f in &inside {
-                    self.balloc.free(rd, tid, f.pblk, f.len)?;
-                    op.h.free_extent(f.pblk, u64::from(f.len));
-                    blocks = blocks.saturating_sub(u64::from(f.len) * per512);
-                }
-            } else {
-                let mut covered: Vec<Mapping> = inside
-                    .into_iter()
-                    .map(|mut m| {
-                        if mode.zero_range {
-                            m.unwritten = true;
-                        }
-                        m
-                    })
-                    .collect();
-                let mut holes = Vec::new();
-                let mut at = l0;
-                for m in &covered {
-                    if m.lblk > at {
-                        holes.push((at, m.lblk));
-                    }
-                    at = m.end();
-                }
-                if at < l1 {
-                    holes.push((at, l1));
-                }
-                for (h0, h1) in holes {
-                    let mut l = h0;
-                    while l < h1 {
-                        let goal = goal_for(&exts, &covered, l).unwrap_or_else(|| {
-                            self.balloc
-                                .goal_for_inode(self.inode_group(inode.ino), true)
-                        });
-                        let mut req = AllocRequest::new(h1 - l, self.inode_group(inode.ino));
-                        req.goal = Some(goal);
-                        req.max_extent = UNWRITTEN_MAX;
-                        for (s, n) in self.alloc_bounded(&req, FALLOC_GROUPS)? {
-                            covered.push(Mapping {
-                                lblk: l,
-                                pblk: s,
-                                len: n,
-                                unwritten: true,
-                            });
-                            l += u64::from(n);
-                            blocks += u64::from(n) * per512;
-                        }
-                    }
-                }
-                covered.sort_by_key(|m| m.lblk);
-                exts.extend(covered);
-            }
-            let exts = normalize(exts);
-            let t = now();
-            self.edit_inode(&mut inode, |n| {
-                n.set_blocks_512(blocks);
-                set_node_times(n, &Times::default(), t);
-                if mode.punch_hole || mode.zero_range {
-                    let (s, x) = encode_time(t);
-                    n.i_mtime.set(s);
-                    if inode_has_extra(n) {
-                        n.i_mtime_extra.set(x);
-                    }
-                }
-            })?;
-            self.write_tree(&mut op, &mut inode, &nodes, &exts)?;
-            self.store_inode(&mut op, &inode)
-        })();
-        match r {
-            Ok(()) => self.finish(op),
-            Err(e) => Err(self.fail(op, e)),
-        }
-    }
-
     /// Read up to `buf.len()` bytes at `off` of inode `ino`.
     pub fn read_at(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize, FsError> {
         self.guard("read_at", ino, || self.read_at_op(ino, off, buf))
@@ -1699,6 +1798,60 @@ impl Filesystem {
             let c = fs.content(&inode)?;
             fs.read_at(&inode, &c, off, buf)
         })
+    }
+}
+
+/// What one [`Filesystem::fill_chunk`] handle does over its blocks.
+enum Fill<'d> {
+    /// Write `data` (at byte `off` of the file): holes allocated, unwritten
+    /// blocks converted.
+    Write { off: u64, data: &'d [u8] },
+    /// Allocate holes as unwritten extents; `zero` (ZERO_RANGE) also turns
+    /// written blocks unwritten.
+    Alloc { zero: bool },
+}
+
+/// Depth of the tree whose root is `i_block`.
+fn root_depth(i_block: &[u8; 60]) -> u16 {
+    u16::from_le_bytes([i_block[6], i_block[7]])
+}
+
+/// [`TreeIo`] on an operation's handle and the block allocator.
+struct TreeOp<'a, 'b> {
+    fs: &'a Filesystem,
+    op: &'a mut Op<'b>,
+    /// The inode's group (the allocator's fallback goal).
+    group: u32,
+}
+
+impl TreeIo for TreeOp<'_, '_> {
+    fn read(&self, blk: u64) -> Result<Vec<u8>, FsError> {
+        self.fs.read(|f| f.meta_block(blk, "extent tree"))
+    }
+
+    fn write(&mut self, blk: u64, data: &[u8], new: bool) -> Result<(), FsError> {
+        if new {
+            self.op.h.modify_new(blk, |b| b.copy_from_slice(data))
+        } else {
+            self.op.h.modify(blk, |b| b.copy_from_slice(data))
+        }
+    }
+
+    fn alloc(&mut self, goal: u64) -> Result<u64, FsError> {
+        let mut req = AllocRequest::new(1, self.group);
+        req.goal = (goal != 0).then_some(goal);
+        let a = self.fs.balloc.alloc(self.fs.rw.blocks(), &req)?;
+        a.extents.first().map(|e| e.0).ok_or(FsError::NoSpace {
+            wanted: 1,
+            available: 0,
+        })
+    }
+
+    fn free(&mut self, blk: u64) -> Result<(), FsError> {
+        let tid = self.op.h.tid();
+        self.fs.balloc.free(self.fs.rw.blocks(), tid, blk, 1)?;
+        self.op.h.free_extent(blk, 1);
+        self.op.h.revoke(blk)
     }
 }
 
@@ -1790,6 +1943,7 @@ fn clip(m: &Mapping, a: u64, b: u64) -> Option<Mapping> {
 }
 
 /// Split `maps` into what lies outside `[a, b)` and what lies inside.
+#[cfg(test)]
 pub(crate) fn cut(maps: &[Mapping], a: u64, b: u64) -> (Vec<Mapping>, Vec<Mapping>) {
     let mut out = Vec::with_capacity(maps.len() + 1);
     let mut inside = Vec::new();
@@ -1835,16 +1989,6 @@ pub(crate) fn normalize(mut v: Vec<Mapping>) -> Vec<Mapping> {
         out.push(m);
     }
     out
-}
-
-/// The goal block for logical block `l`: right after the physical end of
-/// the mapping just before it.
-fn goal_for(a: &[Mapping], b: &[Mapping], l: u64) -> Option<u64> {
-    a.iter()
-        .chain(b.iter())
-        .filter(|m| m.end() <= l)
-        .max_by_key(|m| m.end())
-        .map(|m| m.pblk + u64::from(m.len) + (l - m.end()))
 }
 
 mod errors;

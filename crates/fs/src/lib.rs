@@ -22,6 +22,7 @@ pub mod dir_write;
 pub mod discard;
 pub mod error;
 pub mod extent;
+pub mod extent_write;
 pub mod file;
 pub mod fs;
 pub mod groups;

@@ -257,7 +257,14 @@ const E2FSCK_PASSES: [&str; 5] = [
 /// (e2fsck exits 0 after some real complaints, so the text is checked too).
 /// Returns the summary line.
 pub fn e2fsck_clean(path: &Path) -> Result<String, String> {
-    let out = run(tool("e2fsck").arg("-fn").arg(path))?;
+    e2fsck_clean_with(path, &[])
+}
+
+/// [`e2fsck_clean`] with extra options before the path (e.g. `-E
+/// no_optimize_extents`: no pass-1E offers to repack an extent tree,
+/// which are optimizations, not repairs).
+pub fn e2fsck_clean_with(path: &Path, extra: &[&str]) -> Result<String, String> {
+    let out = run(tool("e2fsck").arg("-fn").args(extra).arg(path))?;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stderr),

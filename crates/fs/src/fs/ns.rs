@@ -27,7 +27,6 @@ pub(crate) struct DirIo<'a, 'b> {
     pub(crate) dir: InodeInfo,
     params: DirParams,
     maps: Vec<Mapping>,
-    nodes: Vec<NodeInfo>,
 }
 
 impl<'a, 'b> DirIo<'a, 'b> {
@@ -45,7 +44,7 @@ impl<'a, 'b> DirIo<'a, 'b> {
                 dir.ino
             )));
         }
-        let (maps, nodes) = fs.mapping(&dir)?;
+        let (maps, _) = fs.mapping(&dir)?;
         let params = fs.read(|f| DirParams::new(f.info, &dir));
         Ok(DirIo {
             fs,
@@ -53,7 +52,6 @@ impl<'a, 'b> DirIo<'a, 'b> {
             dir,
             params,
             maps,
-            nodes,
         })
     }
 
@@ -114,16 +112,25 @@ impl DirBlocks for DirIo<'_, '_> {
             unwritten: false,
         });
         self.maps = normalize(std::mem::take(&mut self.maps));
+        // One incremental insert (O(depth)), as for files.
+        let mut root = self.dir.i_block;
+        let mut delta = 0i64;
+        let m = Mapping {
+            lblk: u64::from(lblk),
+            pblk: p,
+            len: 1,
+            unwritten: false,
+        };
+        self.fs
+            .tree_edit(self.op, &self.dir, &mut root, &mut delta, |t| t.insert(&m))?;
         let size = (u64::from(lblk) + 1) * bs;
-        let blocks = self.dir.blocks_512 + bs / 512;
+        let per512 = (bs / 512) as i64;
+        let blocks = (self.dir.blocks_512 as i64 + per512 + delta * per512).max(0) as u64;
         self.fs.edit_inode(&mut self.dir, |n| {
+            n.i_block_bytes_mut().copy_from_slice(&root);
             n.set_size(size);
             n.set_blocks_512(blocks);
         })?;
-        let nodes = std::mem::take(&mut self.nodes);
-        let maps = self.maps.clone();
-        self.fs.write_tree(self.op, &mut self.dir, &nodes, &maps)?;
-        self.nodes = self.fs.read(|f| f.extent_tree(&self.dir))?.1;
         Ok(lblk)
     }
     fn indexed(&self) -> bool {

@@ -1,0 +1,365 @@
+//! The tree editor against a block-by-block model, on blocks in memory.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::*;
+use crate::extent::check_node;
+
+/// Tree blocks in memory; blocks handed out from a counter.
+struct MemIo {
+    bs: u32,
+    blocks: HashMap<u64, Vec<u8>>,
+    next: u64,
+    live: BTreeSet<u64>,
+    writes: u64,
+}
+
+impl MemIo {
+    fn new(bs: u32) -> Self {
+        MemIo {
+            bs,
+            blocks: HashMap::new(),
+            next: 1_000_000,
+            live: BTreeSet::new(),
+            writes: 0,
+        }
+    }
+}
+
+impl TreeIo for MemIo {
+    fn read(&self, blk: u64) -> Result<Vec<u8>, FsError> {
+        self.blocks
+            .get(&blk)
+            .cloned()
+            .ok_or_else(|| FsError::corrupt("test", format!("block {blk} never written")))
+    }
+    fn write(&mut self, blk: u64, data: &[u8], new: bool) -> Result<(), FsError> {
+        assert!(self.live.contains(&blk), "write of a free block {blk}");
+        assert_eq!(new, !self.blocks.contains_key(&blk), "new flag of {blk}");
+        assert_eq!(data.len(), self.bs as usize);
+        self.blocks.insert(blk, data.to_vec());
+        self.writes += 1;
+        Ok(())
+    }
+    fn alloc(&mut self, _goal: u64) -> Result<u64, FsError> {
+        self.next += 1;
+        self.live.insert(self.next);
+        Ok(self.next)
+    }
+    fn free(&mut self, blk: u64) -> Result<(), FsError> {
+        assert!(self.live.remove(&blk), "double free of {blk}");
+        self.blocks.remove(&blk);
+        Ok(())
+    }
+}
+
+fn params(bs: u32) -> TreeParams {
+    TreeParams {
+        ino: 12,
+        generation: 7,
+        csum: Csum {
+            metadata: true,
+            gdt: false,
+            seed: 0x1234_5678,
+            uuid: [0; 16],
+        },
+        block_size: bs,
+        first_data_block: 1,
+        blocks_count: 1 << 40,
+    }
+}
+
+fn empty_root() -> [u8; 60] {
+    let mut r = [0u8; 60];
+    r[..12].copy_from_slice(ExtentHeader::new(0, ENTRIES_IN_INODE, 0).as_bytes());
+    r
+}
+
+/// Check the whole tree: headers, checksums, index keys equal to their
+/// child's first key, extents inside their parent's range, the live
+/// blocks exactly the tree's, e2fsck's "could be shorter" rule at the
+/// root; returns (extents, depth).
+fn check(io: &MemIo, p: &TreeParams, root: &[u8; 60]) -> (Vec<Mapping>, u16) {
+    #[allow(clippy::too_many_arguments)]
+    fn walk(
+        io: &MemIo,
+        p: &TreeParams,
+        buf: &[u8],
+        pblk: u64,
+        depth: Option<u16>,
+        lo: u64,
+        hi: u64,
+        out: &mut Vec<Mapping>,
+        seen: &mut BTreeSet<u64>,
+    ) -> u16 {
+        let csum = (pblk != 0).then_some(&p.csum);
+        let (d, n, _) = check_node(buf, pblk, depth, p.ino, p.generation, csum).unwrap();
+        let node = Node {
+            pblk,
+            buf: buf.to_vec(),
+        };
+        if pblk != 0 {
+            assert!(n > 0, "empty node {pblk}");
+            assert!(seen.insert(pblk));
+            assert_eq!(u64::from(node.key(0)), lo, "first key of {pblk}");
+        }
+        for i in 0..usize::from(n) {
+            if d == 0 {
+                let m = node.ext(i);
+                assert!(
+                    m.lblk >= lo && m.end() <= hi,
+                    "extent {m:?} outside {lo}..{hi}"
+                );
+                if let Some(prev) = out.last() {
+                    assert!(prev.end() <= m.lblk, "order");
+                }
+                out.push(m);
+            } else {
+                let k = u64::from(node.key(i));
+                let next = if i + 1 < usize::from(n) {
+                    u64::from(node.key(i + 1))
+                } else {
+                    hi
+                };
+                let child = io.read(node.child(i)).unwrap();
+                walk(
+                    io,
+                    p,
+                    &child,
+                    node.child(i),
+                    Some(d - 1),
+                    k,
+                    next,
+                    out,
+                    seen,
+                );
+            }
+        }
+        d
+    }
+    let mut out = Vec::new();
+    let mut seen = BTreeSet::new();
+    let d = walk(io, p, root, 0, None, 0, LBLK_END, &mut out, &mut seen);
+    assert_eq!(seen, io.live, "tree blocks and live blocks");
+    if d > 0 {
+        let r = Node {
+            pblk: 0,
+            buf: root.to_vec(),
+        };
+        let kids: usize = (0..r.entries())
+            .map(|i| {
+                let c = io.read(r.child(i)).unwrap();
+                usize::from(u16::from_le_bytes([c[2], c[3]]))
+            })
+            .sum();
+        assert!(
+            kids > 4,
+            "the root's children ({kids} entries) fit in the inode"
+        );
+    }
+    (out, d)
+}
+
+fn blockmap(v: &[Mapping]) -> BTreeMap<u64, (u64, bool)> {
+    let mut m = BTreeMap::new();
+    for e in v {
+        for k in 0..u64::from(e.len) {
+            m.insert(e.lblk + k, (e.pblk + k, e.unwritten));
+        }
+    }
+    m
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+#[test]
+fn appends_fill_leaves_and_grow_to_depth_three() {
+    let p = params(1024);
+    let mut io = MemIo::new(1024);
+    let mut root = empty_root();
+    // 84 extents per 1 KiB leaf: depth 3 past 4 * 84 * 84.
+    let n = 4 * 84 * 84 + 10;
+    for k in 0..n as u64 {
+        let w0 = io.writes;
+        let mut t = ExtentTree::new(&mut io, p, &root).unwrap();
+        t.insert(&Mapping {
+            lblk: 2 * k,
+            pblk: 10 + 2 * k,
+            len: 1,
+            unwritten: k % 3 == 0,
+        })
+        .unwrap();
+        root = *t.root();
+        let w = io.writes - w0;
+        // O(depth): never more than a split per level plus the root.
+        assert!(w <= 8, "insert {k} wrote {w} blocks");
+    }
+    let (exts, d) = check(&io, &p, &root);
+    assert_eq!(d, 3);
+    assert_eq!(exts.len(), n);
+    // Appends leave every leaf but the last full (the kernel's split).
+    assert_eq!(
+        io.live.len(),
+        n.div_ceil(84) + n.div_ceil(84).div_ceil(84) + 1
+    );
+    // Remove everything from the end in pieces: back to an empty root.
+    let mut hi = 2 * n as u64;
+    while hi > 0 {
+        let lo = hi.saturating_sub(5000);
+        let mut t = ExtentTree::new(&mut io, p, &root).unwrap();
+        let r = t.remove(lo, hi).unwrap();
+        assert_eq!(r.len() as u64, (hi - lo).div_ceil(2));
+        root = *t.root();
+        hi = lo;
+        check(&io, &p, &root);
+    }
+    assert!(io.live.is_empty());
+    assert_eq!(root, empty_root());
+}
+
+#[test]
+fn merges_splits_and_conversions_match_a_block_model() {
+    for (bs, seed) in [(1024u32, 1u64), (1024, 2), (4096, 3)] {
+        let p = params(bs);
+        let mut io = MemIo::new(bs);
+        let mut root = empty_root();
+        let mut model: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
+        let mut rng = Rng(0x9E37_79B9 ^ seed);
+        let space = 8_000u64;
+        let mut max_depth = 0;
+        let mut delta = 0i64;
+        for step in 0..600 {
+            let mut t = ExtentTree::new(&mut io, p, &root).unwrap();
+            let a = rng.below(space);
+            let big = rng.below(4) == 0;
+            let len = 1 + rng.below(if big { 400 } else { 8 });
+            let b = (a + len).min(space);
+            match rng.below(3) {
+                0 | 1 => {
+                    // Map the holes of [a, b), physically contiguous with
+                    // the logical block (so neighbours merge), in one state.
+                    let unwritten = rng.below(2) == 0;
+                    let mut l = a;
+                    while l < b {
+                        if model.contains_key(&l) {
+                            l += 1;
+                            continue;
+                        }
+                        let mut e = l;
+                        while e < b && !model.contains_key(&e) {
+                            e += 1;
+                        }
+                        let max = if unwritten {
+                            UNWRITTEN_MAX
+                        } else {
+                            EXT_INIT_MAX_LEN
+                        };
+                        let len = (e - l).min(u64::from(max)) as u32;
+                        let m = Mapping {
+                            lblk: l,
+                            pblk: 5000 + l,
+                            len,
+                            unwritten,
+                        };
+                        t.insert(&m)
+                            .unwrap_or_else(|e| panic!("step {step} {m:?}: {e}"));
+                        for k in l..l + u64::from(len) {
+                            model.insert(k, (5000 + k, unwritten));
+                        }
+                        l += u64::from(len);
+                    }
+                }
+                _ => {
+                    // Remove, or convert (remove + insert in the other state).
+                    let got = t.remove(a, b).unwrap();
+                    let want: Vec<u64> = model.range(a..b).map(|(k, _)| *k).collect();
+                    assert_eq!(
+                        got.iter().map(|m| u64::from(m.len)).sum::<u64>(),
+                        want.len() as u64,
+                        "step {step}: removed"
+                    );
+                    for k in &want {
+                        model.remove(k);
+                    }
+                    if rng.below(2) == 0 {
+                        for mut m in got {
+                            m.unwritten = !m.unwritten;
+                            t.insert(&m).unwrap();
+                            for k in m.lblk..m.end() {
+                                model.insert(k, (m.pblk + (k - m.lblk), m.unwritten));
+                            }
+                        }
+                    }
+                }
+            }
+            delta += t.blocks_delta;
+            root = *t.root();
+            if step % 10 != 0 && step < 599 {
+                continue;
+            }
+            let (exts, d) = check(&io, &p, &root);
+            max_depth = max_depth.max(d);
+            assert_eq!(blockmap(&exts), model, "bs {bs} step {step}");
+            assert_eq!(delta, io.live.len() as i64);
+            // Neighbours in one leaf are merged.
+            if step % 100 == 0 {
+                let t = ExtentTree::new(&mut io, p, &root).unwrap();
+                assert_eq!(t.all().unwrap(), exts);
+                for probe in [0, a, b, space / 2] {
+                    let want = model.get(&probe).copied();
+                    let got = t
+                        .lookup(probe)
+                        .unwrap()
+                        .map(|m| (m.pblk + (probe - m.lblk), m.unwritten));
+                    assert_eq!(got, want, "lookup {probe}");
+                }
+            }
+        }
+        assert!(max_depth >= 1, "bs {bs}: depth {max_depth}");
+    }
+}
+
+#[test]
+fn a_bad_node_is_refused_not_followed() {
+    let p = params(1024);
+    let mut io = MemIo::new(1024);
+    let mut root = empty_root();
+    for k in 0..200u64 {
+        let mut t = ExtentTree::new(&mut io, p, &root).unwrap();
+        t.insert(&Mapping {
+            lblk: 2 * k,
+            pblk: 10 + 2 * k,
+            len: 1,
+            unwritten: false,
+        })
+        .unwrap();
+        root = *t.root();
+    }
+    let leaf = *io.live.iter().next().unwrap();
+    io.blocks.get_mut(&leaf).unwrap()[30] ^= 1;
+    let mut t = ExtentTree::new(&mut io, p, &root).unwrap();
+    let e = t.remove(0, 10).unwrap_err();
+    assert!(e.to_string().contains("checksum"), "{e}");
+    // An overlapping insert is refused.
+    let mut io2 = MemIo::new(1024);
+    let mut t = ExtentTree::new(&mut io2, p, &empty_root()).unwrap();
+    let m = Mapping {
+        lblk: 10,
+        pblk: 100,
+        len: 5,
+        unwritten: false,
+    };
+    t.insert(&m).unwrap();
+    assert!(t.insert(&Mapping { lblk: 12, ..m }).is_err());
+}
