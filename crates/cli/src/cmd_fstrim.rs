@@ -115,12 +115,13 @@ pub fn run(args: &FstrimArgs) -> anyhow::Result<i32> {
         let bs = info.block_size;
         let layout = Layout::from_superblock(&info.sb)?;
         let blocks = layout.blocks_count;
-        let descs = DescTable::from_descs(layout, info.descs.clone());
+        let descs = Arc::new(DescTable::new(layout));
         let alloc = Arc::new(BlockAlloc::open(
-            &descs,
+            rd,
+            descs,
             Arc::new(DirtySet::default()),
             false,
-        ));
+        )?);
         let opts = DiscardOptions {
             reconcile: Reconcile::Off,
             ..DiscardOptions::default()

@@ -151,8 +151,8 @@ fn free_extents_equal_dumpe2fs() {
         e2fsck_clean(&img).unwrap_or_else(|e| panic!("{name}: {e}"));
         let fs = Fs::open(&img, false);
         let rd = fs.blocks();
-        let descs = DescTable::read(fs.layout.clone(), &rd).unwrap();
-        let ba = BlockAlloc::open(&descs, Arc::new(DirtySet::default()), false);
+        let descs = Arc::new(DescTable::read(fs.layout.clone(), &rd).unwrap());
+        let ba = BlockAlloc::open(&rd, descs, Arc::new(DirtySet::default()), false).unwrap();
         let want = dumpe2fs_free(&img);
         assert_eq!(
             want.len() as u32,
@@ -266,8 +266,8 @@ fn allocations_pass_e2fsck() {
         {
             let fs = Fs::open(&img, false);
             let rd = fs.blocks();
-            let descs = DescTable::read(fs.layout.clone(), &rd).unwrap();
-            let ba = BlockAlloc::open(&descs, Arc::new(DirtySet::default()), false);
+            let descs = Arc::new(DescTable::read(fs.layout.clone(), &rd).unwrap());
+            let ba = BlockAlloc::open(&rd, descs, Arc::new(DirtySet::default()), false).unwrap();
             for (g, w) in dumpe2fs_free(&img).iter().enumerate() {
                 assert_eq!(
                     &ba.free_ranges(&rd, g as u32).unwrap(),
@@ -318,8 +318,8 @@ fn allocate_and_write(fs: &Fs, name: &str) -> Vec<u32> {
     let rd = fs.blocks();
     let descs = Arc::new(DescTable::read(l.clone(), &rd).unwrap());
     let dirty = Arc::new(DirtySet::default());
-    let ba = Arc::new(BlockAlloc::open(&descs, dirty.clone(), false));
-    let ia = InodeAlloc::open(descs.clone(), ba.clone(), dirty);
+    let ba = Arc::new(BlockAlloc::open(&rd, descs.clone(), dirty.clone(), false).unwrap());
+    let ia = InodeAlloc::open(&rd, descs.clone(), ba.clone(), dirty).unwrap();
     let mut inodes: Vec<(u32, Vec<(u64, u32)>)> = Vec::new();
     let lens = [1u64, 7, 300, 5000, 40_000, 100_000, 3, 70_000, 12, 9000];
     let mut scratch = Vec::new();
@@ -389,7 +389,7 @@ fn allocate_and_write(fs: &Fs, name: &str) -> Vec<u32> {
         desc_blocks.insert(im.desc_block);
     }
     for i in desc_blocks {
-        let (blk, data) = descs.block_image(i);
+        let (blk, data) = descs.block_image(&rd, i).unwrap();
         fs.dev
             .write_at(&data, blk * u64::from(l.block_size))
             .unwrap();
@@ -399,7 +399,7 @@ fn allocate_and_write(fs: &Fs, name: &str) -> Vec<u32> {
     for (ino, ext) in &inodes {
         let g = (ino - 1) / l.inodes_per_group;
         let idx = (ino - 1) % l.inodes_per_group;
-        let blk = descs.get(g).inode_table() + u64::from(idx / l.inodes_per_block());
+        let blk = descs.get(&rd, g).unwrap().inode_table() + u64::from(idx / l.inodes_per_block());
         let off = (idx % l.inodes_per_block()) as usize * isz;
         let mut buf = rd.block(blk).unwrap();
         file_inode(l, ext).write_to(&mut buf[off..off + isz], *ino, &l.csum);

@@ -21,9 +21,10 @@ use common::*;
 use ext4kit_device::{FileDevice, OpenOptions};
 use ext4kit_format::Csum;
 use ext4kit_format::dir::FT_REG_FILE;
+use ext4kit_format::group_desc::GroupDesc;
 use ext4kit_fs::FsError;
 use ext4kit_fs::dir_write::{DirBlocks, DirParams, DirWriter};
-use ext4kit_fs::sb::{FsInfo, Volume};
+use ext4kit_fs::sb::{Fs, FsInfo, Volume};
 
 const BLOCK_UNINIT: u16 = 2;
 
@@ -31,6 +32,8 @@ const BLOCK_UNINIT: u16 = 2;
 struct ImageDir {
     file: std::fs::File,
     info: FsInfo,
+    /// The group descriptors (the test allocator changes and writes them).
+    descs: Vec<GroupDesc>,
     p: DirParams,
     slot_off: u64,
     slot: Vec<u8>,
@@ -40,10 +43,11 @@ struct ImageDir {
     allocated: u64,
 }
 
-fn inode_slot_off(info: &FsInfo, ino: u32) -> u64 {
+fn inode_slot_off(fs: &Fs<'_>, ino: u32) -> u64 {
+    let info = fs.info;
     let g = (ino - 1) / info.inodes_per_group;
     let i = (ino - 1) % info.inodes_per_group;
-    info.descs[g as usize].inode_table() * u64::from(info.block_size)
+    fs.group_desc(g).unwrap().inode_table() * u64::from(info.block_size)
         + u64::from(i) * u64::from(info.inode_size)
 }
 
@@ -65,9 +69,13 @@ impl ImageDir {
             .write(true)
             .open(img)
             .unwrap();
+        let descs = (0..info.groups)
+            .map(|g| fs.group_desc(g).unwrap())
+            .collect();
         ImageDir {
             p: DirParams::new(&info, &dir),
-            slot_off: inode_slot_off(&info, dir.ino),
+            slot_off: inode_slot_off(&fs, dir.ino),
+            descs,
             slot: dir.raw.clone(),
             indexed: dir.is_htree(),
             info,
@@ -89,7 +97,7 @@ impl ImageDir {
         let g0 = ((goal.max(first) - first) / bpg) as u32;
         for k in 0..self.info.groups {
             let g = (g0 + k) % self.info.groups;
-            let d = &self.info.descs[g as usize];
+            let d = &self.descs[g as usize];
             if d.flags() & BLOCK_UNINIT != 0 || d.free_blocks() == 0 {
                 continue;
             }
@@ -110,7 +118,7 @@ impl ImageDir {
             };
             if let Some(i) = (from..n).find(|&i| bm[(i / 8) as usize] & (1 << (i % 8)) == 0) {
                 bm[(i / 8) as usize] |= 1 << (i % 8);
-                let d = &mut self.info.descs[g as usize];
+                let d = &mut self.descs[g as usize];
                 d.set_free_blocks(d.free_blocks() - 1);
                 self.allocated += 1;
                 return start + i;
@@ -176,7 +184,7 @@ impl ImageDir {
         let dpb = self.info.descs_per_block();
         for (&g, bm) in &self.bitmaps {
             let at = self.info.desc_block(g / dpb) * bs + u64::from(g % dpb) * ds as u64;
-            let d = &mut self.info.descs[g as usize];
+            let d = &mut self.descs[g as usize];
             self.file.write_all_at(bm, d.block_bitmap() * bs).unwrap();
             if csum.metadata {
                 d.set_block_bitmap_csum(csum.bitmap(&bm[..bpg / 8]));
@@ -218,7 +226,7 @@ fn add_links(img: &Path, ino: u32, delta: i64) {
     let links = i64::from(u16::from_le_bytes([slot[0x1A], slot[0x1B]])) + delta;
     assert!((1..65000).contains(&links), "links {links}");
     slot[0x1A..0x1C].copy_from_slice(&(links as u16).to_le_bytes());
-    let off = inode_slot_off(&vol.info, ino);
+    let off = inode_slot_off(&vol.fs(), ino);
     let file = std::fs::OpenOptions::new().write(true).open(img).unwrap();
     write_inode(&file, &vol.info, off, &mut slot, ino);
 }

@@ -90,7 +90,7 @@ fn base(
     let mut targets: Vec<(&'static str, u64)> = Vec::new();
     let mut reseal = fs.read(|f| Reseal {
         csum: f.info.csum,
-        itable: f.info.descs[0].inode_table(),
+        itable: f.group_desc(0).unwrap().inode_table(),
         inode_size: u64::from(f.info.inode_size),
         owners: HashMap::new(),
     });
@@ -143,7 +143,7 @@ fn base(
     assert_ne!(xi.file_acl, 0, "x has an xattr block");
     targets.push(("xattr block", xi.file_acl));
     let (bb, ib, first) = fs.read(|f| {
-        let g = &f.info.descs[0];
+        let g = f.group_desc(0).unwrap();
         (g.block_bitmap(), g.inode_bitmap(), f.info.first_data_block)
     });
     targets.push(("block bitmap", bb));

@@ -246,8 +246,15 @@ impl Img {
     fn write_slot(&self, info: &FsInfo, ino: u32, slot: &[u8]) {
         let idx = u64::from((ino - 1) % info.inodes_per_group);
         let g = ((ino - 1) / info.inodes_per_group) as usize;
-        let pos = info.descs[g].inode_table() * u64::from(info.block_size)
-            + idx * u64::from(info.inode_size);
+        let per = info.descs_per_block() as usize;
+        let mut raw = vec![0u8; usize::from(info.desc_size)];
+        let at = info.desc_block((g / per) as u32) * u64::from(info.block_size)
+            + (g % per) as u64 * u64::from(info.desc_size);
+        self.file.read_exact_at(&mut raw, at).unwrap();
+        let table = ext4kit_format::group_desc::GroupDesc::parse(&raw)
+            .unwrap()
+            .inode_table();
+        let pos = table * u64::from(info.block_size) + idx * u64::from(info.inode_size);
         self.file.write_all_at(slot, pos).unwrap();
     }
 

@@ -182,7 +182,17 @@ impl Csum {
     /// (`s_desc_size` bytes); its `bg_checksum` field is ignored.
     pub fn group_desc(&self, group: u32, desc: &[u8]) -> u16 {
         const OFF: usize = 0x1E;
-        if self.metadata {
+        if self.metadata && (OFF + 2..=64).contains(&desc.len()) {
+            // One pass over group number + descriptor (checksum zeroed):
+            // the same value as the four pieces below, at a quarter of the
+            // calls (this runs for every group at every open).
+            let mut buf = [0u8; 4 + 64];
+            buf[..4].copy_from_slice(&group.to_le_bytes());
+            buf[4..4 + desc.len()].copy_from_slice(desc);
+            buf[4 + OFF] = 0;
+            buf[4 + OFF + 1] = 0;
+            (crc32c_raw(self.seed, &buf[..4 + desc.len()]) & 0xFFFF) as u16
+        } else if self.metadata {
             let mut c = crc32c_raw(self.seed, &group.to_le_bytes());
             c = crc32c_raw(c, &desc[..OFF]);
             c = crc32c_raw(c, &[0, 0]);
@@ -439,6 +449,21 @@ mod tests {
             let mut ab = a.clone();
             ab.extend_from_slice(&b);
             prop_assert_eq!(crc32c_raw(crc32c_raw(seed, &a), &b), crc32c_raw(seed, &ab));
+        }
+    }
+
+    proptest::proptest! {
+        /// The one-pass descriptor checksum equals the piecewise one.
+        #[test]
+        fn group_desc_one_pass(seed in proptest::prelude::any::<u32>(), group in proptest::prelude::any::<u32>(),
+                               desc in proptest::collection::vec(proptest::prelude::any::<u8>(), 64), short in proptest::prelude::any::<bool>()) {
+            let d = if short { &desc[..32] } else { &desc[..] };
+            let c = Csum { metadata: true, gdt: false, seed, uuid: [0; 16] };
+            let mut w = crc32c_raw(seed, &group.to_le_bytes());
+            w = crc32c_raw(w, &d[..0x1E]);
+            w = crc32c_raw(w, &[0, 0]);
+            w = crc32c_raw(w, &d[0x20..]);
+            proptest::prop_assert_eq!(c.group_desc(group, d), (w & 0xFFFF) as u16);
         }
     }
 }

@@ -75,10 +75,10 @@ fn bench(img: &Path, gib: u64) -> Result<(), FsError> {
     let desc_ms = ms(t_desc);
     let dirty = Arc::new(DirtySet::default());
     let t_ba = Instant::now();
-    let ba = Arc::new(BlockAlloc::open(&descs, dirty.clone(), false));
+    let ba = Arc::new(BlockAlloc::open(&rd, descs.clone(), dirty.clone(), false)?);
     let ba_ms = ms(t_ba);
     let t_ia = Instant::now();
-    let ia = InodeAlloc::open(descs.clone(), ba.clone(), dirty);
+    let ia = InodeAlloc::open(&rd, descs.clone(), ba.clone(), dirty)?;
     let ia_ms = ms(t_ia);
     let open_ms = ms(t_open);
 
@@ -108,7 +108,7 @@ fn bench(img: &Path, gib: u64) -> Result<(), FsError> {
         desc_blocks.insert(im.desc_block);
     }
     for &i in &desc_blocks {
-        let _ = descs.block_image(i);
+        let _ = descs.block_image(&rd, i)?;
     }
     let render_ms = ms(t_render);
     out(&format!(

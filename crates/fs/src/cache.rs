@@ -371,6 +371,29 @@ impl BlockRead for BlockCache {
         self.block_size
     }
 
+    /// A run of blocks the cache holds no image of is read from the
+    /// device in one request and *not* kept (a scan, e.g. the descriptor
+    /// table at open, must not fill the cache); otherwise block by block.
+    fn read_blocks(&self, start: u64, buf: &mut [u8]) -> Result<(), FsError> {
+        let bs = u64::from(self.block_size);
+        let n = buf.len() as u64 / bs;
+        crate::run_in_range(start, n, self.block_count)?;
+        {
+            let mut inner = lock(&self.inner);
+            if (start..start + n).all(|b| !inner.map.contains_key(&b)) {
+                // Under the map lock, as base_image's reads: no
+                // checkpoint can write one of these blocks meanwhile.
+                inner.stats.misses += n;
+                self.dev.read_at(buf, start * bs)?;
+                return Ok(());
+            }
+        }
+        for (i, chunk) in buf.chunks_mut(bs as usize).enumerate() {
+            self.read_block(start + i as u64, chunk)?;
+        }
+        Ok(())
+    }
+
     fn block_count(&self) -> u64 {
         self.block_count
     }

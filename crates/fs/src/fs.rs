@@ -67,7 +67,7 @@ use crate::extent_write::{
     ExtentTree, LBLK_END, TreeIo, TreeParams, UNWRITTEN_MAX, single_extent_credits,
 };
 use crate::groups::{DescTable, DirtySet, Layout};
-use crate::ialloc::InodeAlloc;
+use crate::ialloc::{InodeAlloc, InodeStateBuilder};
 use crate::inode::{InodeInfo, Timestamp};
 use crate::journal::Handle;
 use crate::orphan_file::OrphanFile;
@@ -204,7 +204,9 @@ impl Filesystem {
     pub fn open(dev: Arc<dyn Device>, opts: RwOptions) -> Result<Filesystem, FsError> {
         let discard_opts = opts.discard.clone();
         let rw = RwFs::open(dev.clone(), opts)?;
-        let info = FsInfo::load(rw.blocks())?;
+        // The superblock here; the descriptors are checked (in large
+        // sequential reads, never held) by the allocators' passes below.
+        let info = FsInfo::load_superblock(rw.blocks())?;
         if let Some(f) = info.unknown_ro_compat.first() {
             return Err(FsError::Unsupported(format!(
                 "read-only compatible feature {f}"
@@ -222,14 +224,25 @@ impl Filesystem {
             }
         })?;
         let layout = Layout::from_superblock(&info.sb)?;
-        let descs = Arc::new(DescTable::from_descs(layout, info.descs.clone()));
+        let descs = Arc::new(DescTable::new(layout.clone()));
         let dirty = Arc::new(DirtySet::default());
-        let balloc = Arc::new(BlockAlloc::open(
-            &descs,
+        let rd = rw.blocks();
+        // Two passes over the descriptor table in all: the inode side is
+        // built during the block allocator's second.
+        let mut inodes = InodeStateBuilder::default();
+        let balloc = Arc::new(BlockAlloc::open_with(
+            rd,
+            descs.clone(),
             dirty.clone(),
             discard_opts.is_some(),
+            |_, d| inodes.add(&layout, d),
+        )?);
+        let ialloc = Arc::new(InodeAlloc::from_state(
+            descs.clone(),
+            balloc.clone(),
+            dirty,
+            inodes,
         ));
-        let ialloc = Arc::new(InodeAlloc::open(descs.clone(), balloc.clone(), dirty));
         let discard = match &discard_opts {
             Some(o) => Some(Discarder::new(
                 dev,
@@ -445,24 +458,18 @@ impl Filesystem {
         let mut images = Vec::with_capacity(dirty.len());
         for d in &dirty {
             let im = self.ialloc.render(rd, d)?;
-            images.push((d.group, im));
+            images.push(im);
         }
-        {
-            let mut info = self.info.write().unwrap_or_else(|e| e.into_inner());
-            for (g, im) in &images {
-                if let Some(slot) = info.descs.get_mut(*g as usize) {
-                    *slot = im.desc.clone();
-                }
-            }
-        }
-        for (_, im) in images {
+        // The read side reads descriptors through the cache: it sees the
+        // new ones once their blocks are changed below.
+        for im in images {
             for (blk, img) in [im.block_bitmap, im.inode_bitmap].into_iter().flatten() {
                 h.modify(blk, |b| b.copy_from_slice(&img))?;
             }
             desc_blocks.insert(im.desc_block);
         }
         for i in desc_blocks {
-            let (blk, img) = self.descs.block_image(i);
+            let (blk, img) = self.descs.block_image(rd, i)?;
             h.modify(blk, |b| b.copy_from_slice(&img))?;
         }
         let fb = self.balloc.free_blocks();
@@ -487,7 +494,7 @@ impl Filesystem {
             ));
         }
         let g = (ino - 1) / l.inodes_per_group;
-        let d = self.descs.get(g);
+        let d = self.descs.get(self.rw.blocks(), g)?;
         Ok(crate::inode::slot_location(
             d.inode_table(),
             (ino - 1) % l.inodes_per_group,

@@ -256,58 +256,134 @@ impl Layout {
     }
 }
 
-/// Read and check (checksum, locations inside the filesystem) every group
-/// descriptor of the primary table.
-pub fn read_descriptors(layout: &Layout, rd: &dyn BlockRead) -> Result<Vec<GroupDesc>, FsError> {
-    let mut out = Vec::with_capacity(layout.group_count as usize);
-    let ds = layout.desc_size;
-    let mut buf = vec![0u8; layout.block_size as usize];
-    for i in 0..layout.desc_blocks {
-        rd.read_block(layout.desc_block(i), &mut buf)?;
-        for k in 0..layout.desc_per_block {
-            let g = i * layout.desc_per_block + k;
-            if g >= layout.group_count {
-                break;
-            }
-            let off = k as usize * ds;
-            let d = GroupDesc::parse(&buf[off..off + ds])
-                .ok_or_else(|| FsError::corrupt("group descriptor", format!("group {g}")))?;
-            if !d.checksum_ok(&layout.csum, g, ds) {
-                return Err(FsError::corrupt(
-                    "group descriptor",
-                    format!("group {g}: checksum mismatch"),
-                ));
-            }
-            let itb = u64::from(layout.itable_blocks);
-            for (what, s, n) in [
-                ("block bitmap", d.block_bitmap(), 1),
-                ("inode bitmap", d.inode_bitmap(), 1),
-                ("inode table", d.inode_table(), itb),
-            ] {
-                if s < layout.first_data_block || s.saturating_add(n) > layout.blocks_count {
-                    return Err(FsError::corrupt(
-                        "group descriptor",
-                        format!("group {g}: {what} at block {s} is outside the filesystem"),
-                    ));
-                }
-            }
-            if d.free_blocks() > layout.blocks_in_group(g) {
-                return Err(FsError::corrupt(
-                    "group descriptor",
-                    format!("group {g}: free blocks count {}", d.free_blocks()),
-                ));
-            }
-            if d.free_inodes() > layout.inodes_per_group
-                || d.itable_unused() > layout.inodes_per_group
-            {
-                return Err(FsError::corrupt(
-                    "group descriptor",
-                    format!("group {g}: free or unused inodes count too large"),
-                ));
-            }
-            out.push(d);
+/// Descriptor blocks read per request when the table is scanned.
+const SCAN_BLOCKS: u32 = 256;
+
+/// Visit descriptor blocks `0..nblocks` (block `i` lives at `loc(i)`),
+/// reading each physically contiguous run in large requests through
+/// [`BlockRead::read_blocks`] (at most [`SCAN_BLOCKS`] blocks, so memory
+/// stays bounded): `f(i, block number, bytes)`.
+pub fn scan_desc_blocks(
+    rd: &dyn BlockRead,
+    nblocks: u32,
+    loc: impl Fn(u32) -> u64,
+    mut f: impl FnMut(u32, u64, &[u8]) -> Result<(), FsError>,
+) -> Result<(), FsError> {
+    let bs = rd.block_size() as usize;
+    let mut buf = Vec::new();
+    let mut i = 0;
+    while i < nblocks {
+        let first = loc(i);
+        let mut n = 1;
+        while i + n < nblocks && n < SCAN_BLOCKS && loc(i + n) == first + u64::from(n) {
+            n += 1;
+        }
+        buf.resize(n as usize * bs, 0);
+        rd.read_blocks(first, &mut buf)?;
+        for (k, raw) in buf.chunks(bs).enumerate() {
+            f(i + k as u32, first + k as u64, raw)?;
+        }
+        i += n;
+    }
+    Ok(())
+}
+
+/// Check one descriptor (checksum unless `csum` is false, locations inside
+/// the filesystem, counts that fit the group).
+fn check_desc(layout: &Layout, g: u32, d: &GroupDesc, csum: bool) -> Result<(), FsError> {
+    if csum && !d.checksum_ok(&layout.csum, g, layout.desc_size) {
+        return Err(FsError::corrupt(
+            "group descriptor",
+            format!("group {g}: checksum mismatch"),
+        ));
+    }
+    let itb = u64::from(layout.itable_blocks);
+    for (what, s, n) in [
+        ("block bitmap", d.block_bitmap(), 1),
+        ("inode bitmap", d.inode_bitmap(), 1),
+        ("inode table", d.inode_table(), itb),
+    ] {
+        if s < layout.first_data_block || s.saturating_add(n) > layout.blocks_count {
+            return Err(FsError::corrupt(
+                "group descriptor",
+                format!("group {g}: {what} at block {s} is outside the filesystem"),
+            ));
         }
     }
+    if d.free_blocks() > layout.blocks_in_group(g) {
+        return Err(FsError::corrupt(
+            "group descriptor",
+            format!("group {g}: free blocks count {}", d.free_blocks()),
+        ));
+    }
+    if d.free_inodes() > layout.inodes_per_group || d.itable_unused() > layout.inodes_per_group {
+        return Err(FsError::corrupt(
+            "group descriptor",
+            format!("group {g}: free or unused inodes count too large"),
+        ));
+    }
+    Ok(())
+}
+
+/// Visit every group descriptor of the primary table in group order,
+/// each checked (checksum, locations inside the filesystem, counts); the
+/// table is read in large sequential requests and never held whole.
+pub fn for_each_descriptor(
+    layout: &Layout,
+    rd: &dyn BlockRead,
+    f: impl FnMut(u32, &GroupDesc) -> Result<(), FsError>,
+) -> Result<(), FsError> {
+    scan_descriptors(layout, rd, true, f)
+}
+
+/// [`for_each_descriptor`] without the checksums, for a further pass over
+/// a table the caller has just checked (locations and counts are still
+/// checked: they are cheap and keep the numbers in range).
+pub fn for_each_descriptor_checked_before(
+    layout: &Layout,
+    rd: &dyn BlockRead,
+    f: impl FnMut(u32, &GroupDesc) -> Result<(), FsError>,
+) -> Result<(), FsError> {
+    scan_descriptors(layout, rd, false, f)
+}
+
+fn scan_descriptors(
+    layout: &Layout,
+    rd: &dyn BlockRead,
+    csum: bool,
+    mut f: impl FnMut(u32, &GroupDesc) -> Result<(), FsError>,
+) -> Result<(), FsError> {
+    let ds = layout.desc_size;
+    let per = layout.desc_per_block;
+    scan_desc_blocks(
+        rd,
+        layout.desc_blocks,
+        |i| layout.desc_block(i),
+        |i, _, raw| {
+            for k in 0..per {
+                let g = i * per + k;
+                if g >= layout.group_count {
+                    break;
+                }
+                let off = k as usize * ds;
+                let d = GroupDesc::parse(&raw[off..off + ds])
+                    .ok_or_else(|| FsError::corrupt("group descriptor", format!("group {g}")))?;
+                check_desc(layout, g, &d, csum)?;
+                f(g, &d)?;
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Read and check every group descriptor of the primary table (see
+/// [`for_each_descriptor`]; this one holds them all: tests and tools).
+pub fn read_descriptors(layout: &Layout, rd: &dyn BlockRead) -> Result<Vec<GroupDesc>, FsError> {
+    let mut out = Vec::with_capacity(layout.group_count as usize);
+    for_each_descriptor(layout, rd, |_, d| {
+        out.push(d.clone());
+        Ok(())
+    })?;
     Ok(out)
 }
 
@@ -362,29 +438,42 @@ impl DirtySet {
     }
 }
 
-/// The current group descriptors, in memory. Read once at open; the
-/// allocators' rendering ([`crate::ialloc::InodeAlloc::render_group`])
-/// writes each changed group's new descriptor back here, and
-/// [`DescTable::block_image`] serializes a whole descriptor block for the
-/// journal.
+/// Descriptor blocks whose parsed bytes [`DescTable`] keeps for
+/// untouched groups.
+const MEMO_BLOCKS: usize = 64;
+
+/// The current group descriptors. Only descriptors changed since open
+/// are held (the allocators' rendering,
+/// [`crate::ialloc::InodeAlloc::render_group`], stores each changed
+/// group's new descriptor here); an untouched group's descriptor is the
+/// one in the table on disk, read through the caller's [`BlockRead`]
+/// (the descriptors of a few recently read blocks are kept: they never
+/// change). Memory is bounded by the groups changed, not by the
+/// filesystem's size. [`DescTable::block_image`] serializes a whole
+/// descriptor block for the journal.
 #[derive(Debug)]
 pub struct DescTable {
     layout: Layout,
-    descs: std::sync::RwLock<Vec<GroupDesc>>,
+    changed: std::sync::RwLock<BTreeMap<u32, GroupDesc>>,
+    /// Descriptor block index -> its bytes as opened (untouched groups
+    /// only are ever taken from it).
+    memo: Mutex<std::collections::HashMap<u32, std::sync::Arc<[u8]>>>,
 }
 
 impl DescTable {
-    /// Read the primary descriptor table (checked, see [`read_descriptors`]).
+    /// Check the primary descriptor table (see [`for_each_descriptor`]);
+    /// nothing of it is kept.
     pub fn read(layout: Layout, rd: &dyn BlockRead) -> Result<Self, FsError> {
-        let descs = read_descriptors(&layout, rd)?;
-        Ok(Self::from_descs(layout, descs))
+        for_each_descriptor(&layout, rd, |_, _| Ok(()))?;
+        Ok(Self::new(layout))
     }
 
-    /// From descriptors the caller already has (one per group).
-    pub fn from_descs(layout: Layout, descs: Vec<GroupDesc>) -> Self {
+    /// Without reading anything: the caller has checked the table.
+    pub fn new(layout: Layout) -> Self {
         DescTable {
             layout,
-            descs: std::sync::RwLock::new(descs),
+            changed: std::sync::RwLock::new(BTreeMap::new()),
+            memo: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -392,42 +481,70 @@ impl DescTable {
         &self.layout
     }
 
-    /// A copy of group `g`'s current descriptor.
-    pub fn get(&self, g: u32) -> GroupDesc {
-        let v = self.descs.read().unwrap_or_else(|e| e.into_inner());
-        v.get(g as usize).cloned().unwrap_or_default()
+    fn base_block(&self, rd: &dyn BlockRead, i: u32) -> Result<std::sync::Arc<[u8]>, FsError> {
+        if let Some(b) = self.memo.lock().unwrap_or_else(|e| e.into_inner()).get(&i) {
+            return Ok(b.clone());
+        }
+        let b: std::sync::Arc<[u8]> = rd.block(self.layout.desc_block(i))?.into();
+        let mut m = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= MEMO_BLOCKS {
+            m.clear();
+        }
+        m.insert(i, b.clone());
+        Ok(b)
     }
 
-    /// A copy of every current descriptor.
-    pub fn snapshot(&self) -> Vec<GroupDesc> {
-        self.with_all(<[GroupDesc]>::to_vec)
-    }
-
-    /// Run `f` over every current descriptor (read-locked, no copy).
-    pub fn with_all<R>(&self, f: impl FnOnce(&[GroupDesc]) -> R) -> R {
-        f(&self.descs.read().unwrap_or_else(|e| e.into_inner()))
+    /// Group `g`'s current descriptor.
+    pub fn get(&self, rd: &dyn BlockRead, g: u32) -> Result<GroupDesc, FsError> {
+        let l = &self.layout;
+        if g >= l.group_count {
+            return Err(FsError::InvalidRequest(format!("group {g} does not exist")));
+        }
+        if let Some(d) = self
+            .changed
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&g)
+        {
+            return Ok(d.clone());
+        }
+        let i = l.desc_block_of(g);
+        let b = self.base_block(rd, i)?;
+        let off = (g % l.desc_per_block) as usize * l.desc_size;
+        b.get(off..off + l.desc_size)
+            .and_then(GroupDesc::parse)
+            .ok_or_else(|| FsError::corrupt("group descriptor", format!("group {g}")))
     }
 
     /// Replace group `g`'s descriptor (the caller has set its checksum).
     pub fn set(&self, g: u32, d: GroupDesc) {
-        let mut v = self.descs.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(slot) = v.get_mut(g as usize) {
-            *slot = d;
+        if g < self.layout.group_count {
+            self.changed
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(g, d);
         }
     }
 
-    /// Descriptor block `i` as it must be written: `(block number, bytes)`.
-    /// Unused tail bytes of the last block are zero.
-    pub fn block_image(&self, i: u32) -> (u64, Vec<u8>) {
+    /// Number of descriptors held (changed since open).
+    pub fn changed_count(&self) -> usize {
+        self.changed.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Descriptor block `i` as it must be written: `(block number,
+    /// bytes)`: the block as `rd` has it with every changed descriptor
+    /// of it put in.
+    pub fn block_image(&self, rd: &dyn BlockRead, i: u32) -> Result<(u64, Vec<u8>), FsError> {
         let l = &self.layout;
-        let mut buf = vec![0u8; l.block_size as usize];
-        let v = self.descs.read().unwrap_or_else(|e| e.into_inner());
-        for k in 0..l.desc_per_block {
-            let g = i * l.desc_per_block + k;
-            let Some(d) = v.get(g as usize) else { break };
-            let off = k as usize * l.desc_size;
-            buf[off..off + l.desc_size].copy_from_slice(d.on_disk(l.desc_size));
+        let blk = l.desc_block(i);
+        let mut buf = rd.block(blk)?;
+        let first = i * l.desc_per_block;
+        let v = self.changed.read().unwrap_or_else(|e| e.into_inner());
+        for (&g, d) in v.range(first..first.saturating_add(l.desc_per_block)) {
+            let off = (g - first) as usize * l.desc_size;
+            let n = l.desc_size.min(64);
+            buf[off..off + n].copy_from_slice(d.on_disk(l.desc_size));
         }
-        (l.desc_block(i), buf)
+        Ok((blk, buf))
     }
 }

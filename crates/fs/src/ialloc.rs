@@ -23,14 +23,19 @@
 //! the guard lives, allocation skips the group, so no inode is handed out
 //! in a range being zeroed; [`ZeroingGuard::mark_zeroed`] records
 //! `ITABLE_ZEROED` (journal it after the zeros are durable).
+//!
+//! **Memory.** Per group one packed word (free inodes, directories,
+//! `bg_itable_unused`, flags: 8 bytes); an inode bitmap is held only for
+//! groups touched. Group locks are striped (`g % 64`).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT, BG_INODE_ZEROED, GroupDesc};
 
 use crate::balloc::BlockAlloc;
-use crate::groups::{DescTable, DirtySet, GroupDirty, Layout};
+use crate::groups::{DescTable, DirtySet, GroupDirty, Layout, for_each_descriptor_checked_before};
 use crate::{BlockRead, FsError};
 
 const ROOT_INO: u32 = 2;
@@ -39,20 +44,80 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-#[derive(Debug)]
-struct IGroup {
-    /// The inode bitmap (`ipg` bits) once read or materialized.
-    bitmap: Option<Vec<u8>>,
-    inode_uninit: bool,
-    zeroed: bool,
+/// Group lock stripes.
+const STRIPES: usize = 64;
+const M20: u64 = (1 << 20) - 1;
+
+/// A group's inode-side numbers, packed into one word (20 bits per
+/// count: groups hold at most 2^19 inodes). Changed only under the
+/// group's lock; read without it by the placement heuristics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct IState {
     free: u32,
     dirs: u32,
     unused: u32,
+    inode_uninit: bool,
+    zeroed: bool,
     /// Online lazy init is zeroing this group's table.
     zeroing: bool,
-    /// Set when the group's state was rendered from a read bitmap or
-    /// changed (the inode side must be rewritten).
+    /// The inode side changed (the bitmap must be rewritten).
     changed: bool,
+}
+
+impl IState {
+    fn pack(self) -> u64 {
+        (u64::from(self.free) & M20)
+            | (u64::from(self.dirs) & M20) << 20
+            | (u64::from(self.unused) & M20) << 40
+            | u64::from(self.inode_uninit) << 60
+            | u64::from(self.zeroed) << 61
+            | u64::from(self.zeroing) << 62
+            | u64::from(self.changed) << 63
+    }
+
+    fn unpack(w: u64) -> Self {
+        IState {
+            free: (w & M20) as u32,
+            dirs: (w >> 20 & M20) as u32,
+            unused: (w >> 40 & M20) as u32,
+            inode_uninit: w >> 60 & 1 != 0,
+            zeroed: w >> 61 & 1 != 0,
+            zeroing: w >> 62 & 1 != 0,
+            changed: w >> 63 & 1 != 0,
+        }
+    }
+}
+
+/// A locked group: its numbers and (once read or materialized) its inode
+/// bitmap (`ipg` bits), taken out of the shared map while locked.
+struct IGroup<'a> {
+    ia: &'a InodeAlloc,
+    g: u32,
+    st: IState,
+    bitmap: Option<Vec<u8>>,
+    _stripe: MutexGuard<'a, ()>,
+}
+
+impl std::ops::Deref for IGroup<'_> {
+    type Target = IState;
+    fn deref(&self) -> &IState {
+        &self.st
+    }
+}
+
+impl std::ops::DerefMut for IGroup<'_> {
+    fn deref_mut(&mut self) -> &mut IState {
+        &mut self.st
+    }
+}
+
+impl Drop for IGroup<'_> {
+    fn drop(&mut self) {
+        self.ia.state[self.g as usize].store(self.st.pack(), Ordering::Relaxed);
+        if let Some(b) = self.bitmap.take() {
+            lock(&self.ia.bitmaps).insert(self.g, b);
+        }
+    }
 }
 
 /// One allocated inode.
@@ -80,6 +145,38 @@ pub struct GroupImages {
     pub desc_block: u32,
 }
 
+/// The inode side of every group, from descriptors given in group order
+/// (see [`InodeAlloc::from_state`]).
+#[derive(Debug, Default)]
+pub struct InodeStateBuilder {
+    state: Vec<AtomicU64>,
+    free: u64,
+    dirs: u64,
+}
+
+impl InodeStateBuilder {
+    /// The next group's descriptor (checked by the caller's pass).
+    pub fn add(&mut self, layout: &Layout, d: &GroupDesc) {
+        let csum = layout.group_csum;
+        let st = IState {
+            free: d.free_inodes().min(layout.inodes_per_group),
+            dirs: d.used_dirs().min(layout.inodes_per_group),
+            unused: if csum {
+                d.itable_unused().min(layout.inodes_per_group)
+            } else {
+                0
+            },
+            inode_uninit: csum && d.flags() & BG_INODE_UNINIT != 0,
+            zeroed: d.flags() & BG_INODE_ZEROED != 0,
+            zeroing: false,
+            changed: false,
+        };
+        self.free += u64::from(st.free);
+        self.dirs += u64::from(st.dirs);
+        self.state.push(AtomicU64::new(st.pack()));
+    }
+}
+
 /// The inode allocator; also the one place that renders a group's
 /// descriptor from both allocators' state.
 #[derive(Debug)]
@@ -88,9 +185,11 @@ pub struct InodeAlloc {
     descs: Arc<DescTable>,
     balloc: Arc<BlockAlloc>,
     dirty: Arc<DirtySet>,
-    groups: Vec<Mutex<IGroup>>,
-    free_in: Vec<AtomicU32>,
-    dirs_in: Vec<AtomicU32>,
+    /// [`IState`] of each group, packed.
+    state: Vec<AtomicU64>,
+    stripes: Vec<Mutex<()>>,
+    /// Inode bitmaps of the groups touched so far.
+    bitmaps: Mutex<HashMap<u32, Vec<u8>>>,
     free_total: AtomicU64,
     dirs_total: AtomicU64,
     bitmap_reads: AtomicU64,
@@ -99,48 +198,70 @@ pub struct InodeAlloc {
     spread: AtomicU32,
 }
 
+impl std::fmt::Debug for IGroup<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IGroup")
+            .field("g", &self.g)
+            .field("st", &self.st)
+            .finish_non_exhaustive()
+    }
+}
+
 impl InodeAlloc {
-    /// From the descriptors, without I/O. `dirty` must be the set the block
-    /// allocator was opened with.
-    pub fn open(descs: Arc<DescTable>, balloc: Arc<BlockAlloc>, dirty: Arc<DirtySet>) -> Self {
+    /// From the descriptor table: one streaming pass over it, no bitmap
+    /// read, no descriptor checksum (`balloc`'s open checked them).
+    /// `dirty` must be the set the block allocator was opened with.
+    pub fn open(
+        rd: &dyn BlockRead,
+        descs: Arc<DescTable>,
+        balloc: Arc<BlockAlloc>,
+        dirty: Arc<DirtySet>,
+    ) -> Result<Self, FsError> {
         let layout = descs.layout().clone();
-        let mut groups = Vec::with_capacity(layout.group_count as usize);
-        let mut free_in = Vec::with_capacity(layout.group_count as usize);
-        let mut dirs_in = Vec::with_capacity(layout.group_count as usize);
-        let (mut ft, mut dt) = (0u64, 0u64);
-        descs.with_all(|all| {
-            for d in all {
-                let csum = layout.group_csum;
-                let ig = IGroup {
-                    bitmap: None,
-                    inode_uninit: csum && d.flags() & BG_INODE_UNINIT != 0,
-                    zeroed: d.flags() & BG_INODE_ZEROED != 0,
-                    free: d.free_inodes(),
-                    dirs: d.used_dirs(),
-                    unused: if csum { d.itable_unused() } else { 0 },
-                    zeroing: false,
-                    changed: false,
-                };
-                ft += u64::from(ig.free);
-                dt += u64::from(ig.dirs);
-                free_in.push(AtomicU32::new(ig.free));
-                dirs_in.push(AtomicU32::new(ig.dirs));
-                groups.push(Mutex::new(ig));
-            }
-        });
+        let mut b = InodeStateBuilder::default();
+        for_each_descriptor_checked_before(&layout, rd, |_, d| {
+            b.add(&layout, d);
+            Ok(())
+        })?;
+        Ok(Self::from_state(descs, balloc, dirty, b))
+    }
+
+    /// From per-group state built during another pass over the table
+    /// (the block allocator's, [`BlockAlloc::open_with`]): one pass less.
+    pub fn from_state(
+        descs: Arc<DescTable>,
+        balloc: Arc<BlockAlloc>,
+        dirty: Arc<DirtySet>,
+        b: InodeStateBuilder,
+    ) -> Self {
         InodeAlloc {
-            layout,
+            layout: descs.layout().clone(),
             descs,
             balloc,
             dirty,
-            groups,
-            free_in,
-            dirs_in,
-            free_total: AtomicU64::new(ft),
-            dirs_total: AtomicU64::new(dt),
+            state: b.state,
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            bitmaps: Mutex::new(HashMap::new()),
+            free_total: AtomicU64::new(b.free),
+            dirs_total: AtomicU64::new(b.dirs),
             bitmap_reads: AtomicU64::new(0),
             spread: AtomicU32::new(0),
         }
+    }
+
+    /// Lock-free numbers of group `g`.
+    fn peek(&self, g: u32) -> IState {
+        IState::unpack(self.state[g as usize].load(Ordering::Relaxed))
+    }
+
+    /// Free inodes of group `g` (lock-free).
+    fn free_in(&self, g: u32) -> u32 {
+        self.peek(g).free
+    }
+
+    /// Groups whose inode bitmap is held (touched so far).
+    pub fn materialized_groups(&self) -> usize {
+        lock(&self.bitmaps).len()
     }
 
     /// Free inodes (the superblock's count).
@@ -158,11 +279,20 @@ impl InodeAlloc {
         self.bitmap_reads.load(Ordering::Relaxed)
     }
 
-    fn group(&self, g: u32) -> Result<MutexGuard<'_, IGroup>, FsError> {
-        self.groups
-            .get(g as usize)
-            .map(lock)
-            .ok_or_else(|| FsError::InvalidRequest(format!("group {g} does not exist")))
+    fn group(&self, g: u32) -> Result<IGroup<'_>, FsError> {
+        if g >= self.layout.group_count {
+            return Err(FsError::InvalidRequest(format!("group {g} does not exist")));
+        }
+        let stripe = lock(&self.stripes[g as usize % STRIPES]);
+        let st = IState::unpack(self.state[g as usize].load(Ordering::Relaxed));
+        let bitmap = lock(&self.bitmaps).remove(&g);
+        Ok(IGroup {
+            ia: self,
+            g,
+            st,
+            bitmap,
+            _stripe: stripe,
+        })
     }
 
     fn group_of(&self, ino: u32) -> Result<(u32, u32), FsError> {
@@ -176,7 +306,7 @@ impl InodeAlloc {
     }
 
     /// Read (or materialize) group `g`'s inode bitmap; group locked.
-    fn load(&self, rd: &dyn BlockRead, g: u32, ig: &mut IGroup) -> Result<(), FsError> {
+    fn load(&self, rd: &dyn BlockRead, g: u32, ig: &mut IGroup<'_>) -> Result<(), FsError> {
         if ig.bitmap.is_some() {
             return Ok(());
         }
@@ -185,7 +315,7 @@ impl InodeAlloc {
             ig.bitmap = Some(vec![0u8; n]);
             return Ok(());
         }
-        let d = self.descs.get(g);
+        let d = self.descs.get(rd, g)?;
         let buf = rd.block(d.inode_bitmap())?;
         self.bitmap_reads.fetch_add(1, Ordering::Relaxed);
         if !self.layout.bitmap_csum_ok(d.inode_bitmap_csum(), &buf[..n]) {
@@ -252,8 +382,9 @@ impl InodeAlloc {
         let fs = self.layout.flex_size;
         let (mut fi, mut fb, mut dirs) = (0, 0, 0);
         for g in f * fs..((f + 1) * fs).min(self.layout.group_count) {
-            fi += u64::from(self.free_in[g as usize].load(Ordering::Relaxed));
-            dirs += u64::from(self.dirs_in[g as usize].load(Ordering::Relaxed));
+            let st = self.peek(g);
+            fi += u64::from(st.free);
+            dirs += u64::from(st.dirs);
             fb += u64::from(self.balloc.group_available(g));
         }
         (fi, fb, dirs)
@@ -262,8 +393,7 @@ impl InodeAlloc {
     /// Groups of flex group `f` with free inodes, in order.
     fn flex_members(&self, f: u32) -> impl Iterator<Item = u32> + '_ {
         let fs = self.layout.flex_size;
-        (f * fs..((f + 1) * fs).min(self.layout.group_count))
-            .filter(|&g| self.free_in[g as usize].load(Ordering::Relaxed) > 0)
+        (f * fs..((f + 1) * fs).min(self.layout.group_count)).filter(|&g| self.free_in(g) > 0)
     }
 
     /// Candidate groups for a directory (simplified `find_group_orlov`).
@@ -319,7 +449,7 @@ impl InodeAlloc {
         (0..n)
             .map(|i| (pg + i) % n)
             .filter(|&g| {
-                let f = u64::from(self.free_in[g as usize].load(Ordering::Relaxed));
+                let f = u64::from(self.free_in(g));
                 f > 0 && f >= avg
             })
             .take(4)
@@ -335,21 +465,14 @@ impl InodeAlloc {
         if l.flex_size > 1 {
             let first = pg - pg % l.flex_size;
             let last = (first + l.flex_size).min(n);
-            v.extend(
-                (pg..last)
-                    .chain(first..pg)
-                    .filter(|&g| self.free_in[g as usize].load(Ordering::Relaxed) > 0),
-            );
+            v.extend((pg..last).chain(first..pg).filter(|&g| self.free_in(g) > 0));
             if !v.is_empty() {
                 return v;
             }
             // The next flex group with room, Orlov-style.
             return self.orlov(parent.max(ROOT_INO + 1), last % n);
         }
-        let has = |g: u32| {
-            self.free_in[g as usize].load(Ordering::Relaxed) > 0
-                && self.balloc.group_available(g) > 0
-        };
+        let has = |g: u32| self.free_in(g) > 0 && self.balloc.group_available(g) > 0;
         if has(pg) {
             v.push(pg);
         }
@@ -388,7 +511,7 @@ impl InodeAlloc {
         // The lowest free slot that is a usable inode number.
         let first = if g == 0 { l.first_ino - 1 } else { 0 };
         let bm = ig.bitmap.as_deref().unwrap_or(&[]);
-        let Some(i) = (first..ipg).find(|&i| bm[(i / 8) as usize] & (1 << (i % 8)) == 0) else {
+        let Some(i) = lowest_clear(bm, first, ipg) else {
             return Ok(None);
         };
         if l.group_csum && i > watermark && !ig.zeroed {
@@ -415,8 +538,6 @@ impl InodeAlloc {
         ig.inode_uninit = false;
         ig.changed = true;
         self.free_total.fetch_sub(1, Ordering::Relaxed);
-        self.free_in[g as usize].store(ig.free, Ordering::Relaxed);
-        self.dirs_in[g as usize].store(ig.dirs, Ordering::Relaxed);
         drop(ig);
         if l.group_csum {
             self.balloc.init_group(g)?;
@@ -460,8 +581,6 @@ impl InodeAlloc {
         }
         ig.changed = true;
         self.free_total.fetch_add(1, Ordering::Relaxed);
-        self.free_in[g as usize].store(ig.free, Ordering::Relaxed);
-        self.dirs_in[g as usize].store(ig.dirs, Ordering::Relaxed);
         drop(ig);
         self.dirty.mark(g, false, true);
         Ok(())
@@ -483,7 +602,12 @@ impl InodeAlloc {
     /// finish; returns the first table block past the watermark (the
     /// kernel's zeroing start). Allocation skips the group until the guard
     /// is dropped.
-    pub fn lock_group_for_zeroing(&self, g: u32) -> Result<ZeroingGuard<'_>, FsError> {
+    pub fn lock_group_for_zeroing(
+        &self,
+        rd: &dyn BlockRead,
+        g: u32,
+    ) -> Result<ZeroingGuard<'_>, FsError> {
+        let table = self.descs.get(rd, g)?.inode_table();
         let mut ig = self.group(g)?;
         if ig.zeroing {
             return Err(FsError::InvalidRequest(format!(
@@ -497,13 +621,12 @@ impl InodeAlloc {
         } else {
             l.inodes_per_group.saturating_sub(ig.unused)
         };
-        let first =
-            self.descs.get(g).inode_table() + u64::from(used.div_ceil(l.inodes_per_block()));
+        let first = table + u64::from(used.div_ceil(l.inodes_per_block()));
         Ok(ZeroingGuard {
             ia: self,
             group: g,
             zero_from: first,
-            zero_end: self.descs.get(g).inode_table() + u64::from(l.itable_blocks),
+            zero_end: table + u64::from(l.itable_blocks),
         })
     }
 
@@ -532,7 +655,7 @@ impl InodeAlloc {
         inode_side: bool,
     ) -> Result<GroupImages, FsError> {
         let l = &self.layout;
-        let mut d = self.descs.get(g);
+        let mut d = self.descs.get(rd, g)?;
         let bs = self.balloc.render(rd, g, block_side)?;
         let mut flags = d.flags();
         d.set_free_blocks(bs.free_blocks);
@@ -586,6 +709,23 @@ impl InodeAlloc {
     }
 }
 
+/// The lowest clear bit of `bm` in `from..end`, skipping full bytes.
+fn lowest_clear(bm: &[u8], from: u32, end: u32) -> Option<u32> {
+    let mut i = from;
+    while i < end {
+        let byte = *bm.get((i / 8) as usize)?;
+        if byte == 0xFF && i.is_multiple_of(8) {
+            i += 8;
+            continue;
+        }
+        if byte & (1 << (i % 8)) == 0 {
+            return Some(i);
+        }
+        i += 1;
+    }
+    None
+}
+
 /// See [`InodeAlloc::lock_group_for_zeroing`].
 #[derive(Debug)]
 pub struct ZeroingGuard<'a> {
@@ -601,16 +741,17 @@ impl ZeroingGuard<'_> {
     /// The zeros are durable: record `ITABLE_ZEROED` (the group becomes
     /// dirty; journal its descriptor).
     pub fn mark_zeroed(self) {
-        let mut ig = lock(&self.ia.groups[self.group as usize]);
-        ig.zeroed = true;
-        drop(ig);
+        if let Ok(mut ig) = self.ia.group(self.group) {
+            ig.zeroed = true;
+        }
         self.ia.dirty.mark(self.group, false, false);
     }
 }
 
 impl Drop for ZeroingGuard<'_> {
     fn drop(&mut self) {
-        let mut ig = lock(&self.ia.groups[self.group as usize]);
-        ig.zeroing = false;
+        if let Ok(mut ig) = self.ia.group(self.group) {
+            ig.zeroing = false;
+        }
     }
 }

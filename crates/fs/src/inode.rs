@@ -182,7 +182,7 @@ impl Fs<'_> {
         }
         let g = (ino - 1) / info.inodes_per_group;
         let idx = (ino - 1) % info.inodes_per_group;
-        let desc = &info.descs[g as usize];
+        let desc = self.group_desc(g)?;
         if info.has_group_csum()
             && (desc.flags() & BG_INODE_UNINIT != 0
                 || idx >= info.inodes_per_group.saturating_sub(desc.itable_unused()))

@@ -36,6 +36,9 @@ pub mod sb;
 pub mod xattr;
 pub mod xattr_write;
 
+#[cfg(test)]
+mod scale_tests;
+
 use std::collections::HashMap;
 
 use ext4kit_device::Device;
@@ -60,6 +63,29 @@ pub trait BlockRead: Send + Sync {
         self.read_block(blk, &mut buf)?;
         Ok(buf)
     }
+
+    /// Read `buf.len() / block_size()` consecutive blocks from `start`
+    /// into `buf`. Sources that can override this with one large read
+    /// (a run of blocks nobody holds a newer image of); the default reads
+    /// block by block.
+    fn read_blocks(&self, start: u64, buf: &mut [u8]) -> Result<(), FsError> {
+        let bs = self.block_size() as usize;
+        for (i, chunk) in buf.chunks_mut(bs).enumerate() {
+            self.read_block(start + i as u64, chunk)?;
+        }
+        Ok(())
+    }
+}
+
+/// Check that `n` blocks from `start` lie below `count`.
+pub(crate) fn run_in_range(start: u64, n: u64, count: u64) -> Result<(), FsError> {
+    if start.checked_add(n).is_none_or(|e| e > count) {
+        return Err(FsError::BlockOutOfRange {
+            block: start.saturating_add(n).saturating_sub(1).max(start),
+            count,
+        });
+    }
+    Ok(())
 }
 
 /// Blocks straight from a device, optionally with an overlay of block
@@ -117,6 +143,21 @@ impl BlockRead for DeviceBlocks<'_> {
             return Ok(());
         }
         self.dev.read_at(buf, blk * u64::from(self.block_size))?;
+        Ok(())
+    }
+
+    fn read_blocks(&self, start: u64, buf: &mut [u8]) -> Result<(), FsError> {
+        let bs = u64::from(self.block_size);
+        let n = buf.len() as u64 / bs;
+        run_in_range(start, n, self.block_count)?;
+        if self.overlay.keys().any(|&b| b >= start && b < start + n) {
+            let bs = bs as usize;
+            for (i, chunk) in buf.chunks_mut(bs).enumerate() {
+                self.read_block(start + i as u64, chunk)?;
+            }
+            return Ok(());
+        }
+        self.dev.read_at(buf, start * bs)?;
         Ok(())
     }
 }

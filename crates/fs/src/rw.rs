@@ -374,20 +374,28 @@ pub fn summary_counts(blocks: &dyn BlockRead, sb: &Superblock) -> Result<(u64, u
     let groups = (sb.blocks_count() - first).div_ceil(bpg);
     let per_block = bs / desc;
     let (mut fb, mut fi) = (0u64, 0u64);
-    for gdt in 0..groups.div_ceil(per_block) {
-        let b = blocks.block(first + 1 + gdt)?;
-        for k in 0..per_block {
-            let g = gdt * per_block + k;
-            if g >= groups {
-                break;
+    let nblocks = u32::try_from(groups.div_ceil(per_block))
+        .map_err(|_| FsError::corrupt("superblock", format!("{groups} block groups")))?;
+    // One large read per run of the table, not one per block.
+    crate::groups::scan_desc_blocks(
+        blocks,
+        nblocks,
+        |i| first + 1 + u64::from(i),
+        |gdt, _, b| {
+            for k in 0..per_block {
+                let g = u64::from(gdt) * per_block + k;
+                if g >= groups {
+                    break;
+                }
+                let o = (k * desc) as usize;
+                let gd = GroupDesc::parse(&b[o..o + desc as usize])
+                    .ok_or_else(|| FsError::corrupt("group descriptor", format!("group {g}")))?;
+                fb += u64::from(gd.free_blocks());
+                fi += u64::from(gd.free_inodes());
             }
-            let o = (k * desc) as usize;
-            let gd = GroupDesc::parse(&b[o..o + desc as usize])
-                .ok_or_else(|| FsError::corrupt("group descriptor", format!("group {g}")))?;
-            fb += u64::from(gd.free_blocks());
-            fi += u64::from(gd.free_inodes());
-        }
-    }
+            Ok(())
+        },
+    )?;
     Ok((fb, u32::try_from(fi).unwrap_or(u32::MAX)))
 }
 

@@ -62,9 +62,10 @@ pub struct FsInfo {
     pub inode_size: u16,
     pub first_ino: u32,
     pub desc_size: u16,
+    /// Block groups. Their descriptors are checked at load and then read
+    /// when needed ([`FsInfo::group_desc`], [`Fs::group_desc`]): nothing
+    /// per group is held, so memory does not grow with the filesystem.
     pub groups: u32,
-    /// One descriptor per group (checksums verified).
-    pub descs: Vec<GroupDesc>,
     /// `s_hash_seed`.
     pub hash_seed: [u8; 16],
     /// `s_def_hash_version`.
@@ -114,14 +115,20 @@ pub fn group_has_super(features: &Features, g: u32) -> bool {
 impl FsInfo {
     /// Read and validate the superblock and descriptors through `blocks`.
     pub fn load(blocks: &dyn BlockRead) -> Result<FsInfo, FsError> {
+        let info = Self::load_superblock(blocks)?;
+        Self::with_descriptors(info, blocks)
+    }
+
+    /// Read and validate the superblock through `blocks`; the descriptors
+    /// are not read (the caller checks them its own way).
+    pub fn load_superblock(blocks: &dyn BlockRead) -> Result<FsInfo, FsError> {
         let bs = blocks.block_size();
         let sb_blk = SUPERBLOCK_OFFSET / u64::from(bs);
         let off = (SUPERBLOCK_OFFSET % u64::from(bs)) as usize;
         let raw = blocks.block(sb_blk)?;
         let sb = Superblock::parse(raw.get(off..off + SUPERBLOCK_SIZE).unwrap_or(&[]))
             .ok_or_else(|| corrupt("superblock", "short block"))?;
-        let info = Self::from_superblock(sb, blocks.block_count())?;
-        Self::with_descriptors(info, blocks)
+        Self::from_superblock(sb, blocks.block_count())
     }
 
     /// Validate the superblock alone (no descriptors yet); `dev_blocks` is
@@ -251,7 +258,6 @@ impl FsInfo {
             first_ino,
             desc_size,
             groups,
-            descs: Vec::new(),
             hash_seed: sb.s_hash_seed,
             def_hash_version: sb.s_def_hash_version,
             unsigned_hash: sb.s_flags.get() & FLAG_UNSIGNED_HASH != 0,
@@ -283,55 +289,82 @@ impl FsInfo {
         }
     }
 
-    fn with_descriptors(mut self, blocks: &dyn BlockRead) -> Result<FsInfo, FsError> {
+    /// Check every descriptor (checksum, locations inside the
+    /// filesystem), reading the table in large sequential requests.
+    fn with_descriptors(self, blocks: &dyn BlockRead) -> Result<FsInfo, FsError> {
         let per = self.descs_per_block();
         let nblocks = self.groups.div_ceil(per);
         let ds = usize::from(self.desc_size);
-        let mut descs = Vec::with_capacity(self.groups as usize);
-        for i in 0..nblocks {
-            let blk = self.desc_block(i);
-            let raw = blocks.block(blk)?;
-            for j in 0..per {
-                let g = i * per + j;
-                if g >= self.groups {
-                    break;
-                }
-                let bytes = &raw[j as usize * ds..(j as usize + 1) * ds];
-                let d = GroupDesc::parse(bytes)
-                    .ok_or_else(|| corrupt("group descriptor", format!("group {g}")))?;
-                // The checksum covers the whole s_desc_size bytes.
-                let ok = !(self.csum.metadata || self.csum.gdt)
-                    || self.csum.group_desc(g, bytes) == d.bg_checksum.get();
-                if !ok {
-                    return Err(corrupt(
-                        "group descriptor",
-                        format!("group {g} (block {blk}): checksum does not match"),
-                    ));
-                }
-                descs.push(d);
-            }
-        }
         let itb = u64::from(self.inodes_per_group) * u64::from(self.inode_size)
             / u64::from(self.block_size);
-        for (g, d) in descs.iter().enumerate() {
-            let lo = self.first_data_block;
-            let hi = self.blocks_count;
-            let bad = |b: u64, n: u64| b < lo || b.checked_add(n).is_none_or(|e| e > hi);
-            if bad(d.block_bitmap(), 1) || bad(d.inode_bitmap(), 1) || bad(d.inode_table(), itb) {
-                return Err(corrupt(
-                    "group descriptor",
-                    format!(
-                        "group {g}: bitmap or inode table outside the filesystem \
-                         (block bitmap {}, inode bitmap {}, table {})",
-                        d.block_bitmap(),
-                        d.inode_bitmap(),
-                        d.inode_table()
-                    ),
-                ));
-            }
-        }
-        self.descs = descs;
+        crate::groups::scan_desc_blocks(
+            blocks,
+            nblocks,
+            |i| self.desc_block(i),
+            |i, blk, raw| {
+                for j in 0..per {
+                    let g = i * per + j;
+                    if g >= self.groups {
+                        break;
+                    }
+                    let bytes = &raw[j as usize * ds..(j as usize + 1) * ds];
+                    self.check_desc(g, blk, bytes, itb)?;
+                }
+                Ok(())
+            },
+        )?;
         Ok(self)
+    }
+
+    fn check_desc(&self, g: u32, blk: u64, bytes: &[u8], itb: u64) -> Result<GroupDesc, FsError> {
+        let d = GroupDesc::parse(bytes)
+            .ok_or_else(|| corrupt("group descriptor", format!("group {g}")))?;
+        // The checksum covers the whole s_desc_size bytes.
+        let ok = !(self.csum.metadata || self.csum.gdt)
+            || self.csum.group_desc(g, bytes) == d.bg_checksum.get();
+        if !ok {
+            return Err(corrupt(
+                "group descriptor",
+                format!("group {g} (block {blk}): checksum does not match"),
+            ));
+        }
+        let lo = self.first_data_block;
+        let hi = self.blocks_count;
+        let bad = |b: u64, n: u64| b < lo || b.checked_add(n).is_none_or(|e| e > hi);
+        if bad(d.block_bitmap(), 1) || bad(d.inode_bitmap(), 1) || bad(d.inode_table(), itb) {
+            return Err(corrupt(
+                "group descriptor",
+                format!(
+                    "group {g}: bitmap or inode table outside the filesystem \
+                     (block bitmap {}, inode bitmap {}, table {})",
+                    d.block_bitmap(),
+                    d.inode_bitmap(),
+                    d.inode_table()
+                ),
+            ));
+        }
+        Ok(d)
+    }
+
+    /// Group `g`'s descriptor as `blocks` has it now, checked as at load.
+    pub fn group_desc(&self, blocks: &dyn BlockRead, g: u32) -> Result<GroupDesc, FsError> {
+        if g >= self.groups {
+            return Err(corrupt(
+                "group number",
+                format!("{g} is outside 0..{}", self.groups),
+            ));
+        }
+        let per = self.descs_per_block();
+        let ds = usize::from(self.desc_size);
+        let blk = self.desc_block(g / per);
+        let raw = blocks.block(blk)?;
+        let off = (g % per) as usize * ds;
+        let bytes = raw
+            .get(off..off + ds)
+            .ok_or_else(|| corrupt("group descriptor", format!("group {g}")))?;
+        let itb = u64::from(self.inodes_per_group) * u64::from(self.inode_size)
+            / u64::from(self.block_size);
+        self.check_desc(g, blk, bytes, itb)
     }
 
     /// Is `blk..blk+len` inside the filesystem's data area?
@@ -419,6 +452,11 @@ impl<'a> Fs<'a> {
         self.blocks.block(blk)
     }
 
+    /// Group `g`'s current descriptor (checked).
+    pub fn group_desc(&self, g: u32) -> Result<GroupDesc, FsError> {
+        self.info.group_desc(self.blocks, g)
+    }
+
     /// A parsed copy of the on-disk inode (for writers that need it).
     pub fn disk_inode(&self, raw: &[u8]) -> Option<Inode> {
         Inode::parse(raw)
@@ -475,7 +513,7 @@ mod tests {
     fn damage_is_named() {
         let dev = image();
         let vol = Volume::open(&dev).unwrap();
-        let table = vol.info.descs[0].inode_table();
+        let table = vol.fs().group_desc(0).unwrap().inode_table();
         let bs = u64::from(vol.info.block_size);
         let root_dir_blk = vol.fs().file_map(&vol.fs().root().unwrap()).unwrap()[0].pblk;
         drop(vol);

@@ -470,18 +470,22 @@ impl FuseFs {
             }
             Backend::Ro(v) => {
                 let sb = &v.info.sb;
-                let bfree: u64 = v
-                    .info
-                    .descs
-                    .iter()
-                    .map(|d| u64::from(d.free_blocks()))
-                    .sum();
-                let ffree: u64 = v
-                    .info
-                    .descs
-                    .iter()
-                    .map(|d| u64::from(d.free_inodes()))
-                    .sum();
+                // Read-only: the descriptors' counts (read per call; the
+                // read side holds no table).
+                let (bfree, ffree) = self
+                    .s
+                    .backend
+                    .read(|f| -> Result<(u64, u64), FsError> {
+                        let mut b = 0u64;
+                        let mut i = 0u64;
+                        for g in 0..f.info.groups {
+                            let d = f.group_desc(g)?;
+                            b += u64::from(d.free_blocks());
+                            i += u64::from(d.free_inodes());
+                        }
+                        Ok((b, i))
+                    })
+                    .map_err(|e| errno(&e))?;
                 (
                     sb.blocks_count(),
                     bfree,

@@ -35,21 +35,34 @@
 //! [`BlockAlloc::claim_for_discard`] takes allocatable ranges out of use
 //! for a discard that is not a commit's (the reconciler, fstrim).
 //!
-//! Locks: one mutex per group, one for the index, one for the busy log;
-//! order group → index → busy log; searches hold only the index.
+//! **Memory.** Per group the allocator keeps one packed word (free count
+//! on disk, allocatable count, longest range, flags: 8 bytes) and its
+//! entry in the index; the free ranges themselves exist only for groups
+//! a search, an allocation or a free has touched (a group known from the
+//! layout is materialized from it then). Group descriptors are read
+//! through the [`DescTable`] when needed, not kept. So memory grows with
+//! the groups used, not with the filesystem's size.
+//!
+//! Locks: group locks are striped (group `g` takes stripe `g % 64`; two
+//! groups are locked in ascending stripe order), then the index, then the
+//! busy log; the map of materialized ranges is taken only briefly; searches
+//! hold only the index.
 
 pub mod extents;
 pub mod layout;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, GroupDesc};
 use ext4kit_format::jbd2::tid_geq;
 
-use crate::groups::{DescTable, DirtySet, GroupDirty, Layout};
+use crate::groups::{
+    DescTable, DirtySet, GroupDirty, Layout, for_each_descriptor,
+    for_each_descriptor_checked_before,
+};
 use crate::{BlockRead, FsError};
 use extents::ExtentSet;
 
@@ -57,6 +70,8 @@ use extents::ExtentSet;
 const ORDERS: usize = 32;
 /// Groups of the "maybe" order probed before moving to sure fits.
 const PROBE: usize = 16;
+/// Group lock stripes.
+const STRIPES: usize = 64;
 
 fn order(x: u32) -> usize {
     debug_assert!(x > 0);
@@ -125,27 +140,96 @@ enum Key {
     Unread(usize),
 }
 
-#[derive(Debug)]
-struct BGroup {
+/// A group's numbers, packed into one word per group (20 bits per count:
+/// groups hold at most 2^19 blocks). Changed only under the group's lock;
+/// read without it by the searches and heuristics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct GState {
+    /// Free count on disk: the descriptor's while unread.
+    disk_free: u32,
+    /// Allocatable blocks (free on disk and not busy); `disk_free` while
+    /// unread.
+    avail: u32,
+    /// Longest allocatable range (0 while unread).
+    largest: u32,
     /// Free ranges known (from the layout or a read bitmap).
     ready: bool,
+    /// The descriptor still says BLOCK_UNINIT.
+    block_uninit: bool,
+    /// Known from the layout by the BLOCK_UNINIT rule (only the group's
+    /// own bitmaps and table are in use).
+    own_only: bool,
+}
+
+const M20: u64 = (1 << 20) - 1;
+
+impl GState {
+    fn pack(self) -> u64 {
+        (u64::from(self.disk_free) & M20)
+            | (u64::from(self.avail) & M20) << 20
+            | (u64::from(self.largest) & M20) << 40
+            | u64::from(self.ready) << 60
+            | u64::from(self.block_uninit) << 61
+            | u64::from(self.own_only) << 62
+    }
+
+    fn unpack(w: u64) -> Self {
+        GState {
+            disk_free: (w & M20) as u32,
+            avail: (w >> 20 & M20) as u32,
+            largest: (w >> 40 & M20) as u32,
+            ready: w >> 60 & 1 != 0,
+            block_uninit: w >> 61 & 1 != 0,
+            own_only: w >> 62 & 1 != 0,
+        }
+    }
+}
+
+/// The free ranges of a group that has been touched.
+#[derive(Debug, Default)]
+struct Sets {
     /// Allocatable ranges (free on disk and not busy).
     avail: ExtentSet,
     /// Free on disk but waiting for a commit or a discard.
     busy: ExtentSet,
-    /// Free count on disk: the descriptor's while unread.
-    disk_free: u32,
-    /// The descriptor still says BLOCK_UNINIT.
-    block_uninit: bool,
-    key: Key,
 }
 
-impl BGroup {
-    fn avail_count(&self) -> u32 {
-        if self.ready {
-            self.avail.total() as u32
-        } else {
-            self.disk_free
+/// A locked group: its numbers and (once materialized) its ranges, taken
+/// out of the shared map while the lock is held and put back on drop.
+struct GroupGuard<'a> {
+    ba: &'a BlockAlloc,
+    g: u32,
+    st: GState,
+    /// The numbers the index files the group under.
+    filed: GState,
+    sets: Option<Sets>,
+    _stripe: Option<MutexGuard<'a, ()>>,
+}
+
+impl GroupGuard<'_> {
+    /// The ranges (empty if never materialized: callers materialize first
+    /// with [`BlockAlloc::ensure`]).
+    fn sets(&mut self) -> &mut Sets {
+        self.sets.get_or_insert_with(Sets::default)
+    }
+
+    /// Recompute the counts the ranges determine.
+    fn refresh(&mut self) {
+        if !self.st.ready {
+            self.st.avail = self.st.disk_free;
+            self.st.largest = 0;
+        } else if let Some(s) = &self.sets {
+            self.st.avail = s.avail.total() as u32;
+            self.st.largest = s.avail.largest();
+        }
+    }
+}
+
+impl Drop for GroupGuard<'_> {
+    fn drop(&mut self) {
+        self.ba.state[self.g as usize].store(self.st.pack(), Ordering::Relaxed);
+        if let Some(s) = self.sets.take() {
+            lock(&self.ba.sets).insert(self.g, s);
         }
     }
 }
@@ -177,18 +261,18 @@ const DISCARD_WAIT: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub struct BlockAlloc {
     layout: Layout,
-    /// Where each group's block bitmap is (never changes).
-    bitmap_at: Vec<u64>,
-    /// Block bitmap checksum of each descriptor at open.
-    disk_csum: Vec<u32>,
-    groups: Vec<Mutex<BGroup>>,
-    /// Longest allocatable range per group (0 while unread).
-    largest: Vec<AtomicU32>,
+    descs: Arc<DescTable>,
+    /// Every group's bitmaps and inode table, merged (a group known from
+    /// the layout is materialized from them).
+    runs: Vec<(u64, u64)>,
+    /// [`GState`] of each group, packed.
+    state: Vec<AtomicU64>,
+    stripes: Vec<Mutex<()>>,
+    /// Ranges of the groups touched so far.
+    sets: Mutex<HashMap<u32, Sets>>,
     /// Trimmed and nothing freed since (the kernel's in-memory
     /// `EXT4_MB_GRP_WAS_TRIMMED`); cleared by [`BlockAlloc::free`].
     trimmed: Vec<AtomicBool>,
-    /// Allocatable blocks per group (descriptor count while unread).
-    avail_in: Vec<AtomicU32>,
     index: Mutex<Index>,
     busy: Mutex<BusyLog>,
     /// Signalled when a discard finishes (see [`BlockAlloc::alloc`]).
@@ -202,82 +286,99 @@ pub struct BlockAlloc {
     from_layout: u64,
 }
 
+impl std::fmt::Debug for GroupGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupGuard")
+            .field("g", &self.g)
+            .field("st", &self.st)
+            .finish_non_exhaustive()
+    }
+}
+
 impl BlockAlloc {
-    /// Build the allocator from the descriptors, without any I/O.
+    /// Build the allocator from the descriptor table: two streaming passes
+    /// over it (the metadata runs, then each group's numbers), no bitmap
+    /// read, nothing per group but its packed word and index entry.
     /// `discard`: freed ranges stay busy after their commit until
     /// [`BlockAlloc::discarded`].
-    pub fn open(descs: &DescTable, dirty: Arc<DirtySet>, discard: bool) -> Self {
-        descs.with_all(|all| Self::build(descs.layout().clone(), all, dirty, discard))
+    pub fn open(
+        rd: &dyn BlockRead,
+        descs: Arc<DescTable>,
+        dirty: Arc<DirtySet>,
+        discard: bool,
+    ) -> Result<Self, FsError> {
+        Self::open_with(rd, descs, dirty, discard, |_, _| {})
     }
 
-    fn build(layout: Layout, all: &[GroupDesc], dirty: Arc<DirtySet>, discard: bool) -> Self {
+    /// [`BlockAlloc::open`], also handing every (checked) descriptor to
+    /// `also` in group order during its second pass (the inode
+    /// allocator's state is built there: one pass over the table less).
+    pub fn open_with(
+        rd: &dyn BlockRead,
+        descs: Arc<DescTable>,
+        dirty: Arc<DirtySet>,
+        discard: bool,
+        mut also: impl FnMut(u32, &GroupDesc),
+    ) -> Result<Self, FsError> {
+        let layout = descs.layout().clone();
+        let mut rb = layout::RunsBuilder::default();
+        for_each_descriptor(&layout, rd, |_, d| {
+            rb.add(&layout, d);
+            Ok(())
+        })?;
+        let runs = rb.finish();
         let n = layout.group_count as usize;
-        let runs = layout::metadata_runs(&layout, all);
-        let mut groups = Vec::with_capacity(n);
-        let mut largest = Vec::with_capacity(n);
-        let mut avail_in = Vec::with_capacity(n);
+        let mut state = Vec::with_capacity(n);
         // Groups come in order: collect, then build each set in bulk.
         let mut ready: Vec<Vec<u32>> = vec![Vec::new(); ORDERS];
         let mut unread: Vec<Vec<u32>> = vec![Vec::new(); ORDERS];
         let mut total = 0u64;
         let mut from_layout = 0;
-        for (g, d) in all.iter().enumerate() {
-            let g = g as u32;
+        for_each_descriptor_checked_before(&layout, rd, |g, d| {
+            also(g, d);
             let uninit = layout.group_csum && d.flags() & BG_BLOCK_UNINIT != 0;
-            let free_set = if uninit {
-                Some(layout::layout_free(&layout, g, d, &runs, true))
-            } else {
-                let s = layout::layout_free(&layout, g, d, &runs, false);
-                (s.total() == u64::from(d.free_blocks())).then_some(s)
-            };
-            let mut bg = match free_set {
-                Some(s) => {
-                    from_layout += 1;
-                    BGroup {
-                        ready: true,
-                        disk_free: s.total() as u32,
-                        avail: s,
-                        busy: ExtentSet::new(),
-                        block_uninit: uninit,
-                        key: Key::None,
-                    }
+            let (free, largest) = layout::layout_stats(&layout, g, d, &runs, uninit);
+            let st = if uninit || free == d.free_blocks() {
+                from_layout += 1;
+                GState {
+                    disk_free: free,
+                    avail: free,
+                    largest,
+                    ready: true,
+                    block_uninit: uninit,
+                    own_only: uninit,
                 }
-                None => BGroup {
-                    ready: false,
-                    avail: ExtentSet::new(),
-                    busy: ExtentSet::new(),
+            } else {
+                GState {
                     disk_free: d.free_blocks(),
+                    avail: d.free_blocks(),
+                    largest: 0,
+                    ready: false,
                     block_uninit: false,
-                    key: Key::None,
-                },
+                    own_only: false,
+                }
             };
-            bg.key = key_of(&bg);
-            match bg.key {
+            match key_of(&st) {
                 Key::Ready(o) => ready[o].push(g),
                 Key::Unread(o) => unread[o].push(g),
                 Key::None => {}
             }
-            total += u64::from(bg.avail_count());
-            largest.push(AtomicU32::new(if bg.ready {
-                bg.avail.largest()
-            } else {
-                0
-            }));
-            avail_in.push(AtomicU32::new(bg.avail_count()));
-            groups.push(Mutex::new(bg));
-        }
+            total += u64::from(st.avail);
+            state.push(AtomicU64::new(st.pack()));
+            Ok(())
+        })?;
         let index = Index {
             ready: ready.into_iter().map(BTreeSet::from_iter).collect(),
             unread: unread.into_iter().map(BTreeSet::from_iter).collect(),
         };
-        BlockAlloc {
-            bitmap_at: all.iter().map(|d| d.block_bitmap()).collect(),
-            disk_csum: all.iter().map(|d| d.block_bitmap_csum()).collect(),
+        Ok(BlockAlloc {
             layout,
-            groups,
+            descs,
+            runs,
+            state,
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            sets: Mutex::new(HashMap::new()),
             trimmed: (0..n).map(|_| AtomicBool::new(false)).collect(),
-            largest,
-            avail_in,
             index: Mutex::new(index),
             busy: Mutex::new(BusyLog::default()),
             discard_done: Condvar::new(),
@@ -288,7 +389,12 @@ impl BlockAlloc {
             bitmap_reads: AtomicU64::new(0),
             groups_visited: AtomicU64::new(0),
             from_layout,
-        }
+        })
+    }
+
+    /// Groups whose free ranges are held (touched so far).
+    pub fn materialized_groups(&self) -> usize {
+        lock(&self.sets).len()
     }
 
     pub fn layout(&self) -> &Layout {
@@ -339,9 +445,14 @@ impl BlockAlloc {
     /// Allocatable blocks of group `g` (the descriptor's count while its
     /// bitmap is unread). Lock-free, for the inode allocator's heuristics.
     pub fn group_available(&self, g: u32) -> u32 {
-        self.avail_in
+        self.state
             .get(g as usize)
-            .map_or(0, |a| a.load(Ordering::Relaxed))
+            .map_or(0, |a| GState::unpack(a.load(Ordering::Relaxed)).avail)
+    }
+
+    /// Lock-free numbers of group `g`.
+    fn peek(&self, g: u32) -> GState {
+        GState::unpack(self.state[g as usize].load(Ordering::Relaxed))
     }
 
     /// Take (and clear) the groups changed since the last call, block and
@@ -350,27 +461,59 @@ impl BlockAlloc {
         self.dirty.take()
     }
 
-    fn group(&self, g: u32) -> Result<MutexGuard<'_, BGroup>, FsError> {
-        self.groups
-            .get(g as usize)
-            .map(lock)
-            .ok_or_else(|| FsError::InvalidRequest(format!("group {g} does not exist")))
+    fn guard<'a>(&'a self, g: u32, stripe: Option<MutexGuard<'a, ()>>) -> GroupGuard<'a> {
+        let st = GState::unpack(self.state[g as usize].load(Ordering::Relaxed));
+        let sets = lock(&self.sets).remove(&g);
+        GroupGuard {
+            ba: self,
+            g,
+            st,
+            filed: st,
+            sets,
+            _stripe: stripe,
+        }
     }
 
-    /// Re-file `g` in the index and refresh its lock-free numbers. Called
-    /// with the group locked.
-    fn reindex(&self, g: u32, bg: &mut BGroup) {
-        let key = key_of(bg);
-        self.largest[g as usize].store(
-            if bg.ready { bg.avail.largest() } else { 0 },
-            Ordering::Relaxed,
-        );
-        self.avail_in[g as usize].store(bg.avail_count(), Ordering::Relaxed);
-        if key == bg.key {
+    fn check_group(&self, g: u32) -> Result<(), FsError> {
+        if g >= self.layout.group_count {
+            return Err(FsError::InvalidRequest(format!("group {g} does not exist")));
+        }
+        Ok(())
+    }
+
+    fn group(&self, g: u32) -> Result<GroupGuard<'_>, FsError> {
+        self.check_group(g)?;
+        let stripe = lock(&self.stripes[g as usize % STRIPES]);
+        Ok(self.guard(g, Some(stripe)))
+    }
+
+    /// Groups `g` and `g + 1`, their stripes locked in ascending order.
+    fn group_pair(&self, g: u32) -> Result<(GroupGuard<'_>, GroupGuard<'_>), FsError> {
+        self.check_group(g + 1)?;
+        let (sa, sb) = (g as usize % STRIPES, (g as usize + 1) % STRIPES);
+        let (la, lb) = if sa < sb {
+            let a = lock(&self.stripes[sa]);
+            (a, lock(&self.stripes[sb]))
+        } else {
+            let b = lock(&self.stripes[sb]);
+            (lock(&self.stripes[sa]), b)
+        };
+        Ok((self.guard(g, Some(la)), self.guard(g + 1, Some(lb))))
+    }
+
+    /// Re-file the group in the index and refresh its lock-free numbers.
+    /// Called with the group locked.
+    fn reindex(&self, bg: &mut GroupGuard<'_>) {
+        bg.refresh();
+        self.state[bg.g as usize].store(bg.st.pack(), Ordering::Relaxed);
+        let (old, key) = (key_of(&bg.filed), key_of(&bg.st));
+        bg.filed = bg.st;
+        if key == old {
             return;
         }
+        let g = bg.g;
         let mut ix = lock(&self.index);
-        match bg.key {
+        match old {
             Key::Ready(o) => {
                 ix.ready[o].remove(&g);
             }
@@ -388,21 +531,59 @@ impl BlockAlloc {
             }
             Key::None => {}
         }
-        bg.key = key;
     }
 
-    /// Read and check group `g`'s block bitmap (group locked).
-    fn load(&self, rd: &dyn BlockRead, g: u32, bg: &mut BGroup) -> Result<(), FsError> {
-        if bg.ready {
+    /// Make the group's free ranges present: read and check its block
+    /// bitmap if unread, or build them from the layout if it is known from
+    /// it but untouched so far (group locked).
+    fn ensure(&self, rd: &dyn BlockRead, bg: &mut GroupGuard<'_>) -> Result<(), FsError> {
+        if bg.st.ready {
+            if bg.sets.is_none() {
+                let d = if bg.st.own_only {
+                    self.descs.get(rd, bg.g)?
+                } else {
+                    GroupDesc::default()
+                };
+                let avail = layout::layout_free(&self.layout, bg.g, &d, &self.runs, bg.st.own_only);
+                bg.sets = Some(Sets {
+                    avail,
+                    busy: ExtentSet::new(),
+                });
+            }
+            return Ok(());
+        }
+        self.load(rd, bg)
+    }
+
+    /// The ranges of a group changed by a path without a [`BlockRead`]
+    /// (give-backs, releases): such a group was materialized when its
+    /// blocks were allocated or freed. `None` if not (nothing to change).
+    fn sets_held<'g>(&self, bg: &'g mut GroupGuard<'_>) -> Option<&'g mut Sets> {
+        if bg.sets.is_none() && bg.st.ready && !bg.st.own_only {
+            let avail =
+                layout::layout_free(&self.layout, bg.g, &GroupDesc::default(), &self.runs, false);
+            bg.sets = Some(Sets {
+                avail,
+                busy: ExtentSet::new(),
+            });
+        }
+        bg.sets.as_mut()
+    }
+
+    /// Read and check the group's block bitmap (group locked, unread).
+    fn load(&self, rd: &dyn BlockRead, bg: &mut GroupGuard<'_>) -> Result<(), FsError> {
+        if bg.st.ready {
             return Ok(());
         }
         let l = &self.layout;
-        let blk = self.bitmap_at[g as usize];
+        let g = bg.g;
+        // The checksum of the current descriptor: an unread group's block
+        // side has never been rendered, so that is still the disk's.
+        let d = self.descs.get(rd, g)?;
+        let blk = d.block_bitmap();
         let buf = rd.block(blk)?;
         self.bitmap_reads.fetch_add(1, Ordering::Relaxed);
-        // The checksum of the descriptor we opened with: an unread group
-        // has never been rendered, so that is still the disk's.
-        let stored = self.disk_csum[g as usize];
+        let stored = d.block_bitmap_csum();
         if !l.bitmap_csum_ok(stored, &buf[..l.block_bitmap_bytes()]) {
             return Err(FsError::corrupt(
                 "block bitmap",
@@ -410,19 +591,22 @@ impl BlockAlloc {
             ));
         }
         let free = ExtentSet::from_clear_bits(&buf, l.blocks_in_group(g));
-        if free.total() != u64::from(bg.disk_free) {
+        if free.total() != u64::from(bg.st.disk_free) {
             return Err(FsError::corrupt(
                 "block bitmap",
                 format!(
                     "group {g} (block {blk}): {} free blocks, the descriptor says {}",
                     free.total(),
-                    bg.disk_free
+                    bg.st.disk_free
                 ),
             ));
         }
-        bg.avail = free;
-        bg.ready = true;
-        self.reindex(g, bg);
+        bg.sets = Some(Sets {
+            avail: free,
+            busy: ExtentSet::new(),
+        });
+        bg.st.ready = true;
+        self.reindex(bg);
         Ok(())
     }
 
@@ -542,8 +726,9 @@ impl BlockAlloc {
         for &(s, n) in extents {
             for (g, rel, m) in self.pieces(s, n)? {
                 let mut bg = self.group(g)?;
-                self.load(rd, g, &mut bg)?;
-                if bg.avail.overlaps(rel, m) || bg.busy.overlaps(rel, m) {
+                self.ensure(rd, &mut bg)?;
+                let st = bg.sets();
+                if st.avail.overlaps(rel, m) || st.busy.overlaps(rel, m) {
                     return Err(FsError::InvalidRequest(format!(
                         "giving back blocks {s}..{} that are not all in use",
                         s + u64::from(n)
@@ -571,11 +756,14 @@ impl BlockAlloc {
                 let part = (end.min(ge) - b) as u32;
                 if let Ok(mut bg) = self.group(g) {
                     let rel = (b - self.layout.group_start(g)) as u32;
-                    if bg.avail.insert(rel, part) {
-                        bg.disk_free += part;
+                    if self
+                        .sets_held(&mut bg)
+                        .is_some_and(|st| st.avail.insert(rel, part))
+                    {
+                        bg.st.disk_free += part;
                         self.avail_total
                             .fetch_add(u64::from(part), Ordering::Relaxed);
-                        self.reindex(g, &mut bg);
+                        self.reindex(&mut bg);
                     }
                 }
                 b += u64::from(part);
@@ -593,7 +781,7 @@ impl BlockAlloc {
         // (0), (1): the goal block (also across the end of its group), then
         // the goal group.
         if let Some(b) = goal
-            && let Some(p) = self.try_span(b, want)?
+            && let Some(p) = self.try_span(rd, b, want)?
         {
             return Ok(Some(p));
         }
@@ -640,7 +828,7 @@ impl BlockAlloc {
             if pick.1 {
                 let mut bg = self.group(pick.0)?;
                 self.groups_visited.fetch_add(1, Ordering::Relaxed);
-                self.load(rd, pick.0, &mut bg)?;
+                self.load(rd, &mut bg)?;
                 continue;
             }
             if let Some(p) = self.try_group(rd, pick.0, want, None, false, true)? {
@@ -653,7 +841,12 @@ impl BlockAlloc {
     /// the end of its group and the next group's first range continues it
     /// (physically contiguous, e.g. flex_bg data groups): the piece spans
     /// the two groups. Locks them in ascending order.
-    fn try_span(&self, goal: u64, want: u32) -> Result<Option<(u64, u32)>, FsError> {
+    fn try_span(
+        &self,
+        rd: &dyn BlockRead,
+        goal: u64,
+        want: u32,
+    ) -> Result<Option<(u64, u32)>, FsError> {
         let l = &self.layout;
         let g = l.group_of(goal);
         if g + 1 >= l.group_count {
@@ -661,36 +854,39 @@ impl BlockAlloc {
         }
         let rel = (goal - l.group_start(g)) as u32;
         let n = l.blocks_in_group(g);
-        let mut a = self.group(g)?;
-        if !a.ready {
+        // Cheap tests first, without locks: both groups' ranges known, the
+        // goal group's free space reaching its end.
+        if !self.peek(g).ready || !self.peek(g + 1).ready {
             return Ok(None);
         }
-        let Some(r) = a.avail.range_at(rel) else {
+        let (mut a, mut b) = self.group_pair(g)?;
+        if !a.st.ready || !b.st.ready {
+            return Ok(None);
+        }
+        self.ensure(rd, &mut a)?;
+        let Some(r) = a.sets().avail.range_at(rel) else {
             return Ok(None);
         };
         let have = r.0 + r.1 - rel;
         if have >= want || r.0 + r.1 != n {
             return Ok(None);
         }
-        let mut b = self.group(g + 1)?;
-        if !b.ready {
-            return Ok(None);
-        }
+        self.ensure(rd, &mut b)?;
         let rest = want - have;
-        if b.avail.range_at(0).is_none_or(|r2| r2.1 < rest) {
+        if b.sets().avail.range_at(0).is_none_or(|r2| r2.1 < rest) {
             return Ok(None);
         }
         self.groups_visited.fetch_add(2, Ordering::Relaxed);
-        for (gg, bg, s, len) in [(g, &mut a, rel, have), (g + 1, &mut b, 0, rest)] {
-            if !bg.avail.remove(s, len) {
+        for (bg, s, len) in [(&mut a, rel, have), (&mut b, 0, rest)] {
+            if !bg.sets().avail.remove(s, len) {
                 return Ok(None);
             }
-            bg.disk_free -= len;
-            bg.block_uninit = false;
+            bg.st.disk_free -= len;
+            bg.st.block_uninit = false;
             self.avail_total
                 .fetch_sub(u64::from(len), Ordering::Relaxed);
-            self.reindex(gg, bg);
-            self.dirty.mark(gg, true, false);
+            self.reindex(bg);
+            self.dirty.mark(bg.g, true, false);
         }
         Ok(Some((goal, want)))
     }
@@ -700,10 +896,9 @@ impl BlockAlloc {
     fn find(&self, want: u32, from: u32, unread: bool) -> Option<u32> {
         let ix = lock(&self.index);
         let sets = if unread { &ix.unread } else { &ix.ready };
-        let numbers = if unread {
-            &self.avail_in
-        } else {
-            &self.largest
+        let number = |g: u32| {
+            let st = self.peek(g);
+            if unread { st.avail } else { st.largest }
         };
         let lo = order(want);
         let ngroups = self.layout.group_count;
@@ -724,7 +919,7 @@ impl BlockAlloc {
                 .range(from..)
                 .chain(set.range(..from))
                 .take(PROBE)
-                .find(|&&g| numbers[g as usize].load(Ordering::Relaxed) >= want)
+                .find(|&&g| number(g) >= want)
             {
                 consider(*g);
             }
@@ -751,35 +946,34 @@ impl BlockAlloc {
     ) -> Result<Option<(u64, u32)>, FsError> {
         self.groups_visited.fetch_add(1, Ordering::Relaxed);
         let mut bg = self.group(g)?;
-        if !bg.ready {
-            if !may_load || bg.disk_free < want {
-                return Ok(None);
-            }
-            self.load(rd, g, &mut bg)?;
+        if !bg.st.ready && (!may_load || bg.st.disk_free < want) {
+            return Ok(None);
         }
+        self.ensure(rd, &mut bg)?;
+        let avail = &bg.sets().avail;
         let (start, len) = if any {
-            match bg.avail.largest_range() {
+            match avail.largest_range() {
                 Some((s, n)) => (s, n.min(want)),
                 None => return Ok(None),
             }
         } else {
             let at_goal = rel
-                .and_then(|r| bg.avail.range_at(r).map(|x| (r, x)))
+                .and_then(|r| avail.range_at(r).map(|x| (r, x)))
                 .filter(|(r, x)| x.0 + x.1 - r >= want)
                 .map(|(r, _)| r);
-            match at_goal.or_else(|| bg.avail.first_fit(rel.unwrap_or(0), want).map(|x| x.0)) {
+            match at_goal.or_else(|| avail.first_fit(rel.unwrap_or(0), want).map(|x| x.0)) {
                 Some(s) => (s, want),
                 None => return Ok(None),
             }
         };
-        if !bg.avail.remove(start, len) {
+        if !bg.sets().avail.remove(start, len) {
             return Ok(None);
         }
-        bg.disk_free -= len;
-        bg.block_uninit = false;
+        bg.st.disk_free -= len;
+        bg.st.block_uninit = false;
         self.avail_total
             .fetch_sub(u64::from(len), Ordering::Relaxed);
-        self.reindex(g, &mut bg);
+        self.reindex(&mut bg);
         self.dirty.mark(g, true, false);
         Ok(Some((self.layout.group_start(g) + u64::from(start), len)))
     }
@@ -815,8 +1009,9 @@ impl BlockAlloc {
         // Check everything before changing anything.
         for &(g, rel, n) in &parts {
             let mut bg = self.group(g)?;
-            self.load(rd, g, &mut bg)?;
-            if bg.avail.overlaps(rel, n) || bg.busy.overlaps(rel, n) {
+            self.ensure(rd, &mut bg)?;
+            let st = bg.sets();
+            if st.avail.overlaps(rel, n) || st.busy.overlaps(rel, n) {
                 return Err(FsError::InvalidRequest(format!(
                     "freeing blocks {start}..{} that are not all in use",
                     start + u64::from(len)
@@ -831,13 +1026,14 @@ impl BlockAlloc {
         let mut log = Vec::with_capacity(parts.len());
         for (g, rel, n) in parts {
             let mut bg = self.group(g)?;
-            if !bg.busy.insert(rel, n) {
+            self.ensure(rd, &mut bg)?;
+            if !bg.sets().busy.insert(rel, n) {
                 continue;
             }
-            bg.disk_free += n;
-            bg.block_uninit = false;
+            bg.st.disk_free += n;
+            bg.st.block_uninit = false;
             self.busy_total.fetch_add(u64::from(n), Ordering::Relaxed);
-            self.reindex(g, &mut bg);
+            self.reindex(&mut bg);
             self.dirty.mark(g, true, false);
             log.push((self.layout.group_start(g) + u64::from(rel), n));
             self.trimmed[g as usize].store(false, Ordering::Relaxed);
@@ -941,15 +1137,16 @@ impl BlockAlloc {
         let mut out = Vec::new();
         for (g, rel, n) in self.pieces(start, len)? {
             let mut bg = self.group(g)?;
-            self.load(rd, g, &mut bg)?;
-            let parts = bg.avail.intersect(rel, n);
+            self.ensure(rd, &mut bg)?;
+            let parts = bg.sets().avail.intersect(rel, n);
             if parts.is_empty() {
                 continue;
             }
             let gs = self.layout.group_start(g);
             let mut log = lock(&self.busy);
             for (s, m) in parts {
-                if bg.avail.remove(s, m) && bg.busy.insert(s, m) {
+                let sets = bg.sets();
+                if sets.avail.remove(s, m) && sets.busy.insert(s, m) {
                     self.avail_total.fetch_sub(u64::from(m), Ordering::Relaxed);
                     self.busy_total.fetch_add(u64::from(m), Ordering::Relaxed);
                     let abs = gs + u64::from(s);
@@ -959,7 +1156,7 @@ impl BlockAlloc {
                 }
             }
             drop(log);
-            self.reindex(g, &mut bg);
+            self.reindex(&mut bg);
         }
         Ok(out)
     }
@@ -971,10 +1168,13 @@ impl BlockAlloc {
         };
         for (g, rel, n) in parts {
             let Ok(mut bg) = self.group(g) else { continue };
-            if bg.busy.remove(rel, n) && bg.avail.insert(rel, n) {
+            if self
+                .sets_held(&mut bg)
+                .is_some_and(|st| st.busy.remove(rel, n) && st.avail.insert(rel, n))
+            {
                 self.busy_total.fetch_sub(u64::from(n), Ordering::Relaxed);
                 self.avail_total.fetch_add(u64::from(n), Ordering::Relaxed);
-                self.reindex(g, &mut bg);
+                self.reindex(&mut bg);
             }
         }
     }
@@ -998,8 +1198,8 @@ impl BlockAlloc {
     /// kernel's `__ext4_new_inode` does, before using a group's inodes).
     pub fn init_group(&self, g: u32) -> Result<(), FsError> {
         let mut bg = self.group(g)?;
-        if bg.block_uninit {
-            bg.block_uninit = false;
+        if bg.st.block_uninit {
+            bg.st.block_uninit = false;
             self.dirty.mark(g, true, false);
         }
         Ok(())
@@ -1013,17 +1213,18 @@ impl BlockAlloc {
         }
         let g = l.group_of(b);
         let mut bg = self.group(g)?;
-        self.load(rd, g, &mut bg)?;
-        Ok(bg.avail.contains((b - l.group_start(g)) as u32, 1))
+        self.ensure(rd, &mut bg)?;
+        Ok(bg.sets().avail.contains((b - l.group_start(g)) as u32, 1))
     }
 
     /// Group `g`'s free ranges on disk (allocatable and busy), absolute,
     /// sorted; reads the bitmap if the group is unread.
     pub fn free_ranges(&self, rd: &dyn BlockRead, g: u32) -> Result<Vec<(u64, u32)>, FsError> {
         let mut bg = self.group(g)?;
-        self.load(rd, g, &mut bg)?;
-        let mut all = bg.avail.clone();
-        for (s, n) in bg.busy.iter() {
+        self.ensure(rd, &mut bg)?;
+        let st = bg.sets();
+        let mut all = st.avail.clone();
+        for (s, n) in st.busy.iter() {
             all.insert(s, n);
         }
         let gs = self.layout.group_start(g);
@@ -1044,23 +1245,27 @@ impl BlockAlloc {
         let mut bg = self.group(g)?;
         if !with_bitmap {
             return Ok(BlockSide {
-                free_blocks: bg.disk_free,
-                block_uninit: bg.block_uninit,
+                free_blocks: bg.st.disk_free,
+                block_uninit: bg.st.block_uninit,
                 bitmap: None,
             });
         }
-        self.load(rd, g, &mut bg)?;
+        self.ensure(rd, &mut bg)?;
         let l = &self.layout;
-        let bitmap = (!bg.block_uninit).then(|| {
+        let bitmap = if bg.st.block_uninit {
+            None
+        } else {
+            let at = self.descs.get(rd, g)?.block_bitmap();
             let mut buf = vec![0xFFu8; l.block_size as usize];
-            bg.avail.clear_bits(&mut buf);
-            bg.busy.clear_bits(&mut buf);
+            let st = bg.sets();
+            st.avail.clear_bits(&mut buf);
+            st.busy.clear_bits(&mut buf);
             let csum = l.bitmap_csum(&buf[..l.block_bitmap_bytes()]);
-            (self.bitmap_at[g as usize], buf, csum)
-        });
+            Some((at, buf, csum))
+        };
         Ok(BlockSide {
-            free_blocks: bg.disk_free,
-            block_uninit: bg.block_uninit,
+            free_blocks: bg.st.disk_free,
+            block_uninit: bg.st.block_uninit,
             bitmap,
         })
     }
@@ -1075,14 +1280,14 @@ pub struct BlockSide {
     pub bitmap: Option<(u64, Vec<u8>, u32)>,
 }
 
-fn key_of(bg: &BGroup) -> Key {
-    if bg.ready {
-        match bg.avail.largest() {
+fn key_of(st: &GState) -> Key {
+    if st.ready {
+        match st.largest {
             0 => Key::None,
             n => Key::Ready(order(n)),
         }
     } else {
-        match bg.disk_free {
+        match st.disk_free {
             0 => Key::None,
             n => Key::Unread(order(n)),
         }

@@ -71,8 +71,8 @@ pub(crate) fn open(dev: &MemDevice, discard: bool) -> Open {
     let rd = DeviceBlocks::new(dev, layout.block_size, layout.blocks_count);
     let descs = Arc::new(DescTable::read(layout.clone(), &rd).unwrap());
     let dirty = Arc::new(DirtySet::default());
-    let ba = Arc::new(BlockAlloc::open(&descs, dirty.clone(), discard));
-    let ia = InodeAlloc::open(descs.clone(), ba.clone(), dirty);
+    let ba = Arc::new(BlockAlloc::open(&rd, descs.clone(), dirty.clone(), discard).unwrap());
+    let ia = InodeAlloc::open(&rd, descs.clone(), ba.clone(), dirty).unwrap();
     Open {
         layout,
         descs,
@@ -277,7 +277,10 @@ fn run_model(dev: &MemDevice, discard: bool, ops: &[Op]) -> Result<(), TestCaseE
             let want_free = (gs..gs + u64::from(n))
                 .filter(|b| disk_free.contains(b))
                 .count();
-            prop_assert_eq!(o.descs.get(g).free_blocks() as usize, want_free);
+            prop_assert_eq!(
+                o.descs.get(&rd, g).unwrap().free_blocks() as usize,
+                want_free
+            );
         }
     }
     Ok(())
@@ -461,8 +464,8 @@ fn zeroing_lock_keeps_allocation_out() {
     let o = open(&dev, false);
     let l = &o.layout;
     let rd = DeviceBlocks::new(&dev, l.block_size, l.blocks_count);
-    let guard = o.ia.lock_group_for_zeroing(0).unwrap();
-    assert!(guard.zero_from > o.descs.get(0).inode_table());
+    let guard = o.ia.lock_group_for_zeroing(&rd, 0).unwrap();
+    assert!(guard.zero_from > o.descs.get(&rd, 0).unwrap().inode_table());
     for _ in 0..50 {
         let a = o.ia.alloc(&rd, 12, false).unwrap();
         assert_ne!(a.group, 0);
@@ -596,7 +599,7 @@ fn write_back(dev: &MemDevice, o: &Open) {
         blocks.insert(im.desc_block);
     }
     for i in blocks {
-        let (b, img) = o.descs.block_image(i);
+        let (b, img) = o.descs.block_image(&rd, i).unwrap();
         dev.write_at(&img, b * u64::from(l.block_size)).unwrap();
     }
 }
@@ -684,7 +687,10 @@ fn inode_only_change_reads_no_block_bitmap() {
     assert!(im.inode_bitmap.is_some());
     assert_eq!(o.ba.stats().bitmap_reads, 0);
     assert!(im.desc.checksum_ok(&l.csum, 0, l.desc_size));
-    assert_eq!(im.desc.free_blocks(), o.descs.get(0).free_blocks());
+    assert_eq!(
+        im.desc.free_blocks(),
+        o.descs.get(&rd, 0).unwrap().free_blocks()
+    );
 }
 
 static PLAIN24: std::sync::OnceLock<MemDevice> = std::sync::OnceLock::new();
@@ -707,7 +713,7 @@ proptest! {
         let sb = Superblock::parse(&sbuf).unwrap();
         let l = Layout::from_superblock(&sb).unwrap();
         let bs = u64::from(l.block_size);
-        let d0 = DescTable::read(l.clone(), &DeviceBlocks::new(&dev, l.block_size, l.blocks_count)).unwrap();
+        let d0 = crate::groups::read_descriptors(&l, &DeviceBlocks::new(&dev, l.block_size, l.blocks_count)).unwrap();
         for (what, off, val) in edits {
             let at = match what {
                 // Superblock: the first 0x60 bytes hold the geometry.
@@ -715,8 +721,8 @@ proptest! {
                 // The descriptors.
                 1..=4 => l.desc_block(0) * bs + u64::from(off) % (u64::from(l.group_count) * l.desc_size as u64),
                 // Some group's block or inode bitmap.
-                5 | 6 => d0.get(u32::from(off) % l.group_count).block_bitmap() * bs + u64::from(off >> 4) % bs,
-                _ => d0.get(u32::from(off) % l.group_count).inode_bitmap() * bs + u64::from(off >> 4) % bs,
+                5 | 6 => d0[(u32::from(off) % l.group_count) as usize].block_bitmap() * bs + u64::from(off >> 4) % bs,
+                _ => d0[(u32::from(off) % l.group_count) as usize].inode_bitmap() * bs + u64::from(off >> 4) % bs,
             };
             dev.write_at(&[val], at).unwrap();
         }
@@ -731,8 +737,9 @@ proptest! {
         let Ok(descs) = DescTable::read(l.clone(), &rd) else { return Ok(()) };
         let descs = Arc::new(descs);
         let dirty = Arc::new(DirtySet::default());
-        let ba = Arc::new(BlockAlloc::open(&descs, dirty.clone(), false));
-        let ia = InodeAlloc::open(descs.clone(), ba.clone(), dirty);
+        let Ok(ba) = BlockAlloc::open(&rd, descs.clone(), dirty.clone(), false) else { return Ok(()) };
+        let ba = Arc::new(ba);
+        let Ok(ia) = InodeAlloc::open(&rd, descs.clone(), ba.clone(), dirty) else { return Ok(()) };
         for (i, len) in lens.into_iter().enumerate() {
             if let Ok(a) = ba.alloc(&rd, &AllocRequest::new(len, i as u32)) {
                 for &(s, n) in &a.extents {
