@@ -1611,6 +1611,7 @@ fn goal_for(a: &[Mapping], b: &[Mapping], l: u64) -> Option<u64> {
         .map(|m| m.pblk + u64::from(m.len) + (l - m.end()))
 }
 
+mod lazy;
 mod ns;
 pub use ns::*;
 
