@@ -22,7 +22,10 @@
 //!    through a handle (checksum by the render path). The flag reaches the
 //!    disk with the next commit; a crash before it only means the group is
 //!    zeroed again next time.
-//! 5. The pacer says how long to wait before the next group.
+//! 5. The pacer says how long to wait before the next group. Short waits
+//!    overshoot (timer slack, scheduling: a 100 µs wait may take twice
+//!    that); what a wait overslept is taken off the next ones, so that the
+//!    waits add up to what the pacer asked for.
 //!
 //! # Locking
 //!
@@ -57,6 +60,9 @@ use super::pacing::{Clock, MonotonicClock, Pace, Pacer};
 use super::plan::{PlanError, plan_group};
 use super::zero::{DeviceKind, VerifyZero, ZeroStats, Zeroer};
 use crate::image::Geometry;
+
+/// Most oversleeping carried over to the next waits.
+const MAX_LAG: Duration = Duration::from_millis(100);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -492,6 +498,7 @@ pub fn start(fs: Arc<Filesystem>, opts: OnlineOptions) -> Result<LazyInitHandle,
         work: Duration::ZERO,
         slept: Duration::ZERO,
         zeroed_now: 0,
+        lag: Duration::ZERO,
     };
     let thread = std::thread::Builder::new()
         .name("ext4kit-lazyinit".into())
@@ -519,6 +526,8 @@ struct Worker {
     work: Duration,
     slept: Duration,
     zeroed_now: u32,
+    /// How much later than due the worker woke, not yet taken off a wait.
+    lag: Duration,
 }
 
 /// What one group took.
@@ -563,7 +572,13 @@ impl Worker {
             let s1 = self.load.as_mut().and_then(|l| l.sample());
             let bytes = unit.stats.bytes_zeroed + unit.stats.bytes_read;
             let wait = self.pacer.after_work(t1, elapsed, unit.requests, bytes, s1);
-            next_due = t1 + wait;
+            // A wait of a few hundred microseconds overshoots by about as
+            // much (timer slack, scheduling): what the last ones overslept
+            // is taken off this one, so that the waits add up to what the
+            // pacer asked for.
+            let credit = self.lag.min(wait);
+            self.lag -= credit;
+            next_due = t1 + (wait - credit);
             let next = self.pending.front().map(|p| p.0);
             self.publish(t_start, t1, planned, next);
         }
@@ -620,6 +635,8 @@ impl Worker {
     /// Wait until `due` (and while paused); `false` when a stop was asked.
     fn gate(&mut self, due: Duration) -> bool {
         let mut ctl = lock(&self.shared.ctl);
+        // Oversleeping counts only for a wait of ours, not after a pause.
+        let mut slept = false;
         loop {
             if ctl.stop {
                 return false;
@@ -627,19 +644,25 @@ impl Worker {
             if ctl.paused {
                 self.shared.update(|st| st.state = OnlineState::Paused);
                 ctl = self.shared.cv.wait(ctl).unwrap_or_else(|e| e.into_inner());
+                slept = false;
+                self.lag = Duration::ZERO;
                 continue;
             }
             let now = self.clock.now();
             if now >= due {
+                if slept {
+                    self.lag = (self.lag + (now - due)).min(MAX_LAG);
+                }
                 return true;
             }
             self.shared.update(|st| st.state = OnlineState::Waiting);
             let d = due - now;
+            slept = true;
             if self.given_clock {
                 let d = d.min(self.sleep_slice);
                 drop(ctl);
                 self.clock.sleep(d);
-                self.slept += d;
+                self.slept += self.clock.now().saturating_sub(now);
                 ctl = lock(&self.shared.ctl);
             } else {
                 ctl = self
@@ -872,6 +895,48 @@ mod tests {
         drop(h);
         close(fs);
         assert_eq!(check_zeroed(&*mem), 64);
+    }
+
+    /// A clock whose sleeps take half as long again as asked.
+    struct Oversleeping(Arc<FakeClock>);
+    impl Clock for Oversleeping {
+        fn now(&self) -> Duration {
+            self.0.now()
+        }
+        fn sleep(&self, d: Duration) {
+            self.0.sleep(d + d / 2);
+        }
+    }
+
+    #[test]
+    fn oversleeping_is_taken_off_the_next_waits() {
+        let mem = Arc::new(image(64 << 20, 1024));
+        let fake = Arc::new(FakeClock::new());
+        let dev = Arc::new(Slow {
+            inner: mem.clone(),
+            clock: fake.clone(),
+        });
+        let fs = open(dev);
+        let h = start(
+            fs.clone(),
+            OnlineOptions {
+                pace: Pace::Fixed { mult: 10 },
+                clock: Some(Arc::new(Oversleeping(fake.clone()))),
+                ..OnlineOptions::default()
+            },
+        )
+        .unwrap();
+        let st = h.wait();
+        assert_eq!(st.state, OnlineState::Done, "{st:?}");
+        // 63 waits of ~10x the work of one group: what they really took.
+        let want = 10.0 * st.work_secs * 63.0 / 64.0;
+        assert!(
+            (st.slept_secs - want).abs() < want * 0.05,
+            "slept {} want {want}",
+            st.slept_secs
+        );
+        drop(h);
+        close(fs);
     }
 
     #[test]
