@@ -1999,6 +1999,7 @@ pub(crate) fn normalize(mut v: Vec<Mapping>) -> Vec<Mapping> {
 }
 
 mod errors;
+mod lazy;
 mod ns;
 pub use errors::OpError;
 pub use ns::*;

@@ -18,11 +18,18 @@
 //! reading their bitmap (all free); `BLOCK_UNINIT` is cleared in a group
 //! whose inodes start being used, as `__ext4_new_inode` does.
 //!
-//! **Lazy-init interlock.** [`InodeAlloc::lock_group_for_zeroing`] marks a
-//! group as being zeroed (waiting for an allocation in it to finish): while
-//! the guard lives, allocation skips the group, so no inode is handed out
-//! in a range being zeroed; [`ZeroingGuard::mark_zeroed`] records
-//! `ITABLE_ZEROED` (journal it after the zeros are durable).
+//! **Lazy-init interlock** (the kernel's `alloc_sem`).
+//! [`InodeAlloc::lock_group_for_zeroing`] marks a group as being zeroed,
+//! after waiting for an allocation in it to finish (the claim of an inode
+//! and the move of the watermark happen under the group's lock, which
+//! the lock takes): the range it returns starts past the watermark as it
+//! is then, and while the guard lives allocation skips the group, so no
+//! inode is handed out in a range being zeroed. An allocation that finds
+//! free inodes nowhere but in groups being zeroed waits for them instead
+//! of failing with ENOSPC (the guard must therefore never be held while
+//! waiting for the operations mutex). [`ZeroingGuard::mark_zeroed`] records
+//! `ITABLE_ZEROED` (once the zeros are written: the commit that carries
+//! the flag flushes them first) and releases the group.
 //!
 //! **Memory.** Per group one packed word (free inodes, directories,
 //! `bg_itable_unused`, flags: 8 bytes); an inode bitmap is held only for
@@ -30,7 +37,8 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT, BG_INODE_ZEROED, GroupDesc};
 
@@ -196,6 +204,14 @@ pub struct InodeAlloc {
     /// Spreads top-level directories (the kernel hashes the name or takes a
     /// random start).
     spread: AtomicU32,
+    /// Groups being zeroed now and releases so far, and the wake-up for
+    /// allocations waiting for them.
+    zeroing: Mutex<(u32, u64)>,
+    zeroing_done: Condvar,
+    /// Allocation attempts that skipped a group because it was being
+    /// zeroed, and allocations that had to wait for one.
+    zeroing_skips: AtomicU64,
+    zeroing_waits: AtomicU64,
 }
 
 impl std::fmt::Debug for IGroup<'_> {
@@ -246,7 +262,47 @@ impl InodeAlloc {
             dirs_total: AtomicU64::new(b.dirs),
             bitmap_reads: AtomicU64::new(0),
             spread: AtomicU32::new(0),
+            zeroing: Mutex::new((0, 0)),
+            zeroing_done: Condvar::new(),
+            zeroing_skips: AtomicU64::new(0),
+            zeroing_waits: AtomicU64::new(0),
         }
+    }
+
+    /// Allocation attempts that skipped a group because online lazy init
+    /// was zeroing it.
+    pub fn zeroing_skips(&self) -> u64 {
+        self.zeroing_skips.load(Ordering::Relaxed)
+    }
+
+    /// Allocations that waited for a group to be zeroed (no free inode
+    /// anywhere else).
+    pub fn zeroing_waits(&self) -> u64 {
+        self.zeroing_waits.load(Ordering::Relaxed)
+    }
+
+    /// Releases of zeroed groups so far.
+    fn zeroing_releases(&self) -> u64 {
+        lock(&self.zeroing).1
+    }
+
+    /// No inode was found by a search that started after `releases`
+    /// releases: if a group was released since, or groups are being
+    /// zeroed (then after waiting a while for one), search again (`true`).
+    fn wait_for_zeroing(&self, releases: u64) -> bool {
+        let z = lock(&self.zeroing);
+        if z.1 != releases {
+            return true;
+        }
+        if z.0 == 0 {
+            return false;
+        }
+        self.zeroing_waits.fetch_add(1, Ordering::Relaxed);
+        let _ = self
+            .zeroing_done
+            .wait_timeout(z, Duration::from_millis(50))
+            .unwrap_or_else(|e| e.into_inner());
+        true
     }
 
     /// Lock-free numbers of group `g`.
@@ -365,11 +421,18 @@ impl InodeAlloc {
             }
         }
         // Every group, in order from the parent's (skipped ones may have
-        // been busy or raced).
+        // been busy or raced); while groups are being zeroed, again once
+        // one is released (their free inodes may be the only ones).
         let n = self.layout.group_count;
-        for i in 0..n {
-            if let Some(a) = self.try_group(rd, (pg + i) % n, is_dir)? {
-                return Ok(a);
+        loop {
+            let releases = self.zeroing_releases();
+            for i in 0..n {
+                if let Some(a) = self.try_group(rd, (pg + i) % n, is_dir)? {
+                    return Ok(a);
+                }
+            }
+            if !self.wait_for_zeroing(releases) {
+                break;
             }
         }
         Err(FsError::NoSpace {
@@ -498,7 +561,11 @@ impl InodeAlloc {
     ) -> Result<Option<InodeAllocation>, FsError> {
         let l = &self.layout;
         let mut ig = self.group(g)?;
-        if ig.zeroing || ig.free == 0 {
+        if ig.free == 0 {
+            return Ok(None);
+        }
+        if ig.zeroing {
+            self.zeroing_skips.fetch_add(1, Ordering::Relaxed);
             return Ok(None);
         }
         self.load(rd, g, &mut ig)?;
@@ -599,9 +666,12 @@ impl InodeAlloc {
 
     /// Keep allocation out of group `g` while its inode table is zeroed by
     /// the online lazy initializer. Waits for an allocation in the group to
-    /// finish; returns the first table block past the watermark (the
-    /// kernel's zeroing start). Allocation skips the group until the guard
-    /// is dropped.
+    /// finish; the guard's range starts at the first table block past the
+    /// watermark as it is then (the kernel's zeroing start: every block
+    /// holding or having held an inode lies before it) and ends with the
+    /// table. Allocation skips the group until the guard is dropped or
+    /// [`ZeroingGuard::mark_zeroed`] is called. A group that already has
+    /// `ITABLE_ZEROED` says so ([`ZeroingGuard::already_zeroed`]).
     pub fn lock_group_for_zeroing(
         &self,
         rd: &dyn BlockRead,
@@ -614,20 +684,75 @@ impl InodeAlloc {
                 "group {g} is already being zeroed"
             )));
         }
-        ig.zeroing = true;
         let l = &self.layout;
         let used = if ig.inode_uninit {
             0
         } else {
             l.inodes_per_group.saturating_sub(ig.unused)
         };
-        let first = table + u64::from(used.div_ceil(l.inodes_per_block()));
+        let used_blocks = used.div_ceil(l.inodes_per_block()).min(l.itable_blocks);
+        ig.zeroing = true;
+        let already_zeroed = ig.zeroed;
+        lock(&self.zeroing).0 += 1;
+        drop(ig);
         Ok(ZeroingGuard {
             ia: self,
             group: g,
-            zero_from: first,
+            zero_from: table + u64::from(used_blocks),
             zero_end: table + u64::from(l.itable_blocks),
+            first_slot: used_blocks * l.inodes_per_block(),
+            already_zeroed,
         })
+    }
+
+    /// The first inode of group `g` in use (per its bitmap) at or past
+    /// slot `slot` (0-based within the group), if any. Reads the bitmap
+    /// when it was not read yet; an `INODE_UNINIT` group has none in use
+    /// (and nothing is read or kept for it).
+    pub fn first_used_from(
+        &self,
+        rd: &dyn BlockRead,
+        g: u32,
+        slot: u32,
+    ) -> Result<Option<u32>, FsError> {
+        let mut ig = self.group(g)?;
+        if ig.inode_uninit {
+            return Ok(None);
+        }
+        self.load(rd, g, &mut ig)?;
+        let ipg = self.layout.inodes_per_group;
+        let bm = ig.bitmap.as_deref().unwrap_or(&[]);
+        let mut i = slot;
+        while i < ipg {
+            let byte = bm.get((i / 8) as usize).copied().unwrap_or(0);
+            if byte == 0 {
+                i = (i / 8 + 1) * 8;
+                continue;
+            }
+            if byte & (1 << (i % 8)) != 0 {
+                return Ok(Some(g * ipg + i + 1));
+            }
+            i += 1;
+        }
+        Ok(None)
+    }
+
+    /// Release a group locked for zeroing (with or without the flag).
+    fn end_zeroing(&self, g: u32, zeroed: bool) {
+        if let Ok(mut ig) = self.group(g) {
+            ig.zeroing = false;
+            if zeroed {
+                ig.zeroed = true;
+            }
+        }
+        if zeroed {
+            self.dirty.mark(g, false, false);
+        }
+        let mut z = lock(&self.zeroing);
+        z.0 = z.0.saturating_sub(1);
+        z.1 = z.1.wrapping_add(1);
+        drop(z);
+        self.zeroing_done.notify_all();
     }
 
     /// Group `g` as it must be written now: bitmaps that changed and the
@@ -735,23 +860,29 @@ pub struct ZeroingGuard<'a> {
     pub zero_from: u64,
     /// End (exclusive) of the inode table.
     pub zero_end: u64,
+    /// First inode slot (0-based in the group) of the range.
+    pub first_slot: u32,
+    /// The group had `ITABLE_ZEROED` already when it was locked.
+    pub already_zeroed: bool,
 }
 
 impl ZeroingGuard<'_> {
-    /// The zeros are durable: record `ITABLE_ZEROED` (the group becomes
-    /// dirty; journal its descriptor).
+    /// The group.
+    pub fn group(&self) -> u32 {
+        self.group
+    }
+
+    /// The zeros are written: record `ITABLE_ZEROED` (the group becomes
+    /// dirty; the next rendered handle journals its descriptor) and
+    /// release the group.
     pub fn mark_zeroed(self) {
-        if let Ok(mut ig) = self.ia.group(self.group) {
-            ig.zeroed = true;
-        }
-        self.ia.dirty.mark(self.group, false, false);
+        let this = std::mem::ManuallyDrop::new(self);
+        this.ia.end_zeroing(this.group, true);
     }
 }
 
 impl Drop for ZeroingGuard<'_> {
     fn drop(&mut self) {
-        if let Ok(mut ig) = self.ia.group(self.group) {
-            ig.zeroing = false;
-        }
+        self.ia.end_zeroing(self.group, false);
     }
 }

@@ -70,6 +70,7 @@
 
 pub mod engine;
 pub mod load;
+pub mod online;
 pub mod pacing;
 pub mod plan;
 pub mod safety;
@@ -85,6 +86,7 @@ use crate::image::{DescChecksum, Image, ImageError};
 
 pub use engine::{Engine, Event, JobReport, Observer, Options, Summary};
 pub use load::{LoadSample, LoadSignal, SysfsLoad};
+pub use online::{LazyInitHandle, OnlineOptions, OnlineState, OnlineStatus, StatusSource};
 pub use pacing::{Clock, FakeClock, MonotonicClock, Pace, Pacer};
 pub use plan::{GroupWork, PlanError, plan_group};
 pub use zero::{DeviceKind, VerifyZero, ZeroStats, Zeroer};
@@ -106,6 +108,12 @@ pub enum LazyError {
     /// I/O failed while working.
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// The read-write engine refused or failed (online lazy init).
+    #[error(transparent)]
+    Fs(#[from] ext4kit_fs::FsError),
+    /// The online worker's thread could not be started.
+    #[error("cannot start the lazy-init thread: {0}")]
+    Spawn(#[source] std::io::Error),
 }
 
 /// One filesystem to initialize: the opened image and its pending groups.
