@@ -6,7 +6,8 @@
 //! SIGTERM, background mounts and umount; kill -9 during fsyncs then a
 //! replaying mount; the fuse2fs leak (4 KiB random writes then rm); the
 //! errno of 60 refused or edge-case calls equal to kernel ext4's;
-//! pjdfstest when installed.
+//! pjdfstest when installed; online lazy init zeroing stale inode tables
+//! while files are made (and `noinit_itable` leaving them).
 //!
 //! Every mount is made on a temporary directory and unmounted by a guard
 //! (also on failure); the mount tests need root and /dev/fuse and say
@@ -1240,4 +1241,83 @@ fn concurrent_unlinks_of_open_files() {
     }
     m.unmount().unwrap();
     assert_eq!(e2fsck_clean(&img).unwrap(), fresh);
+}
+
+/// Groups of `img` with and without `ITABLE_ZEROED` (dumpe2fs).
+fn zeroed_groups(img: &Path) -> (usize, usize) {
+    let out = run_ok(tool("dumpe2fs").arg(img)).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let groups: Vec<&str> = text.lines().filter(|l| l.starts_with("Group ")).collect();
+    let zeroed = groups
+        .iter()
+        .filter(|l| l.contains("ITABLE_ZEROED"))
+        .count();
+    (zeroed, groups.len() - zeroed)
+}
+
+/// An image whose inode tables were left for lazy init over stale bytes
+/// (0xAA everywhere before mke2fs): what zeroing must clear.
+fn lazy_image(dir: &Path) -> PathBuf {
+    let img = dir.join("lazy.img");
+    let mut f = File::create(&img).unwrap();
+    let chunk = vec![0xAAu8; 1 << 20];
+    for _ in 0..256 {
+        f.write_all(&chunk).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    run_ok(tool("mke2fs").args([
+        "-q",
+        "-F",
+        "-t",
+        "ext4",
+        "-b",
+        "4096",
+        "-g",
+        "8192",
+        "-E",
+        "lazy_itable_init=1,nodiscard",
+        img.to_str().unwrap(),
+    ]))
+    .unwrap();
+    img
+}
+
+#[test]
+fn online_lazy_init_zeroes_the_tables_while_mounted() {
+    let what = "online_lazy_init_zeroes_the_tables_while_mounted";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    // noinit_itable: the tables stay as mke2fs left them.
+    let img = lazy_image(dir.path());
+    let (_, left) = zeroed_groups(&img);
+    assert!(left >= 7, "{left} groups left for lazy init");
+    let m = FuseMount::new(&img, &["noinit_itable"]).unwrap();
+    fs::write(m.path().join("a"), b"a").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    m.unmount().unwrap();
+    assert_eq!(zeroed_groups(&img).1, left);
+    e2fsck_clean(&img).unwrap();
+
+    // init_itable=0: the worker zeroes every table while files are made.
+    let m = FuseMount::new(&img, &["init_itable=0"]).unwrap();
+    for i in 0..200 {
+        fs::write(m.path().join(format!("f{i}")), pattern(3000, i)).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    m.unmount().unwrap();
+    assert_eq!(zeroed_groups(&img).1, 0, "every group zeroed");
+    e2fsck_clean(&img).unwrap();
+    // The files are intact (read back on a read-only mount).
+    let m = FuseMount::new(&img, &["ro"]).unwrap();
+    for i in 0..200 {
+        assert_eq!(
+            fs::read(m.path().join(format!("f{i}"))).unwrap(),
+            pattern(3000, i),
+            "f{i}"
+        );
+    }
+    m.unmount().unwrap();
 }

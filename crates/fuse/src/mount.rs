@@ -17,10 +17,9 @@
 //!    signal), orphans still on the list are freed and the engine closes:
 //!    commit, checkpoint, `needs_recovery` cleared.
 //!
-//! Plug-in points for the parts of issue 8 built elsewhere: online lazy
-//! init (`opts.noinit_itable`, `opts.init_itable`, `opts.lazyinit`) starts
-//! its worker next to the commit timer, on `Backend::Rw` only (parsed and
-//! stored; wired when the worker merges); discard at commit
+//! Online lazy init (`noinit_itable`, `init_itable=N`, `lazyinit=`) runs
+//! its worker ([`ext4kit::lazyinit::online`]) from the mount being live
+//! until the session ends, on `Backend::Rw` only; discard at commit
 //! (`opts.discard`) is the engine's [`DiscardOptions`], set where
 //! [`RwOptions`] is built in `open_backend`.
 
@@ -30,6 +29,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
+use ext4kit::lazyinit::{self, DeviceKind, LazyInitHandle, OnlineOptions, Pace, SysfsLoad};
 use ext4kit_device::{Device, DeviceError, OpenOptions, check_not_mounted, mounts, open_device};
 use ext4kit_format::superblock::{SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock};
 use ext4kit_fs::discard::DiscardOptions;
@@ -43,7 +43,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 use crate::ops::FuseFs;
-use crate::options::MountOptions;
+use crate::options::{LazyinitPace, MountOptions};
 use crate::shared::{Backend, Shared};
 
 /// Why a mount failed or did not end cleanly. One line each.
@@ -151,7 +151,7 @@ pub fn open_backend(path: &Path, opts: &MountOptions) -> Result<Backend, MountEr
         errors: opts.errors,
     };
     let fs = Filesystem::open(dev, ro).map_err(fs_err(path))?;
-    Ok(Backend::Rw(fs))
+    Ok(Backend::Rw(Arc::new(fs)))
 }
 
 fn fuser_config(req: &MountRequest) -> Config {
@@ -294,11 +294,63 @@ fn close(shared: Arc<Shared>, path: &Path) -> Result<(), MountError> {
         ))
     })?;
     match shared.backend {
-        Backend::Rw(fs) => fs.close().map_err(|source| MountError::Close {
-            path: path.to_path_buf(),
-            source,
-        }),
+        Backend::Rw(fs) => {
+            let fs = Arc::try_unwrap(fs).map_err(|_| {
+                MountError::Other(format!(
+                    "{}: the filesystem is still in use at unmount; it was not closed cleanly",
+                    path.display()
+                ))
+            })?;
+            fs.close().map_err(|source| MountError::Close {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
         Backend::Ro(_) => Ok(()),
+    }
+}
+
+/// Online lazy init on a read-write mount (the kernel's `ext4lazyinit`
+/// thread): unless `noinit_itable`, one worker zeroes the inode tables
+/// left unzeroed, paced at `init_itable=N` or adaptively
+/// (`lazyinit=adaptive`, backing off up to x100 from the counters of the
+/// disk beneath the device), while the filesystem is in use. A worker that
+/// cannot start is a warning, not a failed mount (the kernel's too).
+fn start_lazyinit(shared: &Arc<Shared>, req: &MountRequest) -> Option<LazyInitHandle> {
+    let Backend::Rw(fs) = &shared.backend else {
+        return None;
+    };
+    let o = &req.opts;
+    if o.noinit_itable {
+        return None;
+    }
+    let mut opts = OnlineOptions {
+        device_kind: DeviceKind::of_path(&req.device),
+        ..OnlineOptions::default()
+    };
+    opts.pace = match o.lazyinit {
+        LazyinitPace::Fixed => Pace::Fixed {
+            mult: o.init_itable,
+        },
+        LazyinitPace::Adaptive => {
+            if let Some(l) = SysfsLoad::for_path(&req.device) {
+                opts.load = Some(Box::new(l));
+            }
+            Pace::Adaptive {
+                max_mult: 100,
+                fallback_mult: o.init_itable,
+            }
+        }
+    };
+    match lazyinit::online::start(fs.clone(), opts) {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::warn!(
+                "{}: online lazy init not started: {e}",
+                req.device.display()
+            );
+            None
+        }
     }
 }
 
@@ -380,7 +432,12 @@ pub fn serve(req: &MountRequest, ready: impl FnOnce()) -> Result<MountReport, Mo
             }
         })
     };
+    let lazy = start_lazyinit(&shared, req);
     let served = session.run();
+    // The worker first (it holds the engine), then the commit timer.
+    if let Some(h) = lazy {
+        h.stop();
+    }
     stop.stop();
     let _ = timer.join();
     sig_handle.close();

@@ -21,12 +21,8 @@ pub enum LazyinitPace {
     Adaptive,
 }
 
-/// Parsed mount options.
-///
-/// Fields marked "wired after merge" are parsed, validated and stored
-/// here; the features they drive (discard at commit, online lazy init)
-/// are built in parallel and are plugged in where [`crate::mount`] opens
-/// the engine (see `MountOptions::engine_note` users there).
+/// Parsed mount options (used where [`crate::mount`] opens the engine and
+/// starts online lazy init).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MountOptions {
     /// `ro`: served from the read side; the device is opened read-only.
@@ -35,11 +31,11 @@ pub struct MountOptions {
     /// and the reconciler at open (`crates/fs/src/discard.rs`).
     pub discard: bool,
     /// `init_itable=N`: online lazy init sleeps N times the time each
-    /// group took (kernel default 10). Wired after merge.
+    /// group took (kernel default 10).
     pub init_itable: u32,
-    /// `noinit_itable`: no online lazy init. Wired after merge.
+    /// `noinit_itable`: no online lazy init.
     pub noinit_itable: bool,
-    /// `lazyinit=adaptive|fixed`. Wired after merge.
+    /// `lazyinit=adaptive|fixed`.
     pub lazyinit: LazyinitPace,
     /// `commit=SEC`: the running transaction is committed once it is this
     /// old (default 5 s; `commit=0` means the default, as in the kernel).

@@ -20,8 +20,9 @@ use crate::options::MountOptions;
 /// size difference of the variants does not matter).
 #[allow(clippy::large_enum_variant)]
 pub enum Backend {
-    /// Read-write: the operations layer (journaled).
-    Rw(Filesystem),
+    /// Read-write: the operations layer (journaled); shared with the
+    /// online lazy-init worker.
+    Rw(Arc<Filesystem>),
     /// Read-only (`-o ro`): the read side over the device, a dirty
     /// journal replayed in memory (or not at all with `norecovery`).
     /// The device lives as long as the process (leaked on purpose: a
