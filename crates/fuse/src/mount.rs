@@ -436,7 +436,17 @@ pub fn serve(req: &MountRequest, ready: impl FnOnce()) -> Result<MountReport, Mo
     let served = session.run();
     // The worker first (it holds the engine), then the commit timer.
     if let Some(h) = lazy {
-        h.stop();
+        let st = h.stop();
+        if let Some(e) = &st.error {
+            tracing::warn!("{}: online lazy init stopped: {e}", req.device.display());
+        } else {
+            tracing::debug!(
+                "{}: online lazy init: {} of {} groups zeroed",
+                req.device.display(),
+                st.groups_done,
+                st.groups_total
+            );
+        }
     }
     stop.stop();
     let _ = timer.join();
