@@ -7,7 +7,8 @@
 //! replaying mount; the fuse2fs leak (4 KiB random writes then rm); the
 //! errno of 60 refused or edge-case calls equal to kernel ext4's;
 //! pjdfstest when installed; online lazy init zeroing stale inode tables
-//! while files are made (and `noinit_itable` leaving them).
+//! while files are made (and `noinit_itable` leaving them); `-o discard`
+//! giving a deleted file's space back to the image at an immediate unmount.
 //!
 //! Every mount is made on a temporary directory and unmounted by a guard
 //! (also on failure); the mount tests need root and /dev/fuse and say
@@ -1331,4 +1332,38 @@ fn online_lazy_init_zeroes_the_tables_while_mounted() {
         );
     }
     m.unmount().unwrap();
+}
+
+#[test]
+fn discard_on_the_mount_gives_the_space_back_at_once() {
+    let what = "discard_on_the_mount_gives_the_space_back_at_once";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "1G");
+    let allocated = |p: &Path| fs::metadata(p).unwrap().blocks() * 512;
+    let m = FuseMount::new(&img, &["discard"]).unwrap();
+    let before = allocated(&img);
+    let p = m.path().join("big");
+    let mut f = File::create(&p).unwrap();
+    let chunk = pattern(1 << 20, 7);
+    for _ in 0..96 {
+        f.write_all(&chunk).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+    assert!(
+        allocated(&img) >= before + (90 << 20),
+        "the data reached the image"
+    );
+    // Delete, then unmount at once: the commit's discards are not lost.
+    fs::remove_file(&p).unwrap();
+    m.unmount().unwrap();
+    let after = allocated(&img);
+    assert!(
+        after <= before + (4 << 20),
+        "allocated {before} before the data, {after} after the delete"
+    );
+    e2fsck_clean(&img).unwrap();
 }
