@@ -33,16 +33,19 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   written) or read-write (default)\n  \
                   commit=SEC              commit the running transaction after SEC seconds \
                   (default 5; 0 = default)\n  \
-                  errors=remount-ro|continue  after a failed write the journal is aborted \
-                  and further changes fail with EROFS (continue is accepted, behaves the same)\n  \
+                  errors=remount-ro|continue  on corrupt metadata: record it in the \
+                  superblock and refuse further changes (EROFS), or go on (default: the \
+                  superblock's setting, tune2fs -e)\n  \
                   norecovery, noload      with ro only: do not replay a dirty journal, not \
                   even in memory\n  \
                   data=ordered            the only data mode (the default)\n  \
-                  discard, nodiscard      discard freed blocks after each commit (parsed; \
-                  issued once discard at commit is merged)\n  \
+                  discard, nodiscard      discard the blocks each commit freed, together and \
+                  in parallel after the commit; at mount, discard what a crash lost \
+                  (default nodiscard)\n  \
                   init_itable=N, noinit_itable, lazyinit=adaptive|fixed\n                          \
-                  online lazy inode-table init pacing (parsed; runs once online lazy init \
-                  is merged; `ext4kit lazyinit` does it offline)\n  \
+                  online lazy init: a background worker zeroes the inode tables mkfs left, \
+                  waiting N times its work after each group (default 10), adaptively (full \
+                  speed when the disk is idle, up to x100 under load), or not at all\n  \
                   allow_other             let other users in (the kernel checks \
                   permissions and ACLs)\n  \
                   default_permissions     always in effect (accepted)\n  \
