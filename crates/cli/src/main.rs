@@ -21,6 +21,7 @@ mod cmd_mkfs;
 mod cmd_mount;
 mod cmd_ns;
 mod cmd_stat;
+mod cmd_status;
 mod direct;
 mod errmsg;
 mod probe;
@@ -77,6 +78,8 @@ enum Cmd {
     Fallocate(cmd_attr::FallocateArgs),
     /// Discard the free space of an unmounted image or device (util-linux fstrim).
     Fstrim(cmd_fstrim::FstrimArgs),
+    /// Show what an `ext4kit mount` does in the background (online lazy init progress).
+    Status(cmd_status::StatusArgs),
     /// Mount an ext4 image or device with FUSE (journaled read-write, or -o ro).
     #[command(long_about = cmd_mount::LONG_ABOUT)]
     Mount(cmd_mount::MountArgs),
@@ -200,6 +203,7 @@ fn main() {
                             "truncate",
                             "fallocate",
                             "fstrim",
+                            "status",
                             "mount",
                         ]
                         .contains(&s.as_str())
@@ -229,6 +233,7 @@ fn main() {
             Cmd::Truncate(a) => cmd_attr::truncate(a),
             Cmd::Fallocate(a) => cmd_attr::fallocate(a),
             Cmd::Fstrim(a) => cmd_fstrim::run(a),
+            Cmd::Status(a) => cmd_status::run(a),
             Cmd::Mount(a) => cmd_mount::run(a),
             Cmd::Generate(a) => cmd_generate::run(a, Cli::command()),
         }

@@ -1301,6 +1301,9 @@ fn online_lazy_init_zeroes_the_tables_while_mounted() {
     let m = FuseMount::new(&img, &["noinit_itable"]).unwrap();
     fs::write(m.path().join("a"), b"a").unwrap();
     std::thread::sleep(Duration::from_millis(500));
+    let out = run_ok(ext4kit().arg("status").arg(m.path())).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("lazy init: not running"), "{text}");
     m.unmount().unwrap();
     assert_eq!(zeroed_groups(&img).1, left);
     e2fsck_clean(&img).unwrap();
@@ -1311,7 +1314,27 @@ fn online_lazy_init_zeroes_the_tables_while_mounted() {
         fs::write(m.path().join(format!("f{i}")), pattern(3000, i)).unwrap();
     }
     std::thread::sleep(Duration::from_secs(3));
+    // `ext4kit status` shows the worker's progress while mounted.
+    let out = run_ok(ext4kit().args(["status", "--json"]).arg(m.path())).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["lazyinit"]["status"]["groups_total"], 8, "{v}");
+    assert_eq!(v["lazyinit"]["status"]["state"], "done", "{v}");
+    let out = run_ok(ext4kit().arg("status").arg(m.path())).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("lazy init: done, 8/8 groups zeroed"),
+        "{text}"
+    );
+    let status_file = ext4kit_fuse::mount::status_path(&m.path().canonicalize().unwrap());
     m.unmount().unwrap();
+    assert!(!status_file.exists(), "the status file goes with the mount");
+    let out = ext4kit().arg("status").arg(dir.path()).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success() && err.contains("not served by a running"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
     let out = run_ok(tool("dumpe2fs").arg(&img)).unwrap();
     let left: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()

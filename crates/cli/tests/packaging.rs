@@ -65,6 +65,7 @@ fn man_pages_generate_and_render() {
             "ext4kit-mv.1",
             "ext4kit-rm.1",
             "ext4kit-stat.1",
+            "ext4kit-status.1",
             "ext4kit-truncate.1",
             "ext4kit.1"
         ]

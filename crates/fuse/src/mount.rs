@@ -29,7 +29,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use ext4kit::lazyinit::{self, DeviceKind, LazyInitHandle, OnlineOptions, Pace, SysfsLoad};
+use ext4kit::lazyinit::{
+    self, DeviceKind, LazyInitHandle, OnlineOptions, Pace, StatusSource, SysfsLoad,
+};
 use ext4kit_device::{Device, DeviceError, OpenOptions, check_not_mounted, mounts, open_device};
 use ext4kit_format::superblock::{SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock};
 use ext4kit_fs::discard::DiscardOptions;
@@ -354,6 +356,49 @@ fn start_lazyinit(shared: &Arc<Shared>, req: &MountRequest) -> Option<LazyInitHa
     }
 }
 
+/// Where a mount serving `mountpoint` (canonical) publishes its status for
+/// `ext4kit status`: `/run/ext4kit/` as root, else a per-user directory
+/// under `$XDG_RUNTIME_DIR` or the temporary directory; one JSON file per
+/// mountpoint (named by a hash of its path), rewritten every second and
+/// removed at unmount.
+pub fn status_path(mountpoint: &Path) -> PathBuf {
+    let dir = if nix::unistd::geteuid().is_root() {
+        PathBuf::from("/run/ext4kit")
+    } else if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+        PathBuf::from(d).join("ext4kit")
+    } else {
+        std::env::temp_dir().join(format!("ext4kit-{}", nix::unistd::geteuid()))
+    };
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for b in mountpoint.as_os_str().as_encoded_bytes() {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    dir.join(format!("mount-{h:016x}.json"))
+}
+
+/// Write the status file of a mount (atomically: a temporary file
+/// renamed over it). Failures are not the mount's: ignored.
+fn publish_status(path: &Path, mnt: &Path, device: &Path, lazy: Option<&StatusSource>) {
+    let lazy = lazy.map(|s| {
+        let st = s.get();
+        serde_json::json!({ "text": st.to_string(), "status": st })
+    });
+    let v = serde_json::json!({
+        "mountpoint": mnt.display().to_string(),
+        "device": device.display().to_string(),
+        "pid": std::process::id(),
+        "lazyinit": lazy,
+    });
+    let Some(dir) = path.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, v.to_string()).is_ok() && std::fs::rename(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
 /// Mount `req` and serve it until it is unmounted (see the module docs).
 /// `ready` runs once the mount is live.
 pub fn serve(req: &MountRequest, ready: impl FnOnce()) -> Result<MountReport, MountError> {
@@ -416,14 +461,20 @@ pub fn serve(req: &MountRequest, ready: impl FnOnce()) -> Result<MountReport, Mo
         }
         sig
     });
+    let lazy = start_lazyinit(&shared, req);
+    let status_file = status_path(&mnt);
+    let source = lazy.as_ref().map(LazyInitHandle::status_source);
+    publish_status(&status_file, &mnt, &req.device, source.as_ref());
     let stop = Arc::new(Stop::default());
     let timer = {
         let (stop, shared) = (stop.clone(), shared.clone());
+        let (status_file, mnt, device) = (status_file.clone(), mnt.clone(), req.device.clone());
         thread::spawn(move || {
-            let Backend::Rw(fs) = &shared.backend else {
-                return;
-            };
             while !stop.wait(Duration::from_secs(1)) {
+                publish_status(&status_file, &mnt, &device, source.as_ref());
+                let Backend::Rw(fs) = &shared.backend else {
+                    continue;
+                };
                 if let Err(e) = fs.rw().journal().tick() {
                     tracing::warn!("commit: {e}");
                 }
@@ -432,7 +483,6 @@ pub fn serve(req: &MountRequest, ready: impl FnOnce()) -> Result<MountReport, Mo
             }
         })
     };
-    let lazy = start_lazyinit(&shared, req);
     let served = session.run();
     // The worker first (it holds the engine), then the commit timer.
     if let Some(h) = lazy {
@@ -450,6 +500,7 @@ pub fn serve(req: &MountRequest, ready: impl FnOnce()) -> Result<MountReport, Mo
     }
     stop.stop();
     let _ = timer.join();
+    let _ = std::fs::remove_file(&status_file);
     sig_handle.close();
     let signal = sig_thread.join().ok().flatten();
     let closed = close(shared, &req.device);
