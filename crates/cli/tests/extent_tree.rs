@@ -28,31 +28,6 @@ use ext4kit_fs::rw::RwOptions;
 /// are edited at random.
 const NO_OPTIMIZE: &[&str] = &["-E", "no_optimize_extents"];
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 fn create(fs: &Filesystem, name: &str) -> u32 {
     let spec = NewInode::new(S_IFREG | 0o644, 0, 0);
     fs.create(2, name.as_bytes(), &spec).unwrap().0.ino

@@ -26,20 +26,6 @@ use ext4kit_fs::fs::{Filesystem, NewInode, RenameFlags};
 use ext4kit_fs::rw::{ErrorBehavior, RwOptions};
 use ext4kit_fs::xattr_write::SetMode;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 fn name(i: usize) -> Vec<u8> {
     format!("entry-with-a-longish-name-{i:04}").into_bytes()
 }

@@ -35,18 +35,6 @@ fn new_file(fs: &Filesystem) -> u32 {
     i.ino
 }
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn debugfs(img: &Path, write: bool, cmd: &str) -> Vec<u8> {
     let mut c = tool("debugfs");
     if write {
@@ -404,19 +392,6 @@ fn crash_at_every_write_recovers_a_committed_state() {
         }
     }
     assert!(checked > 10);
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
 }
 
 /// Random sequences of write, truncate, fallocate (all modes), setattr,

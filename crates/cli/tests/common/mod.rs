@@ -720,3 +720,34 @@ pub fn open_file(img: &Path) -> std::sync::Arc<dyn Device> {
     };
     std::sync::Arc::new(FileDevice::open(img, o).unwrap())
 }
+
+/// `len` bytes of a recognizable pseudo-random pattern (xorshift64) for
+/// `seed`: test data whose every copy can be regenerated and compared.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A small deterministic generator (xorshift64) for random test
+/// workloads; the seed must not be 0.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform-ish in `0..n` (`0` for `n == 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
