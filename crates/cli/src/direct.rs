@@ -136,6 +136,9 @@ impl Device for DirectDevice {
     fn discard_zeroes_data(&self) -> bool {
         self.inner.discard_zeroes_data()
     }
+    fn reports_allocation(&self) -> bool {
+        self.inner.reports_allocation()
+    }
     fn known_zero_ranges(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
         self.inner.known_zero_ranges(offset, len)
     }

@@ -567,12 +567,23 @@ impl Mount {
         self.dir.as_ref().expect("mounted").path()
     }
 
-    /// Unmount now, reporting failure (drop would only warn).
+    /// Unmount now, reporting failure (drop would only warn). A busy
+    /// mount is retried for a while (something may still hold it for a
+    /// moment); if it stays busy, the error is returned and the drop
+    /// that follows detaches it lazily, so the caller can still detach
+    /// its loop device.
     pub fn unmount(mut self) -> Result<(), String> {
         let dir = self.dir.take().expect("mounted");
-        run_ok(tool("umount").arg(dir.path()))?;
-        drop(dir);
-        Ok(())
+        let mut last = String::new();
+        for _ in 0..10 {
+            match run_ok(tool("umount").arg(dir.path())) {
+                Ok(_) => return Ok(()),
+                Err(e) => last = e,
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        self.dir = Some(dir);
+        Err(last)
     }
 }
 

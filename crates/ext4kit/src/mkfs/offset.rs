@@ -68,6 +68,9 @@ impl<D: Device> Device for OffsetDevice<D> {
     fn allocated_bytes(&self) -> Option<u64> {
         self.inner.allocated_bytes()
     }
+    fn reports_allocation(&self) -> bool {
+        self.inner.reports_allocation()
+    }
     fn is_rotational(&self) -> Option<bool> {
         self.inner.is_rotational()
     }
@@ -99,6 +102,7 @@ mod tests {
         for (s, e) in d.known_zero_ranges(0, 8192).unwrap() {
             assert!(s < e && e <= 8192);
         }
+        assert_eq!(d.reports_allocation(), mem.reports_allocation());
         let mut first = [0u8; 1];
         mem.read_at(&mut first, 0).unwrap();
         assert_eq!(first, [0xAA], "nothing before the offset is touched");
