@@ -21,5 +21,7 @@ pub mod ops;
 pub mod options;
 pub mod shared;
 
+#[doc(hidden)]
+pub use mount::serve_wrapped;
 pub use mount::{MountError, MountReport, MountRequest, default_threads, serve};
 pub use options::{MountOptions, OptionError};
