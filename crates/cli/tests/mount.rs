@@ -1442,4 +1442,13 @@ fn fstrim_on_the_mount_gives_free_space_back() {
     assert_eq!(v["trimmed_bytes"], 0, "{v}");
     m.unmount().unwrap();
     e2fsck_clean(&img).unwrap();
+    // A read-only mount opened its device read-only: EROFS.
+    let m = FuseMount::new(&img, &["ro"]).unwrap();
+    let out = run(ext4kit().arg("fstrim").arg(m.path())).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("Read-only file system"),
+        "{err}"
+    );
+    m.unmount().unwrap();
 }

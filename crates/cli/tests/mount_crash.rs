@@ -21,7 +21,9 @@
 //!
 //! `EXT4KIT_MOUNT_CRASH=N` runs N steps per thread and checks every cut
 //! in every mode (default: 36 steps, every cut with all writes lost,
-//! about 90 cuts per volatile-cache mode).
+//! about 90 cuts per volatile-cache mode); `EXT4KIT_MOUNT_CRASH_OPTS`
+//! replaces the mount options (default `commit=1`; e.g.
+//! `commit=1,discard`).
 
 mod common;
 
@@ -600,7 +602,8 @@ fn allowed(r: &Run, p: usize, hi: usize, k: u64, got: &Tree) -> bool {
         let Some(Node::File { id, data, .. }) = r.states[t].get(path) else {
             return None;
         };
-        (*to < data.len() as u64 && !to.is_multiple_of(BLOCK)).then(|| (*id, *to, to.div_ceil(BLOCK) * BLOCK))
+        (*to < data.len() as u64 && !to.is_multiple_of(BLOCK))
+            .then(|| (*id, *to, to.div_ceil(BLOCK) * BLOCK))
     });
     got.iter().all(|(key, g)| match (base.get(key), g) {
         (Some(Node::Dir), Node::Dir) => true,
@@ -823,7 +826,8 @@ fn power_cut_at_every_write_through_the_mount() {
 
     // Record: the workload through a real mount, then a clean unmount.
     let trace = Trace::new();
-    let m = TracedMount::new(&img, "commit=1", trace.clone()).unwrap();
+    let opts = std::env::var("EXT4KIT_MOUNT_CRASH_OPTS").unwrap_or_else(|_| "commit=1".into());
+    let m = TracedMount::new(&img, &opts, trace.clone()).unwrap();
     let root = m.path().to_path_buf();
     let runs: Vec<Run> = thread::scope(|s| {
         let hs: Vec<_> = (0..THREADS)
@@ -841,6 +845,10 @@ fn power_cut_at_every_write_through_the_mount() {
     let flushes = ops
         .iter()
         .filter(|o| **o == ext4kit_device::TraceOp::Flush)
+        .count();
+    let discards = ops
+        .iter()
+        .filter(|o| matches!(o, ext4kit_device::TraceOp::Discard { .. }))
         .count();
 
     // The trace is the whole truth: all of it replayed is the image the
@@ -963,7 +971,7 @@ fn power_cut_at_every_write_through_the_mount() {
     }
     eprintln!(
         "mount power cuts: {} steps by {THREADS} threads recorded in {:.1} s as {total} device \
-         operations ({flushes} flushes); {recovered} cut images recovered by the engine and \
+         operations ({flushes} flushes, {discards} discards); {recovered} cut images recovered by the engine and \
          checked, {fscked} of them by e2fsck -fn, {e2fsck_fy} recovered by e2fsck -fy, \
          {kernel} by the kernel, {torn_sb} torn primary superblocks; {:.1} s in all",
         steps * THREADS as usize,
