@@ -1,11 +1,18 @@
-//! `ext4kit fstrim [-o OFFSET] [-l LEN] [-m MINLEN] [-v] [--json] DEVICE`:
-//! discard the free space of an unmounted ext2/3/4 image or device
-//! (util-linux fstrim's options, FITRIM's semantics). A dirty journal is
-//! replayed first, as the other write commands do. On image files only
-//! the free space the file still holds is discarded (holes are skipped,
-//! so a second run finds nothing to do); block devices cannot tell, so
-//! all free space in the range is discarded. Nothing but the replay and
-//! the discards is written.
+//! `ext4kit fstrim [-o OFFSET] [-l LEN] [-m MINLEN] [-v] [--json]
+//! DEVICE|MOUNTPOINT`: discard the free space of an unmounted ext2/3/4
+//! image or device, or of a mounted filesystem (util-linux fstrim's
+//! options, FITRIM's semantics).
+//!
+//! Offline (DEVICE): a dirty journal is replayed first, as the other
+//! write commands do. On image files only the free space the file still
+//! holds is discarded (holes are skipped, so a second run finds nothing
+//! to do); block devices cannot tell, so all free space in the range is
+//! discarded. Nothing but the replay and the discards is written.
+//!
+//! Online (MOUNTPOINT, a directory): the `FITRIM` ioctl on it, as
+//! util-linux fstrim issues it; an `ext4kit mount` answers it with the
+//! same trim (groups trimmed before that freed nothing since are
+//! skipped), and so does any kernel filesystem that supports it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -39,8 +46,9 @@ pub struct FstrimArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
-    /// Image file or block device (not mounted).
-    #[arg(value_name = "DEVICE")]
+    /// Image file or block device (not mounted), or the mount point of a
+    /// mounted filesystem (an ext4kit mount or any that supports FITRIM).
+    #[arg(value_name = "DEVICE|MOUNTPOINT")]
     pub device: PathBuf,
 }
 
@@ -95,6 +103,9 @@ pub fn run(args: &FstrimArgs) -> anyhow::Result<i32> {
     };
     let path = &args.device;
     let p = path.display().to_string();
+    if path.is_dir() {
+        return online(args, &req, &p);
+    }
     // Refuses a mounted device (or a file behind a mounted loop device)
     // and a device someone else holds exclusively.
     let dev: Arc<dyn Device> = Arc::from(open_device(path, OpenOptions::read_write())?);
@@ -182,6 +193,38 @@ pub fn run(args: &FstrimArgs) -> anyhow::Result<i32> {
             rep.failed
         );
         return Ok(1);
+    }
+    Ok(0)
+}
+
+/// `FITRIM` on the mount point `p` (the reply says how many bytes were
+/// trimmed).
+fn online(args: &FstrimArgs, req: &TrimRequest, p: &str) -> anyhow::Result<i32> {
+    let dir = std::fs::File::open(&args.device).with_context(|| p.to_string())?;
+    let bytes = match ext4kit_device::host::fitrim(&dir, req.start, req.len, req.minlen) {
+        Ok(n) => n,
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY) | Some(libc::ENOSYS)
+            ) =>
+        {
+            eprintln!("ext4kit fstrim: {p}: the discard operation is not supported");
+            return Ok(1);
+        }
+        Err(e) => return Err(anyhow!("{p}: FITRIM ioctl failed: {e}")),
+    };
+    if args.json {
+        outln!(
+            "{}",
+            json!({
+                "mountpoint": p,
+                "online": true,
+                "trimmed_bytes": bytes,
+            })
+        );
+    } else if args.verbose {
+        outln!("{p}: {} ({bytes} bytes) trimmed", human(bytes));
     }
     Ok(0)
 }

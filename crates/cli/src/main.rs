@@ -76,7 +76,7 @@ enum Cmd {
     Truncate(cmd_attr::TruncateArgs),
     /// Preallocate, punch or zero file space in an image (util-linux fallocate).
     Fallocate(cmd_attr::FallocateArgs),
-    /// Discard the free space of an unmounted image or device (util-linux fstrim).
+    /// Discard the free space of an image, a device or a mounted filesystem (util-linux fstrim).
     Fstrim(cmd_fstrim::FstrimArgs),
     /// Show what an `ext4kit mount` does in the background (online lazy init progress).
     Status(cmd_status::StatusArgs),

@@ -24,26 +24,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::is_fuse_mounted as is_mounted;
 use common::*;
 use ext4kit_device::{Device, FileDevice, host};
-
-/// Root, /dev/fuse, e2fsprogs: `Err` says what is missing.
-fn fuse_available() -> Result<(), String> {
-    if !is_root() {
-        return Err("not root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Err("/dev/fuse missing".into());
-    }
-    let fs = fs::read_to_string("/proc/filesystems").unwrap_or_default();
-    if !fs
-        .lines()
-        .any(|l| l.split_whitespace().last() == Some("fuse"))
-    {
-        return Err("fuse not in /proc/filesystems".into());
-    }
-    e2fs_tools()
-}
 
 /// A fresh `ext4kit mkfs` image (4 KiB blocks, 256-byte inodes).
 fn mkfs(dir: &Path, size: &str) -> PathBuf {
@@ -65,17 +48,6 @@ fn mkfs(dir: &Path, size: &str) -> PathBuf {
     ]))
     .unwrap();
     img
-}
-
-fn is_mounted(dir: &Path) -> bool {
-    let want = dir.to_string_lossy().into_owned();
-    fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            f.get(4) == Some(&want.as_str()) && l.contains(" - fuse ")
-        })
 }
 
 fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Result<(), String> {
@@ -1376,4 +1348,107 @@ fn discard_on_the_mount_gives_the_space_back_at_once() {
         "allocated {before} before the data, {after} after the delete"
     );
     e2fsck_clean(&img).unwrap();
+}
+
+/// `(N bytes) trimmed` of an `fstrim -v` line (util-linux's and ours).
+fn trimmed_bytes(out: &std::process::Output) -> u64 {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.ends_with(" bytes) trimmed"));
+    line.and_then(|l| l.rsplit_once('(')?.1.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no trimmed line in {text:?}"))
+}
+
+#[test]
+fn fstrim_on_the_mount_gives_free_space_back() {
+    let what = "fstrim_on_the_mount_gives_free_space_back";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "512M");
+    let allocated = |p: &Path| fs::metadata(p).unwrap().blocks() * 512;
+    let m = FuseMount::new(&img, &["nodiscard"]).unwrap();
+    let mnt = m.path().to_path_buf();
+    let before = allocated(&img);
+    // util-linux fstrim when installed, else ours, for the first trim of
+    // each round; the other one for the second.
+    let util = have("fstrim");
+    let fstrim = |ours: bool, args: &[&str]| {
+        let mut c = if ours {
+            let mut c = ext4kit();
+            c.arg("fstrim");
+            c
+        } else {
+            tool("fstrim")
+        };
+        c.args(args).arg(&mnt);
+        run(&mut c).unwrap()
+    };
+    for (round, first_ours) in [(0u64, !util), (1, true)] {
+        let p = mnt.join(format!("big{round}"));
+        let mut f = File::create(&p).unwrap();
+        let chunk = pattern(1 << 20, round);
+        for _ in 0..64 {
+            f.write_all(&chunk).unwrap();
+        }
+        f.sync_all().unwrap();
+        drop(f);
+        let full = allocated(&img);
+        assert!(
+            full >= before + (60 << 20),
+            "round {round}: data in the image"
+        );
+        // Deleted and committed without discard: the image keeps it all.
+        fs::remove_file(&p).unwrap();
+        File::open(&mnt).unwrap().sync_all().unwrap();
+        assert!(
+            allocated(&img) + (4 << 20) >= full,
+            "round {round}: nodiscard"
+        );
+        let out = fstrim(first_ours, &["-v"]);
+        assert!(out.status.success(), "round {round}: {out:?}");
+        let n = trimmed_bytes(&out);
+        let after = allocated(&img);
+        assert!(n >= 60 << 20, "round {round}: trimmed {n}");
+        assert!(
+            after <= before + (4 << 20),
+            "round {round}: allocated {before} before the data, {after} after fstrim"
+        );
+        // What it says it trimmed is what the image gave back.
+        assert!(
+            n.abs_diff(full - after) <= 2 << 20,
+            "round {round}: trimmed {n}, the image shrank by {}",
+            full - after
+        );
+        // Nothing freed since: a second run (with the other tool) trims
+        // nothing.
+        let second_ours = !first_ours || !util;
+        let out = fstrim(second_ours, &["-v"]);
+        assert!(out.status.success(), "round {round}: {out:?}");
+        assert_eq!(trimmed_bytes(&out), 0, "round {round}: second fstrim");
+    }
+    // FITRIM's refusals, as ext4 gives them: a start past the end, a
+    // length shorter than a block, a minimum larger than a group.
+    for args in [&["-o", "1G"][..], &["-l", "1K"][..], &["-m", "256M"][..]] {
+        let out = fstrim(true, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {out:?}");
+        assert!(err.contains("Invalid argument"), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    }
+    let out = run(ext4kit().args(["fstrim", "--json"]).arg(&mnt)).unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["trimmed_bytes"], 0, "{v}");
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+    // A read-only mount opened its device read-only: EROFS.
+    let m = FuseMount::new(&img, &["ro"]).unwrap();
+    let out = run(ext4kit().arg("fstrim").arg(m.path())).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("Read-only file system"),
+        "{err}"
+    );
+    m.unmount().unwrap();
 }

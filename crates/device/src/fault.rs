@@ -88,6 +88,17 @@ impl FaultControl {
         Arc::new(Self::default())
     }
 
+    /// A fresh control whose operation counter starts at `ops`, as if
+    /// that many operations had happened already: a device continuing a
+    /// recorded run (`crate::CutReplay`) then counts, and seeds its
+    /// [`CutMode::Subset`] choices, exactly as one that ran the whole of
+    /// it.
+    pub fn starting_at(ops: u64) -> Arc<Self> {
+        let c = Self::default();
+        c.ops.store(ops, Ordering::SeqCst);
+        Arc::new(c)
+    }
+
     /// After `n` more successful mutating operations, every further
     /// operation (reads included) fails with [`DeviceError::Injected`].
     /// Unflushed writes stay buffered (not applied to the inner device).

@@ -1,6 +1,7 @@
 //! The device layer: everything ext4kit reads or writes goes through the
-//! [`Device`] trait. Regular image files, block devices, an in-memory device
-//! and a fault-injecting wrapper implement it.
+//! [`Device`] trait. Regular image files, block devices, an in-memory device,
+//! a fault-injecting wrapper and a recording wrapper (record a workload's
+//! writes once, cut the power at each of them offline) implement it.
 //!
 //! This is the only crate allowed to contain `unsafe` (ioctls); every such
 //! block carries a `// SAFETY:` comment.
@@ -20,6 +21,7 @@ mod mem;
 mod mounts;
 mod open;
 mod ranges;
+mod record;
 mod sys;
 mod sysfs;
 
@@ -30,6 +32,7 @@ pub use file::FileDevice;
 pub use mem::MemDevice;
 pub use mounts::{MountEntry, check_not_mounted, loop_devices_backed_by, mounts};
 pub use open::open_device;
+pub use record::{CutReplay, RecordingDevice, Trace, TraceOp};
 pub use sysfs::backing_sysfs_dir;
 
 /// Errors from the device layer.

@@ -271,8 +271,6 @@ struct Inner {
     idle: Condvar,
     stop_reconcile: AtomicBool,
     rec: Mutex<ReconcileStats>,
-    /// minlen (blocks) of the last whole trim (`s_last_trim_minblks`).
-    last_minlen: AtomicU64,
 }
 
 /// The handle the freed-extent hook holds: queue a commit's ranges.
@@ -571,7 +569,6 @@ impl Discarder {
             idle: Condvar::new(),
             stop_reconcile: AtomicBool::new(false),
             rec: Mutex::new(ReconcileStats::default()),
-            last_minlen: AtomicU64::new(0),
         });
         let d = Discarder {
             inner,
@@ -677,7 +674,9 @@ impl Discarder {
         for g in g0..=g1 {
             inner.alloc.free_ranges(rd, g)?;
         }
-        let last_minlen = inner.last_minlen.load(Ordering::SeqCst);
+        // Kept by the allocator, not here: a mount without `-o discard`
+        // trims through a new Discarder each time.
+        let last_minlen = inner.alloc.last_trim_minlen();
         for g in g0..=g1 {
             rep.groups += 1;
             // A device that cannot tell what it holds: skip groups trimmed
@@ -703,7 +702,7 @@ impl Discarder {
         }
         rep.unsupported = lock(&inner.q).stats.unsupported;
         if g0 == 0 && g1 + 1 == l.group_count {
-            inner.last_minlen.store(minlen, Ordering::SeqCst);
+            inner.alloc.set_last_trim_minlen(minlen);
         }
         Ok(rep)
     }

@@ -371,3 +371,28 @@ fn trim_without_allocation_info() {
     );
     fs.close().unwrap();
 }
+
+/// A trim with a smaller minimum than the last whole one trims the
+/// groups again (the kernel's `s_last_trim_minblks`), also on a mount
+/// without `-o discard`, where every trim runs on a new pool.
+#[test]
+fn smaller_minimum_trims_again_without_discard_pool() {
+    let mem = Arc::new(image(64 << 20, &[]));
+    let dev = Arc::new(DelayDevice::new(Blind(mem.clone())));
+    let fs = Filesystem::open(dev.clone(), RwOptions::default()).unwrap();
+    let big = crate::discard::TrimRequest {
+        minlen: 1 << 20,
+        ..Default::default()
+    };
+    let r = fs.trim(&big).unwrap();
+    assert!(r.bytes > 0 && r.groups_skipped == 0, "{r:?}");
+    // Same minimum: skipped.
+    let r = fs.trim(&big).unwrap();
+    assert_eq!((r.bytes, r.groups_skipped), (0, r.groups), "{r:?}");
+    // Smaller: everything again (extents below 1 MiB were left).
+    let r = fs.trim(&Default::default()).unwrap();
+    assert!(r.bytes > 0 && r.groups_skipped == 0, "{r:?}");
+    let r = fs.trim(&Default::default()).unwrap();
+    assert_eq!((r.bytes, r.groups_skipped), (0, r.groups), "{r:?}");
+    fs.close().unwrap();
+}

@@ -13,6 +13,7 @@
 //!   unmount), readdir snapshots, the tid of each inode's last change
 //!   (what fsync commits).
 //! - [`ops`]: the `fuser::Filesystem` implementation.
+//! - [`trim`]: `FITRIM` (fstrim on the mount point).
 //! - [`mount`]: open, mount, serve, unmount on signals, close cleanly.
 
 pub mod attr;
@@ -20,6 +21,9 @@ pub mod mount;
 pub mod ops;
 pub mod options;
 pub mod shared;
+pub mod trim;
 
+#[doc(hidden)]
+pub use mount::serve_wrapped;
 pub use mount::{MountError, MountReport, MountRequest, default_threads, serve};
 pub use options::{MountOptions, OptionError};

@@ -125,6 +125,16 @@ fn volume_without_replay(dev: &'static dyn Device) -> Result<Volume<'static>, Fs
 
 /// Open the engine for `opts` (see the module docs, step 1).
 pub fn open_backend(path: &Path, opts: &MountOptions) -> Result<Backend, MountError> {
+    open_backend_wrapped(path, opts, &|d| d)
+}
+
+/// [`open_backend`] with the read-write device passed through `wrap`
+/// before the engine opens it (see [`serve_wrapped`]).
+fn open_backend_wrapped(
+    path: &Path,
+    opts: &MountOptions,
+    wrap: &dyn Fn(Arc<dyn Device>) -> Arc<dyn Device>,
+) -> Result<Backend, MountError> {
     if opts.read_only {
         check_not_mounted(path).map_err(dev_err(path))?;
         let o = OpenOptions {
@@ -140,8 +150,9 @@ pub fn open_backend(path: &Path, opts: &MountOptions) -> Result<Backend, MountEr
         .map_err(fs_err(path))?;
         return Ok(Backend::Ro(vol));
     }
-    let dev: Arc<dyn Device> =
-        Arc::from(open_device(path, OpenOptions::read_write()).map_err(dev_err(path))?);
+    let dev: Arc<dyn Device> = wrap(Arc::from(
+        open_device(path, OpenOptions::read_write()).map_err(dev_err(path))?,
+    ));
     // -o discard: the per-commit discard batch and, at open, the
     // reconciler that gives back what an earlier crash or kill lost.
     let ro = RwOptions {
@@ -402,6 +413,20 @@ fn publish_status(path: &Path, mnt: &Path, device: &Path, lazy: Option<&StatusSo
 /// Mount `req` and serve it until it is unmounted (see the module docs).
 /// `ready` runs once the mount is live.
 pub fn serve(req: &MountRequest, ready: impl FnOnce()) -> Result<MountReport, MountError> {
+    serve_wrapped(req, &|d| d, ready)
+}
+
+/// [`serve`], with the device of a read-write mount passed through
+/// `wrap` before the engine opens it (the device is opened, checked and
+/// locked as always; `ro` mounts are not wrapped). For tests, which put a
+/// recording or fault-injecting device ([`ext4kit_device::RecordingDevice`])
+/// under a real mount; not reachable from the command line.
+#[doc(hidden)]
+pub fn serve_wrapped(
+    req: &MountRequest,
+    wrap: &dyn Fn(Arc<dyn Device>) -> Arc<dyn Device>,
+    ready: impl FnOnce(),
+) -> Result<MountReport, MountError> {
     let mnt = req
         .mountpoint
         .canonicalize()
@@ -422,7 +447,7 @@ pub fn serve(req: &MountRequest, ready: impl FnOnce()) -> Result<MountReport, Mo
             path: mnt.clone(),
             source,
         })?;
-    let backend = open_backend(&req.device, &req.opts)?;
+    let backend = open_backend_wrapped(&req.device, &req.opts, wrap)?;
     let replayed = match &backend {
         Backend::Rw(fs) => fs.rw().open_report().replayed,
         Backend::Ro(v) => v.info.replayed_transactions,

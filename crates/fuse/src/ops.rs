@@ -1145,6 +1145,29 @@ impl fuser::Filesystem for FuseFs {
             Err(e) => reply.error(e),
         }
     }
+
+    /// `FITRIM` (on any file or directory of the mount, as ext4; see
+    /// [`crate::trim`]); every other command is ENOTTY, as ext4 answers
+    /// commands it does not know.
+    fn ioctl(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        if cmd != crate::trim::FITRIM {
+            return reply.error(Errno::ENOTTY);
+        }
+        match crate::trim::fitrim(&self.s, req.uid(), in_data, out_size) {
+            Ok(range) => reply.ioctl(0, &range.to_bytes()),
+            Err(e) => reply.error(e),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -762,3 +762,34 @@ impl Rng {
         self.next() % n.max(1)
     }
 }
+
+/// Can this process serve a FUSE mount (root, /dev/fuse, fuse in
+/// /proc/filesystems) and check it (e2fsprogs)? `Err` says what is missing.
+pub fn fuse_available() -> Result<(), String> {
+    if !is_root() {
+        return Err("not root".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Err("/dev/fuse missing".into());
+    }
+    let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    if !fs
+        .lines()
+        .any(|l| l.split_whitespace().last() == Some("fuse"))
+    {
+        return Err("fuse not in /proc/filesystems".into());
+    }
+    e2fs_tools()
+}
+
+/// Is a FUSE filesystem mounted on `dir` (this process's mount table)?
+pub fn is_fuse_mounted(dir: &Path) -> bool {
+    let want = dir.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            f.get(4) == Some(&want.as_str()) && l.contains(" - fuse ")
+        })
+}

@@ -273,6 +273,10 @@ pub struct BlockAlloc {
     /// Trimmed and nothing freed since (the kernel's in-memory
     /// `EXT4_MB_GRP_WAS_TRIMMED`); cleared by [`BlockAlloc::free`].
     trimmed: Vec<AtomicBool>,
+    /// minlen (blocks) of the last whole trim (the kernel's
+    /// `s_last_trim_minblks`): a trim with a smaller one does not skip
+    /// the trimmed groups.
+    last_trim_minlen: AtomicU64,
     index: Mutex<Index>,
     busy: Mutex<BusyLog>,
     /// Signalled when a discard finishes (see [`BlockAlloc::alloc`]).
@@ -379,6 +383,7 @@ impl BlockAlloc {
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             sets: Mutex::new(HashMap::new()),
             trimmed: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            last_trim_minlen: AtomicU64::new(0),
             index: Mutex::new(index),
             busy: Mutex::new(BusyLog::default()),
             discard_done: Condvar::new(),
@@ -1192,6 +1197,18 @@ impl BlockAlloc {
         if let Some(t) = self.trimmed.get(g as usize) {
             t.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// The minimum length (blocks) of the last trim of the whole
+    /// filesystem, 0 before the first.
+    pub fn last_trim_minlen(&self) -> u64 {
+        self.last_trim_minlen.load(Ordering::Relaxed)
+    }
+
+    /// Record the minimum length (blocks) of a trim of the whole
+    /// filesystem.
+    pub fn set_last_trim_minlen(&self, blocks: u64) {
+        self.last_trim_minlen.store(blocks, Ordering::Relaxed);
     }
 
     /// Clear `BLOCK_UNINIT` of group `g` (the inode allocator does, as the
