@@ -689,9 +689,10 @@ const SECT2048: &[(&str, &str)] = &[("MKE2FS_DEVICE_SECTSIZE", "2048")];
 
 /// The m_* cases: e2fsprogs' own invocations (tests/m_*/script), under
 /// its test configuration and environment, and the behaviours they rely
-/// on. (m_quota,
-/// m_mmp*, m_hugefile*, m_root*/-d,
-/// m_minrootdir, m_devdir use features ext4kit refuses.)
+/// on. (m_mmp and m_image_mmp are in `parity_mmp`, whose MMP block holds
+/// the time and device name; m_mmp_bad_* corrupt it with debugfs; m_quota,
+/// m_hugefile*, m_root*/-d, m_minrootdir, m_devdir use features ext4kit
+/// refuses.)
 const M_CASES: &[MCase] = &[
     m("m_std", "ext2", &[], "65536", 64 * MIB),
     m("m_std (ext4)", "ext4", &[], "65536", 64 * MIB),
@@ -1303,6 +1304,9 @@ fn parity_direct_io() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Extra environment variables of a case.
+type Env = &'static [(&'static str, &'static str)];
+
 /// Offsets in the superblock (bytes from its start) and the MMP block.
 const SB_LOG_BLOCK_SIZE: usize = 0x18;
 const SB_MMP_INTERVAL: usize = 0x166;
@@ -1351,47 +1355,75 @@ fn parity_mmp() {
             return skip(test, &format!("{t} not found (install e2fsprogs)"));
         }
     }
-    let cases: &[(Conf, u64, &[&str], Option<&str>)] = &[
-        (Conf::Debian, GIB, &["-O", "mmp"], None),
+    let debian = || Conf::Debian.text().to_string();
+    let upstream = || Conf::Upstream.text().to_string();
+    let tests = || MConf::Tests.text();
+    let no_env: Env = &[];
+    let cases: Vec<(&str, String, Case, Env)> = vec![
+        ("Debian", debian(), case(GIB, &["-O", "mmp"]), no_env),
         (
-            Conf::Debian,
-            GIB,
-            &["-O", "mmp"],
-            Some("mmp_update_interval=7"),
+            "Debian",
+            debian(),
+            case(GIB, &["-O", "mmp"]).e("mmp_update_interval=7"),
+            no_env,
         ),
         (
-            Conf::Debian,
-            GIB,
-            &["-O", "mmp"],
-            Some("mmp_update_interval=2"),
+            "Debian",
+            debian(),
+            case(GIB, &["-O", "mmp"]).e("mmp_update_interval=2"),
+            no_env,
         ),
         (
-            Conf::Upstream,
-            100 * MIB,
-            &["-b", "1024", "-O", "mmp"],
-            None,
+            "Upstream",
+            upstream(),
+            case(100 * MIB, &["-b", "1024", "-O", "mmp"]),
+            no_env,
         ),
         (
-            Conf::Upstream,
-            GIB,
-            &["-O", "mmp,sparse_super2,fast_commit"],
-            None,
+            "Upstream",
+            upstream(),
+            case(GIB, &["-O", "mmp,sparse_super2,fast_commit"]),
+            no_env,
         ),
-        (Conf::Debian, GIB, &["-O", "mmp,^metadata_csum"], None),
-        (Conf::Debian, 64 * MIB, &["-O", "mmp,^has_journal"], None),
+        (
+            "Debian",
+            debian(),
+            case(GIB, &["-O", "mmp,^metadata_csum"]),
+            no_env,
+        ),
+        (
+            "Debian",
+            debian(),
+            case(64 * MIB, &["-O", "mmp,^has_journal"]),
+            no_env,
+        ),
+        // e2fsprogs' m_mmp and m_image_mmp (run_mke2fs: ext2, -o Linux).
+        (
+            "m_mmp",
+            tests(),
+            case(256 * MIB, &["-o", "Linux", "-b", "4096", "-O", "mmp"])
+                .t("ext2")
+                .fs_size("65536"),
+            SECT2048,
+        ),
+        (
+            "m_image_mmp",
+            tests(),
+            case(MIB, &["-o", "Linux", "-b", "4096", "-O", "mmp"])
+                .t("ext2")
+                .e("mmp_update_interval=1")
+                .fs_size("100"),
+            no_env,
+        ),
     ];
     let dir = shm_dir().unwrap_or_else(image_dir);
     let mut failures = Vec::new();
-    for (k, &(conf, size, opts, ext)) in cases.iter().enumerate() {
-        let c = Case {
-            opts,
-            ext,
-            ..case(size, opts)
-        };
-        let label = format!("[{conf:?}] {}", c.label());
+    for (k, (name, conf, c, extra_env)) in cases.iter().enumerate() {
+        let size = c.size;
+        let label = format!("[{name}] {}", c.label());
         let res = (|| -> Result<(), String> {
             let conf_path = dir.path().join(format!("mke2fs-{k}.conf"));
-            std::fs::write(&conf_path, conf.text()).map_err(|e| e.to_string())?;
+            std::fs::write(&conf_path, conf).map_err(|e| e.to_string())?;
             let (dref, dours) = (dir.path().join("ref"), dir.path().join("ours"));
             for d in [&dref, &dours] {
                 let _ = std::fs::remove_dir_all(d);
@@ -1406,6 +1438,7 @@ fn parity_mmp() {
             let r = run(mke2fs(&args)
                 .current_dir(&dref)
                 .envs(env)
+                .envs(extra_env.iter().copied())
                 .env("MKE2FS_CONFIG", &conf_path))?;
             if !r.status.success() {
                 return Err(format!("mke2fs refused it: {}", last_line(&r)));
@@ -1413,6 +1446,7 @@ fn parity_mmp() {
             let o = run(ext4kit_mkfs(&args)
                 .current_dir(&dours)
                 .envs(env)
+                .envs(extra_env.iter().copied())
                 .env("MKE2FS_CONFIG", &conf_path))?;
             if !o.status.success() {
                 return Err(format!("ext4kit mkfs failed: {}", last_line(&o)));
@@ -1452,7 +1486,9 @@ fn parity_mmp() {
                     u64::from_le_bytes(t)
                 ));
             }
-            let csum = opts.iter().all(|o| !o.contains("^metadata_csum"));
+            // metadata_csum (s_feature_ro_compat 0x400) decides the checksum.
+            let ro = read_at(&ours, 1024 + 0x64, 4)?;
+            let csum = u32::from_le_bytes([ro[0], ro[1], ro[2], ro[3]]) & 0x400 != 0;
             if csum {
                 let uuid = read_at(&ours, 1024 + SB_UUID as u64, 16)?;
                 let seed = ext4kit_format::checksum::crc32c_raw(!0, &uuid);
