@@ -350,6 +350,9 @@ const CASES: &[Case] = &[
     case(100 * MIB, &["-b", "1024", "-O", "fast_commit"]).t("ext3"),
     case(GIB, &["-O", "^has_journal,fast_commit"]),
     case(10 * GIB, &["-O", "fast_commit"]).e("lazy_journal_init=1"),
+    // Large: the last group's backup far out; a 1 GiB journal plus 16 MiB
+    // of fast commit in eight extents.
+    case(17 * TIB, &["-O", "sparse_super2,fast_commit"]).only(Conf::Upstream),
 ];
 
 enum Outcome {
