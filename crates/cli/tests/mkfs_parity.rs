@@ -1822,3 +1822,76 @@ fn feature_refusals_match_mke2fs() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// `-S` without `-F` asks first, as mke2fs does, but before anything is
+/// written (mke2fs asks after its discard): "no" (or no answer) leaves
+/// the target as it was; "y" goes on. The discard that mke2fs 1.47.0
+/// does first is announced.
+#[test]
+fn super_only_asks_before_writing() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, DEBIAN_CONF).unwrap();
+    let img = dir.path().join("t.img");
+    run_ok(
+        ext4kit_mkfs(["-q", "-t", "ext4", "-U", UUID])
+            .arg(&img)
+            .arg("64M")
+            .env("MKE2FS_CONFIG", &conf),
+    )
+    .unwrap();
+    let before = file_hash(&img).unwrap();
+    for answer in [None, Some("n\n")] {
+        let mut cmd = ext4kit_mkfs(["-q", "-t", "ext4", "-S", "-U", UUID]);
+        cmd.arg(&img).env("MKE2FS_CONFIG", &conf);
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        if let (Some(a), Some(mut i)) = (answer, child.stdin.take()) {
+            i.write_all(a.as_bytes()).unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{answer:?}: {}",
+            last_line(&out)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains("may be further corrupted by superblock rewrite")
+                && stdout.contains("Proceed anyway?"),
+            "{stdout}"
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("discarded before the superblock"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            file_hash(&img).unwrap(),
+            before,
+            "{answer:?}: the target changed"
+        );
+    }
+    let mut cmd = ext4kit_mkfs(["-q", "-t", "ext4", "-S", "-U", UUID, "-E", "nodiscard"]);
+    cmd.arg(&img).env("MKE2FS_CONFIG", &conf);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    if let Some(mut i) = child.stdin.take() {
+        i.write_all(b"y\n").unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", last_line(&out));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("discarded"));
+    assert_ne!(file_hash(&img).unwrap(), before, "-S wrote nothing");
+    if have("e2fsck") {
+        let _ = run(tool("e2fsck").arg("-fy").arg(&img));
+        e2fsck_clean(&img).unwrap();
+    }
+}
