@@ -80,11 +80,13 @@ pub struct MkfsArgs {
     /// assume_storage_prezeroed=, discard, nodiscard, hash_seed=,
     /// root_owner[=uid:gid], num_backup_sb=, packed_meta_blocks, stride=,
     /// stripe_width=, orphan_file_size=, desc_size= (64..1024 bytes, with
-    /// 64bit), offset= (bytes into the target), test_fs, no_copy_xattrs.
-    /// As in mke2fs, only the last -E counts.
+    /// 64bit), offset= (bytes into the target), test_fs, no_copy_xattrs,
+    /// encoding= (utf8; turns casefold on), encoding_flags= (strict),
+    /// mmp_update_interval= (seconds, with mmp). As in mke2fs, only the
+    /// last -E counts.
     #[arg(short = 'E', value_name = "EXTENDED-OPTS")]
     extended: Vec<String>,
-    /// Journal options (size=MiB).
+    /// Journal options (size=MiB, fast_commit_size=KiB with fast_commit).
     #[arg(short = 'J', value_name = "JOURNAL-OPTS")]
     journal: Vec<String>,
     /// Create a journal (ext3).
@@ -166,7 +168,11 @@ pub struct MkfsArgs {
         allow_hyphen_values = true
     )]
     opt_s: Option<String>,
-    #[arg(short = 'S', action = clap::ArgAction::Count, hide = true)]
+    /// Write the superblock and group descriptors only (last-resort
+    /// recovery: give the filesystem's original options, then run
+    /// e2fsck -fy). As mke2fs 1.47.0, the device is discarded first unless
+    /// -E nodiscard.
+    #[arg(short = 'S', action = clap::ArgAction::Count)]
     opt_cap_s: u8,
     #[arg(short = 'z', value_name = "UNDO-FILE", hide = true)]
     opt_z: Option<String>,
@@ -267,7 +273,7 @@ impl Personality {
 
 /// mke2fs options that ext4kit does not implement yet, with what they do.
 fn unsupported(a: &MkfsArgs) -> Option<String> {
-    let list: [(bool, &str, &str); 6] = [
+    let list: [(bool, &str, &str); 5] = [
         (a.opt_c > 0, "-c", "check the device for bad blocks"),
         (
             a.opt_l.is_some(),
@@ -279,11 +285,6 @@ fn unsupported(a: &MkfsArgs) -> Option<String> {
             a.opt_d.is_some(),
             "-d",
             "copy a directory's contents into the new filesystem",
-        ),
-        (
-            a.opt_cap_s > 0,
-            "-S",
-            "write superblock and group descriptors only",
         ),
         (a.opt_z.is_some(), "-z", "save an undo file"),
     ];
@@ -518,6 +519,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         revision: a.opt_r.clone(),
         sparse_super: a.opt_s.clone(),
         first_meta_bg_env: std::env::var("MKE2FS_FIRST_META_BG").ok(),
+        super_only: a.opt_cap_s > 0,
     };
     let is_file = !exists
         || std::fs::metadata(device)
@@ -639,6 +641,9 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         }
         return Ok(0);
     }
+    if prepared.layout.super_only && !super_only_confirmed(a, &prepared, device, &profile)? {
+        return Ok(1);
+    }
     let l = &prepared.layout;
     let offset = prepared.resolved.offset;
     let needed = offset + l.blocks_count * u64::from(l.block_size);
@@ -681,25 +686,44 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             }
         }
     }
+    if prepared.layout.mmp_block.is_some() {
+        prepared.settings.mmp_host = mmp_host(device);
+    }
     if show {
         print_summary(a, &prepared);
     }
     let l = &prepared.layout;
     let groups = u64::from(l.group_count);
+    let super_only = l.super_only;
     if show {
         progress_step("Allocating group tables: ", groups, "");
         crate::out::write_fmt(format_args!("done                            \n"));
-        crate::out::write_fmt(format_args!("Writing inode tables: "));
+        if !super_only {
+            crate::out::write_fmt(format_args!("Writing inode tables: "));
+        }
     }
     let mut report = mkfs::write(dev.as_ref(), prepared.clone())?;
     report.discarded = discarded;
+    let has_journal = l
+        .features
+        .compat
+        .contains(ext4kit_format::features::Compat::HAS_JOURNAL);
+    if super_only && has_journal && !a.json {
+        // mke2fs says it with -q too.
+        outln!("Skipping journal creation in super-only mode");
+    }
     if show {
-        progress_step("", groups, "done                            \n");
-        if l.features
-            .compat
-            .contains(ext4kit_format::features::Compat::HAS_JOURNAL)
-        {
+        if !super_only {
+            progress_step("", groups, "done                            \n");
+        }
+        if has_journal && !super_only {
             outln!("Creating journal ({} blocks): done", l.journal_blocks);
+        }
+        if l.mmp_block.is_some() {
+            let interval =
+                ext4kit::mkfs::mmp::effective_interval(prepared.settings.mmp_update_interval)
+                    .unwrap_or(prepared.settings.mmp_update_interval);
+            outln!("Multiple mount protection is enabled with update interval {interval} seconds.");
         }
         crate::out::write_fmt(format_args!(
             "Writing superblocks and filesystem accounting information: "
@@ -718,6 +742,66 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         outln!("{v}");
     }
     Ok(0)
+}
+
+/// `-S`, before anything is written (mke2fs asks only after its discard):
+/// what the target holds, mke2fs's warning, and unless -F its question.
+/// Returns whether to go on.
+fn super_only_confirmed(
+    a: &MkfsArgs,
+    p: &mkfs::Prepared,
+    device: &Path,
+    profile: &Profile,
+) -> Result<bool> {
+    let dev_name = device.display().to_string();
+    if device.exists() && p.resolved.offset == 0 {
+        let found =
+            crate::probe::probe_path(device).with_context(|| format!("reading {dev_name}"))?;
+        if let Some(f) = found {
+            let (out, err) = f.report(&dev_name);
+            for l in err {
+                eprintln!("{l}");
+            }
+            for l in out {
+                outln!("{l}");
+            }
+        }
+    }
+    if p.resolved.discard {
+        eprintln!(
+            "Warning: the device is discarded before the superblock rewrite, as mke2fs 1.47.0 does (its data is then lost); -E nodiscard keeps it"
+        );
+    }
+    if !a.json {
+        outln!("{dev_name} may be further corrupted by superblock rewrite");
+    }
+    if a.force > 0 {
+        return Ok(true);
+    }
+    let delay = profile
+        .get_value(&["options", "proceed_delay"])
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .unwrap_or(0);
+    Ok(proceed_question(delay))
+}
+
+/// The MMP block's host part: the host name (`gethostname`, read from
+/// /proc in the binary without unsafe code), the device as given, and the
+/// wall-clock time (mke2fs ignores E2FSPROGS_FAKE_TIME there too).
+fn mmp_host(device: &Path) -> mkfs::mmp::MmpHost {
+    let nodename = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim_end_matches('\n').as_bytes().to_vec())
+        .unwrap_or_default();
+    let time = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    use std::os::unix::ffi::OsStrExt;
+    mkfs::mmp::MmpHost {
+        nodename,
+        bdevname: device.as_os_str().as_bytes().to_vec(),
+        time,
+    }
 }
 
 /// Are stdin and stdout both terminals? (mke2fs's `isatty(0) && isatty(1)`

@@ -221,6 +221,13 @@ const CASES: &[Case] = &[
     ),
     bad("-E direct_io", &["-t", "ext4", "-E", "direct_io", T])
         .expect(Expect::OneLineErrorWith("bad extended option: 'direct_io'")),
+    // mke2fs 1.47.0 -S creates the orphan file over lost+found and data
+    // blocks (or fails after zeroing the primary superblock).
+    bad(
+        "-S with orphan_file",
+        &["-t", "ext4", "-S", "-O", "orphan_file", T],
+    )
+    .expect(Expect::OneLineErrorWith("-S with orphan_file")),
     // mke2fs's block count wraps around and it never ends.
     bad(
         "-E offset past the end",

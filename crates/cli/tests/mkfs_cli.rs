@@ -472,7 +472,6 @@ fn unsupported_mke2fs_options_are_named() {
         ("-l", &["-l", "bad-blocks.txt"]),
         ("-C", &["-C", "65536"]),
         ("-d", &["-d", "/etc"]),
-        ("-S", &["-S"]),
         ("-z", &["-z", "undo.e2undo"]),
         ("-c", &["-q", "-c", "-F"]),
     ];
@@ -489,8 +488,8 @@ fn unsupported_mke2fs_options_are_named() {
             Err(e) => failures.push(format!("{args:?}: {e}")),
         }
     }
-    // mmp_update_interval and mke2fs.conf's huge files are refused by
-    // name too.
+    // android_sparse and mke2fs.conf's huge files are refused by name
+    // too.
     let conf = dir.path().join("hugefiles.conf");
     std::fs::write(
         &conf,
@@ -502,9 +501,9 @@ fn unsupported_mke2fs_options_are_named() {
     .unwrap();
     let with_conf: &[(&[&str], Option<&Path>, &[&str])] = &[
         (
-            &["-t", "ext4", "-E", "mmp_update_interval=5"],
+            &["-t", "ext4", "-E", "android_sparse"],
             None,
-            &["not supported by ext4kit yet", "mmp_update_interval"],
+            &["not supported by ext4kit yet", "android_sparse"],
         ),
         (
             &["-t", "ext4"],

@@ -247,6 +247,37 @@ fn kernel_no_journal() {
     );
 }
 
+/// The feature flags the kernel here supports (no casefold or verity: its
+/// ext4 lacks CONFIG_UNICODE and CONFIG_FS_VERITY): inline data files and
+/// directories, large directories, xattrs in inodes, the encryption flags.
+#[test]
+fn kernel_feature_flags() {
+    kernel_case(
+        "-O inline_data,large_dir,ea_inode,encrypt,stable_inodes",
+        DEBIAN_CONF,
+        512 * MIB,
+        &["-O", "inline_data,large_dir,ea_inode,encrypt,stable_inodes"],
+    );
+}
+
+/// One superblock backup (sparse_super2), a journal with a fast-commit
+/// area, multiple mount protection (the kernel's kmmpd updates the MMP
+/// block while mounted and leaves it clean).
+#[test]
+fn kernel_sparse_super2_fast_commit_mmp() {
+    kernel_case(
+        "-O sparse_super2,fast_commit,mmp -E num_backup_sb=1",
+        DEBIAN_CONF,
+        512 * MIB,
+        &[
+            "-O",
+            "sparse_super2,fast_commit,mmp",
+            "-E",
+            "num_backup_sb=1,mmp_update_interval=1",
+        ],
+    );
+}
+
 /// On a block device (a loop device over a sparse file) ext4kit writes the
 /// same bytes as mke2fs does on a twin device, but allocates far less in
 /// the backing file: where mke2fs writes zeros (journal), ext4kit punches.

@@ -51,6 +51,15 @@ pub struct FsParams {
     pub itable_zeroed: bool,
     /// Lazy inode table init (only used blocks of each table are written).
     pub lazy_itable_init: bool,
+    /// sparse_super2: `s_backup_bgs` as mke2fs asks for them (1 and !0
+    /// for two backups), clamped to the group count by the planner.
+    pub backup_bgs: [u32; 2],
+    /// `-J fast_commit_size=` in blocks (with fast_commit), `None` = the
+    /// default (1/64 of the default journal size).
+    pub journal_fc_blocks: Option<u32>,
+    /// `-S`: only the superblock and descriptors; the plan stops after
+    /// the group tables (no directories, journal or special inodes).
+    pub super_only: bool,
 }
 
 /// Errors the planner reports: all are the user's parameters being
@@ -179,7 +188,16 @@ pub struct Layout {
     /// Resize inode's double-indirect block.
     pub resize_dind: Option<u64>,
     pub journal: Option<FileMap>,
+    /// Journal length in blocks, fast-commit area included.
     pub journal_blocks: u32,
+    /// Fast-commit blocks at the end of the journal (`s_num_fc_blks`).
+    pub journal_fc_blocks: u32,
+    /// sparse_super2: the groups holding the two backups (0 = none).
+    pub backup_bgs: [u32; 2],
+    /// The MMP block (`-O mmp`).
+    pub mmp_block: Option<u64>,
+    /// Planned for `-S` (see [`FsParams::super_only`]).
+    pub super_only: bool,
     /// Orphan file (inode 12 when orphan_file is on).
     pub orphan: Option<(u32, FileMap)>,
     pub first_ino: u32,
@@ -212,7 +230,7 @@ fn is_power_of(mut n: u32, base: u32) -> bool {
 impl Layout {
     /// Does group `g` hold a superblock (and GDT) backup?
     pub fn group_has_super(&self, g: u32) -> bool {
-        has_super(&self.features, g)
+        has_super(&self.features, &self.backup_bgs, g)
     }
     pub fn group_first_block(&self, g: u32) -> u64 {
         self.first_data_block + u64::from(g) * u64::from(self.blocks_per_group)
@@ -295,18 +313,26 @@ impl Layout {
     pub fn super_block_of_group(&self, g: u32) -> u64 {
         self.group_first_block(g)
     }
-    /// Groups holding superblock backups (not group 0).
-    pub fn backup_groups(&self) -> impl Iterator<Item = u32> + '_ {
-        BackupGroups::new(self.group_count)
+    /// Groups holding superblock backups (not group 0), ascending.
+    pub fn backup_groups(&self) -> Box<dyn Iterator<Item = u32> + '_> {
+        if self.features.compat.contains(Compat::SPARSE_SUPER2) {
+            let [a, b] = self.backup_bgs;
+            Box::new([a, b].into_iter().filter(|&g| g != 0))
+        } else if self.features.ro_compat.contains(RoCompat::SPARSE_SUPER) {
+            Box::new(BackupGroups::new(self.group_count))
+        } else {
+            Box::new(1..self.group_count)
+        }
     }
 }
 
-fn has_super(features: &Features, g: u32) -> bool {
+/// `ext2fs_bg_has_super`; `bgs` is `s_backup_bgs` (sparse_super2).
+fn has_super(features: &Features, bgs: &[u32; 2], g: u32) -> bool {
     if g == 0 {
         return true;
     }
     if features.compat.contains(Compat::SPARSE_SUPER2) {
-        return false; // not supported by this planner (rejected earlier)
+        return g == bgs[0] || g == bgs[1];
     }
     if g <= 1 || !features.ro_compat.contains(RoCompat::SPARSE_SUPER) {
         return true;
@@ -794,7 +820,18 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
             )));
         }
         let mut overhead = 2 + u64::from(itb);
-        if has_super(&features, groups - 1) {
+        // sparse_super2: s_backup_bgs is not clamped yet; initialize.c
+        // looks at the requested values.
+        let last_has_super = if features.compat.contains(Compat::SPARSE_SUPER2) {
+            if groups == 2 {
+                p.backup_bgs[0] != 0
+            } else {
+                p.backup_bgs[1] != 0
+            }
+        } else {
+            has_super(&features, &[0, 0], groups - 1)
+        };
+        if last_has_super {
             overhead += 1 + u64::from(desc_blocks) + u64::from(rsv_gdt);
         }
         let rem = (blocks - first_data_block) % u64::from(bpg);
@@ -829,6 +866,17 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
             u64::from(ipg) * u64::from(groups)
         )));
     }
+    // The backup locations, now that the group count is known.
+    let mut backup_bgs = [0u32; 2];
+    if features.compat.contains(Compat::SPARSE_SUPER2) {
+        backup_bgs = p.backup_bgs.map(|b| b.min(groups - 1));
+        if backup_bgs[0] == backup_bgs[1] {
+            backup_bgs[1] = 0;
+        }
+        if backup_bgs[0] > backup_bgs[1] {
+            backup_bgs.swap(0, 1);
+        }
+    }
     let csum = features.has_group_csum();
     let log_flex = if features.incompat.contains(Incompat::FLEX_BG) {
         p.log_groups_per_flex
@@ -862,6 +910,10 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         resize_dind: None,
         journal: None,
         journal_blocks: 0,
+        journal_fc_blocks: 0,
+        backup_bgs,
+        mmp_block: None,
+        super_only: p.super_only,
         orphan: None,
         first_ino: 11,
     };
@@ -919,17 +971,8 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         l.free_blocks += free as u64;
         l.groups.push(gp);
     }
-    // figure_journal_size runs on the freshly initialized filesystem: a
-    // requested journal may take at most half of its free blocks.
-    if let Some(jb) = p.journal_blocks
-        && l.features.compat.contains(Compat::HAS_JOURNAL)
-        && u64::from(jb) > l.free_blocks / 2
-    {
-        return Err(GeometryError::TooSmall(format!(
-            "total journal size too big for filesystem ({jb} blocks requested, {} free)",
-            l.free_blocks
-        )));
-    }
+    // figure_journal_size runs on the freshly initialized filesystem.
+    let (journal_request, fc_blocks) = figure_journal_size(p, &l)?;
     let mut pl = Planner {
         l,
         stride: p.stride,
@@ -944,17 +987,23 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
     }
     // Overhead as mke2fs counts it right after table allocation.
     let mut overhead = pl.l.used.count_in(first_data_block, pl.l.blocks_count);
-    // Journal size is decided now (figure_journal_size runs on the
-    // initialized fs, before tables, but only the block count matters).
-    let has_journal = pl.l.features.compat.contains(Compat::HAS_JOURNAL);
-    let journal_blocks = if has_journal {
-        match p.journal_blocks {
-            Some(j) => Some(j),
-            None => default_journal_blocks(pl.l.blocks_count),
-        }
+    // The journal, fast-commit area included.
+    let journal_blocks = journal_request.map(|j| j + fc_blocks);
+    pl.l.journal_fc_blocks = if journal_blocks.is_some() {
+        fc_blocks
     } else {
-        None
+        0
     };
+    if p.super_only {
+        // mke2fs -S stops here: no inode table zeroing, directories,
+        // reserved inodes, resize inode, journal ("Skipping journal
+        // creation in super-only mode", s_journal_inum is still set) or
+        // MMP block; s_overhead_clusters stays 0. (The writer zeroes
+        // every group's itable_unused, as mke2fs does after the
+        // descriptor checksums were computed.)
+        pl.l.journal_fc_blocks = 0;
+        return Ok(pl.l);
+    }
     // Inode tables zeroed flags.
     if !p.lazy_itable_init || p.itable_zeroed {
         for gp in &mut pl.l.groups {
@@ -967,8 +1016,40 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
     pl.l.root = pl.alloc_sequential(goal, 1, "root directory")?;
     pl.use_inode(11, true);
     let lpf_blocks = lost_found_blocks(bs);
-    let goal = pl.inode_goal(11);
-    pl.l.lost_found = pl.alloc_sequential(goal, lpf_blocks, "lost+found")?;
+    pl.l.lost_found = if pl.l.features.incompat.contains(Incompat::INLINE_DATA) {
+        // ext2fs_mkdir makes lost+found an inline directory; the first
+        // ext2fs_expand_dir converts it into one block found from the
+        // first data block (ext2fs_new_block2 with goal 0), the others
+        // follow it: one block fewer than without inline_data.
+        let first = pl.alloc_block(0, "lost+found")?;
+        let mut fm = pl.alloc_sequential(first + 1, lpf_blocks - 2, "lost+found")?;
+        match fm.runs.first_mut() {
+            Some(r) if r.pblk == first + 1 => {
+                r.pblk = first;
+                r.len += 1;
+                for r in fm.runs.iter_mut().skip(1) {
+                    r.lblk += 1;
+                }
+            }
+            _ => {
+                for r in &mut fm.runs {
+                    r.lblk += 1;
+                }
+                fm.runs.insert(
+                    0,
+                    Run {
+                        lblk: 0,
+                        pblk: first,
+                        len: 1,
+                    },
+                );
+            }
+        }
+        fm
+    } else {
+        let goal = pl.inode_goal(11);
+        pl.alloc_sequential(goal, lpf_blocks, "lost+found")?
+    };
     // Reserved inodes 3..first_ino-1, then the bad blocks inode.
     for ino in 3..pl.l.first_ino {
         pl.use_inode(ino, false);
@@ -1012,6 +1093,11 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
             pl.l.features.compat.remove(Compat::ORPHAN_FILE);
         }
     }
+    // MMP: ext2fs_mmp_init allocates its block right after the journal,
+    // from the first data block on (not counted in the overhead).
+    if pl.l.features.incompat.contains(Incompat::MMP) {
+        pl.l.mmp_block = Some(pl.alloc_block(0, "MMP block")?);
+    }
     overhead += first_data_block;
     pl.l.overhead = overhead;
     // Orphan file.
@@ -1042,6 +1128,46 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         note_file_size(&mut pl.l, u64::from(n) * u64::from(bs));
     }
     Ok(pl.l)
+}
+
+/// `figure_journal_size` over `ext2fs_get_journal_params`: the journal
+/// blocks and the fast-commit blocks, or `None` when the filesystem has
+/// no journal (or is too small for one: < 2048 blocks, whatever `-J
+/// size=` asked for). A requested size (journal or fast commit) must make
+/// a total of 1024..=10240000 blocks and at most half of the blocks free
+/// after `ext2fs_initialize` (`l` as it is then).
+fn figure_journal_size(p: &FsParams, l: &Layout) -> Result<(Option<u32>, u32), GeometryError> {
+    if !l.features.compat.contains(Compat::HAS_JOURNAL) {
+        return Ok((None, 0));
+    }
+    let Some(default) = default_journal_blocks(l.blocks_count) else {
+        return Ok((None, 0));
+    };
+    let fast_commit = l.features.compat.contains(Compat::FAST_COMMIT);
+    let mut journal = default;
+    let mut fc = if fast_commit { default / 64 } else { 0 };
+    let fc_request = p.journal_fc_blocks.filter(|_| fast_commit);
+    if p.journal_blocks.is_some() || fc_request.is_some() {
+        if let Some(j) = p.journal_blocks {
+            journal = j;
+        }
+        if let Some(f) = fc_request {
+            fc = f;
+        }
+        let total = u64::from(journal) + u64::from(fc);
+        if !(1024..=10_240_000).contains(&total) {
+            return Err(GeometryError::Invalid(format!(
+                "the total requested journal size is {total} blocks; it must be between 1024 and 10240000 blocks"
+            )));
+        }
+        if total > l.free_blocks / 2 {
+            return Err(GeometryError::TooSmall(format!(
+                "total journal size too big for filesystem ({total} blocks requested, {} free)",
+                l.free_blocks
+            )));
+        }
+    }
+    Ok((Some(journal), fc))
 }
 
 /// `i_size` of the resize inode: the largest file its double-indirect
@@ -1318,7 +1444,7 @@ mod tests {
         };
         for g in 0..1000 {
             let expect = g == 0 || BackupGroups::new(1000).any(|x| x == g);
-            assert_eq!(has_super(&f, g), expect, "group {g}");
+            assert_eq!(has_super(&f, &[0, 0], g), expect, "group {g}");
         }
     }
 
@@ -1391,6 +1517,9 @@ mod plan_tests {
             root_gid: 0,
             itable_zeroed: true,
             lazy_itable_init: true,
+            backup_bgs: [0, 0],
+            journal_fc_blocks: None,
+            super_only: false,
         }
     }
 
@@ -1490,6 +1619,77 @@ mod plan_tests {
         let l = plan(&p).expect("plan");
         assert!(l.features.incompat.contains(Incompat::META_BG));
         assert!(!l.features.compat.contains(Compat::RESIZE_INODE));
+    }
+
+    /// sparse_super2: s_backup_bgs clamped to the last group (and sorted,
+    /// a duplicate dropped), superblock copies only there, and the resize
+    /// inode's backups follow them.
+    #[test]
+    fn sparse_super2_backups() {
+        let mut f = ext4_features(true, true, true, true, true);
+        f.compat.insert(Compat::SPARSE_SUPER2);
+        let mut p = params(1 << 30, 4096, 16384, f);
+        p.backup_bgs = [1, !0];
+        let l = plan(&p).expect("plan");
+        assert_eq!(l.backup_bgs, [1, 7]);
+        assert_eq!(l.backup_groups().collect::<Vec<_>>(), vec![1, 7]);
+        assert!(l.group_meta(3).super_blk.is_none());
+        assert_eq!(l.group_meta(7).super_blk, Some(7 * 32768));
+        p.backup_bgs = [1, 0];
+        let l = plan(&p).expect("plan");
+        assert_eq!(l.backup_bgs, [0, 1]);
+        assert_eq!(l.backup_groups().collect::<Vec<_>>(), vec![1]);
+        p.backup_bgs = [0, 0];
+        let l = plan(&p).expect("plan");
+        assert_eq!(l.backup_groups().count(), 0);
+        // One group: both requests clamp to group 0, i.e. none.
+        let mut p = params(64 << 20, 4096, 16384, f);
+        p.backup_bgs = [1, !0];
+        let l = plan(&p).expect("plan");
+        assert_eq!((l.group_count, l.backup_bgs), (1, [0, 0]));
+    }
+
+    /// fast_commit: 1/64 of the default journal size on top of the
+    /// journal, also when the journal size is given; fast_commit_size
+    /// replaces it; both count against the limits.
+    #[test]
+    fn fast_commit_journal_size() {
+        let mut f = ext4_features(true, true, true, true, true);
+        f.compat.insert(Compat::FAST_COMMIT);
+        let mut p = params(1 << 30, 4096, 16384, f);
+        let l = plan(&p).expect("plan");
+        assert_eq!((l.journal_blocks, l.journal_fc_blocks), (8192 + 128, 128));
+        p.journal_blocks = Some(16384);
+        let l = plan(&p).expect("plan");
+        assert_eq!((l.journal_blocks, l.journal_fc_blocks), (16384 + 128, 128));
+        p.journal_fc_blocks = Some(25);
+        let l = plan(&p).expect("plan");
+        assert_eq!((l.journal_blocks, l.journal_fc_blocks), (16384 + 25, 25));
+        p.journal_fc_blocks = Some(200_000);
+        assert!(plan(&p).is_err(), "more than half the free blocks");
+        f.compat.remove(Compat::FAST_COMMIT);
+        let mut p = params(1 << 30, 4096, 16384, f);
+        p.journal_fc_blocks = Some(25);
+        let l = plan(&p).expect("plan");
+        assert_eq!((l.journal_blocks, l.journal_fc_blocks), (8192, 0));
+    }
+
+    /// -S: the plan stops after the group tables.
+    #[test]
+    fn super_only_plan() {
+        let f = ext4_features(true, true, true, true, true);
+        let mut p = params(1 << 30, 4096, 16384, f);
+        let full = plan(&p).expect("plan");
+        p.super_only = true;
+        let l = plan(&p).expect("plan");
+        assert!(l.super_only && l.journal.is_none() && l.resize_dind.is_none());
+        assert_eq!(l.free_inodes, l.inodes_count);
+        assert_eq!(l.overhead, 0);
+        assert!(l.free_blocks > full.free_blocks);
+        assert!(l.features.compat.contains(Compat::HAS_JOURNAL));
+        let tables: Vec<_> = l.groups.iter().map(|g| g.inode_table).collect();
+        let full_tables: Vec<_> = full.groups.iter().map(|g| g.inode_table).collect();
+        assert_eq!(tables, full_tables);
     }
 
     /// 262244 blocks: the 100-block last group is dropped (notes §1.3).

@@ -67,6 +67,13 @@ impl Cache {
         }
         self.entries[idx] = e;
     }
+    /// `flush_cached_blocks(FLUSH_INVALIDATE)`, which an odd-sized write
+    /// (the MMP structure) does first: every dirty block is written and
+    /// the cache emptied.
+    fn flush_invalidate(&mut self) {
+        self.evicted_dirty += self.entries.iter().filter(|e| e.dirty).count() as u64;
+        self.entries.clear();
+    }
 }
 
 /// The value mke2fs writes to `s_kbytes_written` for this layout.
@@ -82,6 +89,13 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
         return 0;
     }
     let bs = u64::from(l.block_size);
+    if l.super_only {
+        // mke2fs -S writes nothing through the cache before the close:
+        // only zap_sector(2, 6).
+        return 1 + (3072 >> 10) + (u64::from(l.desc_blocks) + 1) / (bs / 1024);
+    }
+    // Bytes written around the cache (besides the 4096 of zap_sector).
+    let mut direct: u64 = 0;
     let isz = u64::from(l.inode_size);
     let it0 = l.groups[0].inode_table;
     let iblk = |ino: u32| it0 + (u64::from(ino - 1) * isz) / bs;
@@ -100,16 +114,28 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
     c.access(iblk(2), true);
     // lost+found: mkdir then link into root.
     let lpf0 = l.lost_found.runs[0].pblk;
+    let inline = f.incompat.contains(Incompat::INLINE_DATA);
     c.access(iblk(11), true);
-    c.access(lpf0, true);
+    if !inline {
+        c.access(lpf0, true);
+    }
     c.access(iblk(11), true);
     c.access(root, false); // lookup
     c.access(root, false); // link: read
     c.access(root, true); // link: write
     c.access(iblk(2), true); // parent link count
     c.access(root, false); // create_lost_and_found's lookup
-    for lb in 1..l.lost_found.blocks() as u32 {
+    // Inline: the first expansion converts the directory into its first
+    // block (ext2fs_inline_data_expand).
+    let first_expanded = if inline { 0 } else { 1 };
+    for lb in first_expanded..l.lost_found.blocks() as u32 {
         if let Some(p) = l.lost_found.pblk(lb) {
+            if inline && lb == 0 {
+                c.access(iblk(11), true);
+                c.access(p, true);
+                c.access(iblk(11), true);
+                continue;
+            }
             c.access(p, true);
             c.access(iblk(11), true);
             c.access(iblk(11), true);
@@ -177,6 +203,13 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
             c.access(p, true);
         }
     }
+    // MMP: the block zeroed through the cache, then the 1024-byte MMP
+    // structure written around it, after a flush of the whole cache.
+    if let Some(b) = l.mmp_block {
+        c.access(b, true);
+        c.flush_invalidate();
+        direct += 1024;
+    }
     // Orphan file.
     if let Some((ino, fm)) = l.orphan.as_ref().filter(|(_, f)| f.blockmap.is_some()) {
         // block_iterate3(BLOCK_FLAG_APPEND): an indirect block is written
@@ -224,6 +257,6 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
         }
     }
     // zap_sector(2, 6) and zap_sector(0, 2): 4096 bytes written directly.
-    let bytes = 4096 + c.evicted_dirty * bs;
+    let bytes = 4096 + direct + c.evicted_dirty * bs;
     1 + (bytes >> 10) + (u64::from(l.desc_blocks) + 1) / (bs / 1024)
 }

@@ -4,8 +4,10 @@
 //! the target; [`execute`] is the only step that writes.
 
 pub mod blockset;
+pub mod encoding;
 pub mod geometry;
 pub mod kbytes;
+pub mod mmp;
 pub mod offset;
 pub mod options;
 pub mod writer;

@@ -52,6 +52,9 @@ pub struct MkfsOptions {
     /// `MKE2FS_FIRST_META_BG` from the environment (read with `atoi`, and
     /// only with `-O meta_bg`, as mke2fs does).
     pub first_meta_bg_env: Option<String>,
+    /// `-S`: write the superblock and descriptors only (last-resort
+    /// recovery; inode tables, bitmaps, directories and journal untouched).
+    pub super_only: bool,
 }
 
 /// What the options resolve to.
@@ -219,29 +222,20 @@ pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
 
 /// Features ext4kit can format today.
 fn unsupported_features(f: &Features) -> Vec<String> {
-    let bad_compat = Compat::SPARSE_SUPER2.bits()
-        | Compat::FAST_COMMIT.bits()
-        | Compat::LAZY_BG.bits()
+    let bad_compat = Compat::LAZY_BG.bits()
         | Compat::EXCLUDE_BITMAP.bits()
         | Compat::DIR_PREALLOC.bits()
         | Compat::IMAGIC_INODES.bits();
     let bad_incompat = Incompat::COMPRESSION.bits()
         | Incompat::RECOVER.bits()
         | Incompat::JOURNAL_DEV.bits()
-        | Incompat::MMP.bits()
-        | Incompat::EA_INODE.bits()
-        | Incompat::DIRDATA.bits()
-        | Incompat::LARGEDIR.bits()
-        | Incompat::INLINE_DATA.bits()
-        | Incompat::ENCRYPT.bits()
-        | Incompat::CASEFOLD.bits();
+        | Incompat::DIRDATA.bits();
     let bad_ro = RoCompat::QUOTA.bits()
         | RoCompat::BIGALLOC.bits()
         | RoCompat::REPLICA.bits()
         | RoCompat::READONLY.bits()
         | RoCompat::PROJECT.bits()
         | RoCompat::SHARED_BLOCKS.bits()
-        | RoCompat::VERITY.bits()
         | RoCompat::ORPHAN_PRESENT.bits()
         | RoCompat::BTREE_DIR.bits()
         | RoCompat::HAS_SNAPSHOT.bits();
@@ -768,10 +762,31 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let mut desc_size = 0u32;
     let mut offset = 0u64;
     let mut test_fs = false;
+    // sparse_super2's backups (mke2fs.conf `num_backup_sb`, then -E).
+    let mut num_backups = profile.get_int(&fs_types, "num_backup_sb", 2) as i32;
+    let mut mmp_update_interval: u16 = 0;
+    // casefold from the features: the encoding and its flags from
+    // mke2fs.conf (before the extended options, as mke2fs).
+    let (mut encoding, mut encoding_flags) = (0u16, 0u16);
+    if f.incompat.contains(Incompat::CASEFOLD) {
+        let en = profile
+            .get_string(&fs_types, "encoding")
+            .unwrap_or_else(|| "utf8".into());
+        encoding = super::encoding::str2encoding(&en)
+            .ok_or_else(|| OptionError(format!("Unknown filename encoding from profile: {en}")))?;
+        encoding_flags = match profile.get_string(&fs_types, "encoding_flags") {
+            Some(ef) => super::encoding::str2encoding_flags(encoding, &ef, 0)
+                .ok_or_else(|| OptionError(format!("Unknown encoding flags from profile: {ef}")))?,
+            None => super::encoding::default_flags(encoding),
+        };
+    }
     let mut ext_list: Vec<String> = profile.options_list(&fs_types);
     // mke2fs keeps only the last -E.
     ext_list.extend(opts.extended.last().cloned());
     for ext in &ext_list {
+        // `encoding_flags=` of this option string (parse_extended_opts
+        // applies it at the end of each call).
+        let mut ext_encoding_flags: Option<String> = None;
         for tok in ext.split(',').filter(|t| !t.is_empty()) {
             let (k, v) = match tok.split_once('=') {
                 Some((k, v)) => (k, Some(v)),
@@ -821,12 +836,30 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                     }
                 },
                 "num_backup_sb" => {
-                    let n = num(v)?;
-                    if n > 2 {
-                        return err(format!("invalid # of backup superblocks: {n}"));
+                    // strtoul into an int: "-1" is -1, which passes the
+                    // "> 2" check and means no backup.
+                    let s = need(v)?;
+                    let n = parse_c_ulong(&s).map(|n| n as i32);
+                    match n {
+                        Ok(n) if n <= 2 => num_backups = n,
+                        _ => return err(format!("Invalid # of backup superblocks: {s}")),
                     }
                     // Without sparse_super2 mke2fs ignores it silently.
                 }
+                "mmp_update_interval" => {
+                    // strtoul into the 16-bit superblock field.
+                    let s = need(v)?;
+                    mmp_update_interval = parse_c_ulong(&s)
+                        .map_err(|_| OptionError(format!("Invalid mmp_update_interval: {s}")))?
+                        as u16;
+                }
+                "encoding" => {
+                    let s = need(v)?;
+                    encoding = super::encoding::str2encoding(&s)
+                        .ok_or_else(|| OptionError(format!("Invalid encoding: {s}")))?;
+                    f.incompat.insert(Incompat::CASEFOLD);
+                }
+                "encoding_flags" => ext_encoding_flags = Some(need(v)?),
                 "orphan_file_size" => {
                     let s = need(v)?;
                     let n = parse_num_blocks(&s, log_bs)
@@ -861,17 +894,26 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 // Only matters with -d (not supported yet); accepted, as
                 // mke2fs 1.47.0 does.
                 "no_copy_xattrs" => {}
-                "mmp_update_interval"
-                | "quotatype"
-                | "encoding"
-                | "encoding_flags"
-                | "android_sparse" => {
+                "quotatype" | "android_sparse" => {
                     return err(format!(
                         "extended option '{k}' is not supported by ext4kit yet"
                     ));
                 }
                 _ => return err(format!("bad extended option: '{k}'")),
             }
+        }
+        // The end of parse_extended_opts: with casefold the flags start
+        // again from the encoding's defaults (even those mke2fs.conf set).
+        if f.incompat.contains(Incompat::CASEFOLD) {
+            encoding_flags = super::encoding::default_flags(encoding);
+            if let Some(ef) = &ext_encoding_flags {
+                encoding_flags = super::encoding::str2encoding_flags(encoding, ef, encoding_flags)
+                    .ok_or_else(|| OptionError(format!("error: Invalid encoding flag: {ef}")))?;
+            }
+        } else if ext_encoding_flags.is_some() {
+            return err(
+                "error: An encoding must be explicitly specified when passing encoding-flags",
+            );
         }
     }
     // -E offset= without a size: the filesystem takes the rest of the
@@ -983,6 +1025,20 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     if inode_size == 128 && profile.get_bool(&fs_types, "warn_y2038_dates", true) {
         warnings.push("128-byte inodes cannot handle dates beyond 2038 and are deprecated".into());
     }
+    // inline_data needs room in the inode: mke2fs refuses an inode size of
+    // 128 that was asked for (-I or mke2fs.conf). With none at all it
+    // takes libext2fs's 128 and stores lost+found's empty inline-data
+    // attribute in a block of its own, which ext4kit does not reproduce.
+    if f.incompat.contains(Incompat::INLINE_DATA) && !rev0 {
+        if inode_size == 128 {
+            return err("128 byte inodes are too small for inline data; specify larger size");
+        }
+        if inode_size == 0 {
+            return err(
+                "inline_data with the default 128-byte inodes (no inode_size in mke2fs.conf) is not supported by ext4kit; give -I 256",
+            );
+        }
+    }
     // Revision 0 has 128-byte inodes whatever -I or the profile say (only
     // the checks above see those).
     let inode_size: u32 = if inode_size == 0 || rev0 {
@@ -1041,6 +1097,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let r_blocks = (reserved_ratio * fs_blocks_count as f64 / 100.0) as u64;
     // Journal size.
     let mut journal_blocks = None;
+    // -J fast_commit_size= (KiB), used only with the fast_commit feature.
+    let mut fc_blocks = None;
     for j in &opts.journal {
         for tok in j.split(',').filter(|t| !t.is_empty()) {
             let (k, v) = tok.split_once('=').unwrap_or((tok, ""));
@@ -1057,7 +1115,17 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                     }
                     journal_blocks = Some(blocks as u32);
                 }
-                "device" | "location" | "fast_commit_size" => {
+                "fast_commit_size" => {
+                    let n = parse_c_ulong(v)
+                        .map_err(|_| OptionError(format!("invalid fast commit size: '{v}'")))?;
+                    // fcsize_to_blks: KiB to blocks, in a C int; 0 and
+                    // negative numbers mean the default.
+                    let kib = n as i32;
+                    if kib > 0 {
+                        fc_blocks = Some((i64::from(kib) * 1024 / i64::from(bs)) as u32);
+                    }
+                }
+                "device" | "location" => {
                     return err(format!(
                         "journal option '{k}' is not supported by ext4kit yet"
                     ));
@@ -1155,6 +1223,35 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         lazy_itable_init = true;
         lazy_journal_init = true;
     }
+    // sparse_super2: backups in group 1 and in the last group.
+    let mut backup_bgs = [0u32; 2];
+    if f.compat.contains(Compat::SPARSE_SUPER2) {
+        if num_backups >= 1 {
+            backup_bgs[0] = 1;
+        }
+        if num_backups >= 2 {
+            backup_bgs[1] = !0;
+        }
+    }
+    if opts.super_only && f.compat.contains(Compat::ORPHAN_FILE) {
+        // mke2fs 1.47.0 -S goes on to create the orphan file: in the
+        // inode bitmap -S leaves empty that is inode 11 (lost+found),
+        // and its blocks come from data blocks; or, with another UUID,
+        // it fails after zeroing the primary superblock.
+        return err(
+            "-S with orphan_file would overwrite lost+found and data blocks (as mke2fs 1.47.0 does); add -O ^orphan_file",
+        );
+    }
+    if f.incompat.contains(Incompat::MMP)
+        && !opts.super_only
+        && super::mmp::effective_interval(mmp_update_interval).is_none()
+    {
+        // ext2fs_mmp_init's EINVAL, which mke2fs reports after writing.
+        return err(format!(
+            "Error while enabling multiple mount protection feature: mmp_update_interval {mmp_update_interval} is more than {}",
+            super::mmp::MMP_MAX_UPDATE_INTERVAL
+        ));
+    }
     let params = FsParams {
         blocks_count: fs_blocks_count,
         block_size: bs,
@@ -1175,6 +1272,9 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         root_gid,
         itable_zeroed: assume_prezeroed,
         lazy_itable_init,
+        backup_bgs,
+        journal_fc_blocks: fc_blocks,
+        super_only: opts.super_only,
     };
     let settings = SuperSettings {
         uuid,
@@ -1198,6 +1298,10 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         kbytes_written: 0,
         rev_level: u32::from(!rev0),
         test_fs,
+        encoding,
+        encoding_flags,
+        mmp_update_interval,
+        mmp_host: super::mmp::MmpHost::default(),
     };
     Ok(Resolved {
         params,
@@ -1562,6 +1666,91 @@ mod tests {
             resolve(&o, &p, &env(1 << 30)).unwrap_err().0,
             "unknown os - plan9"
         );
+    }
+
+    /// casefold's encoding: mke2fs.conf's `encoding`/`encoding_flags`
+    /// when the feature comes from the features, `-E encoding=` turns the
+    /// feature on, and every extended-option string starts the flags over
+    /// from the encoding's defaults (mke2fs.conf's flags are lost then).
+    #[test]
+    fn casefold_encoding_like_mke2fs() {
+        let conf = "[fs_types]\n\text4 = {\n\t\tfeatures = has_journal,extent\n\t\tencoding_flags = strict\n\t}\n";
+        let p = Profile::parse(conf).unwrap();
+        let o = |features: &[&str], ext: &[&str]| MkfsOptions {
+            features: features.iter().map(|s| s.to_string()).collect(),
+            extended: ext.iter().map(|s| s.to_string()).collect(),
+            ..opts("ext4")
+        };
+        let r = resolve(&o(&["casefold"], &[]), &p, &env(1 << 30)).unwrap();
+        assert_eq!((r.settings.encoding, r.settings.encoding_flags), (1, 1));
+        let r = resolve(&o(&["casefold"], &["test_fs"]), &p, &env(1 << 30)).unwrap();
+        assert_eq!((r.settings.encoding, r.settings.encoding_flags), (1, 0));
+        let r = resolve(
+            &o(&[], &["encoding=utf8,encoding_flags=strict"]),
+            &p,
+            &env(1 << 30),
+        )
+        .unwrap();
+        assert!(r.params.features.incompat.contains(Incompat::CASEFOLD));
+        assert_eq!((r.settings.encoding, r.settings.encoding_flags), (1, 1));
+        let r = resolve(&o(&[], &[]), &p, &env(1 << 30)).unwrap();
+        assert_eq!((r.settings.encoding, r.settings.encoding_flags), (0, 0));
+        let e = resolve(&o(&[], &["encoding_flags=strict"]), &p, &env(1 << 30)).unwrap_err();
+        assert!(
+            e.0.contains("An encoding must be explicitly specified"),
+            "{e}"
+        );
+        let bad = Profile::parse(&conf.replace("strict", "bogus")).unwrap();
+        let e = resolve(&o(&["casefold"], &[]), &bad, &env(1 << 30)).unwrap_err();
+        assert_eq!(e.0, "Unknown encoding flags from profile: bogus");
+    }
+
+    /// inline_data: an explicit 128-byte inode size is mke2fs's refusal;
+    /// libext2fs's silent 128 (no inode_size anywhere) is ext4kit's.
+    #[test]
+    fn inline_data_needs_large_inodes() {
+        let p = Profile::parse("[defaults]\n\tblocksize = 4096\n").unwrap();
+        let o = MkfsOptions {
+            features: vec!["inline_data".into()],
+            ..opts("ext2")
+        };
+        let e = resolve(&o, &p, &env(1 << 30)).unwrap_err();
+        assert!(e.0.contains("-I 256"), "{e}");
+        let o = MkfsOptions {
+            inode_size: Some(128),
+            ..o
+        };
+        let e = resolve(&o, &p, &env(1 << 30)).unwrap_err();
+        assert_eq!(
+            e.0,
+            "128 byte inodes are too small for inline data; specify larger size"
+        );
+        let o = MkfsOptions {
+            inode_size: Some(256),
+            ..o
+        };
+        assert!(resolve(&o, &p, &env(1 << 30)).is_ok());
+    }
+
+    /// num_backup_sb as mke2fs reads it (strtoul into an int), and the
+    /// s_backup_bgs request it makes.
+    #[test]
+    fn num_backup_sb_like_mke2fs() {
+        let p = Profile::builtin();
+        let bgs = |ext: &str| {
+            let o = MkfsOptions {
+                features: vec!["sparse_super2".into()],
+                extended: vec![ext.into()],
+                ..opts("ext4")
+            };
+            resolve(&o, &p, &env(1 << 30)).map(|r| r.params.backup_bgs)
+        };
+        assert_eq!(bgs("test_fs"), Ok([1, !0]));
+        assert_eq!(bgs("num_backup_sb=1"), Ok([1, 0]));
+        assert_eq!(bgs("num_backup_sb=0"), Ok([0, 0]));
+        assert_eq!(bgs("num_backup_sb=-1"), Ok([0, 0]));
+        assert_eq!(bgs("num_backup_sb=0x2"), Ok([1, !0]));
+        assert!(bgs("num_backup_sb=3").is_err());
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use ext4kit_device::{Device, DeviceError};
 use ext4kit_format::dir;
 use ext4kit_format::extent::{self, Extent, ExtentHeader, ExtentIndex};
-use ext4kit_format::features::{Incompat, RoCompat};
+use ext4kit_format::features::{Compat, Incompat, RoCompat};
 use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT};
 use ext4kit_format::inode::{self, EXT4_EXTENTS_FL, EXTRA_ISIZE, Inode, S_IFDIR, S_IFREG};
 use ext4kit_format::jbd2::JournalSuperblock;
@@ -51,7 +51,23 @@ pub struct SuperSettings {
     pub rev_level: u32,
     /// `-E test_fs`: `EXT2_FLAGS_TEST_FILESYS` in `s_flags`.
     pub test_fs: bool,
+    /// casefold: `s_encoding` and `s_encoding_flags` (0 without it).
+    pub encoding: u16,
+    pub encoding_flags: u16,
+    /// `-E mmp_update_interval=` as given (0 = the default; mke2fs stores
+    /// it even without mmp).
+    pub mmp_update_interval: u16,
+    /// The host part of the MMP block (`-O mmp`; see [`super::mmp`]).
+    pub mmp_host: super::mmp::MmpHost,
 }
+
+/// `EXT4_ENCRYPTION_MODE_AES_256_XTS` and `_AES_256_CTS`: the default
+/// contents and file name modes mke2fs records with `-O encrypt`.
+const ENCRYPT_ALGOS: [u8; 4] = [1, 4, 0, 0];
+/// `EXT2_ERROR_FS`: mke2fs -S marks the filesystem for a check.
+const STATE_ERROR: u16 = 0x0002;
+/// The in-inode extended attribute header magic (`EXT2_EXT_ATTR_MAGIC`).
+const XATTR_MAGIC: u32 = 0xEA02_0000;
 
 /// Statistics of one run, for reports.
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -259,10 +275,38 @@ impl Writer<'_> {
         if let Some((ino, _)) = &l.orphan {
             sb.s_orphan_file_inum.set(*ino);
         }
+        self.feature_fields(&mut sb);
         if l.features.ro_compat.contains(RoCompat::METADATA_CSUM) {
             sb.update_checksum();
         }
         sb
+    }
+
+    /// The superblock fields of sparse_super2, casefold, encrypt, mmp and
+    /// of -S.
+    fn feature_fields(&self, sb: &mut Superblock) {
+        let l = self.layout;
+        let s = self.settings;
+        for (k, g) in l.backup_bgs.iter().enumerate() {
+            sb.s_backup_bgs[k].set(*g);
+        }
+        sb.s_encoding.set(s.encoding);
+        sb.s_encoding_flags.set(s.encoding_flags);
+        if l.features.incompat.contains(Incompat::ENCRYPT) {
+            sb.s_encrypt_algos = ENCRYPT_ALGOS;
+        }
+        let mut interval = s.mmp_update_interval;
+        if let Some(b) = l.mmp_block {
+            interval = super::mmp::effective_interval(interval).unwrap_or(interval);
+            sb.s_mmp_block.set(b);
+        }
+        sb.s_mmp_interval.set(interval);
+        if l.super_only {
+            sb.s_state.set(sb.s_state.get() | STATE_ERROR);
+            if l.features.compat.contains(Compat::HAS_JOURNAL) {
+                sb.s_journal_inum.set(inode::JOURNAL_INO);
+            }
+        }
     }
 
     fn base_inode(&self, mode: u16, links: u16) -> Inode {
@@ -416,6 +460,19 @@ impl Writer<'_> {
         lpf.set_size(bs * l.lost_found.blocks());
         self.map_file(&mut lpf, &l.lost_found);
         put(11, &lpf, &mut out);
+        if self.inline_data() {
+            // lost+found was an inline directory: its emptied in-inode
+            // attribute area keeps the header magic.
+            if let Some((_, slot)) = out.last_mut() {
+                let at = 128 + usize::from(EXTRA_ISIZE);
+                if slot.len() >= at + 4 {
+                    slot[at..at + 4].copy_from_slice(&XATTR_MAGIC.to_le_bytes());
+                    if csum.metadata {
+                        inode::set_checksum(slot, 11, csum);
+                    }
+                }
+            }
+        }
         if let Some((ino, fm)) = &l.orphan {
             let mut o = self.base_inode(S_IFREG | 0o600, 1);
             o.set_size(bs * fm.blocks());
@@ -427,12 +484,14 @@ impl Writer<'_> {
     }
 
     fn backup_group_list(&self) -> Vec<u32> {
-        let l = self.layout;
-        if l.features.ro_compat.contains(RoCompat::SPARSE_SUPER) {
-            l.backup_groups().collect()
-        } else {
-            (1..l.group_count).collect()
-        }
+        self.layout.backup_groups().collect()
+    }
+
+    fn inline_data(&self) -> bool {
+        self.layout
+            .features
+            .incompat
+            .contains(Incompat::INLINE_DATA)
     }
 
     fn dir_block(&self, entries: &[(u32, &[u8], u8)], dir_ino: u32, csum: &Csum) -> Vec<u8> {
@@ -466,9 +525,13 @@ impl Writer<'_> {
         buf
     }
 
-    /// Write the whole filesystem.
+    /// Write the whole filesystem (with -S, only its superblocks and
+    /// descriptors).
     pub fn write(&self, dev: &dyn Device) -> Result<WriteStats, WriteError> {
         let l = self.layout;
+        if l.super_only {
+            return self.write_super_only(dev);
+        }
         let s = self.settings;
         let bs = u64::from(l.block_size);
         let csum = self.csum();
@@ -533,11 +596,25 @@ impl Writer<'_> {
             &csum,
         );
         out.block(l.root.runs[0].pblk, &root_blk)?;
-        let lpf0 = self.dir_block(
-            &[(11, b".", dir::FT_DIR), (2, b"..", dir::FT_DIR)],
-            11,
-            &csum,
-        );
+        let lpf0 = if self.inline_data() {
+            // ext2fs_inline_data_convert_dir: '.', '..', then the empty
+            // entry of the inline directory spanning the rest.
+            self.dir_block(
+                &[
+                    (11, b".", dir::FT_DIR),
+                    (2, b"..", dir::FT_DIR),
+                    (0, b"", 0),
+                ],
+                11,
+                &csum,
+            )
+        } else {
+            self.dir_block(
+                &[(11, b".", dir::FT_DIR), (2, b"..", dir::FT_DIR)],
+                11,
+                &csum,
+            )
+        };
         let lpf_empty = self.dir_block(&[], 11, &csum);
         for lb in 0..l.lost_found.blocks() as u32 {
             if let Some(p) = l.lost_found.pblk(lb) {
@@ -574,7 +651,8 @@ impl Writer<'_> {
                 out.block(leaf, &self.leaf_block(inode::JOURNAL_INO, j, &csum))?;
             }
             let mut jbuf = vec![0u8; bs as usize];
-            let jsb = JournalSuperblock::new(l.block_size, l.journal_blocks, s.uuid);
+            let mut jsb = JournalSuperblock::new(l.block_size, l.journal_blocks, s.uuid);
+            jsb.s_num_fc_blks.set(l.journal_fc_blocks);
             jbuf[..1024].copy_from_slice(jsb.as_bytes());
             if let Some(first) = j.pblk(0) {
                 out.block(first, &jbuf)?;
@@ -601,8 +679,50 @@ impl Writer<'_> {
                 }
             }
         }
+        // 8b. The MMP block: zeroed, then the MMP structure.
+        if let Some(b) = l.mmp_block {
+            let interval = super::mmp::effective_interval(s.mmp_update_interval)
+                .unwrap_or(s.mmp_update_interval);
+            let seed = csum.metadata.then_some(csum.seed);
+            let buf = super::mmp::mmp_block(bs as usize, interval, &s.mmp_host, seed);
+            out.block(b, &buf)?;
+        }
         // 9. Bitmaps, and the descriptors with their checksums.
-        let gdt = self.bitmaps_and_descs(&mut out, &csum)?;
+        let gdt = self.bitmaps_and_descs(&mut out, &csum, true)?;
+        self.supers_and_descs(dev, &mut out, &gdt)?;
+        Ok(out.stats)
+    }
+
+    /// `mke2fs -S`: what it writes over an existing filesystem. The old
+    /// superblock sectors (bytes 1024..4096, zap_sector(2, 6); not the
+    /// boot sectors), then the superblock backups, the descriptor blocks
+    /// (whose bitmap checksums stay 0: the bitmaps are not written) and
+    /// the primary superblock. Inode tables, bitmaps, directories, the
+    /// journal and the reserved GDT blocks are not touched.
+    fn write_super_only(&self, dev: &dyn Device) -> Result<WriteStats, WriteError> {
+        let l = self.layout;
+        let csum = self.csum();
+        let mut out = Out::new(dev, l.block_size);
+        out.zero(1024, 3072)?;
+        out.flush_pending()?;
+        if out.stats.bytes_zeroed > 0 {
+            dev.flush()?;
+        }
+        let gdt = self.bitmaps_and_descs(&mut out, &csum, false)?;
+        self.supers_and_descs(dev, &mut out, &gdt)?;
+        Ok(out.stats)
+    }
+
+    /// Steps 10 and 11: the superblock backups and descriptor blocks,
+    /// flush, the primary superblock, flush.
+    fn supers_and_descs(
+        &self,
+        dev: &dyn Device,
+        out: &mut Out<'_>,
+        gdt: &[u8],
+    ) -> Result<(), WriteError> {
+        let l = self.layout;
+        let bs = u64::from(l.block_size);
         // 10. Backup superblocks and the descriptor blocks, where
         //     ext2fs_flush puts them (classic tables after each superblock
         //     copy; with meta_bg one block in the first, second and last
@@ -640,7 +760,7 @@ impl Writer<'_> {
         out.write(superblock::SUPERBLOCK_OFFSET, sb.as_bytes())?;
         out.flush_pending()?;
         dev.flush()?;
-        Ok(out.stats)
+        Ok(())
     }
 
     /// Write the initialized bitmaps; return the descriptor table bytes.
@@ -660,7 +780,14 @@ impl Writer<'_> {
         Ok(())
     }
 
-    fn bitmaps_and_descs(&self, out: &mut Out<'_>, csum: &Csum) -> Result<Vec<u8>, WriteError> {
+    /// With `write_bitmaps` false (-S) nothing is written and the bitmap
+    /// checksums stay 0.
+    fn bitmaps_and_descs(
+        &self,
+        out: &mut Out<'_>,
+        csum: &Csum,
+        write_bitmaps: bool,
+    ) -> Result<Vec<u8>, WriteError> {
         let l = self.layout;
         let bs = l.block_size as usize;
         let has_csum = l.features.has_group_csum();
@@ -686,7 +813,7 @@ impl Writer<'_> {
             d.set_used_dirs(gp.used_dirs);
             d.set_flags(gp.flags);
             d.set_itable_unused(gp.itable_unused);
-            if !(has_csum && gp.flags & BG_BLOCK_UNINIT != 0) {
+            if write_bitmaps && !(has_csum && gp.flags & BG_BLOCK_UNINIT != 0) {
                 bbuf.fill(0xFF);
                 bbuf[..bb_bytes].fill(0);
                 let first = l.group_first_block(g32);
@@ -706,7 +833,7 @@ impl Writer<'_> {
                 }
                 out.block(gp.block_bitmap, &bbuf)?;
             }
-            if !(has_csum && gp.flags & BG_INODE_UNINIT != 0) {
+            if write_bitmaps && !(has_csum && gp.flags & BG_INODE_UNINIT != 0) {
                 ibuf.fill(0xFF);
                 ibuf[..ib_bytes].fill(0);
                 let first_ino = g32 * l.inodes_per_group + 1;
@@ -730,6 +857,12 @@ impl Writer<'_> {
             slot[..n].copy_from_slice(&d.as_bytes()[..n]);
             let c = csum.group_desc(g32, slot);
             d.bg_checksum.set(c);
+            if l.super_only {
+                // mke2fs -S zeroes itable_unused (so that e2fsck looks at
+                // every inode) after the checksums were computed, and
+                // leaves them as they were.
+                d.set_itable_unused(0);
+            }
             slot[..n].copy_from_slice(&d.as_bytes()[..n]);
         }
         Ok(gdt)
