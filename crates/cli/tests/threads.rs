@@ -408,8 +408,9 @@ fn directories_from_many_threads() {
     e2fsck_clean(&img).unwrap();
 }
 
-/// Threads unlink files they hold open, write to the orphans, and release
-/// them on "last close" in a shuffled order, several orphans pending at
+/// Threads unlink files they hold open (or rename other files over them),
+/// write to the orphans, and release them on "last close" in a shuffled
+/// order, several orphans pending at
 /// once: the old orphan list (chained through the inodes) and the orphan
 /// file see concurrent inserts and removals. Everything is freed, the list
 /// is empty and e2fsck is clean.
@@ -440,7 +441,24 @@ fn orphans_from_many_threads() {
                         let len = 1 + rng.below(40 * KIB);
                         let seed = 100 * t + i;
                         fs.write_at(ino, 0, &pattern(len as usize, seed)).unwrap();
-                        let (_, orphan) = fs.unlink_open(2, n.as_bytes()).unwrap();
+                        let orphan = if i % 4 == 3 {
+                            // Replaced by a rename while open: an orphan in
+                            // the rename's transaction.
+                            let over = format!("n{t}_{i}");
+                            file(fs, 2, &over);
+                            let keep = |k: u32| {
+                                assert_eq!(k, ino);
+                                true
+                            };
+                            let flags = RenameFlags::default();
+                            let (_, orphan) = fs
+                                .rename_keep_if(2, over.as_bytes(), 2, n.as_bytes(), flags, keep)
+                                .unwrap();
+                            fs.unlink(2, n.as_bytes()).unwrap();
+                            orphan
+                        } else {
+                            fs.unlink_open(2, n.as_bytes()).unwrap().1
+                        };
                         assert!(orphan, "{n}");
                         fs.write_at(ino, len, b"tail").unwrap();
                         open.push((ino, seed));
