@@ -1203,6 +1203,97 @@ fn concurrent_unlinks_of_open_files() {
     assert_eq!(e2fsck_clean(&img).unwrap(), fresh);
 }
 
+/// Changing requests in parallel without a lock of the mount's own: four
+/// threads append records to one O_APPEND file, make and remove
+/// directories in one shared directory, and rename a new file over a file
+/// they still hold open (the old one lives on through the descriptor, an
+/// orphan from the rename's own transaction, freed at the close). Every
+/// record is there once, whole; e2fsck is clean.
+#[test]
+fn parallel_changes_and_renames_over_open_files() {
+    let what = "parallel_changes_and_renames_over_open_files";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "128M");
+    let fresh = e2fsck_clean(&img).unwrap();
+    let m = FuseMount::new(&img, &[]).unwrap();
+    fs::create_dir(m.path().join("shared")).unwrap();
+    const N: u64 = 40;
+    const REC: usize = 64;
+    let record = |t: u64, i: u64| {
+        let mut r = format!("t{t} i{i} ").into_bytes();
+        r.resize(REC - 1, b'.');
+        r.push(b'\n');
+        r
+    };
+    let workers: Vec<_> = (0..4u64)
+        .map(|t| {
+            let root = m.path().to_path_buf();
+            std::thread::spawn(move || {
+                let mut log = OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(root.join("log"))
+                    .unwrap();
+                for i in 0..N {
+                    log.write_all(&record(t, i)).unwrap();
+                    let d = root.join("shared").join(format!("d{t}-{i}"));
+                    fs::create_dir(&d).unwrap();
+                    if i % 2 == 0 {
+                        fs::remove_dir(&d).unwrap();
+                    }
+                    let v = root.join(format!("v{t}"));
+                    let mut old = OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .open(&v)
+                        .unwrap();
+                    let body = pattern(5000 + i as usize, 10 * t + i);
+                    old.write_all(&body).unwrap();
+                    let n = root.join(format!("n{t}"));
+                    fs::write(&n, pattern(3000, 1000 + t * N + i)).unwrap();
+                    fs::rename(&n, &v).unwrap();
+                    let mut back = vec![0u8; body.len()];
+                    old.read_exact_at(&mut back, 0).unwrap();
+                    assert!(back == body, "v{t} #{i}: the replaced file changed");
+                    assert_eq!(old.metadata().unwrap().nlink(), 0);
+                    old.write_all_at(b"orphan", 0).unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let log = fs::read(m.path().join("log")).unwrap();
+    assert_eq!(log.len(), 4 * N as usize * REC);
+    let mut recs: Vec<&[u8]> = log.chunks(REC).collect();
+    recs.sort();
+    let mut want: Vec<Vec<u8>> = (0..4)
+        .flat_map(|t| (0..N).map(move |i| record(t, i)))
+        .collect();
+    want.sort();
+    assert!(recs.iter().zip(&want).all(|(a, b)| *a == &b[..]));
+    for t in 0..4 {
+        let v = fs::read(m.path().join(format!("v{t}"))).unwrap();
+        assert!(v == pattern(3000, 1000 + t * N + N - 1), "v{t}");
+    }
+    let left = fs::read_dir(m.path().join("shared")).unwrap().count();
+    assert_eq!(left, 4 * N as usize / 2);
+    m.unmount().unwrap();
+    let after = e2fsck_clean(&img).unwrap();
+    // The log, v0..v3, shared and its directories: nothing else is left.
+    assert_eq!(
+        used_inodes(&after),
+        used_inodes(&fresh).map(|n| n + 6 + 4 * N / 2),
+        "{after} / {fresh}"
+    );
+}
+
 /// Groups of `img` with and without `ITABLE_ZEROED` (dumpe2fs).
 fn zeroed_groups(img: &Path) -> (usize, usize) {
     let out = run_ok(tool("dumpe2fs").arg(img)).unwrap();

@@ -358,6 +358,31 @@ impl Fs<'_> {
         Ok(out)
     }
 
+    /// The inode `..` names: read from the first block only (where `.`
+    /// and `..` always are, also in an htree's root), so walking up a
+    /// tree costs one block per level however large its directories are.
+    pub fn parent_of(&self, dir: &InodeInfo) -> Result<Option<u32>, FsError> {
+        if !dir.is_dir() {
+            return Err(FsError::NotADirectory);
+        }
+        if dir.has_inline_data() || dir.size == 0 {
+            return Ok(self
+                .read_dir(dir)?
+                .into_iter()
+                .find(|e| e.name == b"..")
+                .map(|e| e.ino));
+        }
+        let db = self.dir_blocks(dir, false)?;
+        let buf = self.dir_block(dir, &db, 0)?;
+        let mut out = Vec::new();
+        if self.is_dx(dir) {
+            out = self.dx_root(dir, &buf)?.0;
+        } else {
+            self.leaf_entries(dir, &buf, 0, &mut out)?;
+        }
+        Ok(out.into_iter().find(|e| e.name == b"..").map(|e| e.ino))
+    }
+
     /// Find `name` in a directory: by hash in an htree, else linearly.
     pub fn lookup(&self, dir: &InodeInfo, name: &[u8]) -> Result<Option<Entry>, FsError> {
         if !dir.is_dir() {

@@ -13,13 +13,38 @@
 //!   the transaction that commits an allocation always holds its bitmaps.
 //!   A failure after a change fails the handle ([`Handle::fail`]): the
 //!   journal aborts and nothing of the half operation commits.
-//! - **Locking**: the API is `&self` and thread-safe. Every changing
-//!   operation holds one coarse mutex (`ops`) for its whole handle: changes
-//!   are serialized (reads are not: they take only the cache's and the
-//!   descriptor view's locks). This keeps the render-at-end rule simple
-//!   (no operation can render another's half-made allocation) and the
-//!   credit estimates exact; finer locks (per inode, per directory) are
-//!   left for the mount.
+//! - **Locking**: the API is `&self` and thread-safe; every public call
+//!   is atomic with respect to the inodes it reads and writes, also when
+//!   it takes several handles. Three kinds of locks, always taken in this
+//!   order (a thread never waits for an earlier one while holding a later
+//!   one):
+//!   1. `renames`: a cross-directory rename (the kernel's
+//!      `s_vfs_rename_mutex`): the tree's shape above the two parents
+//!      cannot change while it decides their order.
+//!   2. **call locks** (`locks.call`, reentrant per thread), held for the
+//!      whole public call, every handle of it: the directories first
+//!      (one parent; two parents of a rename ancestor first, else by
+//!      inode number), then the other inodes the call changes (the
+//!      target of an unlink/rmdir/link, a rename's moved inode and the
+//!      replaced one, in ascending number; the inode of a file
+//!      operation). A call lock is never taken inside a handle. Inodes
+//!      are read *after* their locks are held, and every inode that a
+//!      handle stores is read inside that handle.
+//!   3. `ops` (one handle at a time, [`Filesystem::begin`] ...
+//!      [`Filesystem::finish`]), then the journal's and the allocators'
+//!      own locks; inside a handle `orphans` (the orphan list and file:
+//!      their edits change inodes that no call lock covers, the list's
+//!      neighbours) and the **content locks** (`locks.write`) of the
+//!      inodes whose tree, directory or xattr blocks the handle edits.
+//!
+//!   Reads ([`Filesystem::read_at`], [`Filesystem::lookup`],
+//!   [`Filesystem::xattrs`], [`Filesystem::read_locked`]) take only the
+//!   content lock of the one inode they read, shared: they see the inode
+//!   and its blocks as a handle left them and wait at most for one
+//!   handle, never for a long call. `ops` keeps the render-at-end rule
+//!   simple (no operation renders another's half-made allocation) and the
+//!   credits exact; concurrency between handles of different inodes is
+//!   the next step.
 //! - **Reads** see the newest images through [`Filesystem::read`] (the
 //!   read side's [`Fs`] over the cache, with descriptors kept current).
 //!
@@ -178,7 +203,14 @@ pub struct Filesystem {
     descs: Arc<DescTable>,
     balloc: Arc<BlockAlloc>,
     ialloc: Arc<InodeAlloc>,
+    /// One handle at a time (see "Locking").
     ops: Mutex<()>,
+    /// Per-inode call and content locks.
+    locks: InodeLocks,
+    /// Cross-directory renames.
+    renames: Mutex<()>,
+    /// Edits of the orphan list and the orphan file (inside a handle).
+    orphans: Mutex<()>,
     gen_seed: AtomicU32,
     /// The orphan file, with the orphan_file feature.
     orphan_file: Option<OrphanFile>,
@@ -193,10 +225,24 @@ impl std::fmt::Debug for Filesystem {
     }
 }
 
-/// An operation in progress: the coarse lock and the handle.
+/// An operation in progress: the handle, the content locks it holds and
+/// the operations lock (dropped in that order).
 pub struct Op<'a> {
-    _guard: MutexGuard<'a, ()>,
     pub h: Handle<'a>,
+    locks: &'a InodeLocks,
+    content: Vec<ContentLock<'a>>,
+    _guard: MutexGuard<'a, ()>,
+}
+
+impl Op<'_> {
+    /// Own inode `ino`'s content (its tree, directory and xattr blocks)
+    /// until the handle ends, so that readers never see half of the
+    /// handle's edits. Taken right after [`Filesystem::begin`], before
+    /// the inode is read.
+    pub(crate) fn own(&mut self, ino: u32) {
+        let l = self.locks.write(ino);
+        self.content.push(l);
+    }
 }
 
 impl Filesystem {
@@ -271,6 +317,9 @@ impl Filesystem {
             balloc,
             ialloc,
             ops: Mutex::new(()),
+            locks: InodeLocks::default(),
+            renames: Mutex::new(()),
+            orphans: Mutex::new(()),
             gen_seed: AtomicU32::new((t.nsec ^ (t.sec as u32)).wrapping_mul(0x9E37_79B9) | 1),
             orphan_file,
             discard,
@@ -422,30 +471,73 @@ impl Filesystem {
             .saturating_add(groups.saturating_mul(3))
             .saturating_add(2);
         let h = self.rw.start(want.min(max.max(1)))?;
-        Ok(Op { _guard: guard, h })
+        Ok(Op {
+            h,
+            locks: &self.locks,
+            content: Vec::new(),
+            _guard: guard,
+        })
+    }
+
+    /// Hold inode `ino`'s call lock (see "Locking" in the module docs):
+    /// no other changing call on `ino` runs until the guard is dropped.
+    /// Reentrant: the engine's calls made by the holder go on. For a
+    /// caller that makes several calls one (an `O_APPEND` write reads the
+    /// size, then writes there; an open checked against a concurrent
+    /// unlink). Take at most this one lock, or follow the documented
+    /// order (directories first), and never inside a handle.
+    pub fn lock_inode(&self, ino: u32) -> InodeLock<'_> {
+        self.locks.call(ino)
+    }
+
+    /// Run `f` over the read side with inode `ino` (also an orphan) read
+    /// under its shared content lock: the inode and its tree, directory
+    /// and xattr blocks are as a handle left them (readdir, readlink,
+    /// getxattr, lseek's map). Waits at most for one handle.
+    pub fn read_locked<R>(
+        &self,
+        ino: u32,
+        f: impl FnOnce(&Fs<'_>, &InodeInfo) -> Result<R, FsError>,
+    ) -> Result<R, FsError> {
+        self.guard("read_locked", ino, || {
+            let _r = self.locks.read(ino);
+            let inode = self.inode_any_op(ino)?;
+            self.read(|fs| f(fs, &inode))
+        })
     }
 
     /// End an operation: render the allocators' changes into its handle,
     /// end it; returns the tid (for [`Filesystem::commit_tid`]). On an
     /// error the handle fails (journal aborted).
     pub fn finish(&self, op: Op<'_>) -> Result<u32, FsError> {
-        let Op { _guard, mut h } = op;
-        match self.render(&mut h) {
+        let Op {
+            mut h,
+            content,
+            _guard,
+            ..
+        } = op;
+        let r = match self.render(&mut h) {
             Ok(()) => {
                 let tid = h.tid();
                 drop(h);
                 Ok(tid)
             }
             Err(e) => Err(h.fail(e)),
-        }
+        };
+        drop(content);
+        r
     }
 
     /// Fail an operation whose handle may have changed blocks.
     pub fn fail(&self, op: Op<'_>, e: FsError) -> FsError {
         // Allocations of the failed operation stay out of use until the
         // journal is reopened (it is aborted anyway).
-        let Op { _guard, h } = op;
-        h.fail(e)
+        let Op {
+            h, content, _guard, ..
+        } = op;
+        let e = h.fail(e);
+        drop(content);
+        e
     }
 
     fn render(&self, h: &mut Handle<'_>) -> Result<(), FsError> {
@@ -727,6 +819,7 @@ impl Filesystem {
     /// truncate or sparse growth first) and times, in that order; ctime is
     /// now unless given. Returns the last tid.
     pub fn setattr(&self, ino: u32, a: &SetAttr) -> Result<u32, FsError> {
+        let _c = self.locks.call(ino);
         self.guard("setattr", ino, || self.setattr_op(ino, a))
     }
 
@@ -738,16 +831,22 @@ impl Filesystem {
         if a.mode.is_none() && a.uid.is_none() && a.gid.is_none() && a.times.is_none() {
             return Ok(tid);
         }
-        let mut inode = self.inode(ino)?;
-        // A stored access ACL follows a chmod (posix_acl_chmod).
-        let access = match a.mode {
-            Some(_) => {
-                let attrs = self.read(|fs| fs.xattrs(&inode))?;
-                xw::get_acl(&attrs, xw::AclKind::Access).map_err(xattr_fs)?
-            }
-            None => None,
-        };
         let mut op = self.begin(4, 1)?;
+        op.own(ino);
+        let read: Result<_, FsError> = (|| {
+            let inode = self.inode(ino)?;
+            // A stored access ACL follows a chmod (posix_acl_chmod).
+            let access = match a.mode {
+                Some(_) => {
+                    let attrs = self.read(|fs| fs.xattrs(&inode))?;
+                    xw::get_acl(&attrs, xw::AclKind::Access).map_err(xattr_fs)?
+                }
+                None => None,
+            };
+            Ok((inode, access))
+        })();
+        // Nothing changed yet: a refusal ends the empty handle.
+        let (mut inode, access) = read?;
         let r = (|| {
             if let (Some(m), Some(acl)) = (a.mode, access.as_deref()) {
                 let geo = self.xattr_geometry();
@@ -785,12 +884,13 @@ impl Filesystem {
 
     /// Set times (ctime is set to now unless given), in one transaction.
     pub fn set_times(&self, ino: u32, t: &Times) -> Result<u32, FsError> {
+        let _c = self.locks.call(ino);
         self.guard("set_times", ino, || self.set_times_op(ino, t))
     }
 
     fn set_times_op(&self, ino: u32, t: &Times) -> Result<u32, FsError> {
-        let mut inode = self.inode(ino)?;
         let mut op = self.begin(1, 0)?;
+        let mut inode = self.inode(ino)?;
         let r = (|| {
             let c = t.ctime.unwrap_or_else(now);
             self.edit_inode(&mut inode, |n| set_node_times(n, t, c))?;
@@ -802,6 +902,33 @@ impl Filesystem {
         }
     }
 
+    /// [`RwFs::set_inode_attrs`] under the operations' locks: permission
+    /// bits, owner and times written into inode `ino`'s slot in one
+    /// handle, also for an orphan (link count 0, still open: fchmod,
+    /// fchown, futimens on an unlinked file work on ext4).
+    pub fn set_inode_attrs(&self, ino: u32, a: &crate::rw::InodeAttrs) -> Result<u32, FsError> {
+        let _c = self.locks.call(ino);
+        self.guard("set_inode_attrs", ino, || {
+            let mut op = self.begin(1, 0)?;
+            // Checked before the change (a corrupt inode changes nothing).
+            self.inode_any(ino)?;
+            let (blk, off) = self.inode_location(ino)?;
+            let isz = self.descs.layout().inode_size as usize;
+            let csum = self.rw.geometry().csum;
+            let r = op.h.modify(blk, |buf| {
+                let slot = &mut buf[off..off + isz];
+                a.apply(slot);
+                if csum.metadata {
+                    set_checksum(slot, ino, &csum);
+                }
+            });
+            match r {
+                Ok(()) => self.finish(op),
+                Err(e) => Err(self.fail(op, e)),
+            }
+        })
+    }
+
     /// Free an inode whose last link is gone, in one transaction after
     /// its blocks are released (large files in several, each leaving a
     /// consistent file): `i_dtime`, link count 0, inode bitmap, counts.
@@ -809,14 +936,16 @@ impl Filesystem {
     /// between the truncate steps leaves a shorter, still linked-less
     /// inode that e2fsck frees.
     pub fn delete_inode(&self, ino: u32) -> Result<u32, FsError> {
+        let _c = self.locks.call(ino);
         self.guard("delete_inode", ino, || self.delete_inode_op(ino))
     }
 
     fn delete_inode_op(&self, ino: u32) -> Result<u32, FsError> {
         self.truncate(ino, 0)?;
+        let mut op = self.begin(6, 2)?;
+        op.own(ino);
         let mut inode = self.inode_any(ino)?;
         let orphan = inode.links == 0;
-        let mut op = self.begin(6, 2)?;
         let r = (|| {
             if orphan {
                 self.orphan_del(&mut op, &mut inode)?;
@@ -854,6 +983,7 @@ impl Filesystem {
     /// orphan list (`s_last_orphan`, chained through `i_dtime`), which the
     /// kernel and e2fsck process at mount, inside `op`; `inode` is stored.
     pub fn orphan_add(&self, op: &mut Op<'_>, inode: &mut InodeInfo) -> Result<(), FsError> {
+        let _o = lock(&self.orphans);
         if let Some(of) = &self.orphan_file
             && of.add(&mut op.h, inode.ino, &self.rw.geometry().csum)?
         {
@@ -891,6 +1021,10 @@ impl Filesystem {
     /// Take `inode` off the orphan list inside `op` (its `i_dtime` is
     /// cleared; the caller stores `inode`).
     pub fn orphan_del(&self, op: &mut Op<'_>, inode: &mut InodeInfo) -> Result<(), FsError> {
+        // The list's neighbours change here without their call locks: every
+        // inode a handle stores is read inside it (under `ops`), so
+        // nothing can store a stale copy of them over this edit.
+        let _o = lock(&self.orphans);
         let in_file = match &self.orphan_file {
             Some(of) => of.del(&mut op.h, inode.ino, &self.rw.geometry().csum)?,
             None => false,
@@ -966,6 +1100,7 @@ impl Filesystem {
     /// Free orphan `ino` (no links) or truncate it to its size and take it
     /// off the list or file.
     fn process_orphan(&self, ino: u32) -> Result<(), FsError> {
+        let _c = self.locks.call(ino);
         let inode = self.inode_any(ino)?;
         if inode.links == 0 {
             self.delete_inode(ino)?;
@@ -974,8 +1109,8 @@ impl Filesystem {
         if inode.is_regular() {
             self.truncate(ino, inode.size)?;
         }
-        let mut inode = self.inode_any(ino)?;
         let mut op = self.begin(2, 0)?;
+        let mut inode = self.inode_any(ino)?;
         let r = (|| {
             self.orphan_del(&mut op, &mut inode)?;
             self.store_inode(&mut op, &inode)
@@ -1016,6 +1151,7 @@ impl Filesystem {
     }
 
     fn xattrs_op(&self, ino: u32) -> Result<Vec<Xattr>, FsError> {
+        let _r = self.locks.read(ino);
         let inode = self.inode(ino)?;
         self.read(|fs| fs.xattrs(&inode))
     }
@@ -1031,6 +1167,7 @@ impl Filesystem {
         value: Option<&[u8]>,
         mode: SetMode,
     ) -> Result<u32, XattrError> {
+        let _c = self.locks.call(ino);
         self.guard("set_xattr", ino, || {
             self.set_xattr_op(ino, name, value, mode)
         })
@@ -1043,9 +1180,11 @@ impl Filesystem {
         value: Option<&[u8]>,
         mode: SetMode,
     ) -> Result<u32, XattrError> {
-        let mut inode = self.inode(ino)?;
         let geo = self.xattr_geometry();
         let mut op = self.begin(4, 2)?;
+        op.own(ino);
+        // Nothing changed yet: a refusal ends the empty handle.
+        let mut inode = self.inode(ino)?;
         let mut slot = inode.raw.clone();
         let r = {
             let mut io = XattrIo {
@@ -1260,6 +1399,7 @@ impl Filesystem {
     /// Split into handles of at most [`WRITE_CHUNK`] blocks (fewer when a
     /// handle runs out of credits or groups for its tree edits).
     pub fn write_at(&self, ino: u32, off: u64, data: &[u8]) -> Result<u32, FsError> {
+        let _c = self.locks.call(ino);
         self.guard("write_at", ino, || self.write_at_op(ino, off, data))
     }
 
@@ -1325,6 +1465,7 @@ impl Filesystem {
         let d = root_depth(&inode.i_block);
         let want = 4 * single_extent_credits(d + 1) + 4;
         let mut op = self.begin_edit(want, groups as u32 + 2)?;
+        op.own(ino);
         match self.fill_in(&mut op, ino, l0, l1, &mode, groups) {
             Ok(done) if done > l0 => Ok((self.finish(op)?, done)),
             Ok(_) => {
@@ -1542,6 +1683,7 @@ impl Filesystem {
     /// leaving a consistent file), the tail of a partial last block is
     /// zeroed; growing is sparse. Returns the last tid.
     pub fn truncate(&self, ino: u32, size: u64) -> Result<u32, FsError> {
+        let _c = self.locks.call(ino);
         self.guard("truncate", ino, || self.truncate_op(ino, size))
     }
 
@@ -1573,6 +1715,7 @@ impl Filesystem {
             let groups = MAX_GROUPS * 4;
             let want = 2 * REMOVE_BLOCKS + 2 * single_extent_credits(d + 1) + 4;
             let mut op = self.begin_edit(want, groups as u32 + 2)?;
+            op.own(ino);
             match self.unmap_in(&mut op, ino, a, b, size, groups) {
                 Ok(last) => {
                     let tid = self.finish(op)?;
@@ -1674,8 +1817,8 @@ impl Filesystem {
     }
 
     fn set_size_only(&self, ino: u32, size: u64) -> Result<u32, FsError> {
-        let mut inode = self.inode_any(ino)?;
         let mut op = self.begin(1, 0)?;
+        let mut inode = self.inode_any(ino)?;
         let r = (|| {
             let t = now();
             self.edit_inode(&mut inode, |n| {
@@ -1698,6 +1841,7 @@ impl Filesystem {
     /// (allocating holes) and zeroes the partial ones. Returns the last
     /// tid. Large ranges take several handles.
     pub fn fallocate(&self, ino: u32, off: u64, len: u64, mode: Falloc) -> Result<u32, FsError> {
+        let _c = self.locks.call(ino);
         self.guard("fallocate", ino, || self.fallocate_op(ino, off, len, mode))
     }
 
@@ -1774,14 +1918,15 @@ impl Filesystem {
     /// Zero bytes `[a, b)` (inside one block) of a file where written.
     fn zero_in_block(&self, ino: u32, a: u64, b: u64) -> Result<u32, FsError> {
         let bs = self.block_size();
+        let mut op = self.begin(0, 0)?;
+        op.own(ino);
         let inode = self.inode(ino)?;
         let lb = a / bs;
         let m = self.read(|fs| fs.extent_at(&inode, lb))?;
         let Some(m) = m.filter(|m| !m.unwritten) else {
-            return Ok(self.rw.journal().running_tid());
+            return Ok(op.h.tid());
         };
         let p = m.pblk + (lb - m.lblk);
-        let mut op = self.begin(0, 0)?;
         let r = (|| {
             let mut buf = vec![0u8; bs as usize];
             self.rw.blocks().read_block(p, &mut buf)?;
@@ -1800,6 +1945,7 @@ impl Filesystem {
     }
 
     fn read_at_op(&self, ino: u32, off: u64, buf: &mut [u8]) -> Result<usize, FsError> {
+        let _r = self.locks.read(ino);
         let inode = self.inode_any(ino)?;
         self.read(|fs| {
             let c = fs.content(&inode)?;
@@ -2000,8 +2146,11 @@ pub(crate) fn normalize(mut v: Vec<Mapping>) -> Vec<Mapping> {
 
 mod errors;
 mod lazy;
+mod locks;
 mod ns;
 pub use errors::OpError;
+pub use locks::InodeLock;
+use locks::{ContentLock, InodeLocks};
 pub use ns::*;
 
 #[cfg(test)]

@@ -83,8 +83,9 @@ pub struct MountReport {
     pub signal: Option<i32>,
 }
 
-/// Worker threads by default: the machine's CPUs, 2 to 4 (changes are
-/// serialized by the engine; reads and lookups run in parallel).
+/// Worker threads by default: the machine's CPUs, 2 to 4 (changes of
+/// one inode are serialized by the engine, their handles one at a time;
+/// reads and lookups run in parallel).
 pub fn default_threads() -> usize {
     thread::available_parallelism()
         .map(|n| n.get())

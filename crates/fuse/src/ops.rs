@@ -115,7 +115,7 @@ impl FuseFs {
         let e = self
             .s
             .backend
-            .read(|f| f.lookup(&d, name))
+            .read_inode(d.ino, |f, d| f.lookup(d, name))
             .map_err(|e| errno(&e))?
             .ok_or(Errno::ENOENT)?;
         self.s.inode(e.ino)
@@ -123,7 +123,6 @@ impl FuseFs {
 
     fn fire_orphan(&self, ino: Option<u32>) {
         let Some(ino) = ino else { return };
-        let _c = self.s.change();
         if let Backend::Rw(fs) = &self.s.backend
             && let Err(e) = fs.release_orphan(ino)
         {
@@ -159,7 +158,7 @@ impl FuseFs {
             let attrs = self
                 .s
                 .backend
-                .read(|f| f.xattrs(&p))
+                .read_inode(pino, |f, p| f.xattrs(p))
                 .map_err(|e| errno(&e))?;
             xw::get_acl(&attrs, xw::AclKind::Default).map_err(|e| xattr_errno(&e))?
         } else {
@@ -181,7 +180,6 @@ impl FuseFs {
         } else {
             req.gid()
         };
-        let _c = self.s.change();
         let mut spec = NewInode::new(mode, req.uid(), gid);
         if let Make::Node { rdev, .. } = what
             && matches!(mode & S_IFMT, S_IFCHR | S_IFBLK)
@@ -255,7 +253,8 @@ impl FuseFs {
             size: a.size,
             times: any_time.then_some(times),
         };
-        let _c = self.s.change();
+        // The orphan check and the calls below are one change of `ino`.
+        let _g = fs.lock_inode(ino);
         let orphan = self.s.state().orphans.contains(&ino);
         let tid =
             if orphan && (sa.mode.is_some() || sa.uid.is_some() || sa.gid.is_some() || any_time) {
@@ -281,9 +280,7 @@ impl FuseFs {
                     mtime: pair(times.mtime),
                     ctime: pair(Some(times.ctime.unwrap_or(now))),
                 };
-                fs.rw()
-                    .set_inode_attrs(ino, &attrs)
-                    .map_err(|e| errno(&e))?
+                fs.set_inode_attrs(ino, &attrs).map_err(|e| errno(&e))?
             } else {
                 retry(fs, || fs.setattr(ino, &sa)).map_err(|e| errno(&e))?
             };
@@ -315,8 +312,8 @@ impl FuseFs {
 
     fn do_write(&self, ino: u32, fh: u64, off: u64, data: &[u8]) -> R<u32> {
         let fs = self.fs()?;
-        // Also makes O_APPEND's "size, then write there" atomic.
-        let _c = self.s.change();
+        // O_APPEND's "size, then write there" is one change of `ino`.
+        let _g = fs.lock_inode(ino);
         let append = matches!(
             self.s.state().handles.get(&fh),
             Some(Handle::File { append: true, .. })
@@ -332,11 +329,11 @@ impl FuseFs {
     }
 
     fn snapshot(&self, ino: u32) -> R<Arc<Vec<DirItem>>> {
-        let d = self.dir(ino)?;
+        self.dir(ino)?;
         let entries = self
             .s
             .backend
-            .read(|f| f.read_dir(&d))
+            .read_inode(ino, |f, d| f.read_dir(d))
             .map_err(|e| errno(&e))?;
         let mut items = Vec::with_capacity(entries.len());
         for e in entries {
@@ -377,25 +374,34 @@ impl FuseFs {
         let fs = self.fs()?;
         let name = name_ok(name)?;
         let p = ext4_ino(parent)?;
-        // The state is held across the engine call: an open of the same
-        // inode cannot slip in between the check and the unlink.
-        let _c = self.s.change();
-        let mut st = self.s.state();
-        let target = fs
-            .lookup(p, name)
-            .map_err(|e| errno(&e))?
-            .ok_or(Errno::ENOENT)?;
-        let tid = if st.is_open(target.ino) {
-            let (tid, orphan) = fs.unlink_open(p, name).map_err(|e| errno(&e))?;
-            if orphan {
-                st.orphans.insert(target.ino);
+        // Whether the inode stays (still open) or goes is decided inside
+        // the engine, under its locks of the directory and the inode; an
+        // open holds the inode's lock too (see `open`), so it cannot slip
+        // in between the answer and the unlink. The orphan is recorded
+        // before the engine changes anything: a close racing with the
+        // unlink frees it (after it, under the same lock).
+        let mut kept = None;
+        let r = fs.unlink_keep_if(p, name, |ino| {
+            let mut st = self.s.state();
+            let open = st.is_open(ino);
+            if open {
+                st.orphans.insert(ino);
+                kept = Some(ino);
             }
-            tid
-        } else {
-            fs.unlink(p, name).map_err(|e| errno(&e))?
+            open
+        });
+        let (tid, ino, _) = match r {
+            Ok(v) => v,
+            Err(e) => {
+                if let Some(k) = kept {
+                    self.s.state().orphans.remove(&k);
+                }
+                return Err(errno(&e));
+            }
         };
+        let mut st = self.s.state();
         st.changed(p, tid);
-        st.changed(target.ino, tid);
+        st.changed(ino, tid);
         Ok(())
     }
 
@@ -419,34 +425,38 @@ impl FuseFs {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
         };
-        let _c = self.s.change();
-        let mut st = self.s.state();
+        // The kernel holds both directories locked: these names stay put
+        // (they only say which inodes' tids the rename sets).
         let src = fs
             .lookup(sd, name)
             .map_err(|e| errno(&e))?
             .ok_or(Errno::ENOENT)?;
         let dst = fs.lookup(dd, newname).map_err(|e| errno(&e))?;
-        // A replaced file that is still open must outlive the rename: its
-        // name goes first (onto the orphan list), then the rename moves
-        // the source over the now free name. Not one transaction, unlike
-        // ext4: a crash in between leaves the source under its old name
-        // and the target gone.
-        if let Some(d) = &dst
-            && !rf.exchange
-            && !rf.noreplace
-            && d.ino != src.ino
-            && !d.is_dir()
-            && !src.is_dir()
-            && d.links <= 1
-            && st.is_open(d.ino)
-        {
-            let (t, orphan) = fs.unlink_open(dd, newname).map_err(|e| errno(&e))?;
-            if orphan {
-                st.orphans.insert(d.ino);
+        // A replaced file that is still open outlives the rename as an
+        // orphan, in the rename's transaction (as ext4); decided inside
+        // the engine under its locks (see `do_unlink`).
+        let mut kept = None;
+        let r = retry(fs, || {
+            fs.rename_keep_if(sd, name, dd, newname, rf, |ino| {
+                let mut st = self.s.state();
+                let open = st.is_open(ino);
+                if open {
+                    st.orphans.insert(ino);
+                    kept = Some(ino);
+                }
+                open
+            })
+        });
+        let t = match r {
+            Ok((t, _)) => t,
+            Err(e) => {
+                if let Some(k) = kept {
+                    self.s.state().orphans.remove(&k);
+                }
+                return Err(errno(&e));
             }
-            st.changed(d.ino, t);
-        }
-        let t = retry(fs, || fs.rename(sd, name, dd, newname, rf)).map_err(|e| errno(&e))?;
+        };
+        let mut st = self.s.state();
         st.changed(sd, t);
         st.changed(dd, t);
         st.changed(src.ino, t);
@@ -516,7 +526,7 @@ impl FuseFs {
         let content = self
             .s
             .backend
-            .read(|f| f.content(&i))
+            .read_inode(ino, |f, i| f.content(i))
             .map_err(|e| errno(&e))?;
         let maps = match content {
             // Inline data is all data.
@@ -585,7 +595,6 @@ impl FuseFs {
         if f.punch_hole && offset >= i.size {
             return Ok(());
         }
-        let _c = self.s.change();
         let tid = retry(fs, || fs.fallocate(ino, offset, length, f)).map_err(|e| errno(&e))?;
         self.s.state().changed(ino, tid);
         Ok(())
@@ -606,11 +615,11 @@ impl FuseFs {
     }
 
     fn xattr_list(&self, req: &Request, ino: u32) -> R<Vec<u8>> {
-        let i = self.s.inode(ino)?;
+        self.s.inode(ino)?;
         let attrs = self
             .s
             .backend
-            .read(|f| f.xattrs(&i))
+            .read_inode(ino, |f, i| f.xattrs(i))
             .map_err(|e| errno(&e))?;
         let mut out = Vec::new();
         for a in attrs {
@@ -631,11 +640,11 @@ impl FuseFs {
         if fx::split_name(name).is_none() && name != b"system.data" {
             return Err(Errno::EOPNOTSUPP);
         }
-        let i = self.s.inode(ino)?;
+        self.s.inode(ino)?;
         let attrs = self
             .s
             .backend
-            .read(|f| f.xattrs(&i))
+            .read_inode(ino, |f, i| f.xattrs(i))
             .map_err(|e| errno(&e))?;
         attrs
             .into_iter()
@@ -652,7 +661,6 @@ impl FuseFs {
             XATTR_REPLACE => SetMode::Replace,
             _ => return Err(Errno::EINVAL),
         };
-        let _c = self.s.change();
         let tid = fs
             .set_xattr(ino, name, value, mode)
             .map_err(|e| xattr_errno(&e))?;
@@ -759,10 +767,10 @@ impl fuser::Filesystem for FuseFs {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let r = ext4_ino(ino).and_then(|ino| {
-            let i = self.s.inode(ino)?;
+            self.s.inode(ino)?;
             self.s
                 .backend
-                .read(|f| f.read_link(&i))
+                .read_inode(ino, |f, i| f.read_link(i))
                 .map_err(|e| errno(&e))
         });
         match r {
@@ -811,7 +819,6 @@ impl fuser::Filesystem for FuseFs {
             let fs = self.fs()?;
             let name = name_ok(name)?;
             let p = ext4_ino(parent)?;
-            let _c = self.s.change();
             let tid = fs.rmdir(p, name).map_err(|e| errno(&e))?;
             self.s.state().changed(p, tid);
             Ok(())
@@ -862,7 +869,6 @@ impl fuser::Filesystem for FuseFs {
             let fs = self.fs()?;
             let name = name_ok(newname)?;
             let (ino, p) = (ext4_ino(ino)?, ext4_ino(newparent)?);
-            let _c = self.s.change();
             let tid = retry(fs, || fs.link(ino, p, name)).map_err(|e| errno(&e))?;
             let mut st = self.s.state();
             st.changed(ino, tid);
@@ -879,6 +885,13 @@ impl fuser::Filesystem for FuseFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let r = (|| {
             let ino = ext4_ino(ino)?;
+            // Under the inode's engine lock: an unlink decides "open or
+            // not" under it too, so it sees this handle, or this open
+            // sees the inode gone.
+            let _g = match &self.s.backend {
+                Backend::Rw(fs) => Some(fs.lock_inode(ino)),
+                Backend::Ro(_) => None,
+            };
             let i = self.s.inode(ino)?;
             if i.is_dir() {
                 return Err(Errno::EISDIR);

@@ -39,6 +39,25 @@ impl Backend {
         }
     }
 
+    /// Run `f` over the read side with inode `ino` read and its tree,
+    /// directory and xattr blocks stable (read-write: under the engine's
+    /// shared content lock, so a change in progress is never seen half
+    /// done).
+    pub fn read_inode<R>(
+        &self,
+        ino: u32,
+        f: impl FnOnce(&Fs<'_>, &InodeInfo) -> Result<R, FsError>,
+    ) -> Result<R, FsError> {
+        match self {
+            Backend::Rw(fs) => fs.read_locked(ino, f),
+            Backend::Ro(v) => {
+                let fs = v.fs();
+                let i = fs.inode(ino)?;
+                f(&fs, &i)
+            }
+        }
+    }
+
     /// The read-write engine, or EROFS.
     pub fn rw(&self) -> Result<&Filesystem, Errno> {
         match self {
@@ -175,18 +194,14 @@ impl State {
 /// Everything the workers, the commit timer and the mount share.
 pub struct Shared {
     pub backend: Backend,
+    /// The mount's own bookkeeping. Held only briefly and never across
+    /// an engine call, except inside the engine's `keep` callbacks of
+    /// unlink and rename (lock order: the engine's inode locks, then
+    /// `state`). Changing engine calls need no lock of the mount: each is
+    /// atomic in the engine (its per-inode locks), also against the
+    /// requests the kernel does not serialize (mmap writeback, release,
+    /// forget).
     pub state: Mutex<State>,
-    /// Held for every changing engine call. The engine serializes the
-    /// handles of changes anyway (its coarse operations mutex), but it
-    /// reads an inode before taking that mutex and lets go of it between
-    /// the handles of one call (write chunks, truncate steps, the steps
-    /// of freeing an orphan): two calls touching one inode, or the
-    /// orphan list that links inodes together, could interleave there and
-    /// store a stale inode (seen: freeing two orphans from two threads
-    /// corrupted the orphan list). Requests the kernel does not serialize
-    /// (mmap writeback, release, forget) made that reachable. Lock order:
-    /// `change`, then `state`.
-    pub change: Mutex<()>,
     pub opts: MountOptions,
     pub block_size: u32,
     /// Largest file size (`ext4_max_size` for extent files: 2^32 - 1
@@ -200,7 +215,6 @@ impl Shared {
         Shared {
             backend,
             state: Mutex::new(State::default()),
-            change: Mutex::new(()),
             opts,
             block_size,
             max_file: (u64::from(u32::MAX)) * u64::from(block_size),
@@ -209,11 +223,6 @@ impl Shared {
 
     pub fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The change lock (see [`Shared::change`]).
-    pub fn change(&self) -> MutexGuard<'_, ()> {
-        self.change.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Inode `ino` as the kernel may ask for it: also an orphan (link
@@ -234,7 +243,6 @@ impl Shared {
     /// Free the orphans still on the list (unmount: the kernel sends no
     /// forgets then). Returns how many failed.
     pub fn release_orphans(&self) -> Vec<(u32, FsError)> {
-        let _c = self.change();
         let orphans: Vec<u32> = self.state().orphans.drain().collect();
         let mut failed = Vec::new();
         if let Backend::Rw(fs) = &self.backend {

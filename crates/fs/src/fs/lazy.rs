@@ -86,10 +86,8 @@ mod tests {
     use crate::fs::NewInode;
     use crate::rw::RwOptions;
 
-    /// Three threads create files (each in its own directory: the
-    /// operations layer reads a directory before taking the operations
-    /// mutex, so concurrent changes of one directory are the mount's
-    /// business) as fast as they can while the group
+    /// Three threads create files (each in its own directory, so that
+    /// they meet in the allocator only) as fast as they can while the group
     /// they allocate from is locked and released again and again: the
     /// lock's range never holds an inode in use, not even after a while
     /// under the lock (allocation stays out), and allocations did meet it.

@@ -1,6 +1,7 @@
 //! Namespace operations over `dir_write` (issue 7 step 4): create (all
 //! file types), mkdir, symlink, link, unlink, rmdir. Each is one handle
-//! (atomic) under the operations lock: the entry change, the inode(s),
+//! (atomic) under the call locks of the directory and of the inode it
+//! changes (see "Locking" in `fs.rs`): the entry change, the inode(s),
 //! link counts (`dir_nlink`: a directory past 64999 links counts 1),
 //! times and, for a last unlink of a file whose blocks fit one handle,
 //! the release of its blocks and inode. A last unlink of a larger file
@@ -158,11 +159,15 @@ impl Filesystem {
     }
 
     fn lookup_op(&self, dir: u32, name: &[u8]) -> Result<Option<InodeInfo>, FsError> {
-        let d = self.inode(dir)?;
-        if !d.is_dir() {
-            return Err(FsError::NotADirectory);
-        }
-        match self.read(|f| f.lookup(&d, name))? {
+        let found = {
+            let _r = self.locks.read(dir);
+            let d = self.inode(dir)?;
+            if !d.is_dir() {
+                return Err(FsError::NotADirectory);
+            }
+            self.read(|f| f.lookup(&d, name))?
+        };
+        match found {
             Some(e) => Ok(Some(self.inode(e.ino)?)),
             None => Ok(None),
         }
@@ -203,7 +208,10 @@ impl Filesystem {
     }
 
     /// Run `f` as one operation on directory `parent` (its inode stored at
-    /// the end); `extra` credits for what `f` does besides the entry.
+    /// the end); `extra` credits for what `f` does besides the entry. The
+    /// caller holds `parent`'s call lock (so the checks made before the
+    /// handle stay true); the directory is read again inside the handle,
+    /// whose content lock it owns.
     ///
     /// Refusals are found before the handle starts (`absent`: the name
     /// must not exist; the callers check the rest first); an error from
@@ -226,7 +234,9 @@ impl Filesystem {
         let (_, nodes) = self.mapping(&d)?;
         let credits = dir_credits(&d) + 2 * nodes.len() as u32 + extra;
         let mut op = self.begin(credits, groups + 2)?;
-        let mut d = d;
+        op.own(parent);
+        // Nothing changed yet: a refusal ends the empty handle.
+        let mut d = self.inode(parent)?;
         match f(self, &mut op, &mut d) {
             Ok(r) => {
                 if let Err(e) = self.store_inode(&mut op, &d) {
@@ -268,6 +278,7 @@ impl Filesystem {
         name: &[u8],
         spec: &NewInode,
     ) -> Result<(InodeInfo, u32), FsError> {
+        let _p = self.locks.call(parent);
         self.guard("create", parent, || self.create_op(parent, name, spec))
     }
 
@@ -297,6 +308,7 @@ impl Filesystem {
         name: &[u8],
         spec: &NewInode,
     ) -> Result<(InodeInfo, u32), FsError> {
+        let _p = self.locks.call(parent);
         self.guard("mkdir", parent, || self.mkdir_op(parent, name, spec))
     }
 
@@ -361,6 +373,7 @@ impl Filesystem {
         target: &[u8],
         spec: &NewInode,
     ) -> Result<(InodeInfo, u32), FsError> {
+        let _p = self.locks.call(parent);
         self.guard("symlink", parent, || {
             self.symlink_op(parent, name, target, spec)
         })
@@ -391,10 +404,14 @@ impl Filesystem {
     }
 
     fn link_op(&self, ino: u32, parent: u32, name: &[u8]) -> Result<u32, FsError> {
-        let i = self.inode(ino)?;
-        if i.is_dir() {
+        // A directory is refused before its lock would be taken after the
+        // parent's (it may be the parent's ancestor); it stays one.
+        if self.inode(ino)?.is_dir() {
             return Err(FsError::IsADirectory);
         }
+        let _p = self.locks.call(parent);
+        let _i = self.locks.call(ino);
+        let i = self.inode(ino)?;
         if i.links >= LINK_MAX {
             return Err(FsError::TooManyLinks);
         }
@@ -477,7 +494,7 @@ impl Filesystem {
     }
 
     fn unlink_op(&self, parent: u32, name: &[u8]) -> Result<u32, FsError> {
-        self.unlink_with(parent, name, false).map(|(t, _)| t)
+        self.unlink_with(parent, name, |_| false).map(|(t, _, _)| t)
     }
 
     /// unlink for a file that is still open: the last link goes, the
@@ -490,11 +507,31 @@ impl Filesystem {
     }
 
     fn unlink_open_op(&self, parent: u32, name: &[u8]) -> Result<(u32, bool), FsError> {
-        self.unlink_with(parent, name, true)
+        self.unlink_with(parent, name, |_| true)
+            .map(|(t, _, orphan)| (t, orphan))
+    }
+
+    /// unlink that decides under the engine's locks whether the inode
+    /// stays as an orphan ([`Filesystem::unlink_open`]) or is freed with
+    /// its last link ([`Filesystem::unlink`]): `keep(ino)` is asked once,
+    /// only when the inode loses its last link, with the directory's and
+    /// the inode's call locks held, before anything changes. The mount
+    /// answers "is it open?" there, so an open that holds
+    /// [`Filesystem::lock_inode`] cannot slip in between the answer and
+    /// the free. Returns the tid, the inode number and whether the inode
+    /// became an orphan.
+    pub fn unlink_keep_if(
+        &self,
+        parent: u32,
+        name: &[u8],
+        keep: impl FnOnce(u32) -> bool,
+    ) -> Result<(u32, u32, bool), FsError> {
+        self.guard("unlink", parent, || self.unlink_with(parent, name, keep))
     }
 
     /// The last close of an inode unlinked while open: free it.
     pub fn release_orphan(&self, ino: u32) -> Result<u32, FsError> {
+        let _c = self.locks.call(ino);
         self.guard("release_orphan", ino, || self.release_orphan_op(ino))
     }
 
@@ -506,13 +543,24 @@ impl Filesystem {
         self.delete_inode(ino)
     }
 
-    fn unlink_with(&self, parent: u32, name: &[u8], keep: bool) -> Result<(u32, bool), FsError> {
+    fn unlink_with(
+        &self,
+        parent: u32,
+        name: &[u8],
+        keep: impl FnOnce(u32) -> bool,
+    ) -> Result<(u32, u32, bool), FsError> {
+        let p_lock = self.locks.call(parent);
         let Some(target) = self.lookup(parent, name)? else {
             return Err(FsError::NotFound);
         };
         if target.is_dir() {
             return Err(FsError::IsADirectory);
         }
+        // The entry cannot change under the parent's lock; the inode is
+        // read again under its own.
+        let t_lock = self.locks.call(target.ino);
+        let target = self.inode(target.ino)?;
+        let keep = target.links <= 1 && keep(target.ino);
         let (c, g) = self.release_cost(&target)?;
         let whole = !keep && target.links <= 1 && g as usize <= MAX_GROUPS * 4;
         let (_, tid) = self.in_dir(
@@ -527,6 +575,7 @@ impl Filesystem {
                 fs.touch_dir(d, 0)?;
                 let mut i = fs.inode(target.ino)?;
                 if i.links <= 1 && whole {
+                    op.own(target.ino);
                     fs.release_in(op, &mut i)
                 } else {
                     let links = i.links.saturating_sub(1);
@@ -547,13 +596,19 @@ impl Filesystem {
         )?;
         let orphan = target.links <= 1 && !whole;
         if orphan && !keep {
-            return Ok((self.delete_inode(target.ino)?, false));
+            // On the orphan list now: the directory is free for others
+            // while the file's blocks go, in steps.
+            drop(p_lock);
+            let tid = self.delete_inode(target.ino)?;
+            drop(t_lock);
+            return Ok((tid, target.ino, false));
         }
-        Ok((tid, orphan))
+        Ok((tid, target.ino, orphan))
     }
 
     /// Remove the empty directory `name` from `parent`.
     pub fn rmdir(&self, parent: u32, name: &[u8]) -> Result<u32, FsError> {
+        let _p = self.locks.call(parent);
         self.guard("rmdir", parent, || self.rmdir_op(parent, name))
     }
 
@@ -570,6 +625,9 @@ impl Filesystem {
         if !target.is_dir() {
             return Err(FsError::NotADirectory);
         }
+        // A child after its parent (see "Locking"); read again under it.
+        let _t = self.locks.call(target.ino);
+        let target = self.inode(target.ino)?;
         let entries = self.read(|f| f.read_dir(&target))?;
         if entries.iter().any(|e| e.name != b"." && e.name != b"..") {
             return Err(FsError::NotEmpty);
@@ -577,6 +635,7 @@ impl Filesystem {
         let (c, g) = self.release_cost(&target)?;
         Ok(self
             .in_dir(parent, None, c + 4, g, |fs, op, d| {
+                op.own(target.ino);
                 let mut t = fs.inode(target.ino)?;
                 let mut io = DirIo::new(fs, op, d.clone())?;
                 DirWriter::new(&mut io).remove(name)?;
@@ -602,6 +661,7 @@ impl Filesystem {
     }
 
     /// Is directory `anc` the directory `ino` or one of its ancestors?
+    /// (One block per level: `..` is in each directory's first block.)
     fn is_ancestor(&self, anc: u32, mut ino: u32) -> Result<bool, FsError> {
         for _ in 0..4096 {
             if ino == anc {
@@ -610,11 +670,15 @@ impl Filesystem {
             if ino == 2 {
                 return Ok(false);
             }
-            let d = self.inode(ino)?;
-            let Some(up) = self.read(|f| f.lookup(&d, b".."))? else {
+            let up = {
+                let _r = self.locks.read(ino);
+                let d = self.inode(ino)?;
+                self.read(|f| f.parent_of(&d))?
+            };
+            let Some(up) = up else {
                 return Ok(false);
             };
-            ino = up.ino;
+            ino = up;
         }
         Err(FsError::corrupt(
             "directory",
@@ -635,9 +699,51 @@ impl Filesystem {
         dname: &[u8],
         flags: RenameFlags,
     ) -> Result<u32, FsError> {
+        self.rename_keep_if(sdir, sname, ddir, dname, flags, |_| false)
+            .map(|(t, _)| t)
+    }
+
+    /// [`Filesystem::rename`] where a replaced file losing its last link
+    /// stays as an orphan (link count 0, on the orphan list, in the same
+    /// transaction: as ext4 keeps a replaced open file) when
+    /// `keep(ino)` says so; asked once under the engine's locks (see
+    /// [`Filesystem::unlink_keep_if`]), only for such a file. Returns the
+    /// tid and whether the replaced file became an orphan.
+    pub fn rename_keep_if(
+        &self,
+        sdir: u32,
+        sname: &[u8],
+        ddir: u32,
+        dname: &[u8],
+        flags: RenameFlags,
+        keep: impl FnOnce(u32) -> bool,
+    ) -> Result<(u32, bool), FsError> {
         self.guard("rename", sdir, || {
-            self.rename_op(sdir, sname, ddir, dname, flags)
+            // The tree above the parents holds still while their order is
+            // decided (the kernel's s_vfs_rename_mutex and lock_rename).
+            let _r = (sdir != ddir).then(|| lock(&self.renames));
+            let _parents = self.lock_parents(sdir, ddir);
+            self.rename_op(sdir, sname, ddir, dname, flags, keep)
         })
+    }
+
+    /// Call locks of a rename's parents: an ancestor before its
+    /// descendant (an rmdir or rename inside the ancestor locks the
+    /// descendant after it), else by inode number. A failed walk up
+    /// (the caller's checks report it) orders by number.
+    fn lock_parents(&self, a: u32, b: u32) -> Vec<InodeLock<'_>> {
+        if a == b {
+            return vec![self.locks.call(a)];
+        }
+        let first = if self.is_ancestor(b, a).unwrap_or(false) {
+            b
+        } else if self.is_ancestor(a, b).unwrap_or(false) {
+            a
+        } else {
+            a.min(b)
+        };
+        let second = if first == a { b } else { a };
+        vec![self.locks.call(first), self.locks.call(second)]
     }
 
     fn rename_op(
@@ -647,7 +753,8 @@ impl Filesystem {
         ddir: u32,
         dname: &[u8],
         flags: RenameFlags,
-    ) -> Result<u32, FsError> {
+        keep: impl FnOnce(u32) -> bool,
+    ) -> Result<(u32, bool), FsError> {
         if flags.noreplace && flags.exchange {
             return Err(FsError::InvalidName(
                 "RENAME_NOREPLACE with RENAME_EXCHANGE",
@@ -667,7 +774,7 @@ impl Filesystem {
             return Err(FsError::Exists);
         }
         if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
-            return Ok(self.rw.journal().running_tid());
+            return Ok((self.rw.journal().running_tid(), false));
         }
         if flags.exchange && dst.is_none() {
             return Err(FsError::NotFound);
@@ -676,14 +783,32 @@ impl Filesystem {
         if src.is_dir() && sdir != ddir && self.is_ancestor(src.ino, ddir)? {
             return Err(FsError::InvalidName("moving a directory into itself"));
         }
-        if flags.exchange
-            && let Some(d) = &dst
+        // A target that contains the source: EINVAL for an exchange,
+        // ENOTEMPTY otherwise (do_renameat2's "trap" checks, before the
+        // type checks).
+        if let Some(d) = &dst
             && d.is_dir()
             && sdir != ddir
             && self.is_ancestor(d.ino, sdir)?
         {
-            return Err(FsError::InvalidName("moving a directory into itself"));
+            return Err(if flags.exchange {
+                FsError::InvalidName("moving a directory into itself")
+            } else {
+                FsError::NotEmpty
+            });
         }
+        // The moved and the replaced inode, after the parents (neither is
+        // an ancestor of a parent: refused above); read again under their
+        // locks.
+        let mut kids = vec![src.ino];
+        kids.extend(dst.as_ref().map(|d| d.ino));
+        let _kids = self.locks.call_sorted(&kids);
+        let src = self.inode(src.ino)?;
+        let dst = match dst {
+            Some(d) => Some(self.inode(d.ino)?),
+            None => None,
+        };
+        let mut keep_replaced = false;
         let mut release = None;
         if let (Some(d), false) = (&dst, flags.exchange) {
             match (src.is_dir(), d.is_dir()) {
@@ -697,12 +822,19 @@ impl Filesystem {
                 }
                 _ => {}
             }
-            if d.is_dir() || d.links <= 1 {
+            keep_replaced = !d.is_dir() && d.links <= 1 && keep(d.ino);
+            if (d.is_dir() || d.links <= 1) && !keep_replaced {
                 release = Some(self.release_cost(d)?);
             }
         }
-        let (rc, rg) = release.unwrap_or((2, 0));
+        let (rc, rg) = release.unwrap_or((4, 0));
         let mut op = self.begin(2 * 24 + rc + 8, rg + 3)?;
+        for ino in [sdir, ddir, src.ino] {
+            op.own(ino);
+        }
+        if let Some(d) = &dst {
+            op.own(d.ino);
+        }
         let r = (|| -> Result<(), FsError> {
             let mut sd = self.inode(sdir)?;
             let mut dd_own = if ddir == sdir {
@@ -773,7 +905,15 @@ impl Filesystem {
                 let replaced_dir = dst.as_ref().is_some_and(|d| d.is_dir());
                 if let Some(d) = &dst {
                     let mut i = self.inode(d.ino)?;
-                    if d.is_dir() || i.links <= 1 {
+                    if keep_replaced {
+                        // Still open: an orphan until its last close.
+                        let t = now();
+                        self.edit_inode(&mut i, |n| {
+                            n.i_links_count.set(0);
+                            set_node_times(n, &Times::default(), t);
+                        })?;
+                        self.orphan_add(&mut op, &mut i)?;
+                    } else if d.is_dir() || i.links <= 1 {
                         self.release_in(&mut op, &mut i)?;
                     } else {
                         let links = i.links - 1;
@@ -816,7 +956,7 @@ impl Filesystem {
             Ok(())
         })();
         match r {
-            Ok(()) => self.finish(op),
+            Ok(()) => Ok((self.finish(op)?, keep_replaced)),
             Err(e) => Err(self.fail(op, e)),
         }
     }
