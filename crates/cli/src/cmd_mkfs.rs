@@ -170,8 +170,8 @@ pub struct MkfsArgs {
     opt_s: Option<String>,
     /// Write the superblock and group descriptors only (last-resort
     /// recovery: give the filesystem's original options, then run
-    /// e2fsck -fy). As mke2fs 1.47.0, the device is discarded first unless
-    /// -E nodiscard.
+    /// e2fsck -fy). Unlike mke2fs 1.47.0, the device is not discarded
+    /// first (that would destroy the data) unless -E discard.
     #[arg(short = 'S', action = clap::ArgAction::Count)]
     opt_cap_s: u8,
     #[arg(short = 'z', value_name = "UNDO-FILE", hide = true)]
@@ -769,7 +769,7 @@ fn super_only_confirmed(
     }
     if p.resolved.discard {
         eprintln!(
-            "Warning: the device is discarded before the superblock rewrite, as mke2fs 1.47.0 does (its data is then lost); -E nodiscard keeps it"
+            "Warning: -E discard: the device is discarded before the superblock rewrite (its data is then lost)"
         );
     }
     if !a.json {

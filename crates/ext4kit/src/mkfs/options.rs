@@ -716,6 +716,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let mut lazy_itable_init = env.kernel_lazy_itable_init;
     lazy_itable_init = profile.get_bool(&fs_types, "lazy_itable_init", lazy_itable_init);
     let mut discard = profile.get_bool(&fs_types, "discard", true);
+    // `-E discard` given on the command line (not only the default).
+    let mut discard_asked = false;
     let mut lazy_journal_init = profile.get_bool(&fs_types, "lazy_journal_init", false);
     let mut packed_meta_blocks = profile.get_bool(&fs_types, "packed_meta_blocks", false);
     let mut assume_prezeroed = false;
@@ -810,8 +812,14 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 "lazy_itable_init" => lazy_itable_init = parse_bool_val(k, v)?,
                 "lazy_journal_init" => lazy_journal_init = parse_bool_val(k, v)?,
                 "assume_storage_prezeroed" => assume_prezeroed = parse_bool_val(k, v)?,
-                "discard" => discard = true,
-                "nodiscard" => discard = false,
+                "discard" => {
+                    discard = true;
+                    discard_asked = true;
+                }
+                "nodiscard" => {
+                    discard = false;
+                    discard_asked = false;
+                }
                 "hash_seed" => {
                     let s = need(v)?;
                     hash_seed = Some(
@@ -1232,6 +1240,12 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         if num_backups >= 2 {
             backup_bgs[1] = !0;
         }
+    }
+    if opts.super_only && !discard_asked {
+        // mke2fs 1.47.0 discards the device before -S rewrites the
+        // superblock, destroying the data -S is there to recover; ext4kit
+        // discards only when `-E discard` asks for it.
+        discard = false;
     }
     if opts.super_only && f.compat.contains(Compat::ORPHAN_FILE) {
         // mke2fs 1.47.0 -S goes on to create the orphan file: in the
