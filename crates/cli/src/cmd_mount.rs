@@ -49,6 +49,10 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   allow_other             let other users in (the kernel checks \
                   permissions and ACLs)\n  \
                   default_permissions     always in effect (accepted)\n  \
+                  writeback_cache         FUSE's writeback cache (default off): small writes \
+                  go to the kernel's page cache and reach the filesystem merged, at writeback, \
+                  close or fsync (fsync keeps its promise); SEEK_DATA/SEEK_HOLE then see the \
+                  whole file as data, and st_blocks counts data once written back\n  \
                   noatime, nosuid, nodev, noexec, defaults\n                          \
                   passed to the kernel mount\n\n\
                   A mounted or busy device is refused; an unknown option is refused with \

@@ -8,7 +8,8 @@
 //! errno of 60 refused or edge-case calls equal to kernel ext4's;
 //! pjdfstest when installed; online lazy init zeroing stale inode tables
 //! while files are made (and `noinit_itable` leaving them); `-o discard`
-//! giving a deleted file's space back to the image at an immediate unmount.
+//! giving a deleted file's space back to the image at an immediate unmount;
+//! `-o writeback_cache` keeping O_APPEND, SEEK_DATA and ctimes right.
 //!
 //! Every mount is made on a temporary directory and unmounted by a guard
 //! (also on failure); the mount tests need root and /dev/fuse and say
@@ -1541,5 +1542,65 @@ fn fstrim_on_the_mount_gives_free_space_back() {
         !out.status.success() && err.contains("Read-only file system"),
         "{err}"
     );
+    m.unmount().unwrap();
+}
+
+/// `-o writeback_cache`: the kernel's page cache holds the writes and
+/// hands them over by writeback. An `O_APPEND` handle's pages are written
+/// back where the kernel put them (not again at the engine's end of
+/// file); `SEEK_DATA` never calls dirty data a hole; a file created in a
+/// directory with a default ACL shows, through the mount and after the
+/// unmount, the ctime the ACL gave it.
+#[test]
+fn writeback_cache_keeps_append_seek_and_ctime() {
+    let what = "writeback_cache_keeps_append_seek_and_ctime";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    if !have("setfacl") {
+        return skip(what, "setfacl not found");
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "256M");
+    let m = FuseMount::new(&img, &["writeback_cache"]).unwrap();
+    let p = |s: &str| m.path().join(s);
+    // O_APPEND on a file whose start is on the engine already.
+    fs::write(p("log"), b"xyz").unwrap();
+    File::open(p("log")).unwrap().sync_all().unwrap();
+    let mut f = OpenOptions::new().append(true).open(p("log")).unwrap();
+    f.write_all(b"1").unwrap();
+    f.sync_all().unwrap();
+    f.write_all(b"23").unwrap();
+    drop(f);
+    // Dirty data past a hole, not written back yet.
+    let f = File::create(p("sparse")).unwrap();
+    f.write_all_at(&pattern(4096, 9), 1 << 20).unwrap();
+    let at = host::seek_data_hole(&f, 0, 3).expect("SEEK_DATA over dirty data");
+    assert!(at <= 1 << 20, "SEEK_DATA at {at}");
+    drop(f);
+    // Default ACL: the new file's ACL is set after it is made.
+    fs::create_dir(p("acl")).unwrap();
+    run_ok(
+        tool("setfacl")
+            .args(["-d", "-m", "u:1234:rw"])
+            .arg(p("acl")),
+    )
+    .unwrap();
+    fs::write(p("acl/f"), b"").unwrap();
+    let ct = |md: fs::Metadata| (md.ctime(), md.ctime_nsec());
+    let seen = ct(fs::metadata(p("acl/f")).unwrap());
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(ct(fs::metadata(p("acl/f")).unwrap()), seen, "past the TTL");
+    assert_eq!(fs::read(p("log")).unwrap(), b"xyz123");
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+    let m = FuseMount::new(&img, &["ro"]).unwrap();
+    let p = |s: &str| m.path().join(s);
+    assert_eq!(fs::read(p("log")).unwrap(), b"xyz123");
+    assert_eq!(
+        fs::read(p("sparse")).unwrap()[1 << 20..],
+        pattern(4096, 9)[..]
+    );
+    assert_eq!(ct(fs::metadata(p("acl/f")).unwrap()), seen, "on the disk");
     m.unmount().unwrap();
 }

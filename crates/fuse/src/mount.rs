@@ -40,7 +40,7 @@ use ext4kit_fs::journal::JournalOptions;
 use ext4kit_fs::rw::RwOptions;
 use ext4kit_fs::sb::{FsInfo, Volume};
 use ext4kit_fs::{DeviceBlocks, FsError};
-use fuser::{Config, MountOption, SessionACL};
+use fuser::{Config, InitFlags, KernelConfig, MountOption, SessionACL};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -197,6 +197,43 @@ fn fuser_config(req: &MountRequest) -> Config {
     c.n_threads = Some(req.threads.max(1));
     c
 }
+
+/// What the mount asks of the kernel at FUSE INIT; whether the writeback
+/// cache is on. Each capability is optional: a kernel without one still
+/// mounts.
+/// - POSIX ACLs checked by the kernel, no umask applied by it (the
+///   engine applies the parent's default ACL or the umask), parallel
+///   lookups and readdirs in one directory, cached symlink targets;
+/// - the writeback cache (`writeback_cache`, read-write mounts only);
+/// - more background requests in flight than fuser's 16 (readahead and
+///   writeback of several files at once keep the worker threads busy).
+///
+/// Requests of up to 1 MiB need nothing here: fuser offers 16 MiB and
+/// the kernel caps it at `fs.fuse.max_pages_limit` (256 pages here).
+pub(crate) fn negotiate(shared: &Shared, config: &mut KernelConfig) -> bool {
+    let mut writeback = false;
+    let mut caps = vec![
+        InitFlags::FUSE_POSIX_ACL,
+        InitFlags::FUSE_DONT_MASK,
+        InitFlags::FUSE_PARALLEL_DIROPS,
+        InitFlags::FUSE_CACHE_SYMLINKS,
+    ];
+    if shared.opts.writeback_cache && matches!(shared.backend, Backend::Rw(_)) {
+        caps.push(InitFlags::FUSE_WRITEBACK_CACHE);
+    }
+    for cap in caps {
+        match config.add_capabilities(cap) {
+            Ok(()) => writeback |= cap == InitFlags::FUSE_WRITEBACK_CACHE,
+            Err(_) => tracing::debug!("kernel lacks {cap:?}"),
+        }
+    }
+    let _ = config.set_max_background(MAX_BACKGROUND);
+    let _ = config.set_congestion_threshold(MAX_BACKGROUND * 3 / 4);
+    writeback
+}
+
+/// Background requests (readahead, writeback) the kernel keeps in flight.
+const MAX_BACKGROUND: u16 = 64;
 
 /// The FUSE connection id of the mount at `mnt` (its `st_dev`, as named
 /// under `/sys/fs/fuse/connections`), read from the mount table (a stat
@@ -460,8 +497,7 @@ pub fn serve_wrapped(
         );
     }
     let shared = Arc::new(Shared::new(backend, req.opts.clone()));
-    let session = match fuser::Session::new(FuseFs { s: shared.clone() }, &mnt, &fuser_config(req))
-    {
+    let session = match fuser::Session::new(FuseFs::new(shared.clone()), &mnt, &fuser_config(req)) {
         Ok(s) => s,
         Err(source) => {
             close(shared, &req.device)?;

@@ -24,7 +24,7 @@ use ext4kit_fs::rw::InodeAttrs;
 use ext4kit_fs::xattr_write::{self as xw, SetMode};
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
@@ -55,6 +55,19 @@ const NAME_MAX: usize = 255;
 /// The filesystem served to the kernel.
 pub struct FuseFs {
     pub(crate) s: Arc<Shared>,
+    /// The kernel's writeback cache is on (negotiated at INIT): it keeps
+    /// size and times and turns `O_APPEND` writes into positioned ones,
+    /// so the offset of a WRITE is always where the data goes.
+    writeback: bool,
+}
+
+impl FuseFs {
+    pub fn new(s: Arc<Shared>) -> FuseFs {
+        FuseFs {
+            s,
+            writeback: false,
+        }
+    }
 }
 
 type R<T> = Result<T, Errno>;
@@ -193,11 +206,13 @@ impl FuseFs {
         });
         let (mut i, tid) = made.map_err(|e| errno(&e))?;
         let mut st_tid = tid;
+        let mut acl_set = false;
         for (xname, entries) in [
             (&b"system.posix_acl_access"[..], inh.access),
             (b"system.posix_acl_default", inh.default),
         ] {
             let Some(entries) = entries else { continue };
+            acl_set = true;
             let v = acl::to_xattr(&entries);
             match fs.set_xattr(i.ino, xname, Some(&v), SetMode::Any) {
                 Ok(t) => st_tid = t,
@@ -216,7 +231,11 @@ impl FuseFs {
                 }
             }
         }
-        if st_tid != tid {
+        if acl_set {
+            // Setting the ACL changed the ctime (often in the same
+            // transaction): the reply must carry the inode as it is now,
+            // or the kernel caches (and with the writeback cache writes
+            // back) the older ctime.
             i = self.s.inode(i.ino)?;
         }
         let mut st = self.s.state();
@@ -698,17 +717,7 @@ fn reply_empty(r: R<()>, reply: ReplyEmpty) {
 
 impl fuser::Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Each is optional: an older kernel without one still works.
-        for cap in [
-            InitFlags::FUSE_POSIX_ACL,
-            InitFlags::FUSE_DONT_MASK,
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_CACHE_SYMLINKS,
-        ] {
-            if config.add_capabilities(cap).is_err() {
-                tracing::debug!("kernel lacks {cap:?}");
-            }
-        }
+        self.writeback = crate::mount::negotiate(&self.s, config);
         Ok(())
     }
 
@@ -896,7 +905,7 @@ impl fuser::Filesystem for FuseFs {
             if i.is_dir() {
                 return Err(Errno::EISDIR);
             }
-            let append = flags.0 & libc::O_APPEND != 0;
+            let append = flags.0 & libc::O_APPEND != 0 && !self.writeback;
             Ok(self.s.state().add_handle(Handle::File { ino, append }))
         })();
         match r {
@@ -1112,7 +1121,7 @@ impl fuser::Filesystem for FuseFs {
         let mode = (mode & !u32::from(S_IFMT)) | u32::from(S_IFREG);
         match self.make(req, parent, name, umask, Make::Node { mode, rdev }) {
             Ok(i) => {
-                let append = flags & libc::O_APPEND != 0;
+                let append = flags & libc::O_APPEND != 0 && !self.writeback;
                 let fh = {
                     let mut st = self.s.state();
                     st.looked_up(i.ino);
@@ -1153,6 +1162,15 @@ impl fuser::Filesystem for FuseFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        if self.writeback {
+            // Dirty pages the kernel has not written back yet are holes
+            // in the engine's extent map, and the kernel does not write
+            // them back before asking: answering from the map would call
+            // data a hole (and `cp --sparse` would drop it). ENOSYS makes
+            // the kernel answer itself from then on (every byte is data,
+            // the hole is at its own end of file), as POSIX allows.
+            return reply.error(Errno::ENOSYS);
+        }
         match ext4_ino(ino).and_then(|i| self.do_lseek(i, offset, whence)) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(e),

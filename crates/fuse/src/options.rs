@@ -1,6 +1,6 @@
 //! `-o` mount options, with the kernel's ext4 names and meanings where
-//! ext4kit has them, FUSE's `allow_other`/`default_permissions`, and
-//! ext4kit's own `lazyinit=`.
+//! ext4kit has them, FUSE's `allow_other`/`default_permissions`/
+//! `writeback_cache`, and ext4kit's own `lazyinit=`.
 //!
 //! Parsing is pure: an unknown or malformed option is a one-line
 //! [`OptionError`] before anything is opened, so a refused mount writes
@@ -53,6 +53,18 @@ pub struct MountOptions {
     /// permissions (and POSIX ACLs) as for any local filesystem; the
     /// option is accepted so that fstab lines can carry it.
     pub default_permissions: bool,
+    /// `writeback_cache` / `nowriteback_cache` (FUSE's writeback cache,
+    /// default off): writes go to the kernel's page cache and reach the
+    /// engine by writeback (merged into requests of up to 1 MiB), as on a
+    /// local filesystem; the kernel keeps size and times and handles
+    /// `O_APPEND`. `fsync`, `close` and the unmount write the pages back
+    /// first, so what `fsync` promises is unchanged. What it gives up,
+    /// because the kernel's FUSE does not write back before asking:
+    /// `SEEK_DATA`/`SEEK_HOLE` see the whole file as data (the kernel's
+    /// own answer); `st_blocks` counts dirty data only once written back;
+    /// a write past ext4's largest file size fails at writeback (EIO at
+    /// fsync) instead of with EFBIG.
+    pub writeback_cache: bool,
     /// VFS flags passed through to the kernel mount.
     pub noatime: bool,
     pub nosuid: bool,
@@ -73,6 +85,7 @@ impl Default for MountOptions {
             norecovery: false,
             allow_other: false,
             default_permissions: true,
+            writeback_cache: DEFAULT_WRITEBACK_CACHE,
             noatime: false,
             nosuid: false,
             nodev: false,
@@ -83,6 +96,10 @@ impl Default for MountOptions {
 
 /// The kernel's `JBD2_DEFAULT_MAX_COMMIT_AGE`.
 pub const DEFAULT_COMMIT: Duration = Duration::from_secs(5);
+/// FUSE's writeback cache only with `writeback_cache`: it is faster for
+/// small writes but gives up what the kernel's FUSE cannot keep exact
+/// with it (see [`MountOptions::writeback_cache`]).
+pub const DEFAULT_WRITEBACK_CACHE: bool = false;
 /// The kernel's `EXT4_DEF_LI_WAIT_MULT`.
 pub const DEFAULT_INIT_ITABLE: u32 = 10;
 /// Longest `commit=` accepted (the kernel takes up to `INT_MAX / HZ`; a
@@ -213,6 +230,8 @@ impl MountOptions {
             },
             "allow_other" => flag(&mut self.allow_other, true),
             "default_permissions" => flag(&mut self.default_permissions, true),
+            "writeback_cache" => flag(&mut self.writeback_cache, true),
+            "nowriteback_cache" => flag(&mut self.writeback_cache, false),
             // Defaults of every mount, accepted as no-ops.
             "defaults" | "async" | "relatime" | "atime" | "suid" | "dev" | "exec" => {
                 let mut ignored = false;
@@ -268,6 +287,13 @@ mod tests {
         assert!(!p("ro,rw").unwrap().read_only);
         assert!(p("allow_other,default_permissions").unwrap().allow_other);
         assert!(p("noatime,nosuid,nodev,noexec,defaults").unwrap().nosuid);
+        assert!(!p("").unwrap().writeback_cache);
+        assert!(p("writeback_cache").unwrap().writeback_cache);
+        assert!(
+            !p("writeback_cache,nowriteback_cache")
+                .unwrap()
+                .writeback_cache
+        );
     }
 
     #[test]
@@ -285,6 +311,7 @@ mod tests {
             ("norecovery", "needs a read-only mount"),
             ("noload,rw", "needs a read-only mount"),
             ("ro=1", "'ro' takes no value"),
+            ("writeback_cache=1", "'writeback_cache' takes no value"),
             ("lazyinit=sometimes", "invalid value 'sometimes'"),
         ] {
             let e = p(s).unwrap_err().to_string();
