@@ -1326,7 +1326,14 @@ impl Filesystem {
         let want = 4 * single_extent_credits(d + 1) + 4;
         let mut op = self.begin_edit(want, groups as u32 + 2)?;
         match self.fill_in(&mut op, ino, l0, l1, &mode, groups) {
-            Ok(done) if done > l0 => Ok((self.finish(op)?, done)),
+            Ok((done, _)) if done > l0 => Ok((self.finish(op)?, done)),
+            // Out of space before this handle changed anything: the
+            // error, not an aborted journal (ext4 fails the call with
+            // ENOSPC and goes on).
+            Ok((_, Some(short))) => {
+                self.finish(op)?;
+                Err(short)
+            }
             Ok(_) => {
                 let e = FsError::InvalidRequest(format!(
                     "inode {ino}: the journal is too small for one extent edit"
@@ -1337,6 +1344,10 @@ impl Filesystem {
         }
     }
 
+    /// The blocks of one [`Filesystem::fill_chunk`] handle: the first block
+    /// not done and, when the space ran out, the shortage (then fewer
+    /// blocks are done; none, and nothing changed, when it ran out at
+    /// `l0`).
     fn fill_in(
         &self,
         op: &mut Op<'_>,
@@ -1345,7 +1356,7 @@ impl Filesystem {
         l1: u64,
         mode: &Fill<'_>,
         group_budget: usize,
-    ) -> Result<u64, FsError> {
+    ) -> Result<(u64, Option<FsError>), FsError> {
         let bs = self.block_size();
         let mut inode = self.inode_any(ino)?;
         let mut root = inode.i_block;
@@ -1360,6 +1371,7 @@ impl Filesystem {
         let mut allocated = 0u64;
         let mut goal: Option<u64> = None;
         let mut at = l0;
+        let mut short = None;
         let mut ex = existing.iter().peekable();
         // Room for `ops` more tree edits (and the inode block)?
         let room = |op: &Op<'_>, root: &[u8; 60], ops: u32| {
@@ -1428,7 +1440,29 @@ impl Filesystem {
                     req.max_extent = UNWRITTEN_MAX;
                 }
                 let left = group_budget.saturating_sub(groups.len()).max(1);
-                let pieces = self.alloc_bounded(&req, left, &groups)?;
+                let pieces = match self.alloc_bounded(&req, left, &groups) {
+                    Ok(p) => p,
+                    Err(e @ (FsError::NoSpace { .. } | FsError::SpaceBusy { .. })) => {
+                        // Short of space: what there is (the next handle
+                        // meets the shortage), or the error while nothing
+                        // has changed.
+                        let room = self.balloc.available_blocks();
+                        let smaller = (room > 0 && room < req.len).then(|| {
+                            let mut r = req;
+                            r.len = room;
+                            self.alloc_bounded(&r, left, &groups)
+                        });
+                        match smaller {
+                            Some(Ok(p)) => p,
+                            _ if at > l0 => {
+                                short = Some(e);
+                                break 'outer;
+                            }
+                            _ => return Ok((l0, Some(e))),
+                        }
+                    }
+                    Err(e) => return Err(e),
+                };
                 for (k, &(s, n)) in pieces.iter().enumerate() {
                     if k > 0 && !room(op, &root, 1) {
                         self.balloc.give_back(self.rw.blocks(), &pieces[k..])?;
@@ -1476,7 +1510,7 @@ impl Filesystem {
             }
         })?;
         self.store_inode(op, &inode)?;
-        Ok(at)
+        Ok((at, short))
     }
 
     /// Write the part of `data` (at byte `off` of the file) that falls in
@@ -1696,7 +1730,9 @@ impl Filesystem {
     /// blocks of the range and zeroes the partial ones (size kept);
     /// [`Falloc::zero_range`] turns the whole blocks into unwritten extents
     /// (allocating holes) and zeroes the partial ones. Returns the last
-    /// tid. Large ranges take several handles.
+    /// tid. Large ranges take several handles. An orphan (unlinked while
+    /// open, link count 0) is taken too, as ext4 takes it through the
+    /// descriptor.
     pub fn fallocate(&self, ino: u32, off: u64, len: u64, mode: Falloc) -> Result<u32, FsError> {
         self.guard("fallocate", ino, || self.fallocate_op(ino, off, len, mode))
     }
@@ -1717,7 +1753,7 @@ impl Filesystem {
                 "punch_hole and zero_range together".into(),
             ));
         }
-        let inode = self.inode(ino)?;
+        let inode = self.inode_any(ino)?;
         if !inode.is_regular() {
             return Err(if inode.is_dir() {
                 FsError::IsADirectory
@@ -1765,7 +1801,7 @@ impl Filesystem {
                 l = done;
             }
         }
-        if !mode.keep_size && self.inode(ino)?.size < end {
+        if !mode.keep_size && self.inode_any(ino)?.size < end {
             tid = self.set_size_only(ino, end)?;
         }
         Ok(tid)
@@ -1774,7 +1810,7 @@ impl Filesystem {
     /// Zero bytes `[a, b)` (inside one block) of a file where written.
     fn zero_in_block(&self, ino: u32, a: u64, b: u64) -> Result<u32, FsError> {
         let bs = self.block_size();
-        let inode = self.inode(ino)?;
+        let inode = self.inode_any(ino)?;
         let lb = a / bs;
         let m = self.read(|fs| fs.extent_at(&inode, lb))?;
         let Some(m) = m.filter(|m| !m.unwritten) else {
