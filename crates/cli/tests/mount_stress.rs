@@ -783,7 +783,9 @@ direct=1
     };
     let run_fio = |jobfile: &Path, extra: &[&str]| {
         let t = Instant::now();
+        // Its verify state files go beside the job file.
         let out = tool("fio")
+            .current_dir(jobfile.parent().unwrap_or(Path::new("/")))
             .args(extra)
             .arg(jobfile)
             .stdout(Stdio::piped())
