@@ -256,6 +256,46 @@ pub fn seek_data_hole(file: &std::fs::File, offset: i64, whence: i32) -> io::Res
     }
 }
 
+/// `copy_file_range(src, &off_in, dst, &off_out, len, 0)`: the bytes
+/// copied (the offsets are explicit; the descriptors' own are untouched).
+pub fn copy_file_range(
+    src: &std::fs::File,
+    off_in: u64,
+    dst: &std::fs::File,
+    off_out: u64,
+    len: usize,
+) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let bad = || io::Error::new(io::ErrorKind::InvalidInput, "offset too large");
+    let mut i = libc::loff_t::try_from(off_in).map_err(|_| bad())?;
+    let mut o = libc::loff_t::try_from(off_out).map_err(|_| bad())?;
+    // SAFETY: both descriptors are open; `i` and `o` are valid `loff_t`s
+    // that live across the call (the kernel updates them).
+    let r =
+        unsafe { libc::copy_file_range(src.as_raw_fd(), &mut i, dst.as_raw_fd(), &mut o, len, 0) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// `fallocate(file, mode, offset, len)` (mode bits as the kernel's:
+/// `FALLOC_FL_KEEP_SIZE` 1, `PUNCH_HOLE` 2, `ZERO_RANGE` 0x10, ...).
+pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let bad = || io::Error::new(io::ErrorKind::InvalidInput, "range too large");
+    let off = libc::off_t::try_from(offset).map_err(|_| bad())?;
+    let len = libc::off_t::try_from(len).map_err(|_| bad())?;
+    // SAFETY: fallocate takes only integers and an open descriptor.
+    let r = unsafe { libc::fallocate(file.as_raw_fd(), mode, off, len) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// `struct fstrim_range` of `<linux/fs.h>`.
 #[repr(C)]
 struct FstrimRange {

@@ -1467,7 +1467,14 @@ impl Filesystem {
         let mut op = self.begin_edit(want, groups as u32 + 2)?;
         op.own(ino);
         match self.fill_in(&mut op, ino, l0, l1, &mode, groups) {
-            Ok(done) if done > l0 => Ok((self.finish(op)?, done)),
+            Ok((done, _)) if done > l0 => Ok((self.finish(op)?, done)),
+            // Out of space before this handle changed anything: the
+            // error, not an aborted journal (ext4 fails the call with
+            // ENOSPC and goes on).
+            Ok((_, Some(short))) => {
+                self.finish(op)?;
+                Err(short)
+            }
             Ok(_) => {
                 let e = FsError::InvalidRequest(format!(
                     "inode {ino}: the journal is too small for one extent edit"
@@ -1478,6 +1485,10 @@ impl Filesystem {
         }
     }
 
+    /// The blocks of one [`Filesystem::fill_chunk`] handle: the first block
+    /// not done and, when the space ran out, the shortage (then fewer
+    /// blocks are done; none, and nothing changed, when it ran out at
+    /// `l0`).
     fn fill_in(
         &self,
         op: &mut Op<'_>,
@@ -1486,7 +1497,7 @@ impl Filesystem {
         l1: u64,
         mode: &Fill<'_>,
         group_budget: usize,
-    ) -> Result<u64, FsError> {
+    ) -> Result<(u64, Option<FsError>), FsError> {
         let bs = self.block_size();
         let mut inode = self.inode_any(ino)?;
         let mut root = inode.i_block;
@@ -1501,6 +1512,7 @@ impl Filesystem {
         let mut allocated = 0u64;
         let mut goal: Option<u64> = None;
         let mut at = l0;
+        let mut short = None;
         let mut ex = existing.iter().peekable();
         // Room for `ops` more tree edits (and the inode block)?
         let room = |op: &Op<'_>, root: &[u8; 60], ops: u32| {
@@ -1569,7 +1581,29 @@ impl Filesystem {
                     req.max_extent = UNWRITTEN_MAX;
                 }
                 let left = group_budget.saturating_sub(groups.len()).max(1);
-                let pieces = self.alloc_bounded(&req, left, &groups)?;
+                let pieces = match self.alloc_bounded(&req, left, &groups) {
+                    Ok(p) => p,
+                    Err(e @ (FsError::NoSpace { .. } | FsError::SpaceBusy { .. })) => {
+                        // Short of space: what there is (the next handle
+                        // meets the shortage), or the error while nothing
+                        // has changed.
+                        let room = self.balloc.available_blocks();
+                        let smaller = (room > 0 && room < req.len).then(|| {
+                            let mut r = req;
+                            r.len = room;
+                            self.alloc_bounded(&r, left, &groups)
+                        });
+                        match smaller {
+                            Some(Ok(p)) => p,
+                            _ if at > l0 => {
+                                short = Some(e);
+                                break 'outer;
+                            }
+                            _ => return Ok((l0, Some(e))),
+                        }
+                    }
+                    Err(e) => return Err(e),
+                };
                 for (k, &(s, n)) in pieces.iter().enumerate() {
                     if k > 0 && !room(op, &root, 1) {
                         self.balloc.give_back(self.rw.blocks(), &pieces[k..])?;
@@ -1617,7 +1651,7 @@ impl Filesystem {
             }
         })?;
         self.store_inode(op, &inode)?;
-        Ok(at)
+        Ok((at, short))
     }
 
     /// Write the part of `data` (at byte `off` of the file) that falls in
@@ -1839,7 +1873,9 @@ impl Filesystem {
     /// blocks of the range and zeroes the partial ones (size kept);
     /// [`Falloc::zero_range`] turns the whole blocks into unwritten extents
     /// (allocating holes) and zeroes the partial ones. Returns the last
-    /// tid. Large ranges take several handles.
+    /// tid. Large ranges take several handles. An orphan (unlinked while
+    /// open, link count 0) is taken too, as ext4 takes it through the
+    /// descriptor.
     pub fn fallocate(&self, ino: u32, off: u64, len: u64, mode: Falloc) -> Result<u32, FsError> {
         let _c = self.locks.call(ino);
         self.guard("fallocate", ino, || self.fallocate_op(ino, off, len, mode))
@@ -1861,7 +1897,7 @@ impl Filesystem {
                 "punch_hole and zero_range together".into(),
             ));
         }
-        let inode = self.inode(ino)?;
+        let inode = self.inode_any(ino)?;
         if !inode.is_regular() {
             return Err(if inode.is_dir() {
                 FsError::IsADirectory
@@ -1909,7 +1945,7 @@ impl Filesystem {
                 l = done;
             }
         }
-        if !mode.keep_size && self.inode(ino)?.size < end {
+        if !mode.keep_size && self.inode_any(ino)?.size < end {
             tid = self.set_size_only(ino, end)?;
         }
         Ok(tid)
@@ -1920,7 +1956,7 @@ impl Filesystem {
         let bs = self.block_size();
         let mut op = self.begin(0, 0)?;
         op.own(ino);
-        let inode = self.inode(ino)?;
+        let inode = self.inode_any(ino)?;
         let lb = a / bs;
         let m = self.read(|fs| fs.extent_at(&inode, lb))?;
         let Some(m) = m.filter(|m| !m.unwritten) else {

@@ -23,10 +23,10 @@ use ext4kit_fs::inode::InodeInfo;
 use ext4kit_fs::rw::InodeAttrs;
 use ext4kit_fs::xattr_write::{self as xw, SetMode};
 use fuser::{
-    AccessFlags, BsdFileFlags, Errno, FileAttr, FileHandle, FopenFlags, Generation, INodeNo,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FopenFlags,
+    Generation, INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::attr::{
@@ -51,6 +51,11 @@ const SEEK_DATA: i32 = 3;
 const SEEK_HOLE: i32 = 4;
 /// `EXT4_NAME_LEN`.
 const NAME_MAX: usize = 255;
+/// copy_file_range moves data through the engine in pieces of this size.
+const COPY_CHUNK: u64 = 8 << 20;
+/// The most one copy_file_range answers (the reply's count is 32 bits;
+/// the caller loops for the rest, as after a short write).
+const COPY_MAX: u64 = (u32::MAX as u64) & !0xfff;
 
 /// The filesystem served to the kernel.
 pub struct FuseFs {
@@ -686,6 +691,181 @@ impl FuseFs {
         self.s.state().changed(ino, tid);
         Ok(())
     }
+
+    /// The file handle `fh` of `ino`, or EBADF; its O_APPEND flag.
+    fn file_handle(&self, fh: u64, ino: u32) -> R<bool> {
+        match self.s.state().handles.get(&fh) {
+            Some(Handle::File { ino: i, append }) if *i == ino => Ok(*append),
+            _ => Err(Errno::EBADF),
+        }
+    }
+
+    /// `copy_file_range(2)` inside the mount, with the checks of the
+    /// kernel's `generic_copy_file_checks` (the VFS makes them first; they
+    /// are repeated here against the engine's sizes): the length is cut
+    /// at the source's end, EFBIG at or past the largest file (the rest
+    /// cut to it), EINVAL for overlapping ranges of one file, EBADF for a
+    /// handle that is not the file's or is O_APPEND. The data goes through
+    /// the engine in large pieces; the source's holes and unwritten
+    /// extents become holes (punched where the destination had data
+    /// inside its size, nothing written past it), so a sparse file stays
+    /// sparse. Size and mtime/ctime change as a write would change them.
+    /// An error after some bytes were copied answers the bytes copied.
+    fn do_copy_file_range(
+        &self,
+        (ino_in, fh_in, off_in): (u32, u64, u64),
+        (ino_out, fh_out, off_out): (u32, u64, u64),
+        len: u64,
+        flags: CopyFileRangeFlags,
+    ) -> R<u64> {
+        if !flags.is_empty() {
+            return Err(Errno::EINVAL);
+        }
+        self.file_handle(fh_in, ino_in)?;
+        if self.file_handle(fh_out, ino_out)? {
+            return Err(Errno::EBADF);
+        }
+        let fs = self.fs()?;
+        let src = self.s.inode(ino_in)?;
+        let dst = self.s.inode(ino_out)?;
+        for i in [&src, &dst] {
+            if i.is_dir() {
+                return Err(Errno::EISDIR);
+            }
+            if !i.is_regular() {
+                return Err(Errno::EINVAL);
+            }
+        }
+        off_in.checked_add(len).ok_or(Errno::EOVERFLOW)?;
+        off_out.checked_add(len).ok_or(Errno::EOVERFLOW)?;
+        let mut len = if off_in >= src.size {
+            0
+        } else {
+            len.min(src.size - off_in)
+        };
+        if len == 0 {
+            return Ok(0);
+        }
+        if off_out >= self.s.max_file {
+            return Err(Errno::EFBIG);
+        }
+        len = len.min(self.s.max_file - off_out).min(COPY_MAX);
+        if ino_in == ino_out && off_out + len > off_in && off_out < off_in + len {
+            return Err(Errno::EINVAL);
+        }
+        // The source's data ranges (bytes); the rest reads as zeros.
+        let bs = u64::from(self.s.block_size);
+        let content = self
+            .s
+            .backend
+            .read(|f| f.content(&src))
+            .map_err(|e| errno(&e))?;
+        let data: Vec<(u64, u64)> = match content {
+            Content::Inline(_) => vec![(0, src.size)],
+            Content::Blocks(maps) => {
+                let mut v: Vec<(u64, u64)> = Vec::new();
+                for m in maps.iter().filter(|m| !m.unwritten) {
+                    let (a, b) = (m.lblk * bs, m.end() * bs);
+                    match v.last_mut() {
+                        Some(last) if last.1 == a => last.1 = b,
+                        _ => v.push((a, b)),
+                    }
+                }
+                v
+            }
+        };
+        // Pieces of [off_in, off_in + len): (start, end, is data).
+        let end_in = off_in + len;
+        let mut pieces = Vec::new();
+        let mut at = off_in;
+        for &(a, b) in &data {
+            if b <= at {
+                continue;
+            }
+            if a >= end_in {
+                break;
+            }
+            if a > at {
+                pieces.push((at, a, false));
+            }
+            let e = b.min(end_in);
+            pieces.push((at.max(a), e, true));
+            at = e;
+        }
+        if at < end_in {
+            pieces.push((at, end_in, false));
+        }
+        let mut done = 0u64;
+        let mut wrote = false;
+        let mut buf = Vec::new();
+        let r = (|| -> R<()> {
+            for (a, b, is_data) in pieces {
+                let out = off_out + (a - off_in);
+                if is_data {
+                    let mut pos = a;
+                    while pos < b {
+                        let n = (b - pos).min(COPY_CHUNK) as usize;
+                        buf.resize(n, 0);
+                        let got = fs.read_at(ino_in, pos, &mut buf).map_err(|e| errno(&e))?;
+                        // A short read: the source shrank meanwhile.
+                        buf[got..].fill(0);
+                        let o = out + (pos - a);
+                        let tid =
+                            retry(fs, || fs.write_at(ino_out, o, &buf)).map_err(|e| errno(&e))?;
+                        self.s.state().changed(ino_out, tid);
+                        wrote = true;
+                        pos += n as u64;
+                        done = pos - off_in;
+                    }
+                } else {
+                    // Zeros: a hole where the destination has bytes
+                    // (size read and punch under the inode's call lock).
+                    let _g = fs.lock_inode(ino_out);
+                    let size = self.s.inode(ino_out)?.size;
+                    let stop = (out + (b - a)).min(size);
+                    if out < stop {
+                        let punch = Falloc {
+                            keep_size: true,
+                            punch_hole: true,
+                            zero_range: false,
+                        };
+                        let tid = retry(fs, || fs.fallocate(ino_out, out, stop - out, punch))
+                            .map_err(|e| errno(&e))?;
+                        self.s.state().changed(ino_out, tid);
+                    }
+                    done = b - off_in;
+                }
+            }
+            Ok(())
+        })();
+        if done == 0 {
+            r?;
+            return Ok(0);
+        }
+        if let Err(e) = r {
+            tracing::debug!("copy_file_range to inode {ino_out} stopped after {done} bytes: {e:?}");
+        }
+        // The size covers what was copied (a copy ending in a hole writes
+        // nothing there); mtime/ctime change when nothing was written.
+        let _g = fs.lock_inode(ino_out);
+        let end = off_out + done;
+        let size = self.s.inode(ino_out)?.size;
+        if size < end {
+            let tid = retry(fs, || fs.truncate(ino_out, end)).map_err(|e| errno(&e))?;
+            self.s.state().changed(ino_out, tid);
+        }
+        if !wrote {
+            let now = ext4kit_fs::fs::now();
+            let attrs = InodeAttrs {
+                mtime: Some((now.sec, now.nsec)),
+                ctime: Some((now.sec, now.nsec)),
+                ..InodeAttrs::default()
+            };
+            let tid = fs.set_inode_attrs(ino_out, &attrs).map_err(|e| errno(&e))?;
+            self.s.state().changed(ino_out, tid);
+        }
+        Ok(done)
+    }
 }
 
 /// setattr's arguments that the engine takes.
@@ -1196,6 +1376,34 @@ impl fuser::Filesystem for FuseFs {
         }
         match crate::trim::fitrim(&self.s, req.uid(), in_data, out_size) {
             Ok(range) => reply.ioctl(0, &range.to_bytes()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        let r = ext4_ino(ino_in).and_then(|i| {
+            let o = ext4_ino(ino_out)?;
+            self.do_copy_file_range(
+                (i, fh_in.0, offset_in),
+                (o, fh_out.0, offset_out),
+                len,
+                flags,
+            )
+        });
+        match r {
+            Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(e),
         }
     }

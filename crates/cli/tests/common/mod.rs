@@ -16,6 +16,8 @@ use std::process::{Command, Output, Stdio};
 
 use ext4kit_device::{Device, FileDevice, OpenOptions};
 
+pub mod fuse;
+
 /// The UUID every comparison uses (`-U`).
 pub const UUID: &str = "0b7e3c52-8f1d-4a6e-9c2b-5d4f3e2a1b09";
 /// The directory hash seed every comparison uses (`-E hash_seed=`).

@@ -220,3 +220,89 @@ fn fallocate_modes_keep_the_mapping_and_counts() {
     assert_eq!(fs.block_alloc().free_blocks(), free0);
     fs.close().unwrap();
 }
+
+#[test]
+fn fallocate_on_an_unlinked_open_file() {
+    let dev = Arc::new(image(64 << 20, &[]));
+    let fs = open(&dev);
+    let free0 = fs.block_alloc().free_blocks();
+    let spec = NewInode::new(S_IFREG | 0o644, 0, 0);
+    let (i, _) = fs.create(2, b"victim", &spec).unwrap();
+    let ino = i.ino;
+    fs.write_at(ino, 0, &pattern(40 * 1024, 3)).unwrap();
+    let (_, orphan) = fs.unlink_open(2, b"victim").unwrap();
+    assert!(orphan);
+    // Every mode works through the descriptor, as on ext4 (the inode's
+    // link count is 0 now).
+    let modes = [
+        Falloc::default(),
+        Falloc {
+            keep_size: true,
+            ..Falloc::default()
+        },
+        Falloc {
+            keep_size: true,
+            punch_hole: true,
+            ..Falloc::default()
+        },
+        Falloc {
+            zero_range: true,
+            ..Falloc::default()
+        },
+    ];
+    for (k, mode) in modes.into_iter().enumerate() {
+        let off = 1000 + k as u64 * 10_000;
+        fs.fallocate(ino, off, 5000, mode)
+            .unwrap_or_else(|e| panic!("mode {mode:?}: {e}"));
+    }
+    fs.fallocate(ino, 60 * 1024, 4096, Falloc::default())
+        .unwrap();
+    let i = fs.inode_any(ino).unwrap();
+    assert_eq!(i.size, 64 * 1024);
+    let mut want = pattern(40 * 1024, 3);
+    want[21_000..26_000].fill(0);
+    want[31_000..36_000].fill(0);
+    want.resize(64 * 1024, 0);
+    let mut got = vec![1u8; 64 * 1024];
+    assert_eq!(fs.read_at(ino, 0, &mut got).unwrap(), got.len());
+    assert!(got == want);
+    fs.release_orphan(ino).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.block_alloc().free_blocks(), free0);
+    fs.close().unwrap();
+}
+
+#[test]
+fn out_of_space_fails_the_call_not_the_journal() {
+    let dev = Arc::new(image(16 << 20, &[]));
+    let fs = open(&dev);
+    let free0 = fs.block_alloc().free_blocks();
+    let ino = new_file(&fs);
+    // More than the filesystem holds: ENOSPC, what fitted stays
+    // allocated (as ext4's fallocate leaves it), the journal goes on.
+    let e = fs
+        .fallocate(ino, 0, 64 << 20, Falloc::default())
+        .unwrap_err();
+    assert!(matches!(e, FsError::NoSpace { .. }), "{e:?}");
+    assert!(fs.rw().journal().aborted().is_none());
+    assert!(fs.block_alloc().free_blocks() < free0 / 4);
+    // A write past the space: ENOSPC too, nothing aborted; at the
+    // shortage right away (nothing free), the same.
+    let other = new_file(&fs);
+    let e = fs.write_at(other, 0, &vec![5u8; 32 << 20]).unwrap_err();
+    assert!(matches!(e, FsError::NoSpace { .. }), "{e:?}");
+    let e = fs.write_at(other, 40 << 20, &[5u8; 8192]).unwrap_err();
+    assert!(matches!(e, FsError::NoSpace { .. }), "{e:?}");
+    assert!(fs.rw().journal().aborted().is_none());
+    // Freeing makes room again.
+    fs.delete_inode(ino).unwrap();
+    fs.sync().unwrap();
+    fs.write_at(other, 0, &pattern(1 << 20, 4)).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    fs.read_at(other, 0, &mut back).unwrap();
+    assert!(back == pattern(1 << 20, 4));
+    fs.delete_inode(other).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.block_alloc().free_blocks(), free0);
+    fs.close().unwrap();
+}

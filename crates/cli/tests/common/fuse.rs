@@ -1,0 +1,159 @@
+//! `ext4kit mount` in tests: whether FUSE mounts can run here, a fresh
+//! image for them, and a guard that mounts on a temporary directory and
+//! always unmounts (also when a test fails).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// A fresh `ext4kit mkfs` image (4 KiB blocks, 256-byte inodes).
+pub fn mkfs(dir: &Path, size: &str) -> PathBuf {
+    let img = dir.join("fs.img");
+    let _ = fs::remove_file(&img);
+    run_ok(&mut ext4kit_mkfs([
+        "-q",
+        "-F",
+        "-b",
+        "4096",
+        "-I",
+        "256",
+        "-U",
+        UUID,
+        "-E",
+        "nodiscard",
+        img.to_str().unwrap(),
+        size,
+    ]))
+    .unwrap();
+    img
+}
+
+/// Is a FUSE filesystem mounted on `dir`?
+pub use super::is_fuse_mounted as is_mounted;
+
+pub fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Result<(), String> {
+    let t = Instant::now();
+    while !ok() {
+        if t.elapsed() > limit {
+            return Err(format!("timed out waiting for {what}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// An `ext4kit mount -f` on a temporary directory, unmounted (lazily if
+/// it must) and its process reaped on drop, also when a test fails.
+pub struct FuseMount {
+    pub dir: Option<tempfile::TempDir>,
+    pub child: Option<Child>,
+}
+
+impl FuseMount {
+    /// `ext4kit mount -f [-o OPTS] IMG <tempdir>`, waiting until live.
+    pub fn new(img: &Path, opts: &[&str]) -> Result<FuseMount, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("ext4kit-fuse.")
+            .tempdir()
+            .map_err(|e| e.to_string())?;
+        let mut c = ext4kit();
+        c.arg("mount").arg("-f");
+        for o in opts {
+            c.arg("-o").arg(o);
+        }
+        c.arg(img).arg(dir.path());
+        c.stdout(Stdio::null()).stderr(Stdio::inherit());
+        let child = c.spawn().map_err(|e| e.to_string())?;
+        let mut m = FuseMount {
+            dir: Some(dir),
+            child: Some(child),
+        };
+        let path = m.path().to_path_buf();
+        let limit = Instant::now() + Duration::from_secs(20);
+        while !is_mounted(&path) {
+            if let Some(st) = m.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                m.child = None;
+                return Err(format!("ext4kit mount exited early: {st}"));
+            }
+            if Instant::now() > limit {
+                return Err("the mount did not come up".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(m)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.as_ref().expect("mounted").path()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// `umount`, then the serving process must exit 0 (clean close).
+    pub fn unmount(mut self) -> Result<(), String> {
+        run_ok(tool("umount").arg(self.path()))?;
+        self.wait_exit()
+    }
+
+    /// Wait for the serving process; it must exit 0.
+    pub fn wait_exit(&mut self) -> Result<(), String> {
+        let mut child = self.child.take().ok_or("no process")?;
+        let t = Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(st)) if st.success() => return Ok(()),
+                Ok(Some(st)) => return Err(format!("ext4kit mount exited with {st}")),
+                Ok(None) if t.elapsed() > Duration::from_secs(120) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err("ext4kit mount did not exit after the unmount".into());
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    /// SIGKILL the serving process (a crash), then clear the dead mount.
+    pub fn kill9(mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir.take() {
+            for i in 0..40 {
+                if !is_mounted(dir.path()) {
+                    break;
+                }
+                let mut c = tool("umount");
+                if i >= 5 {
+                    c.arg("-l");
+                }
+                let _ = c.arg(dir.path()).output();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if is_mounted(dir.path()) {
+                eprintln!("warning: could not unmount {}", dir.path().display());
+                std::mem::forget(dir);
+            }
+        }
+        if let Some(mut c) = self.child.take() {
+            let t = Instant::now();
+            while c.try_wait().ok().flatten().is_none() && t.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
