@@ -29,11 +29,87 @@ pub fn resolve(fs: &Filesystem, t: &Target) -> anyhow::Result<InodeInfo> {
         .map_err(|e| access_error(&t.spec, &e))
 }
 
+/// Why [`open_rw_checked`] failed: the open itself or the caller's check.
+enum CheckedOpen {
+    Fs(FsError),
+    Check(anyhow::Error),
+}
+
+impl From<FsError> for CheckedOpen {
+    fn from(e: FsError) -> Self {
+        CheckedOpen::Fs(e)
+    }
+}
+
+/// Does the image's superblock ask for a journal replay? (Unreadable:
+/// no; the opens below report it.)
+fn needs_replay(dev: &dyn Device) -> bool {
+    use ext4kit_format::features::{Compat, Incompat};
+    let mut raw = vec![0u8; ext4kit_format::superblock::SUPERBLOCK_SIZE];
+    if dev
+        .read_at(&mut raw, ext4kit_format::superblock::SUPERBLOCK_OFFSET)
+        .is_err()
+    {
+        return false;
+    }
+    ext4kit_format::Superblock::parse(&raw).is_some_and(|sb| {
+        Incompat(sb.s_feature_incompat.get()).contains(Incompat::RECOVER)
+            && Compat(sb.s_feature_compat.get()).contains(Compat::HAS_JOURNAL)
+    })
+}
+
+/// The target's inode checked by `check` on a read-only open (a dirty
+/// journal replayed in memory, the whole filesystem validated).
+fn check_read_only(
+    t: &Target,
+    check: &impl Fn(&Target, &InodeInfo) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let dev = open_image(t)?;
+    let vol = open_volume(t, dev.as_ref())?;
+    let inode = vol
+        .fs()
+        .resolve(&t.path, true)
+        .map_err(|e| access_error(&t.spec, &e))?;
+    check(t, &inode)
+}
+
+/// Open `t`'s image for writing with `check` run on its target before
+/// anything is written. A clean image is read and validated once, by the
+/// read-write open ([`Filesystem::open_checked`]); an image whose journal
+/// needs a replay is checked on a read-only open first (replayed in
+/// memory), so that a refused target is never written, not even by the
+/// replay.
+fn open_rw_checked(
+    t: &Target,
+    check: &impl Fn(&Target, &InodeInfo) -> anyhow::Result<()>,
+) -> anyhow::Result<Filesystem> {
+    let dirty = needs_replay(open_image(t)?.as_ref());
+    if dirty {
+        check_read_only(t, check)?;
+        return open_rw(t);
+    }
+    let dev: Arc<dyn Device> = match open_device(&t.img, OpenOptions::read_write()) {
+        Ok(d) => Arc::from(d),
+        Err(e) => {
+            // Report what the check says first, as when it ran alone.
+            check_read_only(t, check)?;
+            return Err(e.into());
+        }
+    };
+    Filesystem::open_checked(dev, RwOptions::default(), |fs| {
+        let inode = resolve(fs, t).map_err(CheckedOpen::Check)?;
+        check(t, &inode).map_err(CheckedOpen::Check)
+    })
+    .map_err(|e| match e {
+        CheckedOpen::Fs(e) => anyhow::Error::new(e).context(format!("{}", t.img.display())),
+        CheckedOpen::Check(e) => e,
+    })
+}
+
 /// Run `f` for each target on one open filesystem per image, closing each
 /// cleanly; every failure is printed as one line, exit 1 if any. `check`
-/// runs first on a read-only open (a dirty journal replayed in memory):
-/// a target it refuses is never opened for writing, so nothing is
-/// written to it.
+/// runs on the target before anything is written ([`open_rw_checked`]):
+/// a target it refuses is left untouched.
 fn each(
     targets: &[OsString],
     check: impl Fn(&Target, &InodeInfo) -> anyhow::Result<()>,
@@ -43,16 +119,7 @@ fn each(
     for arg in targets {
         let t = parse_target(arg);
         let res = (|| -> anyhow::Result<()> {
-            {
-                let dev = open_image(&t)?;
-                let vol = open_volume(&t, dev.as_ref())?;
-                let inode = vol
-                    .fs()
-                    .resolve(&t.path, true)
-                    .map_err(|e| access_error(&t.spec, &e))?;
-                check(&t, &inode)?;
-            }
-            let fs = open_rw(&t)?;
+            let fs = open_rw_checked(&t, &check)?;
             let r = f(&fs, &t);
             let c = fs
                 .close()

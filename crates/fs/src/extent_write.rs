@@ -51,7 +51,7 @@ use ext4kit_format::extent::{
 use zerocopy::IntoBytes;
 
 use crate::FsError;
-use crate::extent::{MAX_DEPTH, Mapping, check_node, node_error};
+use crate::extent::{MAX_DEPTH, Mapping, NodeInfo, check_node, node_error};
 
 /// Longest unwritten extent.
 pub const UNWRITTEN_MAX: u32 = EXT_INIT_MAX_LEN - 1;
@@ -89,6 +89,40 @@ pub struct TreeParams {
 pub fn single_extent_credits(depth: u16) -> u32 {
     let d = u32::from(depth) + 1;
     3 * d + 2
+}
+
+/// Would e2fsck's pass 1E offer to rebuild a tree with these nodes
+/// (`e2fsck_should_rebuild_extents`: "could be narrower" or "could be
+/// shallower")? Per level from the root: the entries and the room summed
+/// over its nodes, a non-root node that is not full counting one entry
+/// less (e2fsck's allowance for the kernel's append splits). A level
+/// whose free room exceeds one block's worth of entries could lose a
+/// node; a level whose entries would fit in the room of a level above
+/// could go. `nodes`: every node of the tree, the root (`pblk` 0)
+/// included; `block_size`: the filesystem's.
+pub fn tree_wants_rebuild(nodes: &[NodeInfo], block_size: u32) -> bool {
+    let Some(root) = nodes.iter().find(|n| n.pblk == 0) else {
+        return false;
+    };
+    let depth = usize::from(root.depth);
+    if depth == 0 {
+        return false;
+    }
+    let per = usize::from(entries_per_block(block_size));
+    let mut num = vec![0usize; depth + 1];
+    let mut max = vec![0usize; depth + 1];
+    for n in nodes {
+        let Some(level) = depth.checked_sub(usize::from(n.depth)) else {
+            continue;
+        };
+        let (e, m) = (usize::from(n.entries), usize::from(n.max));
+        num[level] += e;
+        max[level] += m;
+        if level > 0 && e < m {
+            max[level] -= 1;
+        }
+    }
+    (0..=depth).any(|i| max[i].saturating_sub(num[i]) > per || (0..i).any(|j| num[i] < max[j]))
 }
 
 fn mergeable(a: &Mapping, b: &Mapping) -> bool {

@@ -1,11 +1,14 @@
 //! The operations layer: one [`Filesystem`] that ties the engine together.
 //!
-//! - **Open** ([`Filesystem::open`]): [`RwFs::open`] (replay first, then
-//!   `needs_recovery`), then the superblock and descriptors read through
-//!   the block cache (the newest images), then both allocators opened from
-//!   those descriptors without I/O. A freed-extent hook hands every durable
+//! - **Open** ([`Filesystem::open`], [`Filesystem::open_checked`]):
+//!   [`RwFs::open_deferred`] (replay first), then the superblock, then one
+//!   streamed, checked pass over the descriptor table that builds both
+//!   allocators (no bitmap read); only then, after the caller's check,
+//!   `needs_recovery` goes to disk ([`RwFs::mark_in_use`]) and the orphans
+//!   of a crash are processed. A freed-extent hook hands every durable
 //!   commit's tid to [`BlockAlloc::committed`], so blocks freed by a
-//!   transaction become allocatable only after it is durable.
+//!   transaction become allocatable only after it is durable. Close
+//!   writes the allocators' free totals to the superblock.
 //! - **Operations** run inside one journal handle each and end with
 //!   [`Filesystem::finish`], which renders the groups the allocators
 //!   changed (block/inode bitmaps, descriptors with their checksums, the
@@ -212,6 +215,9 @@ pub struct Filesystem {
     /// Edits of the orphan list and the orphan file (inside a handle).
     orphans: Mutex<()>,
     gen_seed: AtomicU32,
+    /// Inodes whose extent tree an edit left at depth 2 or more: looked at
+    /// by [`Filesystem::tidy_trees`] at the next sync or close.
+    deep_trees: Mutex<BTreeSet<u32>>,
     /// The orphan file, with the orphan_file feature.
     orphan_file: Option<OrphanFile>,
     /// The discard pool with `-o discard` (declared last: dropped after
@@ -248,10 +254,39 @@ impl Op<'_> {
 impl Filesystem {
     /// Open `dev` for writing: replay, validate, open the allocators.
     pub fn open(dev: Arc<dyn Device>, opts: RwOptions) -> Result<Filesystem, FsError> {
+        Self::open_checked(dev, opts, |_| Ok::<(), FsError>(()))
+    }
+
+    /// [`Filesystem::open`] that runs `check` on the validated filesystem
+    /// (superblock, journal, the whole descriptor table) before anything
+    /// of this open is written: an `Err` from it gives up with nothing
+    /// written (unless a dirty journal had to be replayed first, as every
+    /// open does). Then the in-use marks go to the superblock and the
+    /// orphans of a crash are processed. The command-line tools check
+    /// their targets here, so the table is read and checked once.
+    pub fn open_checked<E: From<FsError>>(
+        dev: Arc<dyn Device>,
+        opts: RwOptions,
+        check: impl FnOnce(&Filesystem) -> Result<(), E>,
+    ) -> Result<Filesystem, E> {
+        let fs = Self::open_unmarked(dev, &opts)?;
+        check(&fs)?;
+        fs.rw.mark_in_use()?;
+        // Unlinked-while-open inodes and unfinished deletes of a crash.
+        fs.process_orphans()?;
+        fs.rw.set_orphans_left(fs.orphans_left());
+        if let (Some(d), Some(o)) = (&fs.discard, &opts.discard) {
+            d.start_reconciler(o.reconcile, o.reconcile_pace)?;
+        }
+        Ok(fs)
+    }
+
+    /// Everything of an open that only reads (after a replay).
+    fn open_unmarked(dev: Arc<dyn Device>, opts: &RwOptions) -> Result<Filesystem, FsError> {
         let discard_opts = opts.discard.clone();
-        let rw = RwFs::open(dev.clone(), opts)?;
+        let rw = RwFs::open_deferred(dev.clone(), opts.clone())?;
         // The superblock here; the descriptors are checked (in large
-        // sequential reads, never held) by the allocators' passes below.
+        // sequential reads, never held) by the allocators' pass below.
         let info = FsInfo::load_superblock(rw.blocks())?;
         if let Some(f) = info.unknown_ro_compat.first() {
             return Err(FsError::Unsupported(format!(
@@ -273,8 +308,8 @@ impl Filesystem {
         let descs = Arc::new(DescTable::new(layout.clone()));
         let dirty = Arc::new(DirtySet::default());
         let rd = rw.blocks();
-        // Two passes over the descriptor table in all: the inode side is
-        // built during the block allocator's second.
+        // One pass over the descriptor table in all: the inode side is
+        // built during the block allocator's.
         let mut inodes = InodeStateBuilder::default();
         let balloc = Arc::new(BlockAlloc::open_with(
             rd,
@@ -320,16 +355,11 @@ impl Filesystem {
             locks: InodeLocks::default(),
             renames: Mutex::new(()),
             orphans: Mutex::new(()),
+            deep_trees: Mutex::new(BTreeSet::new()),
             gen_seed: AtomicU32::new((t.nsec ^ (t.sec as u32)).wrapping_mul(0x9E37_79B9) | 1),
             orphan_file,
             discard,
         };
-        // Unlinked-while-open inodes and unfinished deletes of a crash.
-        fs.process_orphans()?;
-        fs.rw.set_orphans_left(fs.orphans_left());
-        if let (Some(d), Some(o)) = (&fs.discard, &discard_opts) {
-            d.start_reconciler(o.reconcile, o.reconcile_pace)?;
-        }
         Ok(fs)
     }
 
@@ -340,13 +370,22 @@ impl Filesystem {
     /// the next open), the last commit's discards and every queued one are
     /// issued and waited for, and the device is flushed.
     pub fn close(self) -> Result<(), FsError> {
+        if self.rw.read_only().is_none() && self.rw.journal().aborted().is_none() {
+            self.tidy_trees()?;
+        }
         self.rw.set_orphans_left(self.orphans_left());
         if let Some(d) = &self.discard {
             d.stop_reconciler();
         }
         let dev = self.rw.journal().device().clone();
+        // The allocators' totals, as the kernel's unmount writes its
+        // counters (no second pass over the descriptor table).
+        let counts = (
+            self.balloc.disk_free_total(),
+            u32::try_from(self.ialloc.free_inodes()).unwrap_or(u32::MAX),
+        );
         let Filesystem { rw, discard, .. } = self;
-        let r = rw.close();
+        let r = rw.close_with_counts(Some(counts));
         if let Some(d) = discard {
             d.finish();
             if r.is_ok() {
@@ -439,8 +478,10 @@ impl Filesystem {
         &self.ialloc
     }
 
-    /// Commit the running transaction (sync).
+    /// Commit the running transaction (sync), deep extent trees edited
+    /// since the last sync repacked first ([`Filesystem::tidy_trees`]).
     pub fn sync(&self) -> Result<(), FsError> {
+        self.tidy_trees()?;
         self.rw.journal().commit().map(|_| ())
     }
 
@@ -932,9 +973,10 @@ impl Filesystem {
     /// Free an inode whose last link is gone, in one transaction after
     /// its blocks are released (large files in several, each leaving a
     /// consistent file): `i_dtime`, link count 0, inode bitmap, counts.
-    /// Orphan-list protection of the steps is not done yet: a crash
-    /// between the truncate steps leaves a shorter, still linked-less
-    /// inode that e2fsck frees.
+    /// An inode without links is on the orphan list (or in the orphan
+    /// file) from the unlink that dropped its last name until this last
+    /// handle takes it off: a crash between the steps leaves an orphan
+    /// the next open (or e2fsck, or the kernel) finishes freeing.
     pub fn delete_inode(&self, ino: u32) -> Result<u32, FsError> {
         let _c = self.locks.call(ino);
         self.guard("delete_inode", ino, || self.delete_inode_op(ino))
@@ -1107,7 +1149,8 @@ impl Filesystem {
             return Ok(());
         }
         if inode.is_regular() {
-            self.truncate(ino, inode.size)?;
+            // Already on the list: the truncate must not add it again.
+            self.truncate_with(ino, inode.size, false)?;
         }
         let mut op = self.begin(2, 0)?;
         let mut inode = self.inode_any(ino)?;
@@ -1381,9 +1424,72 @@ impl Filesystem {
         };
         let mut t = ExtentTree::new(&mut io, self.tree_params(inode), root)?;
         let r = f(&mut t)?;
+        if t.depth() >= 2 {
+            lock(&self.deep_trees).insert(inode.ino);
+        }
         *root = *t.root();
         *delta += t.blocks_delta;
         Ok(r)
+    }
+
+    /// Repack the extent trees of depth 2 or more edited since the last
+    /// call that e2fsck's pass 1E would offer to rebuild ("could be
+    /// narrower/shallower", [`crate::extent_write::tree_wants_rebuild`]):
+    /// each is written again whole, packed as e2fsck rebuilds it, in one
+    /// handle of its own (atomic). Incremental edits keep depth 0 and 1
+    /// trees packed themselves; a deeper level can't be packed at O(depth)
+    /// per edit, so it is done here, at sync and close, once per tree.
+    /// A tree too large for one transaction, or no space for it, is left
+    /// as it is (it is consistent, only not packed).
+    pub fn tidy_trees(&self) -> Result<u32, FsError> {
+        let inos = std::mem::take(&mut *lock(&self.deep_trees));
+        let mut done = 0;
+        for ino in inos {
+            match self.guard("tidy_tree", ino, || self.tidy_tree(ino)) {
+                Ok(true) => done += 1,
+                Ok(false) => {}
+                Err(FsError::NoSpace { .. } | FsError::SpaceBusy { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+
+    fn tidy_tree(&self, ino: u32) -> Result<bool, FsError> {
+        // No other changing call on `ino` until the rewrite is done: the
+        // tree read here is the one the handle below replaces.
+        let _c = self.locks.call(ino);
+        let mut inode = self.inode_any(ino)?;
+        if !inode.has_extents() || inode.mode == 0 || (inode.links == 0 && inode.dtime != 0) {
+            return Ok(false);
+        }
+        let (maps, nodes) = self.mapping(&inode)?;
+        let bs = self.rw.geometry().block_size;
+        if !crate::extent_write::tree_wants_rebuild(&nodes, bs) {
+            return Ok(false);
+        }
+        let l = self.descs.layout();
+        let old: BTreeSet<u32> = nodes
+            .iter()
+            .filter(|n| n.pblk != 0)
+            .map(|n| l.group_of(n.pblk))
+            .collect();
+        let credits = (nodes.len() + self.tree_blocks(maps.len()) + 4) as u32;
+        let groups = old.len() as u32 + 2;
+        let max = self.rw.journal().max_transaction();
+        if credits.saturating_add(groups.saturating_mul(3) + 2) > max {
+            return Ok(false);
+        }
+        let mut op = self.begin(credits, groups)?;
+        op.own(ino);
+        let r = (|| {
+            self.write_tree(&mut op, &mut inode, &nodes, &maps)?;
+            self.store_inode(&mut op, &inode)
+        })();
+        match r {
+            Ok(()) => self.finish(op).map(|_| true),
+            Err(e) => Err(self.fail(op, e)),
+        }
     }
 
     /// Start a handle for an extent edit: `want` credits, at most what the
@@ -1716,12 +1822,29 @@ impl Filesystem {
     /// freed (in several handles for large files, from the end, each
     /// leaving a consistent file), the tail of a partial last block is
     /// zeroed; growing is sparse. Returns the last tid.
+    ///
+    /// A shrink that takes more than one handle is protected as the
+    /// kernel's `ext4_setattr` + `ext4_truncate` protect it: the first
+    /// handle puts the inode on the orphan list (or in the orphan file)
+    /// and sets `i_size` to the new size, the last one takes it off, so
+    /// a crash in between leaves an orphan that the next open (ours,
+    /// the kernel's, e2fsck's) truncates to the new size: the file is
+    /// seen at its old size or its new one, never in between. An inode
+    /// without links is on the orphan list already (unlinked while open,
+    /// or being deleted) and is left there.
     pub fn truncate(&self, ino: u32, size: u64) -> Result<u32, FsError> {
         let _c = self.locks.call(ino);
         self.guard("truncate", ino, || self.truncate_op(ino, size))
     }
 
     fn truncate_op(&self, ino: u32, size: u64) -> Result<u32, FsError> {
+        self.truncate_with(ino, size, true)
+    }
+
+    /// [`Filesystem::truncate`]; `protect`: put a linked inode on the
+    /// orphan list for a truncate in several handles (false when the
+    /// caller has it there already: orphan processing).
+    fn truncate_with(&self, ino: u32, size: u64, protect: bool) -> Result<u32, FsError> {
         let bs = self.block_size();
         let inode = self.inode_any(ino)?;
         if inode.is_dir() {
@@ -1736,23 +1859,52 @@ impl Filesystem {
                 "writing block-mapped inode {ino} (no extents)"
             )));
         }
-        self.unmap(ino, size.div_ceil(bs), LBLK_END, Some(size))
+        let protect = protect && inode.links > 0;
+        self.unmap(ino, size.div_ceil(bs), LBLK_END, Some(size), protect)
     }
 
     /// Unmap blocks `[a, b)` of `ino` in handles from the end, each a
     /// consistent file: a truncate to `size` (set by the last handle, the
     /// size follows the cut in between; a partial last block's tail is
-    /// zeroed) or, with `None`, a punched hole. Returns the last tid.
-    fn unmap(&self, ino: u32, a: u64, b: u64, size: Option<u64>) -> Result<u32, FsError> {
+    /// zeroed) or, with `None`, a punched hole. With `orphan` (a
+    /// truncate), a cut that takes several handles puts the inode on the
+    /// orphan list in the first with `size` already set, and takes it
+    /// off in the last (see [`Filesystem::truncate`]). Returns the last
+    /// tid.
+    fn unmap(
+        &self,
+        ino: u32,
+        a: u64,
+        b: u64,
+        size: Option<u64>,
+        orphan: bool,
+    ) -> Result<u32, FsError> {
+        let orphan = orphan && size.is_some();
+        // Whether this cut has put the inode on the orphan list.
+        let mut listed = false;
         loop {
             let d = root_depth(&self.inode_any(ino)?.i_block);
             let groups = MAX_GROUPS * 4;
-            let want = 2 * REMOVE_BLOCKS + 2 * single_extent_credits(d + 1) + 4;
+            // The orphan file's block or the previous head, and slack.
+            let extra = if orphan { 4 } else { 0 };
+            let want = 2 * REMOVE_BLOCKS + 2 * single_extent_credits(d + 1) + 4 + extra;
             let mut op = self.begin_edit(want, groups as u32 + 2)?;
             op.own(ino);
-            match self.unmap_in(&mut op, ino, a, b, size, groups) {
-                Ok(last) => {
+            let step = Cut {
+                a,
+                b,
+                size,
+                group_budget: groups,
+                orphan: match (orphan, listed) {
+                    (false, _) => CutOrphan::No,
+                    (true, false) => CutOrphan::First,
+                    (true, true) => CutOrphan::Listed,
+                },
+            };
+            match self.unmap_in(&mut op, ino, &step) {
+                Ok((last, now_listed)) => {
                     let tid = self.finish(op)?;
+                    listed = now_listed;
                     if last {
                         return Ok(tid);
                     }
@@ -1762,16 +1914,16 @@ impl Filesystem {
         }
     }
 
-    /// One step of [`Filesystem::unmap`]; true when it was the last.
-    fn unmap_in(
-        &self,
-        op: &mut Op<'_>,
-        ino: u32,
-        a: u64,
-        b: u64,
-        size: Option<u64>,
-        group_budget: usize,
-    ) -> Result<bool, FsError> {
+    /// One step of [`Filesystem::unmap`]: (was it the last, is the inode
+    /// on the orphan list for this cut now).
+    fn unmap_in(&self, op: &mut Op<'_>, ino: u32, step: &Cut) -> Result<(bool, bool), FsError> {
+        let Cut {
+            a,
+            b,
+            size,
+            group_budget,
+            ..
+        } = *step;
         let bs = self.block_size();
         let rd = self.rw.blocks();
         let mut inode = self.inode_any(ino)?;
@@ -1814,8 +1966,24 @@ impl Filesystem {
             released += u64::from(f.len);
         }
         let last = s <= a;
+        // The orphan list around a cut in several handles: on it from the
+        // first (with the new size: orphan processing truncates to
+        // i_size), off it in the last.
+        let listed = match step.orphan {
+            CutOrphan::No => false,
+            CutOrphan::First if last => false,
+            CutOrphan::First => {
+                self.orphan_add(op, &mut inode)?;
+                true
+            }
+            CutOrphan::Listed if last => {
+                self.orphan_del(op, &mut inode)?;
+                false
+            }
+            CutOrphan::Listed => true,
+        };
         let new_size = match size {
-            Some(sz) if last => sz,
+            Some(sz) if last || listed => sz,
             Some(_) => inode.size.min(s * bs),
             None => inode.size,
         };
@@ -1847,7 +2015,7 @@ impl Filesystem {
             }
         })?;
         self.store_inode(op, &inode)?;
-        Ok(last)
+        Ok((last, listed))
     }
 
     fn set_size_only(&self, ino: u32, size: u64) -> Result<u32, FsError> {
@@ -1927,7 +2095,7 @@ impl Filesystem {
         }
         if mode.punch_hole {
             if w0 < w1 {
-                tid = self.unmap(ino, w0, w1, None)?;
+                tid = self.unmap(ino, w0, w1, None, false)?;
             }
         } else {
             let mut l = w0;
@@ -2001,6 +2169,28 @@ enum Fill<'d> {
 }
 
 /// Depth of the tree whose root is `i_block`.
+/// One handle's part of [`Filesystem::unmap`].
+#[derive(Clone, Copy, Debug)]
+struct Cut {
+    a: u64,
+    b: u64,
+    size: Option<u64>,
+    group_budget: usize,
+    orphan: CutOrphan,
+}
+
+/// Where a multi-handle truncate stands with the orphan list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CutOrphan {
+    /// Not protected (a punch, or the inode is an orphan already).
+    No,
+    /// Protected, not listed yet: this handle lists it unless it is the
+    /// only one.
+    First,
+    /// Listed by an earlier handle: the last one takes it off.
+    Listed,
+}
+
 fn root_depth(i_block: &[u8; 60]) -> u16 {
     u16::from_le_bytes([i_block[6], i_block[7]])
 }

@@ -419,6 +419,16 @@ pub struct RwFs {
     /// The orphan file may hold inodes: `orphan_present` stays set at
     /// close (as found at open until the operations layer says).
     orphans_left: AtomicBool,
+    /// What [`RwFs::mark_in_use`] still has to write (`None` once done).
+    mark: Mutex<Option<OpenMark>>,
+    marked: AtomicBool,
+}
+
+/// The superblock changes of a read-write open, kept until they are
+/// written ([`RwFs::mark_in_use`]).
+struct OpenMark {
+    saved_errors: Option<ErrorFields>,
+    journal_error: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -459,6 +469,19 @@ fn write_sb_direct(dev: &dyn Device, f: impl FnOnce(&mut Superblock)) -> Result<
 impl RwFs {
     /// Open `dev` for writing (see the module docs).
     pub fn open(dev: Arc<dyn Device>, opts: RwOptions) -> Result<RwFs, FsError> {
+        let rw = Self::open_deferred(dev, opts)?;
+        rw.mark_in_use()?;
+        Ok(rw)
+    }
+
+    /// [`RwFs::open`] without putting the in-use marks on disk yet
+    /// ([`RwFs::mark_in_use`], done by the first handle at the latest):
+    /// a caller can check the rest of the filesystem (the descriptor
+    /// table, what it was asked to change) and give up without having
+    /// written anything, unless the journal had to be replayed or its
+    /// features set (which the kernel's mount writes too). Closing an
+    /// unmarked filesystem writes nothing.
+    pub fn open_deferred(dev: Arc<dyn Device>, opts: RwOptions) -> Result<RwFs, FsError> {
         let (sb, sb_ok) = match read_superblock(&*dev) {
             Ok(sb) => (sb, true),
             Err(e) => {
@@ -528,21 +551,6 @@ impl RwFs {
         let metadata_csum =
             RoCompat(sb.s_feature_ro_compat.get()).contains(RoCompat::METADATA_CSUM);
         let w = JournalWriter::new(dev.clone(), j, opts.journal)?;
-        // needs_recovery on disk before the first commit (ext4_setup_super).
-        let t = now();
-        write_sb_direct(&*dev, |sb| {
-            let inc = sb.s_feature_incompat.get() | Incompat::RECOVER.bits();
-            sb.s_feature_incompat.set(inc);
-            if let Some(saved) = &saved_errors {
-                saved.restore(sb);
-            }
-            if journal_error {
-                sb.s_state.set(sb.s_state.get() | STATE_ERROR);
-            }
-            sb.s_mnt_count.set(sb.s_mnt_count.get().wrapping_add(1));
-            stamp(&mut sb.s_mtime, &mut sb.s_mtime_hi, t);
-            stamp(&mut sb.s_wtime, &mut sb.s_wtime_hi, t);
-        })?;
         let errors = opts
             .errors
             .unwrap_or_else(|| ErrorBehavior::from_s_errors(sb.s_errors.get()));
@@ -560,7 +568,48 @@ impl RwFs {
             orphans_left: AtomicBool::new(
                 RoCompat(sb.s_feature_ro_compat.get()).contains(RoCompat::ORPHAN_PRESENT),
             ),
+            mark: Mutex::new(Some(OpenMark {
+                saved_errors,
+                journal_error,
+            })),
+            marked: AtomicBool::new(false),
         })
+    }
+
+    /// Put the in-use marks on disk if [`RwFs::open_deferred`] left them
+    /// out: `needs_recovery` (with the error state the replay must not
+    /// lose), the mount count and the mount and write times, flushed
+    /// before any commit (ext4_setup_super). Idempotent; the first handle
+    /// calls it anyway.
+    pub fn mark_in_use(&self) -> Result<(), FsError> {
+        if self.marked.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut m = lock(&self.mark);
+        let Some(mark) = m.as_ref() else {
+            return Ok(());
+        };
+        let t = now();
+        write_sb_direct(&**self.w.device(), |sb| {
+            let inc = sb.s_feature_incompat.get() | Incompat::RECOVER.bits();
+            sb.s_feature_incompat.set(inc);
+            if let Some(saved) = &mark.saved_errors {
+                saved.restore(sb);
+            }
+            if mark.journal_error {
+                sb.s_state.set(sb.s_state.get() | STATE_ERROR);
+            }
+            sb.s_mnt_count.set(sb.s_mnt_count.get().wrapping_add(1));
+            stamp(&mut sb.s_mtime, &mut sb.s_mtime_hi, t);
+            stamp(&mut sb.s_wtime, &mut sb.s_wtime_hi, t);
+        })?;
+        // The open read the superblock through the cache before this: its
+        // copy must not be the base of a logged superblock (it lacks
+        // needs_recovery).
+        self.blocks().invalidate_clean(self.sb_block);
+        *m = None;
+        self.marked.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Whether the orphan file holds inodes at close (`orphan_present`
@@ -633,6 +682,7 @@ impl RwFs {
         if let Some(why) = self.read_only() {
             return Err(FsError::ReadOnly(why));
         }
+        self.mark_in_use()?;
         self.w.start(credits)
     }
 
@@ -678,7 +728,16 @@ impl RwFs {
     /// aborted; the next open replays what committed, as after the
     /// kernel's unmount of an aborted filesystem).
     pub fn close(self) -> Result<(), FsError> {
-        if self.read_only().is_some() {
+        self.close_with_counts(None)
+    }
+
+    /// [`RwFs::close`] writing `counts` (free blocks, free inodes: the
+    /// allocators' totals, as the kernel's unmount writes its counters)
+    /// into the superblock instead of summing the descriptor table again.
+    pub fn close_with_counts(self, counts: Option<(u64, u32)>) -> Result<(), FsError> {
+        if self.read_only().is_some() || !self.marked.load(Ordering::Acquire) {
+            // Read-only after an error, or never marked in use: nothing
+            // of this open reached the disk, nothing more is written.
             return Ok(());
         }
         if self.w.aborted().is_some() {
@@ -699,12 +758,15 @@ impl RwFs {
         // Everything is home now: the summary counts come from the group
         // descriptors, as the kernel's unmount writes its counters.
         let dev = &**self.w.device();
-        let (free_blocks, free_inodes) = {
-            let sb = self.superblock_on_disk()?;
-            summary_counts(
-                &DeviceBlocks::new(dev, self.geo.block_size, self.geo.blocks),
-                &sb,
-            )?
+        let (free_blocks, free_inodes) = match counts {
+            Some(c) => c,
+            None => {
+                let sb = self.superblock_on_disk()?;
+                summary_counts(
+                    &DeviceBlocks::new(dev, self.geo.block_size, self.geo.blocks),
+                    &sb,
+                )?
+            }
         };
         let pending = std::mem::take(&mut *lock(&self.pending_errors));
         let orphans_left = self.orphans_left.load(Ordering::Relaxed);

@@ -49,6 +49,7 @@
 //! hold only the index.
 
 pub mod extents;
+pub mod groupset;
 pub mod layout;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -59,12 +60,10 @@ use std::time::Duration;
 use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, GroupDesc};
 use ext4kit_format::jbd2::tid_geq;
 
-use crate::groups::{
-    DescTable, DirtySet, GroupDirty, Layout, for_each_descriptor,
-    for_each_descriptor_checked_before,
-};
+use crate::groups::{DescTable, DirtySet, GroupDirty, Layout, for_each_descriptor};
 use crate::{BlockRead, FsError};
 use extents::ExtentSet;
+use groupset::GroupSet;
 
 /// Orders kept in the index (block groups hold at most 2^19 blocks).
 const ORDERS: usize = 32;
@@ -236,8 +235,8 @@ impl Drop for GroupGuard<'_> {
 
 #[derive(Debug)]
 struct Index {
-    ready: Vec<BTreeSet<u32>>,
-    unread: Vec<BTreeSet<u32>>,
+    ready: Vec<GroupSet>,
+    unread: Vec<GroupSet>,
 }
 
 /// A freed range waiting for its commit (or its discard).
@@ -300,11 +299,10 @@ impl std::fmt::Debug for GroupGuard<'_> {
 }
 
 impl BlockAlloc {
-    /// Build the allocator from the descriptor table: two streaming passes
-    /// over it (the metadata runs, then each group's numbers), no bitmap
-    /// read, nothing per group but its packed word and index entry.
-    /// `discard`: freed ranges stay busy after their commit until
-    /// [`BlockAlloc::discarded`].
+    /// Build the allocator from the descriptor table: one streaming pass
+    /// over it (checksums checked), no bitmap read, nothing per group but
+    /// its packed word and index entry. `discard`: freed ranges stay busy
+    /// after their commit until [`BlockAlloc::discarded`].
     pub fn open(
         rd: &dyn BlockRead,
         descs: Arc<DescTable>,
@@ -315,8 +313,14 @@ impl BlockAlloc {
     }
 
     /// [`BlockAlloc::open`], also handing every (checked) descriptor to
-    /// `also` in group order during its second pass (the inode
-    /// allocator's state is built there: one pass over the table less).
+    /// `also` in group order during its pass (the inode allocator's state
+    /// is built there: the table is read once for both).
+    ///
+    /// A `BLOCK_UNINIT` group's numbers come from its own descriptor
+    /// alone; any other group's need every group's metadata (with
+    /// flex_bg, one group holds the bitmaps and tables of the others), so
+    /// they are finished after the pass from a small temporary (group,
+    /// descriptor free count) instead of a second pass over the table.
     pub fn open_with(
         rd: &dyn BlockRead,
         descs: Arc<DescTable>,
@@ -326,55 +330,77 @@ impl BlockAlloc {
     ) -> Result<Self, FsError> {
         let layout = descs.layout().clone();
         let mut rb = layout::RunsBuilder::default();
-        for_each_descriptor(&layout, rd, |_, d| {
+        let n = layout.group_count as usize;
+        let mut state = Vec::with_capacity(n);
+        let mut ready = vec![GroupSet::new(layout.group_count); ORDERS];
+        let mut unread = vec![GroupSet::new(layout.group_count); ORDERS];
+        let mut total = 0u64;
+        let mut from_layout = 0;
+        let mut file = |g: u32, st: GState, total: &mut u64| {
+            match key_of(&st) {
+                Key::Ready(o) => {
+                    ready[o].insert(g);
+                }
+                Key::Unread(o) => {
+                    unread[o].insert(g);
+                }
+                Key::None => {}
+            }
+            *total += u64::from(st.avail);
+        };
+        // Groups that need the whole table's metadata runs.
+        let mut later: Vec<(u32, u32)> = Vec::new();
+        for_each_descriptor(&layout, rd, |g, d| {
             rb.add(&layout, d);
+            also(g, d);
+            let uninit = layout.group_csum && d.flags() & BG_BLOCK_UNINIT != 0;
+            if uninit {
+                let (free, largest) = layout::layout_stats(&layout, g, d, &[], true);
+                from_layout += 1;
+                let st = GState {
+                    disk_free: free,
+                    avail: free,
+                    largest,
+                    ready: true,
+                    block_uninit: true,
+                    own_only: true,
+                };
+                file(g, st, &mut total);
+                state.push(AtomicU64::new(st.pack()));
+            } else {
+                later.push((g, d.free_blocks()));
+                state.push(AtomicU64::new(0));
+            }
             Ok(())
         })?;
         let runs = rb.finish();
-        let n = layout.group_count as usize;
-        let mut state = Vec::with_capacity(n);
-        // Groups come in order: collect, then build each set in bulk.
-        let mut ready: Vec<Vec<u32>> = vec![Vec::new(); ORDERS];
-        let mut unread: Vec<Vec<u32>> = vec![Vec::new(); ORDERS];
-        let mut total = 0u64;
-        let mut from_layout = 0;
-        for_each_descriptor_checked_before(&layout, rd, |g, d| {
-            also(g, d);
-            let uninit = layout.group_csum && d.flags() & BG_BLOCK_UNINIT != 0;
-            let (free, largest) = layout::layout_stats(&layout, g, d, &runs, uninit);
-            let st = if uninit || free == d.free_blocks() {
+        let none = GroupDesc::default();
+        for (g, disk) in later {
+            let (free, largest) = layout::layout_stats(&layout, g, &none, &runs, false);
+            let st = if free == disk {
                 from_layout += 1;
                 GState {
                     disk_free: free,
                     avail: free,
                     largest,
                     ready: true,
-                    block_uninit: uninit,
-                    own_only: uninit,
+                    block_uninit: false,
+                    own_only: false,
                 }
             } else {
                 GState {
-                    disk_free: d.free_blocks(),
-                    avail: d.free_blocks(),
+                    disk_free: disk,
+                    avail: disk,
                     largest: 0,
                     ready: false,
                     block_uninit: false,
                     own_only: false,
                 }
             };
-            match key_of(&st) {
-                Key::Ready(o) => ready[o].push(g),
-                Key::Unread(o) => unread[o].push(g),
-                Key::None => {}
-            }
-            total += u64::from(st.avail);
-            state.push(AtomicU64::new(st.pack()));
-            Ok(())
-        })?;
-        let index = Index {
-            ready: ready.into_iter().map(BTreeSet::from_iter).collect(),
-            unread: unread.into_iter().map(BTreeSet::from_iter).collect(),
-        };
+            file(g, st, &mut total);
+            state[g as usize].store(st.pack(), Ordering::Relaxed);
+        }
+        let index = Index { ready, unread };
         Ok(BlockAlloc {
             layout,
             descs,
@@ -435,6 +461,16 @@ impl BlockAlloc {
     /// Free blocks as the superblock counts them (busy ones included).
     pub fn free_blocks(&self) -> u64 {
         self.avail_total.load(Ordering::Relaxed) + self.busy_total.load(Ordering::Relaxed)
+    }
+
+    /// Free blocks as the descriptors count them: the sum of every
+    /// group's free count on disk (what the superblock gets at close).
+    /// O(groups) over the packed words, no I/O.
+    pub fn disk_free_total(&self) -> u64 {
+        self.state
+            .iter()
+            .map(|w| u64::from(GState::unpack(w.load(Ordering::Relaxed)).disk_free))
+            .sum()
     }
 
     /// Blocks that can be allocated now.
@@ -520,10 +556,10 @@ impl BlockAlloc {
         let mut ix = lock(&self.index);
         match old {
             Key::Ready(o) => {
-                ix.ready[o].remove(&g);
+                ix.ready[o].remove(g);
             }
             Key::Unread(o) => {
-                ix.unread[o].remove(&g);
+                ix.unread[o].remove(g);
             }
             Key::None => {}
         }
@@ -921,17 +957,16 @@ impl BlockAlloc {
             // Groups of order `lo` fit only if their exact number does.
             let set = &sets[lo];
             if let Some(g) = set
-                .range(from..)
-                .chain(set.range(..from))
+                .iter_wrapping(from)
                 .take(PROBE)
-                .find(|&&g| number(g) >= want)
+                .find(|&g| number(g) >= want)
             {
-                consider(*g);
+                consider(g);
             }
             lo + 1
         };
         for set in &sets[start.min(ORDERS)..] {
-            if let Some(&g) = set.range(from..).next().or_else(|| set.iter().next()) {
+            if let Some(g) = set.next_from(from).or_else(|| set.first()) {
                 consider(g);
             }
         }
@@ -1312,13 +1347,11 @@ fn key_of(st: &GState) -> Key {
 }
 
 /// Highest nonempty order and its group nearest `from`.
-fn top(sets: &[BTreeSet<u32>], from: u32) -> Option<(usize, u32)> {
-    sets.iter().enumerate().rev().find_map(|(o, s)| {
-        s.range(from..)
-            .next()
-            .or_else(|| s.iter().next())
-            .map(|&g| (o, g))
-    })
+fn top(sets: &[GroupSet], from: u32) -> Option<(usize, u32)> {
+    sets.iter()
+        .enumerate()
+        .rev()
+        .find_map(|(o, s)| s.next_from(from).or_else(|| s.first()).map(|g| (o, g)))
 }
 
 #[cfg(test)]

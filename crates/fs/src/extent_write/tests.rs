@@ -363,3 +363,51 @@ fn a_bad_node_is_refused_not_followed() {
     t.insert(&m).unwrap();
     assert!(t.insert(&Mapping { lblk: 12, ..m }).is_err());
 }
+
+/// e2fsck's pass-1E rule on hand-made shapes (1 KiB blocks: 84 entries a
+/// block, 4 in the inode).
+#[test]
+fn rebuild_rule_matches_e2fsck() {
+    let node = |pblk: u64, depth: u16, entries: u16, max: u16| NodeInfo {
+        pblk,
+        depth,
+        entries,
+        max,
+    };
+    let leaves = |n: &[u16]| -> Vec<NodeInfo> {
+        n.iter()
+            .enumerate()
+            .map(|(i, &e)| node(100 + i as u64, 0, e, 84))
+            .collect()
+    };
+    // Depth 0: never.
+    assert!(!tree_wants_rebuild(&[node(0, 0, 3, 4)], 1024));
+    // Depth 1 with three extents in one leaf: they fit in the inode.
+    let mut t = vec![node(0, 1, 1, 4)];
+    t.extend(leaves(&[3]));
+    assert!(tree_wants_rebuild(&t, 1024));
+    // Four extents: e2fsck's test is strict (4 < 4 fails): kept.
+    let mut t = vec![node(0, 1, 1, 4)];
+    t.extend(leaves(&[4]));
+    assert!(!tree_wants_rebuild(&t, 1024));
+    // Two half-full leaves: 2 x 83 - 84 = 82 free, not more than a block.
+    let mut t = vec![node(0, 1, 2, 4)];
+    t.extend(leaves(&[42, 42]));
+    assert!(!tree_wants_rebuild(&t, 1024));
+    // Three half-full leaves: 3 x 83 - 126 = 123 free: narrower.
+    let mut t = vec![node(0, 1, 3, 4)];
+    t.extend(leaves(&[42, 42, 42]));
+    assert!(tree_wants_rebuild(&t, 1024));
+    // Depth 2 over three leaves: they fit under the root directly.
+    let mut t = vec![node(0, 2, 1, 4), node(50, 1, 3, 84)];
+    t.extend(leaves(&[84, 84, 84]));
+    assert!(tree_wants_rebuild(&t, 1024));
+    // Depth 2 over five full leaves: packed.
+    let mut t = vec![node(0, 2, 1, 4), node(50, 1, 5, 84)];
+    t.extend(leaves(&[84, 84, 84, 84, 84]));
+    assert!(!tree_wants_rebuild(&t, 1024));
+    // Depth 2 over five leaves with 60 extents each: 5 x 83 - 300 = 115.
+    let mut t = vec![node(0, 2, 1, 4), node(50, 1, 5, 84)];
+    t.extend(leaves(&[60, 60, 60, 60, 60]));
+    assert!(tree_wants_rebuild(&t, 1024));
+}
