@@ -35,8 +35,10 @@
 //!   depth and number of children); a depth-1 tree (at most four leaves)
 //!   is kept packed. Trees of depth 0 and 1 thus always satisfy e2fsck's
 //!   pass 1E ("could be narrower/shorter"); deeper ones can get its offer
-//!   after random edits, as the kernel's do: packing a whole level is not
-//!   an O(depth) operation.
+//!   after random edits, as the kernel's do (packing a whole level is not
+//!   an O(depth) operation), so an edit that leaves a tree of depth ≥ 2
+//!   notes the inode and `Filesystem::tidy_trees` rewrites the trees
+//!   that rule flags, packed, at the next sync or close.
 //!
 //! Every block goes through [`TreeIo`] (the operations layer implements it
 //! on a journal handle and the block allocator); checksums are set through

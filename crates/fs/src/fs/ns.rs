@@ -5,9 +5,9 @@
 //! link counts (`dir_nlink`: a directory past 64999 links counts 1),
 //! times and, for a last unlink of a file whose blocks fit one handle,
 //! the release of its blocks and inode. A last unlink of a larger file
-//! drops the name in one transaction and frees the inode in following
-//! ones (no orphan list yet: a crash in between leaves an unreferenced
-//! inode that e2fsck releases).
+//! drops the name and puts the inode on the orphan list (or orphan
+//! file) in one transaction and frees it in following ones: a crash in
+//! between is finished by orphan processing at the next open.
 
 use ext4kit_format::dir::FT_DIR;
 use ext4kit_format::inode::{S_IFDIR, S_IFMT};
