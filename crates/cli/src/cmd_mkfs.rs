@@ -147,8 +147,13 @@ pub struct MkfsArgs {
     opt_c: u8,
     #[arg(short = 'l', value_name = "FILE", hide = true)]
     opt_l: Option<String>,
-    #[arg(short = 'C', value_name = "CLUSTER-SIZE", hide = true)]
-    opt_cap_c: Option<String>,
+    /// Cluster size in bytes (with -O bigalloc; default 16 blocks).
+    #[arg(
+        short = 'C',
+        value_name = "CLUSTER-SIZE",
+        value_parser = ext4kit::mkfs::options::parse_cluster_size_arg
+    )]
+    opt_cap_c: Vec<u32>,
     #[arg(short = 'd', value_name = "ROOT-DIR", hide = true)]
     opt_d: Option<String>,
     /// Direct I/O: write with O_DIRECT where the target takes it (same
@@ -267,14 +272,13 @@ impl Personality {
 
 /// mke2fs options that ext4kit does not implement yet, with what they do.
 fn unsupported(a: &MkfsArgs) -> Option<String> {
-    let list: [(bool, &str, &str); 6] = [
+    let list: [(bool, &str, &str); 5] = [
         (a.opt_c > 0, "-c", "check the device for bad blocks"),
         (
             a.opt_l.is_some(),
             "-l",
             "read the bad blocks list from a file",
         ),
-        (a.opt_cap_c.is_some(), "-C", "cluster size, for bigalloc"),
         (
             a.opt_d.is_some(),
             "-d",
@@ -518,6 +522,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         revision: a.opt_r.clone(),
         sparse_super: a.opt_s.clone(),
         first_meta_bg_env: std::env::var("MKE2FS_FIRST_META_BG").ok(),
+        cluster_size: a.opt_cap_c.last().copied(),
     };
     let is_file = !exists
         || std::fs::metadata(device)
@@ -871,7 +876,11 @@ fn print_verbose_stats(p: &mkfs::Prepared) {
     let log = (l.block_size / 1024).trailing_zeros();
     outln!("Block size={} (log={log})", l.block_size);
     if l.features.ro_compat.contains(RoCompat::BIGALLOC) {
-        outln!("Cluster size={} (log={log})", l.block_size);
+        outln!(
+            "Cluster size={} (log={})",
+            l.block_size << l.cluster_bits,
+            log + l.cluster_bits
+        );
     } else {
         outln!("Fragment size={} (log={log})", l.block_size);
     }
@@ -904,10 +913,18 @@ fn print_verbose_stats(p: &mkfs::Prepared) {
     } else {
         outln!("{} block group", l.group_count);
     }
-    outln!(
-        "{} blocks per group, {} fragments per group",
-        l.blocks_per_group,
-        l.blocks_per_group
-    );
+    if l.features.ro_compat.contains(RoCompat::BIGALLOC) {
+        outln!(
+            "{} blocks per group, {} clusters per group",
+            l.blocks_per_group,
+            l.clusters_per_group()
+        );
+    } else {
+        outln!(
+            "{} blocks per group, {} fragments per group",
+            l.blocks_per_group,
+            l.blocks_per_group
+        );
+    }
     outln!("{} inodes per group", l.inodes_per_group);
 }

@@ -13,6 +13,7 @@ use ext4kit_format::features::{Incompat, RoCompat};
 use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT};
 
 use super::geometry::{Layout, MapStep};
+use super::quota::Io;
 
 const CACHE_SIZE: usize = 8;
 
@@ -120,7 +121,7 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
     // Resize inode.
     if let Some(dind) = l.resize_dind {
         for k in 0..u64::from(l.reserved_gdt_blocks) {
-            c.access(l.first_data_block + 1 + u64::from(l.desc_blocks) + k, true);
+            c.access(l.sb_block() + 1 + u64::from(l.desc_blocks) + k, true);
         }
         c.access(dind, true);
         c.access(iblk(7), true);
@@ -177,6 +178,32 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
             c.access(p, true);
         }
     }
+    // Quota files, then quota_write_inode's ext2fs_write_bitmaps (which
+    // leaves the bitmaps clean: ext2fs_close writes them again only when
+    // the orphan file dirtied them).
+    let csum = f.has_group_csum();
+    let write_bitmaps = |c: &mut Cache| {
+        for gp in &l.groups {
+            if !(csum && gp.flags & BG_BLOCK_UNINIT != 0) {
+                c.access(gp.block_bitmap, true);
+            }
+            if !(csum && gp.flags & BG_INODE_UNINIT != 0) {
+                c.access(gp.inode_bitmap, true);
+            }
+        }
+    };
+    let quota = f.ro_compat.contains(RoCompat::QUOTA);
+    if quota {
+        for q in &l.quota {
+            for io in &q.trace {
+                match *io {
+                    Io::Inode { write } => c.access(iblk(q.ino), write),
+                    Io::Block { pblk, write } => c.access(pblk, write),
+                }
+            }
+        }
+        write_bitmaps(&mut c);
+    }
     // Orphan file.
     if let Some((ino, fm)) = l.orphan.as_ref().filter(|(_, f)| f.blockmap.is_some()) {
         // block_iterate3(BLOCK_FLAG_APPEND): an indirect block is written
@@ -213,15 +240,9 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
         }
         c.access(iblk(*ino), true);
     }
-    // write_bitmaps.
-    let csum = f.has_group_csum();
-    for gp in &l.groups {
-        if !(csum && gp.flags & BG_BLOCK_UNINIT != 0) {
-            c.access(gp.block_bitmap, true);
-        }
-        if !(csum && gp.flags & BG_INODE_UNINIT != 0) {
-            c.access(gp.inode_bitmap, true);
-        }
+    // write_bitmaps at close.
+    if !quota || l.orphan.is_some() {
+        write_bitmaps(&mut c);
     }
     // zap_sector(2, 6) and zap_sector(0, 2): 4096 bytes written directly.
     let bytes = 4096 + c.evicted_dirty * bs;

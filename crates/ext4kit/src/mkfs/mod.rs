@@ -8,6 +8,7 @@ pub mod geometry;
 pub mod kbytes;
 pub mod offset;
 pub mod options;
+pub mod quota;
 pub mod writer;
 
 use ext4kit_device::{Device, DeviceError, DiscardOutcome};

@@ -52,6 +52,9 @@ pub struct MkfsOptions {
     /// `MKE2FS_FIRST_META_BG` from the environment (read with `atoi`, and
     /// only with `-O meta_bg`, as mke2fs does).
     pub first_meta_bg_env: Option<String>,
+    /// `-C`: cluster size in bytes (bigalloc), checked by
+    /// [`parse_cluster_size_arg`].
+    pub cluster_size: Option<u32>,
 }
 
 /// What the options resolve to.
@@ -203,6 +206,15 @@ pub fn parse_c_uint(arg: &str) -> Result<u32, String> {
     parse_c_ulong(arg).map(|v| v as u32)
 }
 
+/// `-C`: `parse_num_blocks2(arg, -1)`, bytes with an optional suffix;
+/// mke2fs takes more than 1 KiB up to 512 MiB (`EXT2_MAX_CLUSTER_SIZE`).
+pub fn parse_cluster_size_arg(arg: &str) -> Result<u32, String> {
+    match num_blocks_magnitude(arg, None) {
+        Some((false, v)) if v > 1024 && v <= 1 << 29 => Ok(v as u32),
+        _ => Err(format!("invalid cluster size - {arg}")),
+    }
+}
+
 /// `-G`: [`parse_c_ulong`]; mke2fs refuses sizes above 2^32 - 1.
 pub fn parse_flex_bg_size_arg(arg: &str) -> Result<u32, String> {
     let v = parse_c_ulong(arg)?;
@@ -235,11 +247,8 @@ fn unsupported_features(f: &Features) -> Vec<String> {
         | Incompat::INLINE_DATA.bits()
         | Incompat::ENCRYPT.bits()
         | Incompat::CASEFOLD.bits();
-    let bad_ro = RoCompat::QUOTA.bits()
-        | RoCompat::BIGALLOC.bits()
-        | RoCompat::REPLICA.bits()
+    let bad_ro = RoCompat::REPLICA.bits()
         | RoCompat::READONLY.bits()
-        | RoCompat::PROJECT.bits()
         | RoCompat::SHARED_BLOCKS.bits()
         | RoCompat::VERITY.bits()
         | RoCompat::ORPHAN_PRESENT.bits()
@@ -700,6 +709,34 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     if f.incompat.contains(Incompat::BIT64) && !f.incompat.contains(Incompat::EXTENTS) {
         return err("extents must be enabled for a 64-bit filesystem (pass -O extents)");
     }
+    // -C / cluster_size: s_log_cluster_size as int_log2 of the KiB (0
+    // leaves libext2fs's default of 16 blocks).
+    // mke2fs raises the default inode ratio to EXT2_CLUSTER_SIZE of its
+    // parameters, where a log of 0 still means 1 KiB.
+    let (cluster_bits, ratio_cluster) = if f.ro_compat.contains(RoCompat::BIGALLOC) {
+        let cs = match opts.cluster_size {
+            Some(c) => i64::from(c),
+            None => profile.get_int(&fs_types, "cluster_size", i64::from(bs) * 16),
+        };
+        let kib = (cs.max(0) as u64) >> 10;
+        let log_cluster = if kib == 0 { 0 } else { kib.ilog2() };
+        if log_cluster != 0 && log_cluster < log_bs {
+            return err("The cluster size may not be smaller than the block size.");
+        }
+        if log_cluster > 19 {
+            return err(format!("invalid cluster size - {cs}"));
+        }
+        let bits = if log_cluster == 0 {
+            4
+        } else {
+            log_cluster - log_bs
+        };
+        (bits, 1024u64 << log_cluster)
+    } else if opts.cluster_size.is_some() {
+        return err("specifying a cluster size requires the bigalloc feature");
+    } else {
+        (0, u64::from(bs))
+    };
     let mut inode_ratio = match opts.inode_ratio {
         Some(r) => {
             if !(1024..=(65536 * 1024)).contains(&r) {
@@ -712,7 +749,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         }
         None => {
             let r = profile.get_int(&fs_types, "inode_ratio", 8192).max(0) as u64;
-            r.max(u64::from(bs))
+            r.max(u64::from(bs)).max(ratio_cluster)
         }
     };
     if inode_ratio == 0 {
@@ -768,6 +805,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let mut desc_size = 0u32;
     let mut offset = 0u64;
     let mut test_fs = false;
+    let mut quota_types = super::quota::USR | super::quota::GRP;
     let mut ext_list: Vec<String> = profile.options_list(&fs_types);
     // mke2fs keeps only the last -E.
     ext_list.extend(opts.extended.last().cloned());
@@ -861,11 +899,15 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 // Only matters with -d (not supported yet); accepted, as
                 // mke2fs 1.47.0 does.
                 "no_copy_xattrs" => {}
-                "mmp_update_interval"
-                | "quotatype"
-                | "encoding"
-                | "encoding_flags"
-                | "android_sparse" => {
+                "quotatype" => {
+                    let s = need(v)?;
+                    quota_types = super::quota::parse_quota_types(&s, 0).map_err(|tok| {
+                        OptionError(format!(
+                            "Failed to parse quota type at {tok} (bad extended option: quotatype)"
+                        ))
+                    })?;
+                }
+                "mmp_update_interval" | "encoding" | "encoding_flags" | "android_sparse" => {
                     return err(format!(
                         "extended option '{k}' is not supported by ext4kit yet"
                     ));
@@ -933,8 +975,23 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             "\nWarning: RAID stripe-width {stripe_width} not an even multiple of stride {stride}.\n"
         ));
     }
+    // Project quota: the feature follows -E quotatype=prj and brings the
+    // project quota file; it needs room for i_projid.
+    if quota_types & super::quota::PRJ != 0 {
+        f.ro_compat.insert(RoCompat::PROJECT);
+    }
+    let project = f.ro_compat.contains(RoCompat::PROJECT);
+    if project {
+        quota_types |= super::quota::PRJ;
+        if opts.inode_size == Some(128) {
+            return err("128 byte inodes are too small for project quota");
+        }
+    }
     if f.ro_compat.contains(RoCompat::METADATA_CSUM) && f.ro_compat.contains(RoCompat::GDT_CSUM) {
         f.ro_compat.remove(RoCompat::GDT_CSUM);
+    }
+    if f.ro_compat.contains(RoCompat::BIGALLOC) && !f.incompat.contains(Incompat::EXTENTS) {
+        return err("Can't support bigalloc feature without extents feature");
     }
     if f.incompat.contains(Incompat::META_BG) && f.compat.contains(Compat::RESIZE_INODE) {
         return err(
@@ -969,6 +1026,9 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     // leaves libext2fs's default of 128.
     let inode_size = match opts.inode_size {
         Some(i) if i != 0 => i64::from(i),
+        // mke2fs: project quota without -I takes mke2fs.conf's size, at
+        // least 256.
+        _ if project => profile.get_int(&fs_types, "inode_size", 0).max(256),
         _ => profile.get_int(&fs_types, "inode_size", 0),
     };
     if inode_size != 0
@@ -1175,6 +1235,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         root_gid,
         itable_zeroed: assume_prezeroed,
         lazy_itable_init,
+        cluster_bits,
+        quota_types,
     };
     let settings = SuperSettings {
         uuid,
