@@ -721,6 +721,21 @@ const M_CASES: &[MCase] = &[
     ),
     m("m_root_owner", "ext2", &[], "1024", MIB).e("root_owner=1234:1234"),
     m(
+        "m_quota",
+        "ext2",
+        &["-O", "quota,project", "-I", "256"],
+        "131072",
+        128 * MIB,
+    ),
+    // As m_quota, with bigalloc (no m_* test of 1.47.0 has it).
+    m(
+        "m_quota + bigalloc",
+        "ext4",
+        &["-O", "quota,project,bigalloc", "-I", "256"],
+        "131072",
+        128 * MIB,
+    ),
+    m(
         "m_64bit_flexbg",
         "ext2",
         &["-O", "64bit,extents,flex_bg"],
