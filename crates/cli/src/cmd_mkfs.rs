@@ -568,6 +568,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         .warnings
         .iter()
         .filter(|w| Some(*w) != too_big.as_ref())
+        .filter(|w| !(quiet && w.as_str() == mkfs::options::BIGALLOC_EXPERIMENTAL))
         .partition(|w| w.starts_with("128-byte inodes") || w.starts_with("Your mke2fs.conf"));
     for w in to_stderr {
         print_warning(w, a.json);

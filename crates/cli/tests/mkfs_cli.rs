@@ -118,6 +118,10 @@ fn output_matches_mke2fs() {
         (Some(64 * MIB), "-t ext4 -O ^64bit,^extent", &debian),
         (Some(64 * MIB), "-t ext4 -K", &debian),
         (Some(64 * MIB), "-t ext4 -v", &debian),
+        (Some(64 * MIB), "-t ext4 -v -O bigalloc,quota", &debian),
+        (Some(GIB), "-t ext4 -v -O bigalloc -C 1M", &debian),
+        (Some(64 * MIB), "-q -t ext4 -O bigalloc -C 1M", &debian),
+        (Some(GIB), "-t ext4 -O quota,project", &debian),
         (Some(GIB), "-t ext2 -v", &debian),
         (Some(GIB), "-t ext4 -v -R stride=4", &debian),
         (

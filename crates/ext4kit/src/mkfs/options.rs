@@ -72,6 +72,9 @@ pub struct Resolved {
     pub warnings: Vec<String>,
 }
 
+/// mke2fs's warning (not with -q) for clusters of more than 16 blocks.
+pub const BIGALLOC_EXPERIMENTAL: &str = "\nWarning: bigalloc file systems with a cluster size greater than\n16 times the block size is considered experimental";
+
 /// A user error: one line naming the problem.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -992,6 +995,10 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     }
     if f.ro_compat.contains(RoCompat::BIGALLOC) && !f.incompat.contains(Incompat::EXTENTS) {
         return err("Can't support bigalloc feature without extents feature");
+    }
+    if f.ro_compat.contains(RoCompat::BIGALLOC) && cluster_bits > 4 {
+        // mke2fs prints it unless -q (the CLI drops it then).
+        warnings.push(BIGALLOC_EXPERIMENTAL.into());
     }
     if f.incompat.contains(Incompat::META_BG) && f.compat.contains(Compat::RESIZE_INODE) {
         return err(
