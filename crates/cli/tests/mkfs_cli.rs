@@ -474,7 +474,6 @@ fn unsupported_mke2fs_options_are_named() {
         ("-c", &["-c"]),
         ("-c", &["-cc"]),
         ("-l", &["-l", "bad-blocks.txt"]),
-        ("-C", &["-C", "65536"]),
         ("-d", &["-d", "/etc"]),
         ("-S", &["-S"]),
         ("-z", &["-z", "undo.e2undo"]),
