@@ -149,8 +149,13 @@ pub struct MkfsArgs {
     opt_c: u8,
     #[arg(short = 'l', value_name = "FILE", hide = true)]
     opt_l: Option<String>,
-    #[arg(short = 'C', value_name = "CLUSTER-SIZE", hide = true)]
-    opt_cap_c: Option<String>,
+    /// Cluster size in bytes (with -O bigalloc; default 16 blocks).
+    #[arg(
+        short = 'C',
+        value_name = "CLUSTER-SIZE",
+        value_parser = ext4kit::mkfs::options::parse_cluster_size_arg
+    )]
+    opt_cap_c: Vec<u32>,
     #[arg(short = 'd', value_name = "ROOT-DIR", hide = true)]
     opt_d: Option<String>,
     /// Direct I/O: write with O_DIRECT where the target takes it (same
@@ -280,7 +285,6 @@ fn unsupported(a: &MkfsArgs) -> Option<String> {
             "-l",
             "read the bad blocks list from a file",
         ),
-        (a.opt_cap_c.is_some(), "-C", "cluster size, for bigalloc"),
         (
             a.opt_d.is_some(),
             "-d",
@@ -520,6 +524,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         sparse_super: a.opt_s.clone(),
         first_meta_bg_env: std::env::var("MKE2FS_FIRST_META_BG").ok(),
         super_only: a.opt_cap_s > 0,
+        cluster_size: a.opt_cap_c.last().copied(),
     };
     let is_file = !exists
         || std::fs::metadata(device)
@@ -565,6 +570,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         .warnings
         .iter()
         .filter(|w| Some(*w) != too_big.as_ref())
+        .filter(|w| !(quiet && w.as_str() == mkfs::options::BIGALLOC_EXPERIMENTAL))
         .partition(|w| w.starts_with("128-byte inodes") || w.starts_with("Your mke2fs.conf"));
     for w in to_stderr {
         print_warning(w, a.json);
@@ -955,7 +961,11 @@ fn print_verbose_stats(p: &mkfs::Prepared) {
     let log = (l.block_size / 1024).trailing_zeros();
     outln!("Block size={} (log={log})", l.block_size);
     if l.features.ro_compat.contains(RoCompat::BIGALLOC) {
-        outln!("Cluster size={} (log={log})", l.block_size);
+        outln!(
+            "Cluster size={} (log={})",
+            l.block_size << l.cluster_bits,
+            log + l.cluster_bits
+        );
     } else {
         outln!("Fragment size={} (log={log})", l.block_size);
     }
@@ -988,10 +998,18 @@ fn print_verbose_stats(p: &mkfs::Prepared) {
     } else {
         outln!("{} block group", l.group_count);
     }
-    outln!(
-        "{} blocks per group, {} fragments per group",
-        l.blocks_per_group,
-        l.blocks_per_group
-    );
+    if l.features.ro_compat.contains(RoCompat::BIGALLOC) {
+        outln!(
+            "{} blocks per group, {} clusters per group",
+            l.blocks_per_group,
+            l.clusters_per_group()
+        );
+    } else {
+        outln!(
+            "{} blocks per group, {} fragments per group",
+            l.blocks_per_group,
+            l.blocks_per_group
+        );
+    }
     outln!("{} inodes per group", l.inodes_per_group);
 }

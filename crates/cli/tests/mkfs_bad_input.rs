@@ -90,9 +90,50 @@ const CASES: &[Case] = &[
         "-O no_such_feature",
         &["-t", "ext4", "-O", "no_such_feature", T],
     ),
+    // bigalloc and quota: mke2fs's refusals (mkfs_parity checks that
+    // mke2fs refuses them too).
     bad(
-        "-O bigalloc (unsupported)",
-        &["-t", "ext4", "-O", "bigalloc", T],
+        "-O bigalloc without extents",
+        &["-t", "ext4", "-O", "bigalloc,^extent,^64bit", T],
+    )
+    .expect(Expect::OneLineErrorWith(
+        "Can't support bigalloc feature without extents feature",
+    )),
+    bad("-C without bigalloc", &["-t", "ext4", "-C", "65536", T]).expect(Expect::OneLineErrorWith(
+        "specifying a cluster size requires the bigalloc feature",
+    )),
+    bad(
+        "-C smaller than the block size",
+        &[
+            "-t", "ext4", "-b", "4096", "-O", "bigalloc", "-C", "2048", T,
+        ],
+    )
+    .expect(Expect::OneLineErrorWith(
+        "The cluster size may not be smaller than the block size",
+    )),
+    bad(
+        "-C 1024",
+        &["-t", "ext4", "-O", "bigalloc", "-C", "1024", T],
+    )
+    .expect(Expect::UsageError),
+    bad("-C 1G", &["-t", "ext4", "-O", "bigalloc", "-C", "1G", T]).expect(Expect::UsageError),
+    bad(
+        "-O project -I 128",
+        &["-t", "ext4", "-O", "project", "-I", "128", T],
+    )
+    .expect(Expect::OneLineErrorWith(
+        "128 byte inodes are too small for project quota",
+    )),
+    bad(
+        "-E quotatype=bogus",
+        &["-t", "ext4", "-O", "quota", "-E", "quotatype=usr:bogus", T],
+    )
+    .expect(Expect::OneLineErrorWith(
+        "Failed to parse quota type at bogus",
+    )),
+    bad(
+        "-E quotatype without a value",
+        &["-t", "ext4", "-O", "quota", "-E", "quotatype", T],
     ),
     bad("-b 3000", &["-t", "ext4", "-b", "3000", T]),
     bad("-b 128", &["-t", "ext4", "-b", "128", T]),

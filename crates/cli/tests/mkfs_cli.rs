@@ -118,6 +118,10 @@ fn output_matches_mke2fs() {
         (Some(64 * MIB), "-t ext4 -O ^64bit,^extent", &debian),
         (Some(64 * MIB), "-t ext4 -K", &debian),
         (Some(64 * MIB), "-t ext4 -v", &debian),
+        (Some(64 * MIB), "-t ext4 -v -O bigalloc,quota", &debian),
+        (Some(GIB), "-t ext4 -v -O bigalloc -C 1M", &debian),
+        (Some(64 * MIB), "-q -t ext4 -O bigalloc -C 1M", &debian),
+        (Some(GIB), "-t ext4 -O quota,project", &debian),
         (Some(GIB), "-t ext2 -v", &debian),
         (Some(GIB), "-t ext4 -v -R stride=4", &debian),
         (
@@ -470,7 +474,6 @@ fn unsupported_mke2fs_options_are_named() {
         ("-c", &["-c"]),
         ("-c", &["-cc"]),
         ("-l", &["-l", "bad-blocks.txt"]),
-        ("-C", &["-C", "65536"]),
         ("-d", &["-d", "/etc"]),
         ("-z", &["-z", "undo.e2undo"]),
         ("-c", &["-q", "-c", "-F"]),

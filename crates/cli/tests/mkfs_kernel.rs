@@ -278,6 +278,56 @@ fn kernel_sparse_super2_fast_commit_mmp() {
     );
 }
 
+#[test]
+fn kernel_bigalloc() {
+    kernel_case(
+        "-O bigalloc (64 KiB clusters)",
+        DEBIAN_CONF,
+        512 * MIB,
+        &["-O", "bigalloc"],
+    );
+}
+
+#[test]
+fn kernel_bigalloc_1k_blocks() {
+    kernel_case(
+        "-b 1024 -O bigalloc -C 4096",
+        UPSTREAM_CONF,
+        256 * MIB,
+        &["-b", "1024", "-O", "bigalloc", "-C", "4096"],
+    );
+}
+
+/// The kernel keeps the usage in the quota files mke2fs-style files start
+/// with; e2fsck checks it after the workload.
+#[test]
+fn kernel_quota_and_project() {
+    const TEST: &str = "mkfs_kernel -O quota,project";
+    if let Err(why) = kernel_ready() {
+        return skip(TEST, &why);
+    }
+    // A kernel without CONFIG_QUOTA refuses mke2fs's own quota images.
+    let probe = (|| -> Result<(), String> {
+        let dir = image_dir();
+        let img = dir.path().join("quota-probe.img");
+        sparse_file(&img, 64 * MIB).map_err(|e| e.to_string())?;
+        run_ok(mke2fs(["-F", "-q", "-t", "ext4", "-O", "quota,project"]).arg(&img))?;
+        let lo = LoopDev::attach(&img).map_err(|e| e.to_string())?;
+        let mnt = Mount::new(lo.path(), "ext4", None)
+            .map_err(|_| "the kernel does not mount mke2fs's quota images (no CONFIG_QUOTA?)")?;
+        mnt.unmount()
+    })();
+    if let Err(why) = probe {
+        return skip(TEST, &why);
+    }
+    kernel_case(
+        "-O quota,project",
+        UPSTREAM_CONF,
+        512 * MIB,
+        &["-O", "quota,project"],
+    );
+}
+
 /// On a block device (a loop device over a sparse file) ext4kit writes the
 /// same bytes as mke2fs does on a twin device, but allocates far less in
 /// the backing file: where mke2fs writes zeros (journal), ext4kit punches.

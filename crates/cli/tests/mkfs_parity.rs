@@ -353,6 +353,53 @@ const CASES: &[Case] = &[
     // Large: the last group's backup far out; a 1 GiB journal plus 16 MiB
     // of fast commit in eight extents.
     case(17 * TIB, &["-O", "sparse_super2,fast_commit"]).only(Conf::Upstream),
+    // bigalloc: cluster bitmaps and counts; the tables are placed block by
+    // block, everything after them takes whole clusters (16 blocks unless
+    // -C). With 1 KiB blocks the first data block is 0.
+    case(16 * MIB, &["-O", "bigalloc"]),
+    case(100 * MIB, &["-O", "bigalloc"]),
+    case(GIB, &["-O", "bigalloc"]),
+    case(10 * GIB, &["-O", "bigalloc"]),
+    case(1025 * MIB, &["-O", "bigalloc"]),
+    case(TIB, &["-O", "bigalloc"]),
+    case(17 * TIB, &["-O", "bigalloc"]).only(Conf::Upstream),
+    case(GIB, &["-O", "bigalloc", "-C", "32768"]),
+    case(GIB, &["-O", "bigalloc", "-C", "1M"]),
+    case(GIB, &["-b", "1024", "-O", "bigalloc", "-C", "2048"]),
+    case(GIB, &["-b", "2048", "-O", "bigalloc", "-C", "256k"]),
+    case(GIB, &["-O", "bigalloc", "-g", "4096"]),
+    case(GIB, &["-O", "bigalloc,^flex_bg"]),
+    case(GIB, &["-O", "bigalloc,^has_journal"]),
+    case(GIB, &["-O", "bigalloc,^resize_inode"]),
+    case(GIB, &["-O", "bigalloc,^metadata_csum"]),
+    case(GIB, &["-O", "bigalloc,meta_bg,^resize_inode"]),
+    case(GIB, &["-O", "bigalloc"]).e("packed_meta_blocks=1"),
+    case(GIB, &["-O", "bigalloc", "-J", "size=100"]),
+    case(GIB, &["-O", "bigalloc", "-i", "32768"]),
+    // Quota: inodes 3 and 4 (and the project file in the first free inode,
+    // before the orphan file) with v2 quota trees holding the root
+    // directory's and lost+found's usage.
+    case(GIB, &["-O", "quota"]),
+    case(16 * MIB, &["-O", "quota"]),
+    case(100 * MIB, &["-b", "2048", "-O", "quota"]),
+    case(10 * GIB, &["-O", "quota"]),
+    case(GIB, &["-O", "quota"]).e("quotatype=usrquota:grpquota:prjquota"),
+    case(16 * MIB, &["-O", "quota"]).e("quotatype=prjquota"),
+    case(GIB, &["-O", "quota"]).e("quotatype=usr"),
+    case(GIB, &["-O", "quota,project"]),
+    case(GIB, &["-O", "project"]),
+    case(GIB, &["-O", "quota"]).e("root_owner=1000:1000"),
+    case(GIB, &["-O", "quota"]).e("quotatype=grp:prj,root_owner=7:70000"),
+    case(GIB, &["-O", "quota,^has_journal"]),
+    case(GIB, &["-O", "quota", "-I", "128"]),
+    case(GIB, &["-O", "quota"]).t("ext3"),
+    case(GIB, &["-O", "quota,bigalloc"]).e("quotatype=usr:grp:prj"),
+    case(16 * MIB, &["-O", "quota,bigalloc"]).e("quotatype=usr:grp:prj"),
+    case(GIB, &["-b", "1024", "-O", "quota,bigalloc", "-C", "2048"]),
+    // Without group checksums mke2fs's usage scan reads whole inode
+    // tables, which flushes its block cache (s_kbytes_written).
+    case(2 * GIB, &["-O", "quota,^metadata_csum"]),
+    case(5 * GIB, &["-O", "bigalloc,quota,^metadata_csum"]),
 ];
 
 enum Outcome {
@@ -741,6 +788,21 @@ const M_CASES: &[MCase] = &[
         128 * MIB,
     ),
     m("m_root_owner", "ext2", &[], "1024", MIB).e("root_owner=1234:1234"),
+    m(
+        "m_quota",
+        "ext2",
+        &["-O", "quota,project", "-I", "256"],
+        "131072",
+        128 * MIB,
+    ),
+    // As m_quota, with bigalloc (no m_* test of 1.47.0 has it).
+    m(
+        "m_quota + bigalloc",
+        "ext4",
+        &["-O", "quota,project,bigalloc", "-I", "256"],
+        "131072",
+        128 * MIB,
+    ),
     m(
         "m_64bit_flexbg",
         "ext2",
@@ -1901,5 +1963,95 @@ fn super_only_asks_before_writing() {
     if have("e2fsck") {
         let _ = run(tool("e2fsck").arg("-fy").arg(&img));
         e2fsck_clean(&img).unwrap();
+    }
+}
+
+/// bigalloc and quota combinations mke2fs refuses: ext4kit refuses them
+/// too (mkfs_bad_input checks the one-line message and that nothing is
+/// written).
+#[test]
+fn bigalloc_quota_refusals_match_mke2fs() {
+    const TEST: &str = "bigalloc_quota_refusals_match_mke2fs";
+    if !have("mke2fs") {
+        return skip(TEST, "mke2fs not found (install e2fsprogs)");
+    }
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, DEBIAN_CONF).expect("writing mke2fs.conf");
+    let cases: &[&[&str]] = &[
+        &["-O", "bigalloc,^extent,^64bit"],
+        &["-C", "65536"],
+        &["-b", "4096", "-O", "bigalloc", "-C", "2048"],
+        &["-O", "bigalloc", "-C", "1024"],
+        &["-O", "bigalloc", "-C", "1G"],
+        &["-O", "project", "-I", "128"],
+        &["-O", "quota", "-E", "quotatype=usr:bogus"],
+        &["-O", "quota", "-E", "quotatype"],
+    ];
+    let mut bad = Vec::new();
+    for opts in cases {
+        for (who, mut cmd) in [
+            ("mke2fs", mke2fs(["-F", "-q", "-t", "ext4"])),
+            ("ext4kit", ext4kit_mkfs(["-F", "-q", "-t", "ext4"])),
+        ] {
+            let img = dir.path().join("r.img");
+            sparse_file(&img, 64 * MIB).expect("image");
+            let out = run(cmd.args(*opts).arg(&img).env("MKE2FS_CONFIG", &conf)).expect("run");
+            if out.status.success() {
+                bad.push(format!("{who} accepted {opts:?}"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+/// The read-write engine does not handle bigalloc or quota: `ext4kit cp`
+/// refuses the images mkfs makes with them (one line, nothing written),
+/// while the read side lists them.
+#[test]
+fn engine_refuses_bigalloc_and_quota_images() {
+    const TEST: &str = "engine_refuses_bigalloc_and_quota_images";
+    if !have("e2fsck") {
+        return skip(TEST, "e2fsck not found (install e2fsprogs)");
+    }
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, DEBIAN_CONF).expect("writing mke2fs.conf");
+    let src = dir.path().join("src.txt");
+    std::fs::write(&src, b"hello").expect("source file");
+    for (feat, word) in [
+        ("bigalloc", "bigalloc"),
+        ("quota", "quota"),
+        ("project", "project"),
+    ] {
+        let img = dir.path().join(format!("{feat}.img"));
+        sparse_file(&img, 64 * MIB).expect("image");
+        run_ok(
+            ext4kit_mkfs(["-F", "-q", "-t", "ext4", "-O", feat])
+                .arg(&img)
+                .env("MKE2FS_CONFIG", &conf),
+        )
+        .expect("mkfs");
+        let before = file_hash(&img).expect("hash");
+        let out = run(ext4kit()
+            .arg("cp")
+            .arg(&src)
+            .arg(format!("{}:/copied", img.display())))
+        .expect("cp");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!out.status.success(), "{feat}: cp succeeded");
+        assert_eq!(err.trim().lines().count(), 1, "{feat}: {err}");
+        assert!(err.contains(word), "{feat}: {err}");
+        assert_eq!(
+            file_hash(&img).expect("hash"),
+            before,
+            "{feat}: image changed"
+        );
+        let ls = run_ok(ext4kit().arg("ls").arg(format!("{}:/", img.display()))).expect("ls");
+        assert!(
+            String::from_utf8_lossy(&ls.stdout).contains("lost+found"),
+            "{feat}: ls"
+        );
+        e2fsck_clean(&img).expect("e2fsck");
     }
 }

@@ -27,6 +27,8 @@ pub const S_IFIFO: u16 = 0o010000;
 pub const S_IFSOCK: u16 = 0o140000;
 
 /// `i_flags` bits.
+/// `EXT2_IMMUTABLE_FL` (mke2fs's quota files).
+pub const EXT2_IMMUTABLE_FL: u32 = 0x0000_0010;
 pub const EXT4_EXTENTS_FL: u32 = 0x0008_0000;
 pub const EXT4_HUGE_FILE_FL: u32 = 0x0004_0000;
 pub const EXT4_INDEX_FL: u32 = 0x0000_1000;

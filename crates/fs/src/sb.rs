@@ -191,7 +191,9 @@ impl FsInfo {
             u64::from(sb.s_blocks_count_lo.get())
         };
         let first_data_block = u64::from(sb.s_first_data_block.get());
-        let expect_first = u64::from(block_size == 1024);
+        // bigalloc starts at block 0 whatever the block size.
+        let bigalloc = features.ro_compat.contains(RoCompat::BIGALLOC);
+        let expect_first = u64::from(block_size == 1024 && !bigalloc);
         if first_data_block != expect_first {
             return Err(corrupt(
                 "superblock",
@@ -208,7 +210,28 @@ impl FsInfo {
         }
         let bpg = sb.s_blocks_per_group.get();
         let ipg = sb.s_inodes_per_group.get();
-        if bpg == 0 || bpg > 8 * block_size || ipg == 0 || ipg > 8 * block_size {
+        // With bigalloc the bitmap limit is on clusters per group.
+        let cpg = if bigalloc {
+            let cbits = sb
+                .s_log_cluster_size
+                .get()
+                .checked_sub(sb.s_log_block_size.get())
+                .filter(|&c| c < 32)
+                .ok_or_else(|| corrupt("superblock", "cluster size below the block size"))?;
+            if u64::from(sb.s_clusters_per_group.get()) << cbits != u64::from(bpg) {
+                return Err(corrupt(
+                    "superblock",
+                    format!(
+                        "{bpg} blocks per group are not {} clusters of 2^{cbits} blocks",
+                        sb.s_clusters_per_group.get()
+                    ),
+                ));
+            }
+            sb.s_clusters_per_group.get()
+        } else {
+            bpg
+        };
+        if bpg == 0 || cpg == 0 || cpg > 8 * block_size || ipg == 0 || ipg > 8 * block_size {
             return Err(corrupt(
                 "superblock",
                 format!("{bpg} blocks or {ipg} inodes per group"),
@@ -281,11 +304,20 @@ impl FsInfo {
     pub fn desc_block(&self, index: u32) -> u64 {
         let meta_bg = self.features.incompat.contains(Incompat::META_BG);
         let first_meta = self.sb.s_first_meta_bg.get();
+        // 1 KiB blocks with bigalloc: group 0 starts at block 0, its
+        // superblock is block 1 (libext2fs's super_and_bgd_loc2).
+        let base = |b: u64| {
+            if b == 0 && self.block_size == 1024 {
+                1
+            } else {
+                b
+            }
+        };
         if meta_bg && index >= first_meta {
             let g = index.saturating_mul(self.descs_per_block());
-            self.group_first_block(g) + u64::from(group_has_super(&self.features, g))
+            base(self.group_first_block(g)) + u64::from(group_has_super(&self.features, g))
         } else {
-            self.first_data_block + 1 + u64::from(index)
+            base(self.first_data_block) + 1 + u64::from(index)
         }
     }
 

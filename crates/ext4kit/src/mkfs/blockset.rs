@@ -85,6 +85,18 @@ impl BlockSet {
             .filter(|(s, e)| s < e)
     }
 
+    /// The same set with every range widened to whole clusters of
+    /// `1 << bits` blocks (a block bitmap converted to a cluster bitmap).
+    pub fn round_out(&self, bits: u32) -> BlockSet {
+        let mask = (1u64 << bits) - 1;
+        let mut out = BlockSet::new();
+        for &(s, e) in &self.ranges {
+            let s = s & !mask;
+            out.insert(s, ((e + mask) & !mask) - s);
+        }
+        out
+    }
+
     /// Number of used blocks in `[start, end)`.
     pub fn count_in(&self, start: u64, end: u64) -> u64 {
         self.ranges_in(start, end).map(|(s, e)| e - s).sum()

@@ -60,6 +60,13 @@ pub struct FsParams {
     /// `-S`: only the superblock and descriptors; the plan stops after
     /// the group tables (no directories, journal or special inodes).
     pub super_only: bool,
+    /// bigalloc: log2 of the blocks per cluster (`s_log_cluster_size -
+    /// s_log_block_size`); with bigalloc, `blocks_per_group` counts
+    /// clusters (mke2fs's `-g`).
+    pub cluster_bits: u32,
+    /// `-O quota`: the quota files to create ([`super::quota::USR`] |
+    /// `GRP` | `PRJ`, from `-E quotatype=`).
+    pub quota_types: u8,
 }
 
 /// Errors the planner reports: all are the user's parameters being
@@ -198,9 +205,14 @@ pub struct Layout {
     pub mmp_block: Option<u64>,
     /// Planned for `-S` (see [`FsParams::super_only`]).
     pub super_only: bool,
-    /// Orphan file (inode 12 when orphan_file is on).
+    /// Orphan file (inode 12 when orphan_file is on, 13 after a project
+    /// quota file).
     pub orphan: Option<(u32, FileMap)>,
     pub first_ino: u32,
+    /// bigalloc: log2 of blocks per cluster (0 without bigalloc).
+    pub cluster_bits: u32,
+    /// Quota files (`-O quota`), in the order mke2fs writes them.
+    pub quota: Vec<super::quota::QuotaFile>,
 }
 
 /// Where one group's superblock copy and descriptor blocks lie.
@@ -228,6 +240,58 @@ fn is_power_of(mut n: u32, base: u32) -> bool {
 }
 
 impl Layout {
+    /// Blocks per cluster (1 without bigalloc).
+    pub fn cluster_ratio(&self) -> u64 {
+        1 << self.cluster_bits
+    }
+    /// `s_clusters_per_group`.
+    pub fn clusters_per_group(&self) -> u32 {
+        self.blocks_per_group >> self.cluster_bits
+    }
+    /// Block of the primary superblock (1 with 1 KiB blocks, also with
+    /// bigalloc, where the first data block is 0).
+    pub fn sb_block(&self) -> u64 {
+        if self.first_data_block == 0 && self.block_size == 1024 {
+            1
+        } else {
+            self.first_data_block
+        }
+    }
+    /// The highest inode number in use (inodes 1..=this are all used).
+    pub fn last_used_ino(&self) -> u32 {
+        let mut last = self.first_ino;
+        for q in &self.quota {
+            last = last.max(q.ino);
+        }
+        if let Some((o, _)) = &self.orphan {
+            last = last.max(*o);
+        }
+        last
+    }
+    /// `i_blocks` (512-byte units) of a file mapped by `fm`: every
+    /// cluster it touches, and each mapping block in a cluster of its own
+    /// (`ext2fs_iblk_add_blocks` counts clusters).
+    pub fn i_blocks_512(&self, fm: &FileMap) -> u64 {
+        let bits = self.cluster_bits;
+        let mut clusters = 0u64;
+        let mut last: Option<u64> = None;
+        for r in &fm.runs {
+            if r.len == 0 {
+                continue;
+            }
+            let first = r.pblk >> bits;
+            let end = (r.pblk + u64::from(r.len) - 1) >> bits;
+            let first = match last {
+                Some(l) if l == first => first + 1,
+                _ => first,
+            };
+            if end >= first {
+                clusters += end - first + 1;
+            }
+            last = Some(end);
+        }
+        (clusters + fm.meta_blocks()) * (u64::from(self.block_size) << bits) / 512
+    }
     /// Does group `g` hold a superblock (and GDT) backup?
     pub fn group_has_super(&self, g: u32) -> bool {
         has_super(&self.features, &self.backup_bgs, g)
@@ -285,7 +349,11 @@ impl Layout {
     /// `ext2fs_super_and_bgd_loc2`: where group `g`'s superblock copy and
     /// descriptor blocks are.
     pub fn group_meta(&self, g: u32) -> GroupMeta {
-        let group_block = self.group_first_block(g);
+        let mut group_block = self.group_first_block(g);
+        if group_block == 0 && self.block_size == 1024 {
+            // 1 KiB blocks with bigalloc: the superblock is block 1.
+            group_block = 1;
+        }
         let has_super = self.group_has_super(g);
         let mut m = GroupMeta::default();
         if has_super {
@@ -439,9 +507,12 @@ pub fn default_orphan_blocks(blocks: u64) -> u32 {
 }
 
 /// Mutable planning state while allocations proceed.
-struct Planner {
-    l: Layout,
+pub(super) struct Planner {
+    pub(super) l: Layout,
     stride: u32,
+    /// bigalloc, after the tables: the block bitmap is a cluster bitmap
+    /// (`ext2fs_convert_subcluster_bitmap`), allocations take clusters.
+    clustered: bool,
 }
 
 impl Planner {
@@ -452,25 +523,46 @@ impl Planner {
         self.l.first_data_block
     }
 
-    /// `ext2fs_block_alloc_stats2(+1)` for a range.
+    /// `ext2fs_block_alloc_stats2(+1)` for a range. With bigalloc the
+    /// group counters move as libext2fs moves them (one per single block
+    /// before the bitmap is converted, clusters after; the totals are
+    /// recomputed by [`fix_cluster_counts`] anyway).
     fn take(&mut self, start: u64, len: u64) {
-        self.l.used.insert(start, len);
+        let bits = self.l.cluster_bits;
+        let mask = (1u64 << bits) - 1;
+        let (start, end) = if self.clustered {
+            (start & !mask, (start + len + mask) & !mask)
+        } else {
+            (start, start + len)
+        };
+        let single = end - start == 1;
+        self.l.used.insert(start, end - start);
         let mut b = start;
-        let end = start + len;
         while b < end {
             let g = self.l.group_of_block(b);
             let gl = self.l.group_last_block(g);
             let n = (gl + 1).min(end) - b;
+            let dec = if single { 1 } else { n >> bits };
             let gp = &mut self.l.groups[g as usize];
-            gp.free_blocks -= n as u32;
+            gp.free_blocks = gp.free_blocks.saturating_sub(dec as u32);
             gp.flags &= !BG_BLOCK_UNINIT;
-            self.l.free_blocks -= n;
+            self.l.free_blocks = self.l.free_blocks.saturating_sub(n);
             b += n;
         }
     }
 
-    /// `ext2fs_new_block2` + alloc stats.
-    fn alloc_block(&mut self, goal: u64, what: &'static str) -> Result<u64, GeometryError> {
+    /// `ext2fs_new_block2` + alloc stats (a whole cluster with bigalloc,
+    /// the goal rounded down to its cluster).
+    pub(super) fn alloc_block(
+        &mut self,
+        goal: u64,
+        what: &'static str,
+    ) -> Result<u64, GeometryError> {
+        let goal = if self.clustered {
+            goal & !(self.l.cluster_ratio() - 1)
+        } else {
+            goal
+        };
         let b = self
             .l
             .used
@@ -481,7 +573,7 @@ impl Planner {
     }
 
     /// `ext2fs_inode_alloc_stats2(+1)`.
-    fn use_inode(&mut self, ino: u32, is_dir: bool) {
+    pub(super) fn use_inode(&mut self, ino: u32, is_dir: bool) {
         let ipg = self.l.inodes_per_group;
         let g = (ino - 1) / ipg;
         let gp = &mut self.l.groups[g as usize];
@@ -498,7 +590,7 @@ impl Planner {
     }
 
     /// Goal for a new file's first block (`ext2fs_find_inode_goal`).
-    fn inode_goal(&self, ino: u32) -> u64 {
+    pub(super) fn inode_goal(&self, ino: u32) -> u64 {
         let mut g = (ino - 1) / self.l.inodes_per_group;
         if self.l.log_groups_per_flex > 0 {
             g &= !((1u32 << self.l.log_groups_per_flex) - 1);
@@ -508,8 +600,10 @@ impl Planner {
 
     /// Allocate `n` blocks one at a time, each at the first free block
     /// after the previous one (how ext2fs_mkdir/expand_dir and the orphan
-    /// file's block iterator allocate), merging into runs.
-    fn alloc_sequential(
+    /// file's block iterator allocate), merging into runs. With bigalloc
+    /// the next block of the same cluster is taken without an allocation
+    /// (libext2fs's implied cluster allocation).
+    pub(super) fn alloc_sequential(
         &mut self,
         goal: u64,
         n: u32,
@@ -517,8 +611,13 @@ impl Planner {
     ) -> Result<FileMap, GeometryError> {
         let mut fm = FileMap::default();
         let mut g = goal;
+        let mask = self.l.cluster_ratio() - 1;
         for i in 0..n {
-            let b = self.alloc_block(g, what)?;
+            let b = if self.clustered && i > 0 && g & mask != 0 {
+                g
+            } else {
+                self.alloc_block(g, what)?
+            };
             match fm.runs.last_mut() {
                 Some(r) if r.pblk + u64::from(r.len) == b && r.len < EXT_INIT_MAX_LEN => r.len += 1,
                 _ => fm.runs.push(Run {
@@ -708,17 +807,40 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
     }
     let features = p.features;
     let bit64 = features.incompat.contains(Incompat::BIT64);
-    let first_data_block: u64 = if bs == 1024 { 1 } else { 0 };
-    let mut bpg: u32 = if p.blocks_per_group != 0 {
+    let bigalloc = features.ro_compat.contains(RoCompat::BIGALLOC);
+    let cluster_bits = if bigalloc { p.cluster_bits } else { 0 };
+    let first_data_block: u64 = if bs == 1024 && !bigalloc { 1 } else { 0 };
+    let mut bpg: u32 = if bigalloc {
+        // ext2fs_initialize: -g counts clusters; the default is a bitmap
+        // block's worth, at most EXT2_MAX_CLUSTERS_PER_GROUP.
+        let log_cluster = (bs / 1024).trailing_zeros() + cluster_bits;
+        let mut cpg = if p.blocks_per_group != 0 {
+            u64::from(p.blocks_per_group)
+        } else if log_cluster + 15 < 32 {
+            u64::from(bs) * 8
+        } else {
+            (u64::from(bs) - 1) * 8
+        };
+        cpg = cpg.min(65528);
+        let bpg = cpg << cluster_bits;
+        if bpg >= 1 << 32 {
+            return Err(GeometryError::Invalid(format!(
+                "{bpg} blocks per group (clusters of {} blocks)",
+                1u64 << cluster_bits
+            )));
+        }
+        bpg as u32
+    } else if p.blocks_per_group != 0 {
         p.blocks_per_group
     } else {
         bs * 8
     };
     let max_bpg = 8 * bs; // EXT2_MAX_BLOCKS_PER_GROUP = (1<<16 - 8) * (cluster/bs) ... capped below
     let max_bpg = max_bpg.min(65528);
-    if bpg > max_bpg {
+    if bpg > max_bpg && !bigalloc {
         bpg = max_bpg;
     }
+    let cluster_mask = (1u64 << cluster_bits) - 1;
     let desc_size: u32 = match (bit64, p.desc_size) {
         (false, _) => 32,
         (true, 0) => 64,
@@ -730,7 +852,7 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         )));
     }
     let isz = u32::from(p.inode_size);
-    let mut blocks = p.blocks_count;
+    let mut blocks = p.blocks_count & !cluster_mask;
     let mut r_blocks = p.r_blocks_count;
     if r_blocks >= blocks {
         return Err(GeometryError::Invalid(
@@ -755,7 +877,7 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         }
         let mut ipg = div_ceil(inodes, groups64);
         if ipg > u64::from(bs) * 8 {
-            if bpg >= 256 {
+            if !bigalloc && bpg >= 256 {
                 bpg -= 8;
                 blocks = p.blocks_count;
                 continue 'retry;
@@ -916,6 +1038,8 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         super_only: p.super_only,
         orphan: None,
         first_ino: 11,
+        cluster_bits,
+        quota: Vec::new(),
     };
     // Group accounting as ext2fs_initialize leaves it.
     let mut reserved_inos = l.first_ino;
@@ -940,8 +1064,9 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         }
         // ext2fs_reserve_super_and_bgd: mark sb + gdt + reserved gdt (or
         // the meta_bg descriptor block).
-        if g == 0 && first_data_block == 1 {
-            // Block 0 of a 1 KiB filesystem is outside the groups but used.
+        if g == 0 && bs == 1024 {
+            // Block 0 of a 1 KiB filesystem is outside the groups (or,
+            // with bigalloc, in group 0) but used.
             l.used.insert(0, 1);
         }
         let m = l.group_meta(g);
@@ -971,11 +1096,13 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         l.free_blocks += free as u64;
         l.groups.push(gp);
     }
+    l.free_blocks &= !cluster_mask;
     // figure_journal_size runs on the freshly initialized filesystem.
     let (journal_request, fc_blocks) = figure_journal_size(p, &l)?;
     let mut pl = Planner {
         l,
         stride: p.stride,
+        clustered: false,
     };
     // Tables.
     if p.packed_meta_blocks && log_flex > 0 {
@@ -985,8 +1112,14 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
             pl.allocate_group_table(g)?;
         }
     }
-    // Overhead as mke2fs counts it right after table allocation.
-    let mut overhead = pl.l.used.count_in(first_data_block, pl.l.blocks_count);
+    // bigalloc: ext2fs_convert_subcluster_bitmap; from now on blocks are
+    // allocated in clusters.
+    if cluster_bits > 0 {
+        pl.l.used = pl.l.used.round_out(cluster_bits);
+        pl.clustered = true;
+    }
+    // Overhead as mke2fs counts it right after table allocation (clusters).
+    let mut overhead = pl.l.used.count_in(first_data_block, pl.l.blocks_count) >> cluster_bits;
     // The journal, fast-commit area included.
     let journal_blocks = journal_request.map(|j| j + fc_blocks);
     pl.l.journal_fc_blocks = if journal_blocks.is_some() {
@@ -1057,7 +1190,7 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
     pl.use_inode(1, false);
     // Resize inode.
     if pl.l.features.compat.contains(Compat::RESIZE_INODE) {
-        let sb_blk = first_data_block; // group 0's superblock block
+        let sb_blk = pl.l.sb_block(); // group 0's superblock block
         let goal = sb_blk
             + u64::from(pl.l.desc_blocks)
             + u64::from(pl.l.reserved_gdt_blocks)
@@ -1070,7 +1203,7 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
     // Journal.
     match journal_blocks {
         Some(jb) => {
-            overhead += u64::from(jb);
+            overhead += u64::from(jb).div_ceil(1 << cluster_bits);
             let goal = if p.packed_meta_blocks {
                 0
             } else {
@@ -1100,6 +1233,10 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
     }
     overhead += first_data_block;
     pl.l.overhead = overhead;
+    // Quota files (after fix_cluster_bg_counts, before the orphan file).
+    if pl.l.features.ro_compat.contains(RoCompat::QUOTA) {
+        super::quota::plan_quota(&mut pl, p)?;
+    }
     // Orphan file.
     if pl.l.features.compat.contains(Compat::ORPHAN_FILE) {
         let ino = first_free_inode(&pl.l);
@@ -1110,9 +1247,11 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
             )));
         }
         pl.use_inode(ino, false);
+        // The default is rounded up to whole clusters (bigalloc).
+        let cmask = (1u32 << cluster_bits) - 1;
         let n = p
             .orphan_file_blocks
-            .unwrap_or_else(|| default_orphan_blocks(pl.l.blocks_count));
+            .unwrap_or_else(|| (default_orphan_blocks(pl.l.blocks_count) + cmask) & !cmask);
         let goal = pl.inode_goal(ino);
         let fm = if pl.l.features.incompat.contains(Incompat::EXTENTS) {
             pl.alloc_sequential(goal, n, "orphan file")?
@@ -1126,6 +1265,9 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         }
         pl.l.orphan = Some((ino, fm));
         note_file_size(&mut pl.l, u64::from(n) * u64::from(bs));
+    }
+    if cluster_bits > 0 {
+        fix_cluster_counts(&mut pl.l);
     }
     Ok(pl.l)
 }
@@ -1168,6 +1310,24 @@ fn figure_journal_size(p: &FsParams, l: &Layout) -> Result<(Option<u32>, u32), G
         }
     }
     Ok((Some(journal), fc))
+}
+
+/// mke2fs's `fix_cluster_bg_counts`: the free clusters of every group
+/// and the free blocks of the filesystem, counted on the cluster bitmap.
+/// mke2fs runs it after the journal; the quota and orphan files allocated
+/// after it move the counters by whole clusters, so counting at the end
+/// gives the same numbers.
+fn fix_cluster_counts(l: &mut Layout) {
+    let bits = l.cluster_bits;
+    let mut total = 0u64;
+    for g in 0..l.group_count {
+        let first = l.group_first_block(g);
+        let end = l.group_last_block(g) + 1;
+        let free = (end - first - l.used.count_in(first, end)) >> bits;
+        l.groups[g as usize].free_blocks = free as u32;
+        total += free << bits;
+    }
+    l.free_blocks = total;
 }
 
 /// `i_size` of the resize inode: the largest file its double-indirect
@@ -1286,9 +1446,10 @@ fn allocate_block_mapped(
     Ok(fm)
 }
 
-fn first_free_inode(l: &Layout) -> u32 {
-    // Inodes 1..=11 are used; nothing else is allocated before the orphan file.
-    l.first_ino + 1
+/// `ext2fs_new_inode` right after mke2fs's own inodes: inodes
+/// 1..=`last_used_ino` are the only ones in use.
+pub(super) fn first_free_inode(l: &Layout) -> u32 {
+    l.last_used_ino() + 1
 }
 
 /// lost+found size in blocks: grow until >= 16 KiB and >= 2 blocks, at
@@ -1351,10 +1512,15 @@ fn allocate_extent_file(
     let mut lblk: u32 = 0;
     let mut g = goal;
     let (fdb, blocks) = (pl.fdb(), pl.blocks());
+    let mask = if pl.clustered {
+        pl.l.cluster_ratio() - 1
+    } else {
+        0
+    };
     while lblk < n {
         let start =
             pl.l.used
-                .new_block(g, fdb, blocks)
+                .new_block(g & !mask, fdb, blocks)
                 .ok_or(GeometryError::NoSpace(what))?;
         let next_used = pl.l.used.next_used(start).unwrap_or(blocks).min(blocks);
         let len = (next_used - start).min(u64::from(n - lblk)) as u32;
@@ -1520,6 +1686,8 @@ mod plan_tests {
             backup_bgs: [0, 0],
             journal_fc_blocks: None,
             super_only: false,
+            cluster_bits: 0,
+            quota_types: 0,
         }
     }
 

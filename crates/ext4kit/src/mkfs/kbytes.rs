@@ -13,6 +13,7 @@ use ext4kit_format::features::{Incompat, RoCompat};
 use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT};
 
 use super::geometry::{Layout, MapStep};
+use super::quota::Io;
 
 const CACHE_SIZE: usize = 8;
 
@@ -74,7 +75,23 @@ impl Cache {
         self.evicted_dirty += self.entries.iter().filter(|e| e.dirty).count() as u64;
         self.entries.clear();
     }
+
+    /// `flush_cached_blocks` (before a read of more than four blocks):
+    /// every dirty block is written, and stays cached, clean.
+    fn flush(&mut self) {
+        for e in &mut self.entries {
+            if e.dirty {
+                self.evicted_dirty += 1;
+                e.dirty = false;
+            }
+        }
+    }
 }
+
+/// Reads of more than this many blocks bypass the cache (after a flush).
+const READ_DIRECT_SIZE: u64 = 4;
+/// `EXT2_INODE_SCAN_DEFAULT_BUFFER_BLOCKS`.
+const SCAN_BUFFER_BLOCKS: u64 = 8;
 
 /// The value mke2fs writes to `s_kbytes_written` for this layout.
 pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
@@ -146,7 +163,7 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
     // Resize inode.
     if let Some(dind) = l.resize_dind {
         for k in 0..u64::from(l.reserved_gdt_blocks) {
-            c.access(l.first_data_block + 1 + u64::from(l.desc_blocks) + k, true);
+            c.access(l.sb_block() + 1 + u64::from(l.desc_blocks) + k, true);
         }
         c.access(dind, true);
         c.access(iblk(7), true);
@@ -210,6 +227,67 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
         c.flush_invalidate();
         direct += 1024;
     }
+    // Quota files, then quota_write_inode's ext2fs_write_bitmaps (which
+    // leaves the bitmaps clean: ext2fs_close writes them again only when
+    // the orphan file dirtied them).
+    let csum = f.has_group_csum();
+    let write_bitmaps = |c: &mut Cache| {
+        for gp in &l.groups {
+            if !(csum && gp.flags & BG_BLOCK_UNINIT != 0) {
+                c.access(gp.block_bitmap, true);
+            }
+            if !(csum && gp.flags & BG_INODE_UNINIT != 0) {
+                c.access(gp.inode_bitmap, true);
+            }
+        }
+    };
+    let quota = f.ro_compat.contains(RoCompat::QUOTA);
+    if quota {
+        // quota_compute_usage: an inode scan of every initialized table
+        // (with group checksums: up to itable_unused, which in group 0
+        // then covers inodes 1..=11 only), in reads of up to 8 blocks.
+        let ipg = u64::from(l.inodes_per_group);
+        let ipb = bs / isz;
+        for (g, gp) in l.groups.iter().enumerate() {
+            if csum && gp.flags & BG_INODE_UNINIT != 0 {
+                continue;
+            }
+            let mut left = if csum {
+                let unused = if g == 0 {
+                    ipg - u64::from(l.first_ino)
+                } else {
+                    u64::from(gp.itable_unused)
+                };
+                (ipg.saturating_sub(unused) + ipb - 1) * isz / bs
+            } else {
+                u64::from(l.inode_blocks_per_group)
+            };
+            let mut blk = gp.inode_table;
+            if left > SCAN_BUFFER_BLOCKS {
+                // Whole buffers: raw reads after a flush.
+                c.flush();
+                let full = left / SCAN_BUFFER_BLOCKS * SCAN_BUFFER_BLOCKS;
+                blk += full;
+                left -= full;
+            }
+            if left > READ_DIRECT_SIZE {
+                c.flush();
+            } else {
+                for b in blk..blk + left {
+                    c.access(b, false);
+                }
+            }
+        }
+        for q in &l.quota {
+            for io in &q.trace {
+                match *io {
+                    Io::Inode { write } => c.access(iblk(q.ino), write),
+                    Io::Block { pblk, write } => c.access(pblk, write),
+                }
+            }
+        }
+        write_bitmaps(&mut c);
+    }
     // Orphan file.
     if let Some((ino, fm)) = l.orphan.as_ref().filter(|(_, f)| f.blockmap.is_some()) {
         // block_iterate3(BLOCK_FLAG_APPEND): an indirect block is written
@@ -246,15 +324,9 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
         }
         c.access(iblk(*ino), true);
     }
-    // write_bitmaps.
-    let csum = f.has_group_csum();
-    for gp in &l.groups {
-        if !(csum && gp.flags & BG_BLOCK_UNINIT != 0) {
-            c.access(gp.block_bitmap, true);
-        }
-        if !(csum && gp.flags & BG_INODE_UNINIT != 0) {
-            c.access(gp.inode_bitmap, true);
-        }
+    // write_bitmaps at close.
+    if !quota || l.orphan.is_some() {
+        write_bitmaps(&mut c);
     }
     // zap_sector(2, 6) and zap_sector(0, 2): 4096 bytes written directly.
     let bytes = 4096 + direct + c.evicted_dirty * bs;

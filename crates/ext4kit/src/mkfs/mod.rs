@@ -10,6 +10,7 @@ pub mod kbytes;
 pub mod mmp;
 pub mod offset;
 pub mod options;
+pub mod quota;
 pub mod writer;
 
 use ext4kit_device::{Device, DeviceError, DiscardOutcome};

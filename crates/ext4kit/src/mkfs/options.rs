@@ -55,6 +55,9 @@ pub struct MkfsOptions {
     /// `-S`: write the superblock and descriptors only (last-resort
     /// recovery; inode tables, bitmaps, directories and journal untouched).
     pub super_only: bool,
+    /// `-C`: cluster size in bytes (bigalloc), checked by
+    /// [`parse_cluster_size_arg`].
+    pub cluster_size: Option<u32>,
 }
 
 /// What the options resolve to.
@@ -71,6 +74,9 @@ pub struct Resolved {
     pub offset: u64,
     pub warnings: Vec<String>,
 }
+
+/// mke2fs's warning (not with -q) for clusters of more than 16 blocks.
+pub const BIGALLOC_EXPERIMENTAL: &str = "\nWarning: bigalloc file systems with a cluster size greater than\n16 times the block size is considered experimental";
 
 /// A user error: one line naming the problem.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -206,6 +212,15 @@ pub fn parse_c_uint(arg: &str) -> Result<u32, String> {
     parse_c_ulong(arg).map(|v| v as u32)
 }
 
+/// `-C`: `parse_num_blocks2(arg, -1)`, bytes with an optional suffix;
+/// mke2fs takes more than 1 KiB up to 512 MiB (`EXT2_MAX_CLUSTER_SIZE`).
+pub fn parse_cluster_size_arg(arg: &str) -> Result<u32, String> {
+    match num_blocks_magnitude(arg, None) {
+        Some((false, v)) if v > 1024 && v <= 1 << 29 => Ok(v as u32),
+        _ => Err(format!("invalid cluster size - {arg}")),
+    }
+}
+
 /// `-G`: [`parse_c_ulong`]; mke2fs refuses sizes above 2^32 - 1.
 pub fn parse_flex_bg_size_arg(arg: &str) -> Result<u32, String> {
     let v = parse_c_ulong(arg)?;
@@ -230,11 +245,8 @@ fn unsupported_features(f: &Features) -> Vec<String> {
         | Incompat::RECOVER.bits()
         | Incompat::JOURNAL_DEV.bits()
         | Incompat::DIRDATA.bits();
-    let bad_ro = RoCompat::QUOTA.bits()
-        | RoCompat::BIGALLOC.bits()
-        | RoCompat::REPLICA.bits()
+    let bad_ro = RoCompat::REPLICA.bits()
         | RoCompat::READONLY.bits()
-        | RoCompat::PROJECT.bits()
         | RoCompat::SHARED_BLOCKS.bits()
         | RoCompat::ORPHAN_PRESENT.bits()
         | RoCompat::BTREE_DIR.bits()
@@ -694,6 +706,34 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     if f.incompat.contains(Incompat::BIT64) && !f.incompat.contains(Incompat::EXTENTS) {
         return err("extents must be enabled for a 64-bit filesystem (pass -O extents)");
     }
+    // -C / cluster_size: s_log_cluster_size as int_log2 of the KiB (0
+    // leaves libext2fs's default of 16 blocks).
+    // mke2fs raises the default inode ratio to EXT2_CLUSTER_SIZE of its
+    // parameters, where a log of 0 still means 1 KiB.
+    let (cluster_bits, ratio_cluster) = if f.ro_compat.contains(RoCompat::BIGALLOC) {
+        let cs = match opts.cluster_size {
+            Some(c) => i64::from(c),
+            None => profile.get_int(&fs_types, "cluster_size", i64::from(bs) * 16),
+        };
+        let kib = (cs.max(0) as u64) >> 10;
+        let log_cluster = if kib == 0 { 0 } else { kib.ilog2() };
+        if log_cluster != 0 && log_cluster < log_bs {
+            return err("The cluster size may not be smaller than the block size.");
+        }
+        if log_cluster > 19 {
+            return err(format!("invalid cluster size - {cs}"));
+        }
+        let bits = if log_cluster == 0 {
+            4
+        } else {
+            log_cluster - log_bs
+        };
+        (bits, 1024u64 << log_cluster)
+    } else if opts.cluster_size.is_some() {
+        return err("specifying a cluster size requires the bigalloc feature");
+    } else {
+        (0, u64::from(bs))
+    };
     let mut inode_ratio = match opts.inode_ratio {
         Some(r) => {
             if !(1024..=(65536 * 1024)).contains(&r) {
@@ -706,7 +746,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         }
         None => {
             let r = profile.get_int(&fs_types, "inode_ratio", 8192).max(0) as u64;
-            r.max(u64::from(bs))
+            r.max(u64::from(bs)).max(ratio_cluster)
         }
     };
     if inode_ratio == 0 {
@@ -782,6 +822,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             None => super::encoding::default_flags(encoding),
         };
     }
+    let mut quota_types = super::quota::USR | super::quota::GRP;
     let mut ext_list: Vec<String> = profile.options_list(&fs_types);
     // mke2fs keeps only the last -E.
     ext_list.extend(opts.extended.last().cloned());
@@ -902,7 +943,15 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 // Only matters with -d (not supported yet); accepted, as
                 // mke2fs 1.47.0 does.
                 "no_copy_xattrs" => {}
-                "quotatype" | "android_sparse" => {
+                "quotatype" => {
+                    let s = need(v)?;
+                    quota_types = super::quota::parse_quota_types(&s, 0).map_err(|tok| {
+                        OptionError(format!(
+                            "Failed to parse quota type at {tok} (bad extended option: quotatype)"
+                        ))
+                    })?;
+                }
+                "android_sparse" => {
                     return err(format!(
                         "extended option '{k}' is not supported by ext4kit yet"
                     ));
@@ -983,8 +1032,27 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             "\nWarning: RAID stripe-width {stripe_width} not an even multiple of stride {stride}.\n"
         ));
     }
+    // Project quota: the feature follows -E quotatype=prj and brings the
+    // project quota file; it needs room for i_projid.
+    if quota_types & super::quota::PRJ != 0 {
+        f.ro_compat.insert(RoCompat::PROJECT);
+    }
+    let project = f.ro_compat.contains(RoCompat::PROJECT);
+    if project {
+        quota_types |= super::quota::PRJ;
+        if opts.inode_size == Some(128) {
+            return err("128 byte inodes are too small for project quota");
+        }
+    }
     if f.ro_compat.contains(RoCompat::METADATA_CSUM) && f.ro_compat.contains(RoCompat::GDT_CSUM) {
         f.ro_compat.remove(RoCompat::GDT_CSUM);
+    }
+    if f.ro_compat.contains(RoCompat::BIGALLOC) && !f.incompat.contains(Incompat::EXTENTS) {
+        return err("Can't support bigalloc feature without extents feature");
+    }
+    if f.ro_compat.contains(RoCompat::BIGALLOC) && cluster_bits > 4 {
+        // mke2fs prints it unless -q (the CLI drops it then).
+        warnings.push(BIGALLOC_EXPERIMENTAL.into());
     }
     if f.incompat.contains(Incompat::META_BG) && f.compat.contains(Compat::RESIZE_INODE) {
         return err(
@@ -1019,6 +1087,9 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     // leaves libext2fs's default of 128.
     let inode_size = match opts.inode_size {
         Some(i) if i != 0 => i64::from(i),
+        // mke2fs: project quota without -I takes mke2fs.conf's size, at
+        // least 256.
+        _ if project => profile.get_int(&fs_types, "inode_size", 0).max(256),
         _ => profile.get_int(&fs_types, "inode_size", 0),
     };
     if inode_size != 0
@@ -1289,6 +1360,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         backup_bgs,
         journal_fc_blocks: fc_blocks,
         super_only: opts.super_only,
+        cluster_bits,
+        quota_types,
     };
     let settings = SuperSettings {
         uuid,

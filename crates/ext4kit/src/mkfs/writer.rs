@@ -216,9 +216,9 @@ impl Writer<'_> {
         sb.s_first_data_block.set(l.first_data_block as u32);
         let log = (l.block_size / 1024).trailing_zeros();
         sb.s_log_block_size.set(log);
-        sb.s_log_cluster_size.set(log);
+        sb.s_log_cluster_size.set(log + l.cluster_bits);
         sb.s_blocks_per_group.set(l.blocks_per_group);
-        sb.s_clusters_per_group.set(l.blocks_per_group);
+        sb.s_clusters_per_group.set(l.clusters_per_group());
         sb.s_inodes_per_group.set(l.inodes_per_group);
         sb.s_wtime.set(s.now);
         sb.s_max_mnt_count.set(s.max_mnt_count);
@@ -276,6 +276,13 @@ impl Writer<'_> {
             sb.s_orphan_file_inum.set(*ino);
         }
         self.feature_fields(&mut sb);
+        for q in &l.quota {
+            match q.qtype {
+                0 => sb.s_usr_quota_inum.set(q.ino),
+                1 => sb.s_grp_quota_inum.set(q.ino),
+                _ => sb.s_prj_quota_inum.set(q.ino),
+            }
+        }
         if l.features.ro_compat.contains(RoCompat::METADATA_CSUM) {
             sb.update_checksum();
         }
@@ -330,13 +337,13 @@ impl Writer<'_> {
 
     /// Fill `i_block` with an extent root (or block pointers) for `fm`.
     fn map_file(&self, ino: &mut Inode, fm: &FileMap) {
-        let bs = u64::from(self.layout.block_size);
-        let blocks = fm.blocks() + fm.meta_blocks();
+        // i_blocks: clusters with bigalloc (which needs extents).
+        let i_blocks = self.layout.i_blocks_512(fm);
         if let Some(bm) = &fm.blockmap {
             for (k, p) in bm.i_block.iter().enumerate() {
                 ino.i_block[k].set(*p);
             }
-            ino.set_blocks_512(blocks * bs / 512);
+            ino.set_blocks_512(i_blocks);
             return;
         }
         if !self.extents_enabled() {
@@ -350,7 +357,7 @@ impl Writer<'_> {
                     n += 1;
                 }
             }
-            ino.set_blocks_512(blocks * bs / 512);
+            ino.set_blocks_512(i_blocks);
             return;
         }
         ino.i_flags.set(ino.i_flags.get() | EXT4_EXTENTS_FL);
@@ -373,7 +380,7 @@ impl Writer<'_> {
                 area[12 + 12 * k..24 + 12 * k].copy_from_slice(e.as_bytes());
             }
         }
-        ino.set_blocks_512(blocks * bs / 512);
+        ino.set_blocks_512(i_blocks);
     }
 
     fn journal_inode(&self, j: &FileMap) -> Inode {
@@ -449,7 +456,8 @@ impl Writer<'_> {
             r.i_block[13].set(dind as u32);
             let backups = self.backup_group_list().len() as u64;
             let blocks = 1 + u64::from(l.reserved_gdt_blocks) * (1 + backups);
-            r.set_blocks_512(blocks * bs / 512);
+            // ext2fs_iblk_add_blocks: a cluster for each block.
+            r.set_blocks_512(((blocks * bs) << l.cluster_bits) / 512);
             put(7, &r, &mut out);
         }
         if let Some(j) = &l.journal {
@@ -478,6 +486,15 @@ impl Writer<'_> {
             o.set_size(bs * fm.blocks());
             self.map_file(&mut o, fm);
             put(*ino, &o, &mut out);
+        }
+        // Quota files (quota_inode_init_new): immutable regular files.
+        for q in &l.quota {
+            let mut i = self.base_inode(S_IFREG | 0o600, 1);
+            i.i_flags.set(inode::EXT2_IMMUTABLE_FL);
+            i.set_size(q.data.len() as u64);
+            self.map_file(&mut i, &q.map);
+            out.retain(|(n, _)| *n != q.ino);
+            put(q.ino, &i, &mut out);
         }
         out.sort_by_key(|(i, _)| *i);
         out
@@ -628,7 +645,7 @@ impl Writer<'_> {
             let backups = self.backup_group_list();
             let mut gbuf = vec![0u8; bs as usize];
             for k in 0..u64::from(l.reserved_gdt_blocks) {
-                let pblk = l.first_data_block + 1 + u64::from(l.desc_blocks) + k;
+                let pblk = l.sb_block() + 1 + u64::from(l.desc_blocks) + k;
                 let slot = ((u64::from(l.desc_blocks) + k) % apb) as usize;
                 dbuf[slot * 4..slot * 4 + 4].copy_from_slice(&(pblk as u32).to_le_bytes());
                 gbuf.fill(0);
@@ -686,6 +703,17 @@ impl Writer<'_> {
             let seed = csum.metadata.then_some(csum.seed);
             let buf = super::mmp::mmp_block(bs as usize, interval, &s.mmp_host, seed);
             out.block(b, &buf)?;
+        }
+        // 8b. Quota files.
+        for q in &l.quota {
+            let mut qbuf = vec![0u8; bs as usize];
+            for (lb, chunk) in q.data.chunks(bs as usize).enumerate() {
+                if let Some(p) = q.map.pblk(lb as u32) {
+                    qbuf.fill(0);
+                    qbuf[..chunk.len()].copy_from_slice(chunk);
+                    out.block(p, &qbuf)?;
+                }
+            }
         }
         // 9. Bitmaps, and the descriptors with their checksums.
         let gdt = self.bitmaps_and_descs(&mut out, &csum, true)?;
@@ -796,12 +824,13 @@ impl Writer<'_> {
         } else {
             usize::from(l.desc_size)
         };
-        let bb_bytes = (l.blocks_per_group / 8) as usize;
+        let bb_bytes = (l.clusters_per_group() / 8) as usize;
+        let bits = l.cluster_bits;
         let ib_bytes = (l.inodes_per_group as usize).div_ceil(8);
         let mut gdt = vec![0u8; l.desc_blocks as usize * bs];
         let mut bbuf = vec![0u8; bs];
         let mut ibuf = vec![0u8; bs];
-        let used_inodes: u32 = l.orphan.as_ref().map(|(i, _)| *i).unwrap_or(l.first_ino);
+        let used_inodes: u32 = l.last_used_ino();
         for (g, gp) in l.groups.iter().enumerate() {
             let g32 = g as u32;
             let mut d = GroupDesc::default();
@@ -819,11 +848,16 @@ impl Writer<'_> {
                 let first = l.group_first_block(g32);
                 let gend = first + u64::from(l.blocks_per_group);
                 for (s, e) in l.used.ranges_in(first, gend.min(l.blocks_count)) {
-                    set_bits(&mut bbuf, (s - first) as usize, (e - first) as usize);
+                    // A cluster bitmap with bigalloc (used ranges are whole
+                    // clusters by then).
+                    let from = ((s - first) >> bits) as usize;
+                    let to = ((e - first).div_ceil(1 << bits)) as usize;
+                    set_bits(&mut bbuf, from, to);
                 }
                 if g32 + 1 == l.group_count {
-                    let nbits = ((l.blocks_count - l.first_data_block)
-                        % u64::from(l.blocks_per_group)) as usize;
+                    let nbits = (((l.blocks_count - l.first_data_block)
+                        % u64::from(l.blocks_per_group))
+                        >> bits) as usize;
                     if nbits != 0 {
                         set_bits(&mut bbuf, nbits, bs * 8);
                     }
