@@ -278,7 +278,7 @@ impl Personality {
 
 /// mke2fs options that ext4kit does not implement yet, with what they do.
 fn unsupported(a: &MkfsArgs) -> Option<String> {
-    let list: [(bool, &str, &str); 5] = [
+    let list: [(bool, &str, &str); 4] = [
         (a.opt_c > 0, "-c", "check the device for bad blocks"),
         (
             a.opt_l.is_some(),
