@@ -833,18 +833,9 @@ impl Filesystem {
         let mut node = Inode::parse(&inode.raw)
             .ok_or_else(|| FsError::corrupt("inode", format!("inode {}: short", inode.ino)))?;
         f(&mut node);
-        let extra = if inode.raw.len() > 128 {
-            usize::from(u16::from_le_bytes([inode.raw[0x80], inode.raw[0x81]]))
-        } else {
-            0
-        };
-        let n = (128 + extra).min(160).min(inode.raw.len());
+        // The in-inode xattr area after i_extra_isize is kept.
         let mut raw = std::mem::take(&mut inode.raw);
-        raw[..n].copy_from_slice(&node.as_bytes()[..n]);
-        let csum = self.rw.geometry().csum;
-        if csum.metadata {
-            set_checksum(&mut raw, inode.ino, &csum);
-        }
+        node.update_slot(&mut raw, inode.ino, &self.rw.geometry().csum);
         *inode = self.decode_any(inode.ino, raw)?;
         Ok(())
     }
