@@ -1864,3 +1864,65 @@ fn meta_bg_and_sparse_super2_images() {
         }
     }
 }
+
+/// `ext4kit fallocate` creates a missing file as util-linux fallocate(1)
+/// does (O_CREAT, 0644, only without -n/-p/-z): the same mode, size and
+/// allocation as fallocate(1) gives on a kernel mount of the same image;
+/// with -n, a missing directory or a dangling symlink nothing is written.
+#[test]
+fn fallocate_creates_a_missing_file() {
+    let name = "fallocate_creates_a_missing_file";
+    if let Err(e) = e2fs_tools() {
+        return skip(name, &e);
+    }
+    let dir = image_dir();
+    let img = mkimg(dir.path(), "falloc.img", "32M", &[]);
+    let at = |p: &str| format!("{}:{p}", img.display());
+    run_ok(ext4kit().args(["mkdir"]).arg(at("/d"))).unwrap();
+    run_ok(ext4kit().args(["ln", "-s", "nowhere"]).arg(at("/dangling"))).unwrap();
+    run_ok(ext4kit().args(["fallocate", "-l", "1M"]).arg(at("/d/new"))).unwrap();
+    e2fsck_clean(&img).unwrap();
+    let st = stat_line(&img, "/d/new");
+    assert!(st.contains("Mode:  0644"), "{st}");
+    let out = run_ok(ext4kit().args(["stat"]).arg(at("/d/new"))).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("Size: 1048576"), "{text}");
+    let before = file_hash(&img).unwrap();
+    for (args, p) in [
+        (&["fallocate", "-n", "-l", "1M"][..], "/d/other"),
+        (&["fallocate", "-p", "-l", "1M"][..], "/d/other"),
+        (&["fallocate", "-l", "1M"][..], "/nodir/x"),
+        (&["fallocate", "-l", "1M"][..], "/dangling"),
+        (&["fallocate", "-l", "1M"][..], "/d/new/x"),
+    ] {
+        let out = run(ext4kit().args(args).arg(at(p))).unwrap();
+        assert!(!out.status.success(), "{args:?} {p}");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(err.lines().count(), 1, "{args:?} {p}: {err}");
+        assert!(err.contains(p), "{args:?} {p}: {err}");
+        assert_eq!(file_hash(&img).unwrap(), before, "{args:?} {p} wrote");
+    }
+    if kernel_mount_available().is_err() {
+        return;
+    }
+    // fallocate(1) on a kernel mount makes the same file.
+    let lo = LoopDev::attach(&img).unwrap();
+    let m = Mount::new(lo.path(), "ext4", None).unwrap();
+    let k = m.path().join("d/kernel");
+    run_ok(tool("fallocate").args(["-l", "1M"]).arg(&k)).unwrap();
+    let (ours, theirs) = (
+        fs::metadata(m.path().join("d/new")).unwrap(),
+        fs::metadata(&k).unwrap(),
+    );
+    assert_eq!(
+        (ours.mode(), ours.len(), ours.blocks()),
+        (theirs.mode(), theirs.len(), theirs.blocks())
+    );
+    assert_eq!(
+        fs::read(m.path().join("d/new")).unwrap(),
+        vec![0u8; 1 << 20]
+    );
+    m.unmount().unwrap();
+    drop(lo);
+    e2fsck_clean(&img).unwrap();
+}
