@@ -1540,3 +1540,82 @@ fn lsattr_and_chattr_as_kernel_ext4() {
     assert_eq!(listing(k.path()), want_disk, "flags on disk");
     k.unmount().unwrap();
 }
+
+/// The workload of [`stale_handles_after_inode_reuse_are_estale`] on
+/// the mount at argv[1].
+const HANDLES_PY: &str = r#"
+import ctypes, errno, fcntl, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class FH(ctypes.Structure):
+    _fields_ = [("n", ctypes.c_uint), ("t", ctypes.c_int), ("h", ctypes.c_ubyte * 128)]
+def handle(p):
+    fh = FH(); fh.n = 128; mid = ctypes.c_int()
+    if libc.name_to_handle_at(-100, p.encode(), ctypes.byref(fh), ctypes.byref(mid), 0) != 0:
+        raise OSError(ctypes.get_errno(), "name_to_handle_at")
+    return fh
+def open_h(m, fh):
+    mfd = os.open(m, os.O_RDONLY | os.O_DIRECTORY)
+    fd = libc.open_by_handle_at(mfd, ctypes.byref(fh), os.O_RDONLY)
+    e = ctypes.get_errno(); os.close(mfd)
+    if fd < 0: return errno.errorcode[e]
+    d = os.read(fd, 100).decode(); os.close(fd); return d
+def gen(p):
+    fd = os.open(p, os.O_RDONLY)
+    g = struct.unpack("I", fcntl.ioctl(fd, 0x80047601, b"\0" * 4))[0]; os.close(fd); return g
+m = sys.argv[1]
+a, b = m + "/a", m + "/b"
+open(a, "w").write("old")
+ia, ga, ha = os.stat(a).st_ino, gen(a), handle(a)
+print("a", open_h(m, ha))
+os.unlink(a)
+open(b, "w").write("new")
+print("reused", os.stat(b).st_ino == ia, "generation changed", gen(b) != ga)
+print("stale", open_h(m, ha))
+print("b", open_h(m, handle(b)))
+print("gen", gen(b))
+"#;
+
+/// A file handle (name_to_handle_at) of a deleted file whose inode
+/// number a new file reuses opens nothing: ESTALE, because the entry
+/// replies carry `i_generation` and the kernel compares it; the new
+/// file's own handle opens it. FS_IOC_GETVERSION (`lsattr -v`) shows
+/// the generations, different for the two files, and a kernel mount of
+/// the image shows the same.
+#[test]
+fn stale_handles_after_inode_reuse_are_estale() {
+    let what = "stale_handles_after_inode_reuse_are_estale";
+    if let Err(e) = fuse_available().and_then(|_| kernel_mount_available()) {
+        return skip(what, &e);
+    }
+    if !have("python3") {
+        return skip(what, "python3 not found");
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "64M");
+    let m = FuseMount::new(&img, &[]).unwrap();
+    let out = run_ok(tool("python3").arg("-c").arg(HANDLES_PY).arg(m.path())).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    m.unmount().unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[..4],
+        [
+            "a old",
+            "reused True generation changed True",
+            "stale ESTALE",
+            "b new"
+        ],
+        "{text}"
+    );
+    e2fsck_clean(&img).unwrap();
+    let lo = LoopDev::attach(&img).unwrap();
+    let k = Mount::new(lo.path(), "ext4", Some("ro")).unwrap();
+    let v = run_ok(tool("lsattr").arg("-v").arg(k.path().join("b"))).unwrap();
+    k.unmount().unwrap();
+    let kernel_gen = String::from_utf8_lossy(&v.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    assert_eq!(lines[4], format!("gen {kernel_gen}"), "{text}");
+}

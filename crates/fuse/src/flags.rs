@@ -1,4 +1,4 @@
-//! `lsattr`/`chattr` on the mount. The kernel turns `FS_IOC_GETFLAGS`/
+//! `lsattr`/`chattr` on the mount (and `lsattr -v`'s generation). The kernel turns `FS_IOC_GETFLAGS`/
 //! `FS_IOC_SETFLAGS` (and `FS_IOC_FSGETXATTR`/`FS_IOC_FSSETXATTR`) on a
 //! FUSE file into its `fileattr_get`/`fileattr_set`, which open the file
 //! and send the daemon these commands with a 4-byte flags word (or the
@@ -30,6 +30,10 @@ pub const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
 pub const FS_IOC_FSGETXATTR: u32 = 0x801C_581F;
 /// `FS_IOC_FSSETXATTR`: `_IOW('X', 32, struct fsxattr)`.
 pub const FS_IOC_FSSETXATTR: u32 = 0x401C_5820;
+/// `FS_IOC_GETVERSION`: `_IOR('v', 1, long)` (and its 32-bit form):
+/// `i_generation` (`lsattr -v`), an `int` as ext4 writes it.
+pub const FS_IOC_GETVERSION: u32 = 0x8008_7601;
+pub const FS_IOC32_GETVERSION: u32 = 0x8004_7601;
 /// Size of `struct fsxattr`.
 const FSXATTR_SIZE: usize = 28;
 
@@ -61,6 +65,8 @@ pub fn is_flags_ioctl(cmd: u32) -> bool {
             | FS_IOC32_SETFLAGS
             | FS_IOC_FSGETXATTR
             | FS_IOC_FSSETXATTR
+            | FS_IOC_GETVERSION
+            | FS_IOC32_GETVERSION
     )
 }
 
@@ -77,6 +83,7 @@ pub fn ioctl(s: &Shared, ino: u32, cmd: u32, in_data: &[u8]) -> Result<Vec<u8>, 
     let visible = i.flags & FL_USER_VISIBLE;
     match cmd {
         FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => Ok(visible.to_ne_bytes().to_vec()),
+        FS_IOC_GETVERSION | FS_IOC32_GETVERSION => Ok(i.generation.to_ne_bytes().to_vec()),
         FS_IOC_FSGETXATTR => {
             let mut out = vec![0u8; FSXATTR_SIZE];
             out[0..4].copy_from_slice(&to_xflags(visible).to_ne_bytes());
