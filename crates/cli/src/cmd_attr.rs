@@ -9,10 +9,12 @@ use std::sync::Arc;
 
 use anyhow::{Context, anyhow, bail};
 use ext4kit_device::{Device, OpenOptions, open_device};
+use ext4kit_format::inode::S_IFREG;
 use ext4kit_fs::FsError;
-use ext4kit_fs::fs::{Falloc, Filesystem, SetAttr};
+use ext4kit_fs::fs::{Falloc, Filesystem, NewInode, SetAttr};
 use ext4kit_fs::inode::InodeInfo;
 use ext4kit_fs::rw::RwOptions;
+use ext4kit_fs::sb::Fs;
 
 use crate::cmd_ls::{Target, access_error, open_image, open_volume, parse_target};
 
@@ -58,30 +60,26 @@ fn needs_replay(dev: &dyn Device) -> bool {
     })
 }
 
-/// The target's inode checked by `check` on a read-only open (a dirty
-/// journal replayed in memory, the whole filesystem validated).
+/// `check` run on a read-only open (a dirty journal replayed in memory,
+/// the whole filesystem validated).
 fn check_read_only(
     t: &Target,
-    check: &impl Fn(&Target, &InodeInfo) -> anyhow::Result<()>,
+    check: &impl Fn(&Target, &Fs<'_>) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let dev = open_image(t)?;
     let vol = open_volume(t, dev.as_ref())?;
-    let inode = vol
-        .fs()
-        .resolve(&t.path, true)
-        .map_err(|e| access_error(&t.spec, &e))?;
-    check(t, &inode)
+    check(t, &vol.fs())
 }
 
-/// Open `t`'s image for writing with `check` run on its target before
-/// anything is written. A clean image is read and validated once, by the
-/// read-write open ([`Filesystem::open_checked`]); an image whose journal
-/// needs a replay is checked on a read-only open first (replayed in
-/// memory), so that a refused target is never written, not even by the
-/// replay.
+/// Open `t`'s image for writing with `check` run on its filesystem (the
+/// target resolved there) before anything is written. A clean image is
+/// read and validated once, by the read-write open
+/// ([`Filesystem::open_checked`]); an image whose journal needs a replay
+/// is checked on a read-only open first (replayed in memory), so that a
+/// refused target is never written, not even by the replay.
 fn open_rw_checked(
     t: &Target,
-    check: &impl Fn(&Target, &InodeInfo) -> anyhow::Result<()>,
+    check: &impl Fn(&Target, &Fs<'_>) -> anyhow::Result<()>,
 ) -> anyhow::Result<Filesystem> {
     let dirty = needs_replay(open_image(t)?.as_ref());
     if dirty {
@@ -97,8 +95,7 @@ fn open_rw_checked(
         }
     };
     Filesystem::open_checked(dev, RwOptions::default(), |fs| {
-        let inode = resolve(fs, t).map_err(CheckedOpen::Check)?;
-        check(t, &inode).map_err(CheckedOpen::Check)
+        fs.read(|f| check(t, f)).map_err(CheckedOpen::Check)
     })
     .map_err(|e| match e {
         CheckedOpen::Fs(e) => anyhow::Error::new(e).context(format!("{}", t.img.display())),
@@ -108,11 +105,27 @@ fn open_rw_checked(
 
 /// Run `f` for each target on one open filesystem per image, closing each
 /// cleanly; every failure is printed as one line, exit 1 if any. `check`
-/// runs on the target before anything is written ([`open_rw_checked`]):
-/// a target it refuses is left untouched.
+/// runs on the target's inode before anything is written
+/// ([`open_rw_checked`]): a target it refuses is left untouched.
 fn each(
     targets: &[OsString],
     check: impl Fn(&Target, &InodeInfo) -> anyhow::Result<()>,
+    f: impl FnMut(&Filesystem, &Target) -> anyhow::Result<()>,
+) -> anyhow::Result<i32> {
+    let resolved = |t: &Target, fs: &Fs<'_>| {
+        let inode = fs
+            .resolve(&t.path, true)
+            .map_err(|e| access_error(&t.spec, &e))?;
+        check(t, &inode)
+    };
+    each_fs(targets, resolved, f)
+}
+
+/// [`each`] with `check` given the filesystem rather than the target's
+/// inode (for a target that may not exist yet).
+fn each_fs(
+    targets: &[OsString],
+    check: impl Fn(&Target, &Fs<'_>) -> anyhow::Result<()>,
     mut f: impl FnMut(&Filesystem, &Target) -> anyhow::Result<()>,
 ) -> anyhow::Result<i32> {
     let mut failed = false;
@@ -358,7 +371,8 @@ pub fn truncate(args: &TruncateArgs) -> anyhow::Result<i32> {
 }
 
 /// Preallocate, punch or zero space of files in images (util-linux's
-/// `fallocate`).
+/// `fallocate`; a missing file is created, mode 0644, unless -n, -p or -z
+/// is given).
 #[derive(clap::Args, Debug)]
 pub struct FallocateArgs {
     /// Offset of the range (K, M, G, KiB, MB... suffixes).
@@ -400,7 +414,16 @@ pub fn fallocate(args: &FallocateArgs) -> anyhow::Result<i32> {
         punch_hole: args.punch_hole,
         zero_range: args.zero_range,
     };
-    let check = |t: &Target, inode: &InodeInfo| {
+    // fallocate(1) opens with O_CREAT only in the default mode (no
+    // --keep-size, --punch-hole or --zero-range): a missing file is made
+    // there, 0644 (less the usual umask 022, which takes nothing from
+    // it), owned by the caller, as the kernel's open would make it.
+    let create = !(args.keep_size || args.punch_hole || args.zero_range);
+    let check = move |t: &Target, fs: &Fs<'_>| {
+        let inode = match find(fs, t, create)? {
+            Found::Inode(i) => i,
+            Found::Missing { .. } => return Ok(()),
+        };
         if !inode.is_regular() {
             let why = if inode.is_dir() {
                 FsError::IsADirectory.to_string()
@@ -411,12 +434,58 @@ pub fn fallocate(args: &FallocateArgs) -> anyhow::Result<i32> {
         }
         Ok(())
     };
-    each(std::slice::from_ref(&args.target), check, |fs, t| {
-        let inode = resolve(fs, t)?;
-        fs.fallocate(inode.ino, off, len, mode)
+    each_fs(std::slice::from_ref(&args.target), check, |fs, t| {
+        let ino = match fs.read(|f| find(f, t, create))? {
+            Found::Inode(i) => i.ino,
+            Found::Missing { dir, name } => {
+                let (uid, gid) = crate::cmd_ns::owner();
+                let spec = NewInode::new(S_IFREG | 0o644, uid, gid);
+                fs.create(dir, &name, &spec)
+                    .map_err(|e| anyhow!("cannot open {}: {e}", t.spec))?
+                    .0
+                    .ino
+            }
+        };
+        fs.fallocate(ino, off, len, mode)
             .map_err(|e| anyhow!("fallocate failed: {}: {e}", t.spec))?;
         Ok(())
     })
+}
+
+/// What a target path names: an inode, or (with `create`) nothing yet in
+/// an existing directory.
+enum Found {
+    Inode(InodeInfo),
+    Missing { dir: u32, name: Vec<u8> },
+}
+
+/// Resolve `t` (symlinks followed); with `create`, a missing last
+/// component of an existing directory is [`Found::Missing`] (not a
+/// dangling symlink, nor a path ending in '/').
+fn find(fs: &Fs<'_>, t: &Target, create: bool) -> anyhow::Result<Found> {
+    match fs.resolve(&t.path, true) {
+        Ok(i) => Ok(Found::Inode(i)),
+        Err(FsError::NotFound) if create && !t.path.ends_with(b"/") => {
+            let cut = t.path.iter().rposition(|&c| c == b'/').map_or(0, |i| i + 1);
+            let (parent, name) = t.path.split_at(cut);
+            let parent = if parent.is_empty() { &b"/"[..] } else { parent };
+            let dir = fs
+                .resolve(parent, true)
+                .map_err(|e| access_error(&t.spec, &e))?;
+            if !dir.is_dir() {
+                return Err(access_error(&t.spec, &FsError::NotADirectory));
+            }
+            if fs.lookup(&dir, name)?.is_some() {
+                // A dangling symlink: open(O_CREAT) would follow it.
+                return Err(access_error(&t.spec, &FsError::NotFound));
+            }
+            Ok(Found::Missing {
+                dir: dir.ino,
+                name: name.to_vec(),
+            })
+        }
+        Err(e) => Err(access_error(&t.spec, &e)),
+    }
 }
 
 #[cfg(test)]

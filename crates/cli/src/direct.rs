@@ -10,7 +10,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::Mutex;
 
-use ext4kit_device::{Device, DeviceError, DiscardOutcome, IoHints, Result};
+use ext4kit_device::{Device, DeviceError, Result};
 
 pub struct DirectDevice {
     inner: Box<dyn Device>,
@@ -68,21 +68,8 @@ impl DirectDevice {
 }
 
 impl Device for DirectDevice {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn physical_block_size(&self) -> u32 {
-        self.inner.physical_block_size()
-    }
-    fn io_hints(&self) -> Option<IoHints> {
-        self.inner.io_hints()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.inner.read_at(buf, offset)
-    }
+    ext4kit_device::forward_device!(inner; write_at, flush, start_writeback);
+
     fn write_at(&self, data: &[u8], offset: u64) -> Result<()> {
         if data.is_empty() {
             return Ok(());
@@ -126,29 +113,5 @@ impl Device for DirectDevice {
     }
     fn start_writeback(&self, _offset: u64, _len: u64) -> Result<()> {
         Ok(())
-    }
-    fn zeroout(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.zeroout(offset, len)
-    }
-    fn discard(&self, offset: u64, len: u64) -> Result<DiscardOutcome> {
-        self.inner.discard(offset, len)
-    }
-    fn discard_zeroes_data(&self) -> bool {
-        self.inner.discard_zeroes_data()
-    }
-    fn reports_allocation(&self) -> bool {
-        self.inner.reports_allocation()
-    }
-    fn known_zero_ranges(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
-        self.inner.known_zero_ranges(offset, len)
-    }
-    fn allocated_bytes(&self) -> Option<u64> {
-        self.inner.allocated_bytes()
-    }
-    fn is_rotational(&self) -> Option<bool> {
-        self.inner.is_rotational()
-    }
-    fn name(&self) -> String {
-        self.inner.name()
     }
 }

@@ -1458,3 +1458,164 @@ fn writeback_cache_keeps_append_seek_and_ctime() {
     assert_eq!(ct(fs::metadata(p("acl/f")).unwrap()), seen, "on the disk");
     m.unmount().unwrap();
 }
+
+/// The chattr/lsattr workload of [`lsattr_and_chattr_as_kernel_ext4`]:
+/// every command's exit status and every lsattr line, on the tree at $1.
+const FLAGS_SCRIPT: &str = r#"cd "$1" || exit 1
+r() { "$@" >/dev/null 2>&1; echo "$* -> $?"; }
+echo hi > f; mkdir d; echo t > d/t; mknod p p
+lsattr f; lsattr -d d
+r chattr +i f; lsattr f
+r sh -c 'echo x >> f'; r rm f; r mv f g; r chmod 600 f; r touch f; r ln f h
+r setfattr -n user.a -v 1 f; r truncate -s 0 f
+r chattr +i f; r chattr +d f; r chattr -i f
+r chattr +a f; lsattr f
+r sh -c 'echo y >> f'; r sh -c 'echo z > f'; r truncate -s 0 f; r rm f; r chmod 600 f
+r touch f; r fallocate -l 8192 f; r fallocate -p -o 0 -l 4096 f; r setfattr -n user.b -v 1 f
+r chattr +j f; r chattr +T f; r chattr +A +d +S f; lsattr f; r chattr -a f; r chattr -ASd f
+r chattr +i d; r touch d/new; r rm d/t; r mv d/t x; r mv f d/f; r chattr -i d
+r chattr +a d; r touch d/new2; r rm d/new2; r mv d/new2 d/n3; r mv f d/f2; lsattr -d d
+r chattr -a d; r chattr +T d; r chattr +D d; lsattr -d d
+r chattr +d p; r chattr +A d/t; r chattr +i d/t
+cat d/f2 d/t
+"#;
+
+/// lsattr/chattr on the mount answer as on a kernel ext4 mount of the
+/// same image (same flags shown, same exit status for every refused
+/// change: EPERM on immutable and append-only files and directories,
+/// EOPNOTSUPP for flags that cannot be set), the flags reach the disk
+/// (a kernel mount lists them), e2fsck is clean. `chattr -e` is
+/// refused (EOPNOTSUPP) where the kernel would migrate to a block map.
+#[test]
+fn lsattr_and_chattr_as_kernel_ext4() {
+    let what = "lsattr_and_chattr_as_kernel_ext4";
+    if let Err(e) = fuse_available().and_then(|_| kernel_mount_available()) {
+        return skip(what, &e);
+    }
+    for t in ["lsattr", "chattr", "setfattr", "fallocate", "mknod", "sh"] {
+        if !have(t) {
+            return skip(what, &format!("{t} not found"));
+        }
+    }
+    let dir = image_dir();
+    let script = dir.path().join("flags.sh");
+    fs::write(&script, FLAGS_SCRIPT).unwrap();
+    let ours = mkfs(dir.path(), "64M");
+    let theirs = dir.path().join("kernel.img");
+    sparse_copy(&ours, &theirs);
+    let run_script = |m: &Path| {
+        let o = run(tool("bash").arg(&script).arg(m)).unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    let listing = |m: &Path| {
+        let o = run_ok(tool("lsattr").arg("-d").arg(m.join("d")).arg(m.join("d/t"))).unwrap();
+        String::from_utf8_lossy(&o.stdout).replace(&m.display().to_string(), "")
+    };
+    let (want, want_disk) = {
+        let lo = LoopDev::attach(&theirs).unwrap();
+        let k = Mount::new(lo.path(), "ext4", None).unwrap();
+        let out = run_script(k.path());
+        let l = listing(k.path());
+        k.unmount().unwrap();
+        (out, l)
+    };
+    let m = FuseMount::new(&ours, &[]).unwrap();
+    let got = run_script(m.path());
+    let f = m.path().join("d/f2");
+    let e = run(tool("chattr").arg("-e").arg(&f)).unwrap();
+    assert!(
+        String::from_utf8_lossy(&e.stderr).contains("Operation not supported"),
+        "chattr -e: {e:?}"
+    );
+    m.unmount().unwrap();
+    assert_eq!(got, want, "the script on the mount vs on kernel ext4");
+    assert!(want.contains("-----a--------e------- d"), "{want}");
+    e2fsck_clean(&ours).unwrap();
+    let lo = LoopDev::attach(&ours).unwrap();
+    let k = Mount::new(lo.path(), "ext4", Some("ro")).unwrap();
+    assert_eq!(listing(k.path()), want_disk, "flags on disk");
+    k.unmount().unwrap();
+}
+
+/// The workload of [`stale_handles_after_inode_reuse_are_estale`] on
+/// the mount at argv[1].
+const HANDLES_PY: &str = r#"
+import ctypes, errno, fcntl, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+class FH(ctypes.Structure):
+    _fields_ = [("n", ctypes.c_uint), ("t", ctypes.c_int), ("h", ctypes.c_ubyte * 128)]
+def handle(p):
+    fh = FH(); fh.n = 128; mid = ctypes.c_int()
+    if libc.name_to_handle_at(-100, p.encode(), ctypes.byref(fh), ctypes.byref(mid), 0) != 0:
+        raise OSError(ctypes.get_errno(), "name_to_handle_at")
+    return fh
+def open_h(m, fh):
+    mfd = os.open(m, os.O_RDONLY | os.O_DIRECTORY)
+    fd = libc.open_by_handle_at(mfd, ctypes.byref(fh), os.O_RDONLY)
+    e = ctypes.get_errno(); os.close(mfd)
+    if fd < 0: return errno.errorcode[e]
+    d = os.read(fd, 100).decode(); os.close(fd); return d
+def gen(p):
+    fd = os.open(p, os.O_RDONLY)
+    g = struct.unpack("I", fcntl.ioctl(fd, 0x80047601, b"\0" * 4))[0]; os.close(fd); return g
+m = sys.argv[1]
+a, b = m + "/a", m + "/b"
+open(a, "w").write("old")
+ia, ga, ha = os.stat(a).st_ino, gen(a), handle(a)
+print("a", open_h(m, ha))
+os.unlink(a)
+open(b, "w").write("new")
+print("reused", os.stat(b).st_ino == ia, "generation changed", gen(b) != ga)
+print("stale", open_h(m, ha))
+print("b", open_h(m, handle(b)))
+print("gen", gen(b))
+"#;
+
+/// A file handle (name_to_handle_at) of a deleted file whose inode
+/// number a new file reuses opens nothing: ESTALE, because the entry
+/// replies carry `i_generation` and the kernel compares it; the new
+/// file's own handle opens it. FS_IOC_GETVERSION (`lsattr -v`) shows
+/// the generations, different for the two files, and a kernel mount of
+/// the image shows the same.
+#[test]
+fn stale_handles_after_inode_reuse_are_estale() {
+    let what = "stale_handles_after_inode_reuse_are_estale";
+    if let Err(e) = fuse_available().and_then(|_| kernel_mount_available()) {
+        return skip(what, &e);
+    }
+    if !have("python3") {
+        return skip(what, "python3 not found");
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "64M");
+    let m = FuseMount::new(&img, &[]).unwrap();
+    let out = run_ok(tool("python3").arg("-c").arg(HANDLES_PY).arg(m.path())).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    m.unmount().unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[..4],
+        [
+            "a old",
+            "reused True generation changed True",
+            "stale ESTALE",
+            "b new"
+        ],
+        "{text}"
+    );
+    e2fsck_clean(&img).unwrap();
+    let lo = LoopDev::attach(&img).unwrap();
+    let k = Mount::new(lo.path(), "ext4", Some("ro")).unwrap();
+    let v = run_ok(tool("lsattr").arg("-v").arg(k.path().join("b"))).unwrap();
+    k.unmount().unwrap();
+    let kernel_gen = String::from_utf8_lossy(&v.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    assert_eq!(lines[4], format!("gen {kernel_gen}"), "{text}");
+}

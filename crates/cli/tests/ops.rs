@@ -1753,3 +1753,176 @@ fn unlink_while_open_and_orphans_after_a_crash() {
         before.replace(&base.display().to_string(), &img.display().to_string())
     );
 }
+
+/// Group `g`'s inode table start from `dumpe2fs` ("Inode table at X-Y").
+fn dumpe2fs_itable(img: &Path, g: u32) -> u64 {
+    let out = run_ok(tool("dumpe2fs").arg(img)).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let start = text
+        .find(&format!("\nGroup {g}: "))
+        .unwrap_or_else(|| panic!("no group {g} in dumpe2fs"));
+    let rest = &text[start..];
+    let at = rest.find("Inode table at ").unwrap() + "Inode table at ".len();
+    rest[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// meta_bg and sparse_super2 images (made by mke2fs and by ext4kit mkfs;
+/// 1 KiB blocks and 64-bit descriptors, 17 groups, so the second meta
+/// group starts in the last group, which holds sparse_super2's second
+/// backup: its descriptor block follows that superblock). The read side
+/// lists them, the engine writes them (fallocate into the last groups,
+/// cp, mkdir, rm), the metadata-only client (`RwFs`) finds an inode of
+/// the last meta group and its close sums the counts from the meta_bg
+/// descriptors; e2fsck is clean after each and the kernel reads the files.
+#[test]
+fn meta_bg_and_sparse_super2_images() {
+    let name = "meta_bg_and_sparse_super2_images";
+    if let Err(e) = e2fs_tools() {
+        return skip(name, &e);
+    }
+    let dir = image_dir();
+    let data = pattern(300_000, 5);
+    let host = dir.path().join("data");
+    fs::write(&host, &data).unwrap();
+    let empty = dir.path().join("empty");
+    fs::write(&empty, b"").unwrap();
+    let base = ["-b", "1024", "-O"];
+    let cases: [(&str, &str); 4] = [
+        ("mb-ss2", "64bit,meta_bg,sparse_super2,^resize_inode"),
+        ("mb", "64bit,meta_bg,^resize_inode"),
+        ("ss2", "64bit,sparse_super2"),
+        ("mb-ss2-32", "^64bit,meta_bg,sparse_super2,^resize_inode"),
+    ];
+    for (case, feats) in cases {
+        for maker in ["mke2fs", "ext4kit"] {
+            let label = format!("{case}-{maker}");
+            let img = dir.path().join(format!("{label}.img"));
+            // 17 groups of 8 MiB (33 with 32-byte descriptors).
+            let size = if case.ends_with("-32") {
+                "264M"
+            } else {
+                "136M"
+            };
+            run_ok(tool("truncate").args(["-s", size]).arg(&img)).unwrap();
+            let mut args: Vec<&str> = vec!["-q", "-F", "-t", "ext4", "-U", UUID];
+            args.extend(base);
+            args.push(feats);
+            args.extend(["-E", "nodiscard"]);
+            let mut c = if maker == "mke2fs" {
+                mke2fs(&args)
+            } else {
+                ext4kit_mkfs(&args)
+            };
+            run_ok(c.arg(&img)).unwrap();
+            e2fsck_clean(&img).unwrap_or_else(|e| panic!("{label}: mkfs: {e}"));
+            let spec = |p: &str| format!("{}:{p}", img.display());
+            // The read side finds every descriptor.
+            run_ok(ext4kit().arg("ls").arg(spec("/")))
+                .unwrap_or_else(|e| panic!("{label}: ls: {e}"));
+            // The engine: the big file reaches the last groups.
+            for args in [
+                vec!["cp".to_string(), empty.display().to_string(), spec("/big")],
+                vec![
+                    "fallocate".to_string(),
+                    "-l".into(),
+                    "110M".into(),
+                    spec("/big"),
+                ],
+                vec!["cp".into(), host.display().to_string(), spec("/a")],
+                vec!["mkdir".into(), spec("/d")],
+                vec!["cp".into(), host.display().to_string(), spec("/d/b")],
+                vec!["rm".into(), spec("/a")],
+                vec!["cp".into(), host.display().to_string(), spec("/c")],
+            ] {
+                run_ok(ext4kit().args(&args)).unwrap_or_else(|e| panic!("{label}: {e}"));
+            }
+            e2fsck_clean(&img).unwrap_or_else(|e| panic!("{label}: engine: {e}"));
+            // The metadata-only client on an inode of the last meta group.
+            let fs = ext4kit_fs::rw::RwFs::open(open_file(&img), RwOptions::default()).unwrap();
+            let g = fs.geometry();
+            let last = g.inodes_count / g.inodes_per_group - 1;
+            let ino = last * g.inodes_per_group + 1;
+            let (blk, off) = fs.inode_location(ino).unwrap();
+            assert_eq!((blk, off), (dumpe2fs_itable(&img, last), 0), "{label}");
+            fs.set_label("metabg").unwrap();
+            fs.close().unwrap();
+            e2fsck_clean(&img).unwrap_or_else(|e| panic!("{label}: RwFs close: {e}"));
+            if kernel_mount_available().is_ok() {
+                let lo = LoopDev::attach(&img).unwrap();
+                let m = Mount::new(lo.path(), "ext4", Some("ro")).unwrap();
+                for p in ["c", "d/b"] {
+                    assert_eq!(fs::read(m.path().join(p)).unwrap(), data, "{label}: {p}");
+                }
+                assert_eq!(fs::metadata(m.path().join("big")).unwrap().len(), 110 << 20);
+                m.unmount().unwrap();
+            }
+        }
+    }
+}
+
+/// `ext4kit fallocate` creates a missing file as util-linux fallocate(1)
+/// does (O_CREAT, 0644, only without -n/-p/-z): the same mode, size and
+/// allocation as fallocate(1) gives on a kernel mount of the same image;
+/// with -n, a missing directory or a dangling symlink nothing is written.
+#[test]
+fn fallocate_creates_a_missing_file() {
+    let name = "fallocate_creates_a_missing_file";
+    if let Err(e) = e2fs_tools() {
+        return skip(name, &e);
+    }
+    let dir = image_dir();
+    let img = mkimg(dir.path(), "falloc.img", "32M", &[]);
+    let at = |p: &str| format!("{}:{p}", img.display());
+    run_ok(ext4kit().args(["mkdir"]).arg(at("/d"))).unwrap();
+    run_ok(ext4kit().args(["ln", "-s", "nowhere"]).arg(at("/dangling"))).unwrap();
+    run_ok(ext4kit().args(["fallocate", "-l", "1M"]).arg(at("/d/new"))).unwrap();
+    e2fsck_clean(&img).unwrap();
+    let st = stat_line(&img, "/d/new");
+    assert!(st.contains("Mode:  0644"), "{st}");
+    let out = run_ok(ext4kit().args(["stat"]).arg(at("/d/new"))).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("Size: 1048576"), "{text}");
+    let before = file_hash(&img).unwrap();
+    for (args, p) in [
+        (&["fallocate", "-n", "-l", "1M"][..], "/d/other"),
+        (&["fallocate", "-p", "-l", "1M"][..], "/d/other"),
+        (&["fallocate", "-l", "1M"][..], "/nodir/x"),
+        (&["fallocate", "-l", "1M"][..], "/dangling"),
+        (&["fallocate", "-l", "1M"][..], "/d/new/x"),
+    ] {
+        let out = run(ext4kit().args(args).arg(at(p))).unwrap();
+        assert!(!out.status.success(), "{args:?} {p}");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(err.lines().count(), 1, "{args:?} {p}: {err}");
+        assert!(err.contains(p), "{args:?} {p}: {err}");
+        assert_eq!(file_hash(&img).unwrap(), before, "{args:?} {p} wrote");
+    }
+    if kernel_mount_available().is_err() {
+        return;
+    }
+    // fallocate(1) on a kernel mount makes the same file.
+    let lo = LoopDev::attach(&img).unwrap();
+    let m = Mount::new(lo.path(), "ext4", None).unwrap();
+    let k = m.path().join("d/kernel");
+    run_ok(tool("fallocate").args(["-l", "1M"]).arg(&k)).unwrap();
+    let (ours, theirs) = (
+        fs::metadata(m.path().join("d/new")).unwrap(),
+        fs::metadata(&k).unwrap(),
+    );
+    assert_eq!(
+        (ours.mode(), ours.len(), ours.blocks()),
+        (theirs.mode(), theirs.len(), theirs.blocks())
+    );
+    assert_eq!(
+        fs::read(m.path().join("d/new")).unwrap(),
+        vec![0u8; 1 << 20]
+    );
+    m.unmount().unwrap();
+    drop(lo);
+    e2fsck_clean(&img).unwrap();
+}

@@ -1318,3 +1318,94 @@ os.chmod(r + "/top" + k + "/chm", 0o705)
         e2fsck_clean(&img.path).unwrap();
     }
 }
+
+/// In-inode xattrs the kernel wrote (small `user.*` and `security.*`
+/// values right after `i_extra_isize`) survive every ext4kit change of
+/// the inode: the image tools' chmod, chown, truncate and fallocate, and
+/// on the FUSE mount a write, chmod, truncate and one more xattr. The
+/// kernel reads them all back afterwards; e2fsck is clean.
+#[test]
+fn kernel_in_inode_xattrs_survive_ext4kit_changes() {
+    let t = "kernel_in_inode_xattrs_survive_ext4kit_changes";
+    if let Err(why) = kernel_mount_available().and_then(|_| fuse_available()) {
+        return skip(t, &why);
+    }
+    let dir = image_dir();
+    let img = mkimg(dir.path(), "inxattr.img", "64M", &["-I", "256"]);
+    let small: [(&str, &[u8]); 3] = [
+        ("user.small", b"hello"),
+        ("security.tag", b"\x01\x02\x03"),
+        ("user.other", b"xyz"),
+    ];
+    {
+        let lo = LoopDev::attach(&img).unwrap();
+        let m = Mount::new(lo.path(), "ext4", None).unwrap();
+        for f in ["a", "b"] {
+            let p = m.path().join(f);
+            std::fs::write(&p, pattern(10_000, 7)).unwrap();
+            for (n, v) in small {
+                let hex: String = v.iter().map(|b| format!("{b:02x}")).collect();
+                run_ok(
+                    tool("setfattr")
+                        .args(["-n", n, "-v", &format!("0x{hex}")])
+                        .arg(&p),
+                )
+                .unwrap();
+            }
+        }
+        m.unmount().unwrap();
+    }
+    // The attributes are in the inode (the case this test is about).
+    for f in ["/a", "/b"] {
+        let raw = raw_inode(&img, f);
+        let extra = usize::from(u16::from_le_bytes([raw[0x80], raw[0x81]]));
+        let at = 128 + extra;
+        assert_eq!(raw[at..at + 4], 0xEA02_0000u32.to_le_bytes(), "{f}");
+    }
+    let spec = |p: &str| format!("{}:{p}", img.display());
+    for args in [
+        vec!["chmod", "600"],
+        vec!["chown", "1000:100"],
+        vec!["truncate", "-s", "3000"],
+        vec!["fallocate", "-n", "-l", "64K"],
+    ] {
+        run_ok(ext4kit().args(&args).arg(spec("/a"))).unwrap();
+    }
+    {
+        let m = common::fuse::FuseMount::new(&img, &[]).unwrap();
+        let p = m.path().join("b");
+        let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+        std::io::Write::write_all(&mut f, &pattern(5000, 9)).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        run_ok(tool("chmod").args(["640"]).arg(&p)).unwrap();
+        run_ok(tool("truncate").args(["-s", "12000"]).arg(&p)).unwrap();
+        run_ok(tool("setfattr").args(["-n", "user.new", "-v", "1"]).arg(&p)).unwrap();
+        m.unmount().unwrap();
+    }
+    e2fsck_clean(&img).unwrap();
+    let lo = LoopDev::attach(&img).unwrap();
+    let mnt = Mount::new(lo.path(), "ext4", Some("ro")).unwrap();
+    let got = kernel_xattrs(mnt.path(), &["/a", "/b"]);
+    let meta = |f: &str| std::fs::metadata(mnt.path().join(f)).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let (a, b) = (meta("a"), meta("b"));
+    mnt.unmount().unwrap();
+    drop(lo);
+    for f in ["/a", "/b"] {
+        let mut want: BTreeMap<Vec<u8>, Vec<u8>> = small
+            .iter()
+            .map(|(n, v)| (n.as_bytes().to_vec(), v.to_vec()))
+            .collect();
+        if f == "/b" {
+            want.insert(b"user.new".to_vec(), b"1".to_vec());
+        }
+        assert_eq!(got[f], want, "xattrs of {f} after ext4kit's changes");
+    }
+    assert_eq!(
+        (a.mode() & 0o7777, a.uid(), a.gid(), a.size()),
+        (0o600, 1000, 100, 3000)
+    );
+    assert!(a.blocks() * 512 >= 64 << 10);
+    assert_eq!((b.mode() & 0o7777, b.size()), (0o640, 12000));
+}

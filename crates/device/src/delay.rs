@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::{Device, DiscardOutcome, IoHints, Result};
+use crate::{Device, DiscardOutcome, Result};
 
 /// Delays and counters of a [`DelayDevice`], shared (an `Arc`) so a test
 /// can change the delays and read the counters while the device is boxed
@@ -185,21 +185,8 @@ impl Drop for InFlight<'_> {
 }
 
 impl<D: Device> Device for DelayDevice<D> {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn physical_block_size(&self) -> u32 {
-        self.inner.physical_block_size()
-    }
-    fn io_hints(&self) -> Option<IoHints> {
-        self.inner.io_hints()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.inner.read_at(buf, offset)
-    }
+    crate::forward_device!(inner; write_at, flush, discard, name);
+
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         sleep_ns(self.control.write_ns.load(Ordering::SeqCst));
         self.inner.write_at(buf, offset)?;
@@ -211,12 +198,6 @@ impl<D: Device> Device for DelayDevice<D> {
         self.inner.flush()?;
         self.control.flushes.fetch_add(1, Ordering::SeqCst);
         Ok(())
-    }
-    fn start_writeback(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.start_writeback(offset, len)
-    }
-    fn zeroout(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.zeroout(offset, len)
     }
     fn discard(&self, offset: u64, len: u64) -> Result<DiscardOutcome> {
         let c = &self.control;
@@ -238,24 +219,6 @@ impl<D: Device> Device for DelayDevice<D> {
                 completed: Instant::now(),
             });
         Ok(r)
-    }
-    fn discard_zeroes_data(&self) -> bool {
-        self.inner.discard_zeroes_data()
-    }
-    fn known_zero_ranges(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
-        self.inner.known_zero_ranges(offset, len)
-    }
-    fn reports_allocation(&self) -> bool {
-        self.inner.reports_allocation()
-    }
-    fn is_known_zero(&self, offset: u64, len: u64) -> Result<bool> {
-        self.inner.is_known_zero(offset, len)
-    }
-    fn allocated_bytes(&self) -> Option<u64> {
-        self.inner.allocated_bytes()
-    }
-    fn is_rotational(&self) -> Option<bool> {
-        self.inner.is_rotational()
     }
     fn name(&self) -> String {
         format!("delay({})", self.inner.name())

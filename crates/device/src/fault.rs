@@ -401,21 +401,9 @@ impl<D: Device> FaultDevice<D> {
 }
 
 impl<D: Device> Device for FaultDevice<D> {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-
-    fn physical_block_size(&self) -> u32 {
-        self.inner.physical_block_size()
-    }
-
-    fn io_hints(&self) -> Option<crate::IoHints> {
-        self.inner.io_hints()
-    }
+    // start_writeback and is_known_zero: the defaults (writes are
+    // buffered here; the known-zero ranges include them).
+    crate::forward_device!(inner; read_at, write_at, flush, start_writeback, zeroout, discard, known_zero_ranges, is_known_zero, name);
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         let mut log = self.lock();
@@ -484,10 +472,6 @@ impl<D: Device> Device for FaultDevice<D> {
         })
     }
 
-    fn discard_zeroes_data(&self) -> bool {
-        self.inner.discard_zeroes_data()
-    }
-
     /// The inner device's known-zero ranges with the buffered operations
     /// applied in order (writes remove, zeroouts and discards add).
     fn known_zero_ranges(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
@@ -504,18 +488,6 @@ impl<D: Device> Device for FaultDevice<D> {
             }
         }
         Ok(ranges)
-    }
-
-    fn reports_allocation(&self) -> bool {
-        self.inner.reports_allocation()
-    }
-
-    fn allocated_bytes(&self) -> Option<u64> {
-        self.inner.allocated_bytes()
-    }
-
-    fn is_rotational(&self) -> Option<bool> {
-        self.inner.is_rotational()
     }
 
     fn name(&self) -> String {

@@ -334,6 +334,99 @@ pub trait Device: Send + Sync {
     fn name(&self) -> String;
 }
 
+/// Inside an `impl Device for Wrapper` block: every [`Device`] method
+/// *not* named in the list is forwarded to the field `self.$inner`; the
+/// named ones are the wrapper's own (written next to the call) or, when
+/// it does not write them, the trait's defaults. So a method added to
+/// the trait is forwarded by every wrapper unless it says otherwise (the
+/// `reports_allocation` gap of the hand-written wrappers cannot recur).
+///
+/// ```ignore
+/// impl<D: Device> Device for Logging<D> {
+///     ext4kit_device::forward_device!(inner; write_at, name);
+///     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> { ... }
+///     fn name(&self) -> String { ... }
+/// }
+/// ```
+#[macro_export]
+macro_rules! forward_device {
+    ($inner:ident; $($own:ident),* $(,)?) => {
+        $crate::forward_device!(@pick size [$($own)*]
+            fn size(&self) -> u64 { self.$inner.size() });
+        $crate::forward_device!(@pick logical_block_size [$($own)*]
+            fn logical_block_size(&self) -> u32 { self.$inner.logical_block_size() });
+        $crate::forward_device!(@pick physical_block_size [$($own)*]
+            fn physical_block_size(&self) -> u32 { self.$inner.physical_block_size() });
+        $crate::forward_device!(@pick io_hints [$($own)*]
+            fn io_hints(&self) -> Option<$crate::IoHints> { self.$inner.io_hints() });
+        $crate::forward_device!(@pick read_at [$($own)*]
+            fn read_at(&self, buf: &mut [u8], offset: u64) -> $crate::Result<()> {
+                self.$inner.read_at(buf, offset)
+            });
+        $crate::forward_device!(@pick write_at [$($own)*]
+            fn write_at(&self, buf: &[u8], offset: u64) -> $crate::Result<()> {
+                self.$inner.write_at(buf, offset)
+            });
+        $crate::forward_device!(@pick flush [$($own)*]
+            fn flush(&self) -> $crate::Result<()> { self.$inner.flush() });
+        $crate::forward_device!(@pick start_writeback [$($own)*]
+            fn start_writeback(&self, offset: u64, len: u64) -> $crate::Result<()> {
+                self.$inner.start_writeback(offset, len)
+            });
+        $crate::forward_device!(@pick zeroout [$($own)*]
+            fn zeroout(&self, offset: u64, len: u64) -> $crate::Result<()> {
+                self.$inner.zeroout(offset, len)
+            });
+        $crate::forward_device!(@pick discard [$($own)*]
+            fn discard(&self, offset: u64, len: u64) -> $crate::Result<$crate::DiscardOutcome> {
+                self.$inner.discard(offset, len)
+            });
+        $crate::forward_device!(@pick discard_zeroes_data [$($own)*]
+            fn discard_zeroes_data(&self) -> bool { self.$inner.discard_zeroes_data() });
+        $crate::forward_device!(@pick known_zero_ranges [$($own)*]
+            fn known_zero_ranges(&self, offset: u64, len: u64)
+                -> $crate::Result<Vec<(u64, u64)>> {
+                self.$inner.known_zero_ranges(offset, len)
+            });
+        $crate::forward_device!(@pick reports_allocation [$($own)*]
+            fn reports_allocation(&self) -> bool { self.$inner.reports_allocation() });
+        $crate::forward_device!(@pick is_known_zero [$($own)*]
+            fn is_known_zero(&self, offset: u64, len: u64) -> $crate::Result<bool> {
+                self.$inner.is_known_zero(offset, len)
+            });
+        $crate::forward_device!(@pick allocated_bytes [$($own)*]
+            fn allocated_bytes(&self) -> Option<u64> { self.$inner.allocated_bytes() });
+        $crate::forward_device!(@pick is_rotational [$($own)*]
+            fn is_rotational(&self) -> Option<bool> { self.$inner.is_rotational() });
+        $crate::forward_device!(@pick name [$($own)*]
+            fn name(&self) -> String { self.$inner.name() });
+    };
+    // `$m` is in the wrapper's own list: nothing generated.
+    (@pick size [size $($r:ident)*] $f:item) => {};
+    (@pick logical_block_size [logical_block_size $($r:ident)*] $f:item) => {};
+    (@pick physical_block_size [physical_block_size $($r:ident)*] $f:item) => {};
+    (@pick io_hints [io_hints $($r:ident)*] $f:item) => {};
+    (@pick read_at [read_at $($r:ident)*] $f:item) => {};
+    (@pick write_at [write_at $($r:ident)*] $f:item) => {};
+    (@pick flush [flush $($r:ident)*] $f:item) => {};
+    (@pick start_writeback [start_writeback $($r:ident)*] $f:item) => {};
+    (@pick zeroout [zeroout $($r:ident)*] $f:item) => {};
+    (@pick discard [discard $($r:ident)*] $f:item) => {};
+    (@pick discard_zeroes_data [discard_zeroes_data $($r:ident)*] $f:item) => {};
+    (@pick known_zero_ranges [known_zero_ranges $($r:ident)*] $f:item) => {};
+    (@pick reports_allocation [reports_allocation $($r:ident)*] $f:item) => {};
+    (@pick is_known_zero [is_known_zero $($r:ident)*] $f:item) => {};
+    (@pick allocated_bytes [allocated_bytes $($r:ident)*] $f:item) => {};
+    (@pick is_rotational [is_rotational $($r:ident)*] $f:item) => {};
+    (@pick name [name $($r:ident)*] $f:item) => {};
+    // Not this one: look at the rest of the list.
+    (@pick $m:ident [$h:ident $($r:ident)*] $f:item) => {
+        $crate::forward_device!(@pick $m [$($r)*] $f);
+    };
+    // Not in the list: forward.
+    (@pick $m:ident [] $f:item) => { $f };
+}
+
 macro_rules! forward_device_impl {
     ($($ty:ty),*) => {$(
         impl<T: Device + ?Sized> Device for $ty {
@@ -400,6 +493,84 @@ forward_device_impl!(&T, Box<T>, Arc<T>);
 mod tests {
     use super::*;
     use std::error::Error as _;
+
+    /// A device whose every query has an answer no default gives.
+    struct Probe {
+        inner: MemDevice,
+    }
+
+    impl Device for Probe {
+        forward_device!(inner; logical_block_size, physical_block_size, io_hints,
+            discard_zeroes_data, reports_allocation, allocated_bytes, is_rotational, name);
+        fn logical_block_size(&self) -> u32 {
+            4096
+        }
+        fn physical_block_size(&self) -> u32 {
+            8192
+        }
+        fn io_hints(&self) -> Option<IoHints> {
+            Some(IoHints {
+                min_io: 4096,
+                opt_io: 65536,
+                alignment_offset: 0,
+            })
+        }
+        fn discard_zeroes_data(&self) -> bool {
+            true
+        }
+        fn reports_allocation(&self) -> bool {
+            true
+        }
+        fn allocated_bytes(&self) -> Option<u64> {
+            Some(7)
+        }
+        fn is_rotational(&self) -> Option<bool> {
+            Some(true)
+        }
+        fn name(&self) -> String {
+            "probe".into()
+        }
+    }
+
+    fn answers(
+        d: &dyn Device,
+    ) -> (
+        u32,
+        u32,
+        Option<IoHints>,
+        bool,
+        bool,
+        Option<u64>,
+        Option<bool>,
+    ) {
+        (
+            d.logical_block_size(),
+            d.physical_block_size(),
+            d.io_hints(),
+            d.discard_zeroes_data(),
+            d.reports_allocation(),
+            d.allocated_bytes(),
+            d.is_rotational(),
+        )
+    }
+
+    /// Every wrapper answers the device's queries as the device does
+    /// (what [`forward_device`] forwards unless a wrapper says otherwise).
+    #[test]
+    fn wrappers_forward_every_query() {
+        let want = answers(&Probe {
+            inner: MemDevice::new(1 << 20),
+        });
+        assert_eq!(want.0, 4096);
+        let probe = || Probe {
+            inner: MemDevice::new(1 << 20),
+        };
+        assert_eq!(answers(&RecordingDevice::new(probe())), want);
+        assert_eq!(answers(&DelayDevice::new(probe())), want);
+        assert_eq!(answers(&FaultDevice::new(probe())), want);
+        assert_eq!(answers(&Arc::new(probe())), want);
+        assert_eq!(RecordingDevice::new(probe()).size(), 1 << 20);
+    }
 
     /// The OS error is said once: in the message, not again as a source
     /// (chain printers such as anyhow's `{:#}` print both).

@@ -164,25 +164,7 @@ impl<D: Device> RecordingDevice<D> {
 }
 
 impl<D: Device> Device for RecordingDevice<D> {
-    fn size(&self) -> u64 {
-        self.inner.size()
-    }
-
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-
-    fn physical_block_size(&self) -> u32 {
-        self.inner.physical_block_size()
-    }
-
-    fn io_hints(&self) -> Option<crate::IoHints> {
-        self.inner.io_hints()
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.inner.read_at(buf, offset)
-    }
+    crate::forward_device!(inner; write_at, flush, zeroout, discard, name);
 
     fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.record(
@@ -196,10 +178,6 @@ impl<D: Device> Device for RecordingDevice<D> {
 
     fn flush(&self) -> Result<()> {
         self.record(|| TraceOp::Flush, |d| d.flush())
-    }
-
-    fn start_writeback(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.start_writeback(offset, len)
     }
 
     fn zeroout(&self, offset: u64, len: u64) -> Result<()> {
@@ -218,26 +196,6 @@ impl<D: Device> Device for RecordingDevice<D> {
             self.trace.len.store(log.len() as u64, Ordering::SeqCst);
         }
         Ok(outcome)
-    }
-
-    fn discard_zeroes_data(&self) -> bool {
-        self.inner.discard_zeroes_data()
-    }
-
-    fn known_zero_ranges(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
-        self.inner.known_zero_ranges(offset, len)
-    }
-
-    fn reports_allocation(&self) -> bool {
-        self.inner.reports_allocation()
-    }
-
-    fn allocated_bytes(&self) -> Option<u64> {
-        self.inner.allocated_bytes()
-    }
-
-    fn is_rotational(&self) -> Option<bool> {
-        self.inner.is_rotational()
     }
 
     fn name(&self) -> String {

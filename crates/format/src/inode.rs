@@ -206,15 +206,34 @@ impl Inode {
         Some(i)
     }
 
-    /// Serialize into an `inode_size`-byte on-disk slot, computing the
-    /// checksum when `csum.metadata` is on.
+    /// Serialize a *new* inode into an `inode_size`-byte on-disk slot:
+    /// everything past the 160 known bytes is zeroed (an old occupant's
+    /// in-inode xattrs included), the checksum computed when
+    /// `csum.metadata` is on. To change an existing inode use
+    /// [`Inode::update_slot`], which keeps its in-inode xattrs.
     pub fn write_to(&self, slot: &mut [u8], ino: u32, csum: &crate::Csum) {
         slot.fill(0);
         let n = slot.len().min(160);
         slot[..n].copy_from_slice(&self.as_bytes()[..n]);
-        if slot.len() <= 128 {
-            // A 128-byte inode has no extra fields at all.
+        if csum.metadata {
+            set_checksum(slot, ino, csum);
         }
+    }
+
+    /// Write the fields of an existing inode back into its on-disk slot:
+    /// the 128-byte base and the extra fields the slot's own
+    /// `i_extra_isize` covers (at most the 32 known bytes); the bytes
+    /// after `128 + i_extra_isize` (the in-inode xattr area: the kernel's
+    /// `security.*`, `user.*`, `system.data`, ACLs) are kept as they are.
+    /// The checksum is recomputed when `csum.metadata` is on.
+    pub fn update_slot(&self, slot: &mut [u8], ino: u32, csum: &crate::Csum) {
+        let extra = if slot.len() > 128 {
+            usize::from(u16::from_le_bytes([slot[0x80], slot[0x81]]))
+        } else {
+            0
+        };
+        let n = (128 + extra).min(160).min(slot.len());
+        slot[..n].copy_from_slice(&self.as_bytes()[..n]);
         if csum.metadata {
             set_checksum(slot, ino, csum);
         }
@@ -279,5 +298,47 @@ mod tests {
         assert!(!new_inode_uses_extents(S_IFLNK | 0o777, 59));
         assert!(!new_inode_uses_extents(S_IFCHR | 0o600, 0));
         assert!(new_inode_uses_extents(S_IFDIR | 0o755, 0));
+    }
+
+    /// `update_slot` keeps what follows `128 + i_extra_isize` (an in-inode
+    /// xattr area: magic 0xEA020000, entries, values); `write_to` is for
+    /// new inodes and clears it.
+    #[test]
+    fn update_slot_keeps_in_inode_xattrs() {
+        let csum = crate::Csum {
+            metadata: true,
+            gdt: false,
+            seed: 0x1234_5678,
+            uuid: [0; 16],
+        };
+        let mut slot = vec![0u8; 256];
+        let mut node = Inode::default();
+        node.i_mode.set(S_IFREG | 0o644);
+        node.i_extra_isize.set(EXTRA_ISIZE);
+        node.write_to(&mut slot, 12, &csum);
+        // An xattr area as the kernel leaves it after the 32 extra bytes.
+        slot[160..164].copy_from_slice(&0xEA02_0000u32.to_le_bytes());
+        slot[164..176].copy_from_slice(b"entry+values");
+        slot[250..256].copy_from_slice(b"value!");
+        let before = slot.clone();
+        let mut changed = Inode::parse(&slot).unwrap();
+        changed.i_mode.set(S_IFREG | 0o600);
+        changed.set_size(4096);
+        changed.update_slot(&mut slot, 12, &csum);
+        assert_eq!(slot[160..], before[160..]);
+        assert_eq!(Inode::parse(&slot).unwrap().size(), 4096);
+        assert_eq!(u16::from_le_bytes([slot[0], slot[1]]), S_IFREG | 0o600);
+        assert!(checksum_ok(&slot, 12, &csum));
+        // A 28-byte extra area: the xattr area starts at 156 and is kept.
+        slot[0x80..0x82].copy_from_slice(&28u16.to_le_bytes());
+        slot[156..160].copy_from_slice(&0xEA02_0000u32.to_le_bytes());
+        let before = slot.clone();
+        let mut c = Inode::parse(&slot).unwrap();
+        c.i_projid.set(7); // past the slot's extra fields: not written
+        c.update_slot(&mut slot, 12, &csum);
+        assert_eq!(slot[156..], before[156..]);
+        // write_to (a new inode) starts from zeros.
+        c.write_to(&mut slot, 12, &csum);
+        assert!(slot[160..].iter().all(|&b| b == 0));
     }
 }

@@ -88,6 +88,10 @@ pub enum FsError {
     /// A link count at its limit (EMLINK).
     #[error("Too many links")]
     TooManyLinks,
+    /// The inode's flags forbid the change: immutable or append-only
+    /// (EPERM, as ext4 and the VFS answer).
+    #[error("Operation not permitted ({0})")]
+    NotPermitted(&'static str),
     /// A write after an error made the filesystem read-only
     /// (errors=remount-ro behaviour; EROFS).
     #[error("Read-only file system (after an earlier error: {0})")]
@@ -98,6 +102,7 @@ impl FsError {
     /// The errno a POSIX caller (the FUSE mount) reports for this error.
     pub fn errno(&self) -> i32 {
         match self {
+            FsError::NotPermitted(_) => 1,   // EPERM
             FsError::NotFound => 2,          // ENOENT
             FsError::NotADirectory => 20,    // ENOTDIR
             FsError::IsADirectory => 21,     // EISDIR

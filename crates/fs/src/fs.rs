@@ -833,18 +833,9 @@ impl Filesystem {
         let mut node = Inode::parse(&inode.raw)
             .ok_or_else(|| FsError::corrupt("inode", format!("inode {}: short", inode.ino)))?;
         f(&mut node);
-        let extra = if inode.raw.len() > 128 {
-            usize::from(u16::from_le_bytes([inode.raw[0x80], inode.raw[0x81]]))
-        } else {
-            0
-        };
-        let n = (128 + extra).min(160).min(inode.raw.len());
+        // The in-inode xattr area after i_extra_isize is kept.
         let mut raw = std::mem::take(&mut inode.raw);
-        raw[..n].copy_from_slice(&node.as_bytes()[..n]);
-        let csum = self.rw.geometry().csum;
-        if csum.metadata {
-            set_checksum(&mut raw, inode.ino, &csum);
-        }
+        node.update_slot(&mut raw, inode.ino, &self.rw.geometry().csum);
         *inode = self.decode_any(inode.ino, raw)?;
         Ok(())
     }
@@ -865,6 +856,8 @@ impl Filesystem {
     }
 
     fn setattr_op(&self, ino: u32, a: &SetAttr) -> Result<u32, FsError> {
+        let attrs = a.mode.is_some() || a.uid.is_some() || a.gid.is_some() || a.size.is_some();
+        flags::may_setattr(&self.inode_any(ino)?, attrs)?;
         let mut tid = self.rw.journal().running_tid();
         if let Some(size) = a.size {
             tid = self.truncate(ino, size)?;
@@ -932,6 +925,7 @@ impl Filesystem {
     fn set_times_op(&self, ino: u32, t: &Times) -> Result<u32, FsError> {
         let mut op = self.begin(1, 0)?;
         let mut inode = self.inode(ino)?;
+        flags::may_setattr(&inode, false)?;
         let r = (|| {
             let c = t.ctime.unwrap_or_else(now);
             self.edit_inode(&mut inode, |n| set_node_times(n, t, c))?;
@@ -952,7 +946,8 @@ impl Filesystem {
         self.guard("set_inode_attrs", ino, || {
             let mut op = self.begin(1, 0)?;
             // Checked before the change (a corrupt inode changes nothing).
-            self.inode_any(ino)?;
+            let attrs = a.perm.is_some() || a.uid.is_some() || a.gid.is_some();
+            flags::may_setattr(&self.inode_any(ino)?, attrs)?;
             let (blk, off) = self.inode_location(ino)?;
             let isz = self.descs.layout().inode_size as usize;
             let csum = self.rw.geometry().csum;
@@ -983,7 +978,9 @@ impl Filesystem {
     }
 
     fn delete_inode_op(&self, ino: u32) -> Result<u32, FsError> {
-        self.truncate(ino, 0)?;
+        // Unchecked: an inode freed with its last link goes whatever its
+        // flags (ext4_evict_inode).
+        self.truncate_with(ino, 0, true)?;
         let mut op = self.begin(6, 2)?;
         op.own(ino);
         let mut inode = self.inode_any(ino)?;
@@ -1228,6 +1225,7 @@ impl Filesystem {
         op.own(ino);
         // Nothing changed yet: a refusal ends the empty handle.
         let mut inode = self.inode(ino)?;
+        flags::may_change(&inode)?;
         let mut slot = inode.raw.clone();
         let r = {
             let mut io = XattrIo {
@@ -1517,6 +1515,7 @@ impl Filesystem {
             .ok_or_else(|| {
                 FsError::InvalidRequest(format!("write past the largest file at {off}"))
             })?;
+        flags::may_write_data(&self.inode_any(ino)?)?;
         if data.is_empty() {
             return Ok(self.rw.journal().running_tid());
         }
@@ -1838,6 +1837,7 @@ impl Filesystem {
     }
 
     fn truncate_op(&self, ino: u32, size: u64) -> Result<u32, FsError> {
+        flags::may_setattr(&self.inode_any(ino)?, true)?;
         self.truncate_with(ino, size, true)
     }
 
@@ -2066,6 +2066,13 @@ impl Filesystem {
             ));
         }
         let inode = self.inode_any(ino)?;
+        // vfs_fallocate: nothing on an immutable file, only plain
+        // allocation on an append-only one.
+        if mode.punch_hole || mode.zero_range {
+            flags::may_change(&inode)?;
+        } else {
+            flags::may_write_data(&inode)?;
+        }
         if !inode.is_regular() {
             return Err(if inode.is_dir() {
                 FsError::IsADirectory
@@ -2371,6 +2378,7 @@ pub(crate) fn normalize(mut v: Vec<Mapping>) -> Vec<Mapping> {
 }
 
 mod errors;
+pub mod flags;
 mod lazy;
 mod locks;
 mod ns;

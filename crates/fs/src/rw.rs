@@ -45,6 +45,7 @@ use crate::{BlockRead, DeviceBlocks, FsError};
 /// incompat features the read-write engine handles.
 pub const RW_INCOMPAT: u32 = Incompat::FILETYPE.bits()
     | Incompat::RECOVER.bits()
+    | Incompat::META_BG.bits()
     | Incompat::EXTENTS.bits()
     | Incompat::BIT64.bits()
     | Incompat::FLEX_BG.bits()
@@ -259,7 +260,7 @@ pub struct OpenReport {
 }
 
 /// Where things are (from the superblock at open).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Geometry {
     pub block_size: u32,
     pub blocks: u64,
@@ -269,9 +270,40 @@ pub struct Geometry {
     pub inode_size: u32,
     pub desc_size: u32,
     pub csum: Csum,
+    /// The superblock the descriptor locations come from (meta_bg,
+    /// sparse_super2).
+    sb: Superblock,
+}
+
+impl std::fmt::Debug for Geometry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Geometry")
+            .field("block_size", &self.block_size)
+            .field("blocks", &self.blocks)
+            .field("inodes_count", &self.inodes_count)
+            .field("inode_size", &self.inode_size)
+            .field("desc_size", &self.desc_size)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Geometry {
+    /// Where primary descriptor block `i` lives: after the superblock,
+    /// or with meta_bg (from `s_first_meta_bg` on) in the first group of
+    /// its meta group, after that group's superblock backup if it has
+    /// one (libext2fs's `ext2fs_descriptor_block_loc2`).
+    pub fn desc_block(&self, i: u32) -> u64 {
+        let sb = &self.sb;
+        let meta_bg = Incompat(sb.s_feature_incompat.get()).contains(Incompat::META_BG);
+        if !meta_bg || i < sb.s_first_meta_bg.get() {
+            return self.first_data_block + 1 + u64::from(i);
+        }
+        let g = i.saturating_mul(self.block_size / self.desc_size);
+        self.first_data_block
+            + u64::from(g) * u64::from(sb.s_blocks_per_group.get())
+            + u64::from(crate::sb::group_has_super(sb, g))
+    }
+
     /// From a superblock already checked for its block size and count.
     pub fn of(sb: &Superblock, block_size: u32, blocks: u64) -> Result<Geometry, FsError> {
         let geo = Geometry {
@@ -287,6 +319,7 @@ impl Geometry {
             },
             desc_size: u32::from(sb.desc_size()),
             csum: Csum::from_superblock(sb),
+            sb: sb.clone(),
         };
         if geo.inodes_per_group == 0
             || !(128..=block_size).contains(&geo.inode_size)
@@ -304,7 +337,7 @@ impl Geometry {
 }
 
 /// Block and byte offset of inode `ino`'s slot, read through `blocks`
-/// (group descriptor checksum and bounds checked). Not for meta_bg.
+/// (group descriptor checksum and bounds checked).
 pub fn locate_inode(
     blocks: &dyn BlockRead,
     g: &Geometry,
@@ -318,10 +351,9 @@ pub fn locate_inode(
     }
     let group = (ino - 1) / g.inodes_per_group;
     let index = (ino - 1) % g.inodes_per_group;
-    let bs = u64::from(g.block_size);
-    let byte = u64::from(group) * u64::from(g.desc_size);
-    let dblk = g.first_data_block + 1 + byte / bs;
-    let doff = (byte % bs) as usize;
+    let per = g.block_size / g.desc_size;
+    let dblk = g.desc_block(group / per);
+    let doff = ((group % per) * g.desc_size) as usize;
     let b = blocks.block(dblk)?;
     let raw = &b[doff..doff + g.desc_size as usize];
     let gd = GroupDesc::parse(raw)
@@ -359,18 +391,30 @@ pub fn read_inode(blocks: &dyn BlockRead, g: &Geometry, ino: u32) -> Result<Vec<
 }
 
 /// Free blocks and free inodes summed over the group descriptors (what
-/// the kernel's counters hold and its unmount writes to the superblock).
+/// the kernel's counters hold and its unmount writes to the superblock),
+/// read where the descriptors are (meta_bg included).
 pub fn summary_counts(blocks: &dyn BlockRead, sb: &Superblock) -> Result<(u64, u32), FsError> {
     let bs = u64::from(blocks.block_size());
     let bpg = u64::from(sb.s_blocks_per_group.get());
     let first = u64::from(sb.s_first_data_block.get());
     let desc = u64::from(sb.desc_size());
-    if bpg == 0 || desc == 0 || sb.blocks_count() <= first {
+    if bpg == 0 || desc == 0 || desc > bs || sb.blocks_count() <= first {
         return Err(FsError::corrupt(
             "superblock",
             "group geometry out of range",
         ));
     }
+    let geo = Geometry {
+        block_size: blocks.block_size(),
+        blocks: sb.blocks_count(),
+        first_data_block: first,
+        inodes_count: sb.s_inodes_count.get(),
+        inodes_per_group: sb.s_inodes_per_group.get(),
+        inode_size: u32::from(sb.s_inode_size.get()),
+        desc_size: desc as u32,
+        csum: Csum::from_superblock(sb),
+        sb: sb.clone(),
+    };
     let groups = (sb.blocks_count() - first).div_ceil(bpg);
     let per_block = bs / desc;
     let (mut fb, mut fi) = (0u64, 0u64);
@@ -380,7 +424,7 @@ pub fn summary_counts(blocks: &dyn BlockRead, sb: &Superblock) -> Result<(u64, u
     crate::groups::scan_desc_blocks(
         blocks,
         nblocks,
-        |i| first + 1 + u64::from(i),
+        |i| geo.desc_block(i),
         |gdt, _, b| {
             for k in 0..per_block {
                 let g = u64::from(gdt) * per_block + k;

@@ -89,9 +89,17 @@ impl std::fmt::Debug for FsInfo {
     }
 }
 
-/// Does group `g` hold a superblock backup (sparse_super rule)?
-pub fn group_has_super(features: &Features, g: u32) -> bool {
-    if g <= 1 || !features.ro_compat.contains(RoCompat::SPARSE_SUPER) {
+/// Does group `g` hold a superblock backup (libext2fs's
+/// `ext2fs_bg_has_super`)? With sparse_super2 only the two groups of
+/// `s_backup_bgs` do, else the sparse_super rule applies.
+pub fn group_has_super(sb: &Superblock, g: u32) -> bool {
+    if g == 0 {
+        return true;
+    }
+    if Compat(sb.s_feature_compat.get()).contains(Compat::SPARSE_SUPER2) {
+        return sb.s_backup_bgs.iter().any(|b| b.get() == g);
+    }
+    if g <= 1 || !RoCompat(sb.s_feature_ro_compat.get()).contains(RoCompat::SPARSE_SUPER) {
         return true;
     }
     if g.is_multiple_of(2) {
@@ -315,7 +323,7 @@ impl FsInfo {
         };
         if meta_bg && index >= first_meta {
             let g = index.saturating_mul(self.descs_per_block());
-            base(self.group_first_block(g)) + u64::from(group_has_super(&self.features, g))
+            base(self.group_first_block(g)) + u64::from(group_has_super(&self.sb, g))
         } else {
             base(self.first_data_block) + 1 + u64::from(index)
         }
@@ -577,12 +585,18 @@ mod tests {
 
     #[test]
     fn sparse_super_groups() {
-        let f = Features {
-            ro_compat: RoCompat::SPARSE_SUPER,
-            ..Default::default()
-        };
-        let with: Vec<u32> = (0..130).filter(|&g| group_has_super(&f, g)).collect();
+        use zerocopy::FromZeros;
+        let mut sb = Superblock::new_zeroed();
+        assert!(group_has_super(&sb, 4));
+        sb.s_feature_ro_compat.set(RoCompat::SPARSE_SUPER.bits());
+        let with: Vec<u32> = (0..130).filter(|&g| group_has_super(&sb, g)).collect();
         assert_eq!(with, vec![0, 1, 3, 5, 7, 9, 25, 27, 49, 81, 125]);
-        assert!(group_has_super(&Features::default(), 4));
+        // sparse_super2: the primary and the two s_backup_bgs only (a
+        // meta_bg descriptor block follows the backup in group 64).
+        sb.s_feature_compat.set(Compat::SPARSE_SUPER2.bits());
+        sb.s_backup_bgs[0].set(1);
+        sb.s_backup_bgs[1].set(64);
+        let with: Vec<u32> = (0..130).filter(|&g| group_has_super(&sb, g)).collect();
+        assert_eq!(with, vec![0, 1, 64]);
     }
 }

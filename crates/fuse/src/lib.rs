@@ -17,6 +17,7 @@
 //! - [`mount`]: open, mount, serve, unmount on signals, close cleanly.
 
 pub mod attr;
+pub mod flags;
 pub mod mount;
 pub mod ops;
 pub mod options;

@@ -1085,6 +1085,7 @@ impl fuser::Filesystem for FuseFs {
             if i.is_dir() {
                 return Err(Errno::EISDIR);
             }
+            crate::flags::may_open(&i, flags.0)?;
             let append = flags.0 & libc::O_APPEND != 0 && !self.writeback;
             Ok(self.s.state().add_handle(Handle::File { ino, append }))
         })();
@@ -1358,12 +1359,13 @@ impl fuser::Filesystem for FuseFs {
     }
 
     /// `FITRIM` (on any file or directory of the mount, as ext4; see
-    /// [`crate::trim`]); every other command is ENOTTY, as ext4 answers
+    /// [`crate::trim`]), the inode flags of lsattr/chattr
+    /// ([`crate::flags`]); every other command is ENOTTY, as ext4 answers
     /// commands it does not know.
     fn ioctl(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _flags: fuser::IoctlFlags,
         cmd: u32,
@@ -1371,6 +1373,13 @@ impl fuser::Filesystem for FuseFs {
         out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
+        if crate::flags::is_flags_ioctl(cmd) {
+            let r = ext4_ino(ino).and_then(|i| crate::flags::ioctl(&self.s, i, cmd, in_data));
+            return match r {
+                Ok(data) => reply.ioctl(0, &data),
+                Err(e) => reply.error(e),
+            };
+        }
         if cmd != crate::trim::FITRIM {
             return reply.error(Errno::ENOTTY);
         }

@@ -736,36 +736,14 @@ mod tests {
     use super::*;
     use crate::image::Image;
     use crate::lazyinit::pacing::FakeClock;
-    use crate::mkfs::{self, Env, MkfsOptions};
-    use crate::profile::Profile;
-
-    const CONF: &str = "[defaults]\n\tbase_features = sparse_super,large_file,filetype,resize_inode,dir_index,ext_attr\n\tblocksize = 1024\n\tinode_size = 256\n\tinode_ratio = 4096\n[fs_types]\n\text4 = {\n\t\tfeatures = has_journal,extent,huge_file,flex_bg,metadata_csum,64bit,dir_nlink,extra_isize\n\t}\n";
+    use crate::testing::MemImage;
 
     /// A fresh lazy ext4 in memory with 1 KiB blocks and `bpg` blocks per
     /// group, every table range lazy init will zero filled with 0xAA.
     fn image(size: u64, bpg: u32) -> MemDevice {
-        let opts = MkfsOptions {
-            fs_type: Some("ext4".into()),
-            uuid: Some("0b7e3c52-8f1d-4a6e-9c2b-5d4f3e2a1b09".into()),
-            extended: vec!["nodiscard".into()],
-            blocks_per_group: Some(bpg),
-            ..MkfsOptions::default()
-        };
-        let env = Env {
-            device_size: Some(size),
-            is_regular_file: false,
-            logical_sector_size: 512,
-            physical_sector_size: 512,
-            io_hints: None,
-            now: 1_700_000_000,
-            page_size: 4096,
-            uid: 0,
-            gid: 0,
-            kernel_lazy_itable_init: true,
-        };
-        let resolved = mkfs::resolve(&opts, &Profile::parse(CONF).unwrap(), &env).unwrap();
-        let dev = MemDevice::new(size);
-        mkfs::execute(&dev, mkfs::prepare(resolved, false).unwrap()).unwrap();
+        let mut m = MemImage::new(size, 1024, 4096);
+        m.blocks_per_group = Some(bpg);
+        let dev = m.make().unwrap();
         {
             let img = Image::open(&dev).unwrap();
             let geom = img.geometry().clone();

@@ -2,7 +2,7 @@
 //! mke2fs's Unix I/O channel with its `offset=` option. Every operation is
 //! shifted by N; nothing before N is touched.
 
-use ext4kit_device::{Device, DiscardOutcome, IoHints, Result};
+use ext4kit_device::{Device, DiscardOutcome, Result};
 
 /// A device seen from byte `offset` on.
 pub struct OffsetDevice<D: Device> {
@@ -20,26 +20,17 @@ impl<D: Device> OffsetDevice<D> {
 }
 
 impl<D: Device> Device for OffsetDevice<D> {
+    // is_known_zero: the default, over the shifted known_zero_ranges.
+    ext4kit_device::forward_device!(inner; size, read_at, write_at, start_writeback, zeroout, discard, known_zero_ranges, is_known_zero);
+
     fn size(&self) -> u64 {
         self.inner.size().saturating_sub(self.offset)
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn physical_block_size(&self) -> u32 {
-        self.inner.physical_block_size()
-    }
-    fn io_hints(&self) -> Option<IoHints> {
-        self.inner.io_hints()
     }
     fn read_at(&self, buf: &mut [u8], off: u64) -> Result<()> {
         self.inner.read_at(buf, self.at(off))
     }
     fn write_at(&self, buf: &[u8], off: u64) -> Result<()> {
         self.inner.write_at(buf, self.at(off))
-    }
-    fn flush(&self) -> Result<()> {
-        self.inner.flush()
     }
     fn start_writeback(&self, off: u64, len: u64) -> Result<()> {
         self.inner.start_writeback(self.at(off), len)
@@ -49,9 +40,6 @@ impl<D: Device> Device for OffsetDevice<D> {
     }
     fn discard(&self, off: u64, len: u64) -> Result<DiscardOutcome> {
         self.inner.discard(self.at(off), len)
-    }
-    fn discard_zeroes_data(&self) -> bool {
-        self.inner.discard_zeroes_data()
     }
     fn known_zero_ranges(&self, off: u64, len: u64) -> Result<Vec<(u64, u64)>> {
         Ok(self
@@ -64,18 +52,6 @@ impl<D: Device> Device for OffsetDevice<D> {
                 (e > s).then_some((s, e))
             })
             .collect())
-    }
-    fn allocated_bytes(&self) -> Option<u64> {
-        self.inner.allocated_bytes()
-    }
-    fn reports_allocation(&self) -> bool {
-        self.inner.reports_allocation()
-    }
-    fn is_rotational(&self) -> Option<bool> {
-        self.inner.is_rotational()
-    }
-    fn name(&self) -> String {
-        self.inner.name()
     }
 }
 

@@ -4,8 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use ext4kit::mkfs::{self, Env, MkfsOptions};
-use ext4kit::profile::Profile;
+use ext4kit::testing::MemImage;
 use ext4kit_device::{Device, MemDevice};
 use ext4kit_format::Superblock;
 use proptest::prelude::*;
@@ -15,33 +14,11 @@ use crate::DeviceBlocks;
 use crate::groups::{DescTable, DirtySet, Layout};
 use crate::ialloc::InodeAlloc;
 
-const CONF: &str = "[defaults]\n\tbase_features = sparse_super,large_file,filetype,resize_inode,dir_index,ext_attr\n\tblocksize = 1024\n\tinode_size = 256\n\tinode_ratio = 16384\n[fs_types]\n\text4 = {\n\t\tfeatures = has_journal,extent,huge_file,flex_bg,metadata_csum,64bit,dir_nlink,extra_isize\n\t}\n";
-
 /// A fresh ext4 in memory (1 KiB blocks: 8 MiB groups).
 pub(crate) fn image(size: u64, extra: &[&str]) -> MemDevice {
-    let opts = MkfsOptions {
-        fs_type: Some("ext4".into()),
-        uuid: Some("0b7e3c52-8f1d-4a6e-9c2b-5d4f3e2a1b09".into()),
-        extended: vec!["nodiscard".into()],
-        features: extra.iter().map(|s| s.to_string()).collect(),
-        ..MkfsOptions::default()
-    };
-    let env = Env {
-        device_size: Some(size),
-        is_regular_file: false,
-        logical_sector_size: 512,
-        physical_sector_size: 512,
-        io_hints: None,
-        now: 1_700_000_000,
-        page_size: 4096,
-        uid: 0,
-        gid: 0,
-        kernel_lazy_itable_init: true,
-    };
-    let resolved = mkfs::resolve(&opts, &Profile::parse(CONF).unwrap(), &env).unwrap();
-    let dev = MemDevice::new(size);
-    mkfs::execute(&dev, mkfs::prepare(resolved, false).unwrap()).unwrap();
-    dev
+    let mut m = MemImage::new(size, 1024, 16384);
+    m.features = extra.iter().map(|s| s.to_string()).collect();
+    m.make().unwrap()
 }
 
 /// One shared image per configuration: the allocators never write.

@@ -228,6 +228,7 @@ impl Filesystem {
         if !d.is_dir() {
             return Err(FsError::NotADirectory);
         }
+        flags::may_add_entry(&d)?;
         if let Some(name) = absent {
             self.check_absent(&d, name)?;
         }
@@ -412,6 +413,7 @@ impl Filesystem {
         let _p = self.locks.call(parent);
         let _i = self.locks.call(ino);
         let i = self.inode(ino)?;
+        flags::may_change(&i)?;
         if i.links >= LINK_MAX {
             return Err(FsError::TooManyLinks);
         }
@@ -560,6 +562,7 @@ impl Filesystem {
         // read again under its own.
         let t_lock = self.locks.call(target.ino);
         let target = self.inode(target.ino)?;
+        flags::may_remove_entry(&self.inode(parent)?, &target)?;
         let keep = target.links <= 1 && keep(target.ino);
         let (c, g) = self.release_cost(&target)?;
         let whole = !keep && target.links <= 1 && g as usize <= MAX_GROUPS * 4;
@@ -628,6 +631,7 @@ impl Filesystem {
         // A child after its parent (see "Locking"); read again under it.
         let _t = self.locks.call(target.ino);
         let target = self.inode(target.ino)?;
+        flags::may_remove_entry(&self.inode(parent)?, &target)?;
         let entries = self.read(|f| f.read_dir(&target))?;
         if entries.iter().any(|e| e.name != b"." && e.name != b"..") {
             return Err(FsError::NotEmpty);
@@ -808,6 +812,18 @@ impl Filesystem {
             Some(d) => Some(self.inode(d.ino)?),
             None => None,
         };
+        // may_delete of the source (and of a replaced or exchanged
+        // target), may_create in the target directory, and a directory
+        // moved to another parent must be writable itself ('..').
+        let (sd, dd) = (self.inode(sdir)?, self.inode(ddir)?);
+        flags::may_remove_entry(&sd, &src)?;
+        match &dst {
+            Some(d) => flags::may_remove_entry(&dd, d)?,
+            None => flags::may_add_entry(&dd)?,
+        }
+        if src.is_dir() && sdir != ddir {
+            flags::may_write_data(&src)?;
+        }
         let mut keep_replaced = false;
         let mut release = None;
         if let (Some(d), false) = (&dst, flags.exchange) {

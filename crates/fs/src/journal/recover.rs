@@ -1290,39 +1290,14 @@ pub fn apply(dev: &dyn Device, j: &Journal, rec: &Recovery) -> Result<Applied, R
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use ext4kit::mkfs::{self, Env, MkfsOptions};
-    use ext4kit::profile::Profile;
+    use ext4kit::testing::MemImage;
     use ext4kit_device::MemDevice;
     use proptest::prelude::*;
     use zerocopy::FromZeros;
 
-    const CONF: &str = "[defaults]\n\tbase_features = sparse_super,large_file,filetype,resize_inode,dir_index,ext_attr\n\tblocksize = 4096\n\tinode_size = 256\n\tinode_ratio = 16384\n[fs_types]\n\text4 = {\n\t\tfeatures = has_journal,extent,huge_file,flex_bg,metadata_csum,64bit,dir_nlink,extra_isize\n\t}\n";
-
     /// A fresh 32 MiB ext4 (4 KiB blocks, 1024-block journal) in memory.
     pub(crate) fn image() -> MemDevice {
-        let size = 32 << 20;
-        let opts = MkfsOptions {
-            fs_type: Some("ext4".into()),
-            uuid: Some("0b7e3c52-8f1d-4a6e-9c2b-5d4f3e2a1b09".into()),
-            extended: vec!["nodiscard".into()],
-            ..MkfsOptions::default()
-        };
-        let env = Env {
-            device_size: Some(size),
-            is_regular_file: false,
-            logical_sector_size: 512,
-            physical_sector_size: 512,
-            io_hints: None,
-            now: 1_700_000_000,
-            page_size: 4096,
-            uid: 0,
-            gid: 0,
-            kernel_lazy_itable_init: true,
-        };
-        let resolved = mkfs::resolve(&opts, &Profile::parse(CONF).unwrap(), &env).unwrap();
-        let dev = MemDevice::new(size);
-        mkfs::execute(&dev, mkfs::prepare(resolved, false).unwrap()).unwrap();
-        dev
+        MemImage::new(32 << 20, 4096, 16384).make().unwrap()
     }
 
     /// One transaction to put in the log.
