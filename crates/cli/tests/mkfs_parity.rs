@@ -2371,3 +2371,119 @@ fn resize_past_three_quarters_of_a_group_is_refused() {
     assert!(err.contains("e2fsck rejects"), "{err}");
     assert_eq!(file_hash(&img).unwrap(), before, "nothing written");
 }
+
+/// Journal devices mke2fs cannot use (after writing part of the
+/// filesystem, for most of them): ext4kit refuses them with one line,
+/// before it writes anything to the target or the journal device. Also a
+/// journal device too small for a journal (mke2fs fails after wiping the
+/// old superblock). Root only (loop devices).
+#[test]
+fn external_journal_refusals_match_mke2fs() {
+    let test = "external_journal_refusals_match_mke2fs";
+    if !is_root() {
+        return skip(test, "needs root for loop devices");
+    }
+    for t in ["mke2fs", "losetup"] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found"));
+        }
+    }
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, UPSTREAM_CONF).unwrap();
+    let jfile = dir.path().join("jfile.img");
+    sparse_file(&jfile, 32 * MIB).unwrap();
+    run_ok(mke2fs(["-F", "-q", "-b", "4096", "-O", "journal_dev"]).arg(&jfile)).unwrap();
+    let jcopy = dir.path().join("jloop.img");
+    std::fs::copy(&jfile, &jcopy).unwrap();
+    let jlo = LoopDev::attach(&jcopy).unwrap();
+    let fsimg = dir.path().join("fs4.img");
+    sparse_file(&fsimg, 32 * MIB).unwrap();
+    run_ok(mke2fs(["-F", "-q", "-t", "ext4"]).arg(&fsimg)).unwrap();
+    let fslo = LoopDev::attach(&fsimg).unwrap();
+    let jl = jlo.path().display().to_string();
+    let dev = |p: &Path| format!("device={}", p.display());
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["-J".into(), dev(&jfile)], "not a block device"),
+        (
+            vec!["-J".into(), dev(fslo.path())],
+            "Journal superblock not found",
+        ),
+        (
+            vec![
+                "-b".into(),
+                "1024".into(),
+                "-J".into(),
+                format!("device={jl}"),
+            ],
+            "Filesystem has unexpected block size",
+        ),
+        (
+            vec![
+                "-b".into(),
+                "-8192".into(),
+                "-J".into(),
+                format!("device={jl}"),
+            ],
+            "Journal dev blocksize (4096) smaller than minimum blocksize 8192",
+        ),
+        (
+            vec![
+                "-O".into(),
+                "journal_dev".into(),
+                "-b".into(),
+                "4096".into(),
+            ],
+            "Journal must be at least 1024 blocks",
+        ),
+    ];
+    let pristine = dir.path().join("pristine.img");
+    pattern_file(&pristine, 2 * MIB, 0x5eed).unwrap();
+    let hash = file_hash(&pristine).unwrap();
+    let jhash = || std::fs::read(jlo.path()).unwrap();
+    let jbefore = jhash();
+    let mut failures = Vec::new();
+    for (opts, want) in &cases {
+        let label = format!("{opts:?}");
+        let res = (|| -> Result<(), String> {
+            let img = dir.path().join("t.img");
+            let args: Vec<String> = ["-F", "-q", "-t", "ext4"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain(opts.iter().cloned())
+                .chain([img.display().to_string()])
+                .collect();
+            std::fs::copy(&pristine, &img).map_err(|e| e.to_string())?;
+            let r = run(mke2fs(&args).env("MKE2FS_CONFIG", &conf))?;
+            if r.status.success() {
+                return Err("mke2fs accepts it".into());
+            }
+            // mke2fs may have written to the journal device: put it back.
+            std::fs::write(jlo.path(), &jbefore).map_err(|e| e.to_string())?;
+            std::fs::copy(&pristine, &img).map_err(|e| e.to_string())?;
+            let o = run(ext4kit_mkfs(&args).env("MKE2FS_CONFIG", &conf))?;
+            let err = String::from_utf8_lossy(&o.stderr);
+            if o.status.success() {
+                return Err(format!("ext4kit accepts it (mke2fs: {})", last_line(&r)));
+            }
+            if err.lines().count() != 1 || !err.contains(want) {
+                return Err(format!("ext4kit says {err:?}, want one line with {want:?}"));
+            }
+            if file_hash(&img).map_err(|e| e.to_string())? != hash {
+                return Err("ext4kit WROTE to the target".into());
+            }
+            if jhash() != jbefore {
+                return Err("ext4kit WROTE to the journal device".into());
+            }
+            Ok(())
+        })();
+        match res {
+            Ok(()) => eprintln!("ok     {label}"),
+            Err(e) => {
+                eprintln!("FAIL   {label}: {e}");
+                failures.push(format!("{label}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
