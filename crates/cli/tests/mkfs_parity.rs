@@ -2487,3 +2487,62 @@ fn external_journal_refusals_match_mke2fs() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// `-O journal_dev` from mke2fs.conf (a usage type whose features are
+/// journal_dev) and the `journal` type's relations (inode size, hash,
+/// errors, lazy_journal_init) for every lookup after the feature mask,
+/// while the block size and default_mntopts still come from the types
+/// before it, as in mke2fs.
+#[test]
+fn parity_journal_dev_conf() {
+    if !have("mke2fs") {
+        return skip("parity_journal_dev_conf", "mke2fs not found");
+    }
+    const CONF: &str = "[defaults]
+\tbase_features = sparse_super,large_file,filetype,resize_inode,dir_index,ext_attr
+\tdefault_mntopts = acl,user_xattr
+\tblocksize = 4096
+\tinode_size = 256
+\tinode_ratio = 16384
+\treserved_ratio = 3
+[fs_types]
+\text4 = {
+\t\tfeatures = has_journal,extent,huge_file,flex_bg,metadata_csum,64bit,dir_nlink,extra_isize
+\t\tdefault_mntopts = user_xattr
+\t}
+\tjdev = {
+\t\tfeatures = journal_dev
+\t\tblocksize = 2048
+\t}
+\tjournal = {
+\t\tinode_size = 128
+\t\thash_alg = tea
+\t\terrors = panic
+\t\tlazy_journal_init = 1
+\t}
+";
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, CONF).unwrap();
+    let mut failures = Vec::new();
+    for opts in [
+        &["-T", "jdev"][..],
+        &["-T", "jdev", "-b", "1024"],
+        &["-O", "journal_dev"],
+    ] {
+        let args = |img: &Path| {
+            let mut v: Vec<String> = ["-F", "-q", "-t", "ext4", "-U", UUID]
+                .iter()
+                .chain(opts)
+                .map(|s| s.to_string())
+                .collect();
+            v.extend(["-E".into(), seed_ext(None), img.display().to_string()]);
+            v
+        };
+        match compare(dir.path(), &conf, 64 * MIB, &[], &args) {
+            Outcome::Pass => eprintln!("ok     {opts:?}"),
+            Outcome::Skip(why) | Outcome::Fail(why) => failures.push(format!("{opts:?}: {why}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
