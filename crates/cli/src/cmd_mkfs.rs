@@ -73,7 +73,8 @@ pub struct MkfsArgs {
     #[arg(short = 'U', overrides_with = "uuid", value_name = "UUID")]
     uuid: Option<String>,
     /// Features to set or clear (feat,^feat,...; meta_bg needs
-    /// ^resize_inode). May be repeated.
+    /// ^resize_inode; journal_dev makes an external journal device). May
+    /// be repeated.
     #[arg(short = 'O', value_name = "FEATURE[,...]")]
     features: Vec<String>,
     /// Extended options: lazy_itable_init=, lazy_journal_init=,
@@ -82,11 +83,14 @@ pub struct MkfsArgs {
     /// stripe_width=, orphan_file_size=, desc_size= (64..1024 bytes, with
     /// 64bit), offset= (bytes into the target), test_fs, no_copy_xattrs,
     /// encoding= (utf8; turns casefold on), encoding_flags= (strict),
-    /// mmp_update_interval= (seconds, with mmp). As in mke2fs, only the
-    /// last -E counts.
+    /// mmp_update_interval= (seconds, with mmp), resize= (the block count
+    /// the reserved GDT blocks must cover). As in mke2fs, only the last -E
+    /// counts.
     #[arg(short = 'E', value_name = "EXTENDED-OPTS")]
     extended: Vec<String>,
-    /// Journal options (size=MiB, fast_commit_size=KiB with fast_commit).
+    /// Journal options: size=MiB, fast_commit_size=KiB (with fast_commit),
+    /// location=BLOCK (the journal's goal block), device=PATH|UUID=..|LABEL=..
+    /// (an external journal device made with -O journal_dev).
     #[arg(short = 'J', value_name = "JOURNAL-OPTS")]
     journal: Vec<String>,
     /// Create a journal (ext3).
@@ -313,7 +317,7 @@ fn ext_type(a: &MkfsArgs, who: &Personality, profile: &Profile, device: &str) ->
             let t = profile
                 .get_value(&["defaults", "fs_type"])
                 .unwrap_or("ext2");
-            if t == "ext2" && (a.add_journal || !a.journal.is_empty()) {
+            if t == "ext2" && mkfs::options::journal_size_given(a.add_journal, &a.journal) {
                 "ext3".into()
             } else {
                 t.to_string()
@@ -369,10 +373,15 @@ fn proceed_question(delay: i64) -> bool {
 /// "0/max" update (unless `E2FSPROGS_SKIP_PROGRESS` is set), the blanking
 /// at the end, then `done`.
 fn progress_step(label: &str, max: u64, done: &str) {
+    progress_from(label, 0, max, done);
+}
+
+/// [`progress_step`] whose one update shows `first` of `max`.
+fn progress_from(label: &str, first: u64, max: u64, done: &str) {
     let digits = max.to_string().len();
     let mut s = String::from(label);
     if std::env::var_os("E2FSPROGS_SKIP_PROGRESS").is_none() {
-        s.push_str(&format!("{:>digits$}/{max}", 0));
+        s.push_str(&format!("{first:>digits$}/{max}"));
         s.push_str(&"\u{8}".repeat(2 * digits + 1));
     }
     s.push_str(&" ".repeat(2 * digits + 1));
@@ -525,6 +534,17 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         first_meta_bg_env: std::env::var("MKE2FS_FIRST_META_BG").ok(),
         super_only: a.opt_cap_s > 0,
         cluster_size: a.opt_cap_c.last().copied(),
+        external_journal: None,
+    };
+    // -J device=: find and read the journal device first (mke2fs opens it
+    // while parsing the options, for its block size).
+    let jdev = match mkfs::options::journal_device_spec(&a.journal)? {
+        Some(spec) => Some(crate::jdev::find(&spec)?),
+        None => None,
+    };
+    let opts = MkfsOptions {
+        external_journal: jdev.as_ref().map(|j| j.external.clone()),
+        ..opts
     };
     let is_file = !exists
         || std::fs::metadata(device)
@@ -550,6 +570,15 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         kernel_lazy_itable_init: true,
     };
     let mut resolved = mkfs::resolve(&opts, &profile, &env)?;
+    if let Some(j) = &jdev
+        && a.block_size.last().is_none_or(|&b| b <= 0)
+        && !a.json
+    {
+        outln!(
+            "Using journal device's blocksize: {}",
+            j.external.block_size
+        );
+    }
     // mke2fs discards only a target with a size: not a file it has just
     // created (or found empty), and never with -n. Its inode tables are
     // then left for lazy init, not claimed zeroed.
@@ -650,6 +679,13 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     if prepared.layout.super_only && !super_only_confirmed(a, &prepared, device, &profile)? {
         return Ok(1);
     }
+    // The journal device, exclusively, before the target is touched.
+    let journal = match &jdev {
+        Some(j) if !mkfs::journal_dev::is_journal_dev(&prepared.layout) => {
+            Some((j, crate::jdev::open_rw(j)?))
+        }
+        _ => None,
+    };
     let l = &prepared.layout;
     let offset = prepared.resolved.offset;
     let needed = offset + l.blocks_count * u64::from(l.block_size);
@@ -698,6 +734,9 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     if show {
         print_summary(a, &prepared);
     }
+    if mkfs::journal_dev::is_journal_dev(&prepared.layout) {
+        return write_journal_device(a, dev.as_ref(), &prepared, discarded, device, start);
+    }
     let l = &prepared.layout;
     let groups = u64::from(l.group_count);
     let super_only = l.super_only;
@@ -710,11 +749,21 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     }
     let mut report = mkfs::write(dev.as_ref(), prepared.clone())?;
     report.discarded = discarded;
+    if let Some((_, (jdevh, jd))) = &journal {
+        // ext2fs_add_journal_device: the filesystem joins the journal's
+        // users.
+        mkfs::journal_dev::add_user(
+            jdevh.as_ref(),
+            jd,
+            prepared.settings.uuid,
+            prepared.settings.now,
+        )?;
+    }
     let has_journal = l
         .features
         .compat
         .contains(ext4kit_format::features::Compat::HAS_JOURNAL);
-    if super_only && has_journal && !a.json {
+    if super_only && has_journal && !a.json && journal.is_none() {
         // mke2fs says it with -q too.
         outln!("Skipping journal creation in super-only mode");
     }
@@ -722,7 +771,9 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         if !super_only {
             progress_step("", groups, "done                            \n");
         }
-        if has_journal && !super_only {
+        if let Some((j, _)) = &journal {
+            outln!("Adding journal to device {}: done", j.path.display());
+        } else if has_journal && !super_only {
             outln!("Creating journal ({} blocks): done", l.journal_blocks);
         }
         if l.mmp_block.is_some() {
@@ -738,14 +789,55 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         check_message(&prepared.settings);
     }
     if a.json {
-        let v = json_report(
+        let mut v = json_report(
             device,
             &prepared,
             Some(&report),
             Some(dev.allocated_bytes()),
             start,
         );
+        if let (Some((j, _)), Some(obj)) = (&journal, v.as_object_mut()) {
+            obj.insert("journal_device".into(), j.path.display().to_string().into());
+        }
         outln!("{v}");
+    }
+    Ok(0)
+}
+
+/// `-O journal_dev`: mke2fs's create_journal_dev, with its output (the
+/// zeroing progress unless lazy_journal_init, then an empty line, also
+/// with -q).
+fn write_journal_device(
+    a: &MkfsArgs,
+    dev: &dyn Device,
+    prepared: &mkfs::Prepared,
+    discarded: bool,
+    device: &Path,
+    start: Instant,
+) -> Result<i32> {
+    let l = &prepared.layout;
+    if a.quiet == 0 && !a.json && !prepared.settings.lazy_journal_init {
+        // The first update comes after the first 1024 blocks.
+        progress_from(
+            "Zeroing journal device: ",
+            l.blocks_count.min(1024),
+            l.blocks_count,
+            "",
+        );
+    }
+    let mut report = mkfs::write(dev, prepared.clone())?;
+    report.discarded = discarded;
+    if a.json {
+        let v = json_report(
+            device,
+            prepared,
+            Some(&report),
+            Some(dev.allocated_bytes()),
+            start,
+        );
+        outln!("{v}");
+    } else {
+        outln!();
     }
     Ok(0)
 }

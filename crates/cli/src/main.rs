@@ -24,6 +24,7 @@ mod cmd_stat;
 mod cmd_status;
 mod direct;
 mod errmsg;
+mod jdev;
 mod probe;
 
 #[derive(Parser, Debug)]

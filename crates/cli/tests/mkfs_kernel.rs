@@ -373,3 +373,93 @@ fn block_device_format_matches_mke2fs_and_stays_thin() {
     );
     assert!(o < r, "ours allocates {o} sectors, mke2fs {r}");
 }
+
+/// `-O journal_dev` and `-J device=`: ext4kit makes a journal device on
+/// one loop device and a filesystem using it on another; the kernel mounts
+/// the filesystem with `journal_path=` and runs the workload, e2fsck
+/// (given the journal) finds it clean, a read-only mount reads it back.
+/// ext4kit's read side (info, ls, cat) opens such a filesystem, and so
+/// does offline lazyinit (it never needs the journal); the read-write
+/// tools refuse it with one line naming the external journal and write
+/// nothing.
+#[test]
+fn kernel_external_journal() {
+    const TEST: &str = "mkfs_kernel external journal";
+    if let Err(why) = kernel_ready() {
+        return skip(TEST, &why);
+    }
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    fs::write(&conf, DEBIAN_CONF).unwrap();
+    let (jimg, img) = (dir.path().join("journal.img"), dir.path().join("fs.img"));
+    sparse_file(&jimg, 64 * MIB).unwrap();
+    sparse_file(&img, 512 * MIB).unwrap();
+    let jlo = LoopDev::attach(&jimg).unwrap();
+    run_ok(
+        ext4kit_mkfs(["-q", "-t", "ext4", "-b", "4096", "-O", "journal_dev"])
+            .arg(jlo.path())
+            .env("MKE2FS_CONFIG", &conf),
+    )
+    .unwrap();
+    let jpath = jlo.path().display().to_string();
+    run_ok(
+        ext4kit_mkfs(["-q", "-t", "ext4", "-J", &format!("device={jpath}")])
+            .args(["-E", "lazy_itable_init=1,nodiscard"])
+            .arg(&img)
+            .env("MKE2FS_CONFIG", &conf),
+    )
+    .unwrap();
+    e2fsck_clean_with(&img, &["-j", &jpath]).unwrap_or_else(|e| panic!("{TEST}: fresh: {e}"));
+    // Offline lazy init needs no journal: it works on such filesystems.
+    run_ok(ext4kit().args(["lazyinit", "-q", "--mult", "0"]).arg(&img)).unwrap();
+    let info = run_ok(ext4kit().arg("info").arg(&img)).unwrap();
+    let info = String::from_utf8_lossy(&info.stdout).into_owned();
+    assert!(info.contains("lazy init:           0 of"), "{info}");
+    e2fsck_clean_with(&img, &["-j", &jpath]).unwrap_or_else(|e| panic!("{TEST}: lazyinit: {e}"));
+    let jopt = format!("journal_path={jpath}");
+    let expect = {
+        let lo = LoopDev::attach(&img).unwrap();
+        let mnt = Mount::new(lo.path(), "ext4", Some(&jopt))
+            .unwrap_or_else(|e| panic!("{TEST}: the kernel refuses to mount it: {e}"));
+        let expect = populate(mnt.path()).unwrap_or_else(|e| panic!("{TEST}: writing: {e}"));
+        run_ok(tool("sync").arg("-f").arg(mnt.path())).unwrap();
+        mnt.unmount().unwrap();
+        expect
+    };
+    let summary = e2fsck_clean_with(&img, &["-j", &jpath])
+        .unwrap_or_else(|e| panic!("{TEST}: after the kernel wrote to it: {e}"));
+    assert!(
+        used_inodes(&summary).unwrap_or(0) as usize > expect.len(),
+        "{summary}"
+    );
+    {
+        let lo = LoopDev::attach(&img).unwrap();
+        let mnt = Mount::new(lo.path(), "ext4", Some(&format!("ro,{jopt}"))).unwrap();
+        verify(mnt.path(), &expect).unwrap_or_else(|e| panic!("{TEST}: {e}"));
+    }
+    // The read side.
+    let info = run_ok(ext4kit().arg("info").arg(&img)).unwrap();
+    assert!(String::from_utf8_lossy(&info.stdout).contains("external"));
+    let cat = run_ok(
+        ext4kit()
+            .arg("cat")
+            .arg(format!("{}:/dir02/file02.dat", img.display())),
+    )
+    .unwrap();
+    assert_eq!(cat.stdout, expect[Path::new("dir02/file02.dat")]);
+    // The read-write tools refuse it.
+    let before = file_hash(&img).unwrap();
+    let out = run(ext4kit()
+        .arg("mkdir")
+        .arg(format!("{}:/new", img.display())))
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "mkdir on an external-journal filesystem succeeded"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("external journal"), "{err}");
+    assert_eq!(file_hash(&img).unwrap(), before, "the refused mkdir wrote");
+    eprintln!("ok     {TEST}: {} files ({summary})", expect.len());
+}

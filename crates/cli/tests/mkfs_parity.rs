@@ -400,6 +400,43 @@ const CASES: &[Case] = &[
     // tables, which flushes its block cache (s_kbytes_written).
     case(2 * GIB, &["-O", "quota,^metadata_csum"]),
     case(5 * GIB, &["-O", "bigalloc,quota,^metadata_csum"]),
+    // -O journal_dev: an external journal device (the ext2 superblock with
+    // journal_dev and metadata_csum only, the jbd2 superblock after it,
+    // zeroed or lazy); the block size by mke2fs's size rules or -b.
+    case(4 * MIB, &["-O", "journal_dev"]),
+    case(16 * MIB, &["-O", "journal_dev", "-L", "jlabel"]),
+    case(64 * MIB, &["-O", "journal_dev", "-b", "4096"]),
+    case(64 * MIB, &["-O", "journal_dev", "-b", "2048"]).e("lazy_journal_init=1"),
+    case(GIB, &["-O", "journal_dev", "-m", "10", "-I", "128"]),
+    case(GIB, &["-O", "journal_dev"]).t("ext3"),
+    case(GIB, &["-O", "journal_dev", "-b", "1024", "-g", "4096"]).e("test_fs,stride=4"),
+    case(4 * GIB, &["-O", "journal_dev,fast_commit,quota"]).e("lazy_journal_init=1"),
+    // -E resize=: the reserved GDT blocks cover the given maximum; a
+    // small maximum leaves the default, a huge one takes a block of
+    // pointers; it turns resize_inode back on.
+    case(GIB, &[]).e("resize=1000000"),
+    case(GIB, &[]).e("resize=4T"),
+    case(GIB, &[]).e("resize=300000"),
+    case(GIB, &[]).e("resize=262145"),
+    case(GIB, &[]).e("resize=1000000000000000"),
+    case(100 * MIB, &["-b", "1024"]).e("resize=10000000"),
+    case(100 * MIB, &["-b", "1024", "-g", "2048"]).e("resize=200000"),
+    case(GIB, &[]).e("desc_size=128,resize=5000000"),
+    case(GIB, &["-O", "^resize_inode"]).e("resize=1000000"),
+    case(GIB, &["-O", "^64bit"]).e("resize=100000000"),
+    case(GIB, &["-O", "^has_journal"])
+        .t("ext2")
+        .e("resize=3000000"),
+    // -J location=: the journal's goal block (mke2fs.conf's
+    // journal_location otherwise); -E packed_meta_blocks wins.
+    case(GIB, &["-J", "location=1000"]),
+    case(GIB, &["-J", "location=0"]),
+    case(GIB, &["-J", "location=100M"]),
+    case(GIB, &["-J", "location=garbage"]),
+    case(GIB, &["-J", "location=10000000"]),
+    case(100 * MIB, &["-b", "1024", "-J", "location=50000,size=8"]),
+    case(GIB, &["-J", "location=200000"]).e("packed_meta_blocks=1"),
+    case(GIB, &["-O", "^extent", "-J", "location=5000"]).t("ext3"),
 ];
 
 enum Outcome {
@@ -454,7 +491,7 @@ fn compare(
             ));
         }
         sparse_equal(&refimg, &ours)?;
-        e2fsck_clean(&ours)?;
+        check_made(&ours)?;
         Ok(None)
     })();
     let _ = std::fs::remove_file(&ours);
@@ -464,6 +501,37 @@ fn compare(
         Ok(Some(why)) => Outcome::Skip(why),
         Err(why) => Outcome::Fail(why),
     }
+}
+
+/// A filesystem must be e2fsck-clean; e2fsck does not check a journal
+/// device (`-O journal_dev`), so for one dumpe2fs must show its jbd2
+/// superblock as an empty, unused journal over the whole device.
+fn check_made(img: &Path) -> Result<(), String> {
+    let h = dumpe2fs_h(img);
+    if !h
+        .lines()
+        .any(|l| l.starts_with("Filesystem features:") && l.contains("journal_dev"))
+    {
+        return e2fsck_clean(img).map(|_| ());
+    }
+    let field = |name: &str| {
+        h.lines()
+            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+            .ok_or_else(|| format!("dumpe2fs shows no {name:?}:\n{h}"))
+    };
+    let blocks = field("Block count:")?;
+    for (name, want) in [
+        ("Total journal blocks:", blocks.as_str()),
+        ("Journal sequence:", "0x00000001"),
+        ("Journal start:", "0"),
+        ("Journal number of users:", "0"),
+    ] {
+        let got = field(name)?;
+        if got != want {
+            return Err(format!("journal device: {name} {got}, want {want}"));
+        }
+    }
+    Ok(())
 }
 
 fn parity(conf: Conf, filter: impl Fn(&Case) -> bool) {
@@ -1845,6 +1913,63 @@ fn feature_refusals_match_mke2fs() {
             &["-o", "hurd", "-O", "ea_inode"],
             "The HURD does not support the ea_inode feature.",
         ),
+        // -E resize= (8 MiB: 8192 1 KiB blocks).
+        (
+            &["-E", "resize=100"],
+            "The resize maximum must be greater than the filesystem size.",
+        ),
+        (&["-E", "resize=8192"], "The resize maximum must be greater"),
+        (&["-E", "resize=x"], "Invalid resize parameter: x"),
+        (&["-E", "resize"], "resize"),
+        (
+            &["-O", "meta_bg,^resize_inode", "-E", "resize=1000000"],
+            "The resize_inode and meta_bg features are not compatible",
+        ),
+        (
+            &["-O", "^sparse_super", "-E", "resize=1000000"],
+            "reserved online resize blocks not supported on non-sparse filesystem",
+        ),
+        (
+            &["-E", "resize=1000000,desc_size=128"],
+            "'desc_size' must be before 'resize=7'",
+        ),
+        (
+            &["-r", "0", "-E", "resize=1000000"],
+            "On-line resizing not supported with revision 0 filesystems",
+        ),
+        (
+            &[
+                "-b",
+                "4096",
+                "-g",
+                "1024",
+                "-N",
+                "2000",
+                "-E",
+                "resize=100000000",
+            ],
+            "inodes",
+        ),
+        // -O journal_dev: its feature mask drops sparse_super, which the
+        // resize inode -E resize= turns on needs.
+        (
+            &["-O", "journal_dev", "-E", "resize=10000000"],
+            "reserved online resize blocks not supported on non-sparse filesystem",
+        ),
+        (
+            &["-O", "journal_dev", "-r", "0"],
+            "not supported with revision 0",
+        ),
+        (&["-J", "location"], "location"),
+        (&["-J", "device"], "device"),
+        (
+            &["-J", "device=UUID=0b7e3c52-0000-4a6e-9c2b-5d4f3e2a1b99"],
+            "Could not find journal device matching UUID=0b7e3c52-0000-4a6e-9c2b-5d4f3e2a1b99",
+        ),
+        (
+            &["-J", "device=LABEL=ext4kit-no-such-label"],
+            "Could not find journal device matching LABEL=ext4kit-no-such-label",
+        ),
     ];
     let dir = image_dir();
     let conf = dir.path().join("mke2fs.conf");
@@ -2054,4 +2179,370 @@ fn engine_refuses_bigalloc_and_quota_images() {
         );
         e2fsck_clean(&img).expect("e2fsck");
     }
+}
+
+/// The first byte where `a` and `b` differ, for messages.
+fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
+    (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i))
+}
+
+/// `-J device=`: a filesystem (an image file) on an external journal (a
+/// loop device over a journal device mke2fs made), named by path, `UUID=`
+/// and `LABEL=`: the filesystem and the journal device (its user list, and
+/// the superblock mke2fs's close rewrites when it counts kilobytes
+/// written) byte for byte as mke2fs leaves them, the filesystem e2fsck
+/// clean with the journal. The journal device is put back to its state
+/// before mke2fs ran before ext4kit runs, on the same loop device (its
+/// number is in `s_journal_dev`). Root only.
+#[test]
+fn parity_external_journal() {
+    let test = "parity_external_journal";
+    if !is_root() {
+        return skip(test, "needs root for loop devices");
+    }
+    for t in ["mke2fs", "e2fsck", "losetup", "blkid"] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found"));
+        }
+    }
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, UPSTREAM_CONF).unwrap();
+    let env = [
+        ("E2FSPROGS_FAKE_TIME", FAKE_TIME),
+        ("SOURCE_DATE_EPOCH", FAKE_TIME),
+    ];
+    let pid = std::process::id();
+    // (journal device size, its mke2fs options, filesystem size, its
+    // options, how -J device= names the journal)
+    type JCase<'a> = (u64, &'a [&'a str], u64, &'a [&'a str], &'a str);
+    let cases: &[JCase] = &[
+        (32 * MIB, &["-b", "4096"], 256 * MIB, &[], "path"),
+        (16 * MIB, &["-b", "1024"], 64 * MIB, &[], "uuid"),
+        (
+            64 * MIB,
+            &["-t", "ext3", "-b", "4096"],
+            GIB,
+            &["-t", "ext3"],
+            "label",
+        ),
+        (
+            32 * MIB,
+            &["-b", "4096"],
+            GIB,
+            &["-b", "4096", "-O", "orphan_file"],
+            "path",
+        ),
+        (
+            32 * MIB,
+            &["-b", "2048"],
+            256 * MIB,
+            &["-b", "-1024", "-J", "size=64"],
+            "uuid",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (k, &(jsize, jopts, fsize, fopts, how)) in cases.iter().enumerate() {
+        let juuid = format!("6a1e7d3c-{k:04x}-4b2a-9c1d-{pid:012x}");
+        let jlabel = format!("ek{pid:x}j{k}");
+        let label = format!("{k}: journal {jopts:?}, filesystem {fopts:?}, by {how}");
+        let res = (|| -> Result<(), String> {
+            let jimg = dir.path().join("j.img");
+            let _ = std::fs::remove_file(&jimg);
+            sparse_file(&jimg, jsize).map_err(|e| e.to_string())?;
+            let lo = LoopDev::attach(&jimg)?;
+            let mut margs: Vec<String> = ["-F", "-q", "-O", "journal_dev", "-U", &juuid, "-L"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            margs.push(jlabel.clone());
+            margs.extend(jopts.iter().map(|s| s.to_string()));
+            margs.push(lo.path().display().to_string());
+            run_ok(mke2fs(&margs).envs(env).env("MKE2FS_CONFIG", &conf))?;
+            let before = std::fs::read(lo.path()).map_err(|e| e.to_string())?;
+            let spec = match how {
+                "uuid" => format!("UUID={juuid}"),
+                "label" => format!("LABEL={jlabel}"),
+                _ => lo.path().display().to_string(),
+            };
+            let args = |img: &Path| {
+                let mut v: Vec<String> = ["-F", "-q", "-U", UUID]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+                if !fopts.contains(&"-t") {
+                    v.extend(["-t".into(), "ext4".into()]);
+                }
+                v.extend(fopts.iter().map(|s| s.to_string()));
+                v.extend(["-J".into(), format!("device={spec}")]);
+                v.extend(["-E".into(), seed_ext(None), img.display().to_string()]);
+                v
+            };
+            let (refimg, ours) = (dir.path().join("ref.img"), dir.path().join("ours.img"));
+            for p in [&refimg, &ours] {
+                let _ = std::fs::remove_file(p);
+                sparse_file(p, fsize).map_err(|e| e.to_string())?;
+            }
+            run_ok(mke2fs(args(&refimg)).envs(env).env("MKE2FS_CONFIG", &conf))?;
+            let jref = std::fs::read(lo.path()).map_err(|e| e.to_string())?;
+            {
+                use std::io::Write;
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(lo.path())
+                    .map_err(|e| e.to_string())?;
+                f.write_all(&before).map_err(|e| e.to_string())?;
+                f.sync_all().map_err(|e| e.to_string())?;
+            }
+            run_ok(
+                ext4kit_mkfs(args(&ours))
+                    .envs(env)
+                    .env("MKE2FS_CONFIG", &conf),
+            )?;
+            let jours = std::fs::read(lo.path()).map_err(|e| e.to_string())?;
+            sparse_equal(&refimg, &ours)?;
+            if let Some(at) = first_difference(&jref, &jours) {
+                return Err(format!("the journal devices differ at byte {at}"));
+            }
+            let users = dumpe2fs_h(lo.path());
+            if !users.contains(&format!("Journal users:            {UUID}")) {
+                return Err(format!(
+                    "the journal does not list the filesystem:\n{users}"
+                ));
+            }
+            e2fsck_clean_with(&ours, &["-j", &lo.path().display().to_string()])?;
+            Ok(())
+        })();
+        match res {
+            Ok(()) => eprintln!("ok     {label}"),
+            Err(e) => {
+                eprintln!("FAIL   {label}: {e}");
+                failures.push(format!("{label}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// -E resize= asking for reserved GDT blocks that, with the descriptors,
+/// take more than 3/4 of a group: mke2fs 1.47.0 turns meta_bg on and keeps
+/// the reserved count, a filesystem e2fsck rejects ("s_reserved_gdt_blocks
+/// is 793; should be zero"); ext4kit refuses it and writes nothing.
+#[test]
+fn resize_past_three_quarters_of_a_group_is_refused() {
+    let dir = image_dir();
+    let img = dir.path().join("t.img");
+    sparse_file(&img, 64 * MIB).unwrap();
+    let args = [
+        "-F",
+        "-q",
+        "-t",
+        "ext4",
+        "-b",
+        "4096",
+        "-g",
+        "1024",
+        "-N",
+        "2000",
+        "-E",
+        "resize=52000000",
+    ];
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, UPSTREAM_CONF).unwrap();
+    if have("mke2fs") && have("e2fsck") {
+        let refimg = dir.path().join("ref.img");
+        sparse_file(&refimg, 64 * MIB).unwrap();
+        run_ok(mke2fs(args).arg(&refimg).env("MKE2FS_CONFIG", &conf)).unwrap();
+        let h = dumpe2fs_h(&refimg);
+        assert!(
+            h.contains("meta_bg") && h.contains("Reserved GDT blocks:      793"),
+            "{h}"
+        );
+        assert!(
+            e2fsck_clean(&refimg).is_err(),
+            "mke2fs's filesystem is clean now?"
+        );
+    }
+    let before = file_hash(&img).unwrap();
+    let out = run(ext4kit_mkfs(args).arg(&img).env("MKE2FS_CONFIG", &conf)).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("e2fsck rejects"), "{err}");
+    assert_eq!(file_hash(&img).unwrap(), before, "nothing written");
+}
+
+/// Journal devices mke2fs cannot use (after writing part of the
+/// filesystem, for most of them): ext4kit refuses them with one line,
+/// before it writes anything to the target or the journal device. Also a
+/// journal device too small for a journal (mke2fs fails after wiping the
+/// old superblock). Root only (loop devices).
+#[test]
+fn external_journal_refusals_match_mke2fs() {
+    let test = "external_journal_refusals_match_mke2fs";
+    if !is_root() {
+        return skip(test, "needs root for loop devices");
+    }
+    for t in ["mke2fs", "losetup"] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found"));
+        }
+    }
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, UPSTREAM_CONF).unwrap();
+    let jfile = dir.path().join("jfile.img");
+    sparse_file(&jfile, 32 * MIB).unwrap();
+    run_ok(mke2fs(["-F", "-q", "-b", "4096", "-O", "journal_dev"]).arg(&jfile)).unwrap();
+    let jcopy = dir.path().join("jloop.img");
+    std::fs::copy(&jfile, &jcopy).unwrap();
+    let jlo = LoopDev::attach(&jcopy).unwrap();
+    let fsimg = dir.path().join("fs4.img");
+    sparse_file(&fsimg, 32 * MIB).unwrap();
+    run_ok(mke2fs(["-F", "-q", "-t", "ext4"]).arg(&fsimg)).unwrap();
+    let fslo = LoopDev::attach(&fsimg).unwrap();
+    let jl = jlo.path().display().to_string();
+    let dev = |p: &Path| format!("device={}", p.display());
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["-J".into(), dev(&jfile)], "not a block device"),
+        (
+            vec!["-J".into(), dev(fslo.path())],
+            "Journal superblock not found",
+        ),
+        (
+            vec![
+                "-b".into(),
+                "1024".into(),
+                "-J".into(),
+                format!("device={jl}"),
+            ],
+            "Filesystem has unexpected block size",
+        ),
+        (
+            vec![
+                "-b".into(),
+                "-8192".into(),
+                "-J".into(),
+                format!("device={jl}"),
+            ],
+            "Journal dev blocksize (4096) smaller than minimum blocksize 8192",
+        ),
+        (
+            vec![
+                "-O".into(),
+                "journal_dev".into(),
+                "-b".into(),
+                "4096".into(),
+            ],
+            "Journal must be at least 1024 blocks",
+        ),
+    ];
+    let pristine = dir.path().join("pristine.img");
+    pattern_file(&pristine, 2 * MIB, 0x5eed).unwrap();
+    let hash = file_hash(&pristine).unwrap();
+    let jhash = || std::fs::read(jlo.path()).unwrap();
+    let jbefore = jhash();
+    let mut failures = Vec::new();
+    for (opts, want) in &cases {
+        let label = format!("{opts:?}");
+        let res = (|| -> Result<(), String> {
+            let img = dir.path().join("t.img");
+            let args: Vec<String> = ["-F", "-q", "-t", "ext4"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain(opts.iter().cloned())
+                .chain([img.display().to_string()])
+                .collect();
+            std::fs::copy(&pristine, &img).map_err(|e| e.to_string())?;
+            let r = run(mke2fs(&args).env("MKE2FS_CONFIG", &conf))?;
+            if r.status.success() {
+                return Err("mke2fs accepts it".into());
+            }
+            // mke2fs may have written to the journal device: put it back.
+            std::fs::write(jlo.path(), &jbefore).map_err(|e| e.to_string())?;
+            std::fs::copy(&pristine, &img).map_err(|e| e.to_string())?;
+            let o = run(ext4kit_mkfs(&args).env("MKE2FS_CONFIG", &conf))?;
+            let err = String::from_utf8_lossy(&o.stderr);
+            if o.status.success() {
+                return Err(format!("ext4kit accepts it (mke2fs: {})", last_line(&r)));
+            }
+            if err.lines().count() != 1 || !err.contains(want) {
+                return Err(format!("ext4kit says {err:?}, want one line with {want:?}"));
+            }
+            if file_hash(&img).map_err(|e| e.to_string())? != hash {
+                return Err("ext4kit WROTE to the target".into());
+            }
+            if jhash() != jbefore {
+                return Err("ext4kit WROTE to the journal device".into());
+            }
+            Ok(())
+        })();
+        match res {
+            Ok(()) => eprintln!("ok     {label}"),
+            Err(e) => {
+                eprintln!("FAIL   {label}: {e}");
+                failures.push(format!("{label}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `-O journal_dev` from mke2fs.conf (a usage type whose features are
+/// journal_dev) and the `journal` type's relations (inode size, hash,
+/// errors, lazy_journal_init) for every lookup after the feature mask,
+/// while the block size and default_mntopts still come from the types
+/// before it, as in mke2fs.
+#[test]
+fn parity_journal_dev_conf() {
+    if !have("mke2fs") {
+        return skip("parity_journal_dev_conf", "mke2fs not found");
+    }
+    const CONF: &str = "[defaults]
+\tbase_features = sparse_super,large_file,filetype,resize_inode,dir_index,ext_attr
+\tdefault_mntopts = acl,user_xattr
+\tblocksize = 4096
+\tinode_size = 256
+\tinode_ratio = 16384
+\treserved_ratio = 3
+[fs_types]
+\text4 = {
+\t\tfeatures = has_journal,extent,huge_file,flex_bg,metadata_csum,64bit,dir_nlink,extra_isize
+\t\tdefault_mntopts = user_xattr
+\t}
+\tjdev = {
+\t\tfeatures = journal_dev
+\t\tblocksize = 2048
+\t}
+\tjournal = {
+\t\tinode_size = 128
+\t\thash_alg = tea
+\t\terrors = panic
+\t\tlazy_journal_init = 1
+\t}
+";
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, CONF).unwrap();
+    let mut failures = Vec::new();
+    for opts in [
+        &["-T", "jdev"][..],
+        &["-T", "jdev", "-b", "1024"],
+        &["-O", "journal_dev"],
+    ] {
+        let args = |img: &Path| {
+            let mut v: Vec<String> = ["-F", "-q", "-t", "ext4", "-U", UUID]
+                .iter()
+                .chain(opts)
+                .map(|s| s.to_string())
+                .collect();
+            v.extend(["-E".into(), seed_ext(None), img.display().to_string()]);
+            v
+        };
+        match compare(dir.path(), &conf, 64 * MIB, &[], &args) {
+            Outcome::Pass => eprintln!("ok     {opts:?}"),
+            Outcome::Skip(why) | Outcome::Fail(why) => failures.push(format!("{opts:?}: {why}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

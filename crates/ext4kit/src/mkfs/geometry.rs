@@ -67,6 +67,12 @@ pub struct FsParams {
     /// `-O quota`: the quota files to create ([`super::quota::USR`] |
     /// `GRP` | `PRJ`, from `-E quotatype=`).
     pub quota_types: u8,
+    /// `-J device=`: the journal is on another device (no journal inode;
+    /// has_journal stays).
+    pub external_journal: bool,
+    /// `-J location=` (or mke2fs.conf's `journal_location`): the journal's
+    /// goal block instead of the middle of the filesystem.
+    pub journal_location: Option<u64>,
 }
 
 /// Errors the planner reports: all are the user's parameters being
@@ -805,6 +811,9 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
     if !(1024..=65536).contains(&bs) || !bs.is_power_of_two() {
         return Err(GeometryError::Invalid(format!("block size {bs}")));
     }
+    if p.features.incompat.contains(Incompat::JOURNAL_DEV) {
+        return super::journal_dev::plan(p);
+    }
     let features = p.features;
     let bit64 = features.incompat.contains(Incompat::BIT64);
     let bigalloc = features.ro_compat.contains(RoCompat::BIGALLOC);
@@ -925,6 +934,19 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
             )));
         }
         if u64::from(rsv_gdt) + u64::from(desc_blocks) > u64::from(bpg) * 3 / 4 {
+            if let Some(r) = p.reserved_gdt_blocks {
+                // -E resize=: ext2fs_initialize turns meta_bg on but keeps
+                // the requested s_reserved_gdt_blocks (set_field), then
+                // counts them in the group overhead.
+                if 4 + u64::from(itb) + u64::from(r) > u64::from(bpg) {
+                    return Err(GeometryError::TooManyInodes(format!(
+                        "{ipg_final} per group with {r} reserved GDT blocks (-E resize=)"
+                    )));
+                }
+                return Err(GeometryError::Invalid(format!(
+                    "-E resize= needs {r} reserved GDT blocks, more than 3/4 of a block group with the descriptors: mke2fs 1.47.0 then makes a meta_bg filesystem with s_reserved_gdt_blocks {r}, which e2fsck rejects"
+                )));
+            }
             features.incompat.insert(Incompat::META_BG);
             features.compat.remove(Compat::RESIZE_INODE);
             rsv_gdt = 0;
@@ -1098,7 +1120,12 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
     }
     l.free_blocks &= !cluster_mask;
     // figure_journal_size runs on the freshly initialized filesystem.
-    let (journal_request, fc_blocks) = figure_journal_size(p, &l)?;
+    // (Not with an external journal: mke2fs skips it then.)
+    let (journal_request, fc_blocks) = if p.external_journal {
+        (None, 0)
+    } else {
+        figure_journal_size(p, &l)?
+    };
     let mut pl = Planner {
         l,
         stride: p.stride,
@@ -1206,6 +1233,8 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
             overhead += u64::from(jb).div_ceil(1 << cluster_bits);
             let goal = if p.packed_meta_blocks {
                 0
+            } else if let Some(g) = p.journal_location {
+                g
             } else {
                 midpoint_journal_goal(&pl.l)
             };
@@ -1221,6 +1250,7 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
             pl.l.journal_blocks = jb;
             note_file_size(&mut pl.l, u64::from(jb) * u64::from(bs));
         }
+        None if p.external_journal => {}
         None => {
             pl.l.features.compat.remove(Compat::HAS_JOURNAL);
             pl.l.features.compat.remove(Compat::ORPHAN_FILE);
@@ -1688,6 +1718,8 @@ mod plan_tests {
             super_only: false,
             cluster_bits: 0,
             quota_types: 0,
+            external_journal: false,
+            journal_location: None,
         }
     }
 

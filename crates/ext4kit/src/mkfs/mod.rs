@@ -6,6 +6,7 @@
 pub mod blockset;
 pub mod encoding;
 pub mod geometry;
+pub mod journal_dev;
 pub mod kbytes;
 pub mod mmp;
 pub mod offset;
@@ -32,6 +33,8 @@ pub enum MkfsError {
     Device(#[from] DeviceError),
     #[error(transparent)]
     Write(#[from] writer::WriteError),
+    #[error(transparent)]
+    JournalDev(#[from] journal_dev::JournalDevError),
 }
 
 /// A validated, planned format, ready to execute.
@@ -56,7 +59,11 @@ pub fn prepare(resolved: Resolved, discard_zeroes: bool) -> Result<Prepared, Mkf
     let mut settings = resolved.settings.clone();
     settings.itable_zeroed = zeroed;
     settings.lazy_itable_init = params.lazy_itable_init;
-    settings.kbytes_written = kbytes::mke2fs_kbytes_written(&layout);
+    settings.kbytes_written = if journal_dev::is_journal_dev(&layout) {
+        journal_dev::kbytes_written(&layout)
+    } else {
+        kbytes::mke2fs_kbytes_written(&layout)
+    };
     Ok(Prepared {
         resolved,
         layout,

@@ -58,6 +58,11 @@ pub struct MkfsOptions {
     /// `-C`: cluster size in bytes (bigalloc), checked by
     /// [`parse_cluster_size_arg`].
     pub cluster_size: Option<u32>,
+    /// `-J device=`: the journal device, read by the caller before
+    /// resolving (mke2fs opens it while it parses the options: its block
+    /// size is the default). Required when `-J device=` is given; see
+    /// [`journal_device_spec`] and [`super::journal_dev::inspect`].
+    pub external_journal: Option<super::journal_dev::ExternalJournal>,
 }
 
 /// What the options resolve to.
@@ -241,10 +246,8 @@ fn unsupported_features(f: &Features) -> Vec<String> {
         | Compat::EXCLUDE_BITMAP.bits()
         | Compat::DIR_PREALLOC.bits()
         | Compat::IMAGIC_INODES.bits();
-    let bad_incompat = Incompat::COMPRESSION.bits()
-        | Incompat::RECOVER.bits()
-        | Incompat::JOURNAL_DEV.bits()
-        | Incompat::DIRDATA.bits();
+    let bad_incompat =
+        Incompat::COMPRESSION.bits() | Incompat::RECOVER.bits() | Incompat::DIRDATA.bits();
     let bad_ro = RoCompat::REPLICA.bits()
         | RoCompat::READONLY.bits()
         | RoCompat::SHARED_BLOCKS.bits()
@@ -469,6 +472,69 @@ pub struct Env {
     pub kernel_lazy_itable_init: bool,
 }
 
+/// The `device=` of the `-J` options (the last one, as mke2fs keeps it):
+/// a path, or `UUID=`/`LABEL=` (any `NAME=value` libblkid knows) for the
+/// caller to look up. `device` without a value is mke2fs's "Bad journal
+/// options".
+pub fn journal_device_spec(journal: &[String]) -> Result<Option<String>, OptionError> {
+    let mut dev = None;
+    for tok in journal.iter().flat_map(|j| j.split(',')) {
+        match tok.split_once('=') {
+            Some(("device", v)) => dev = Some(v.to_string()),
+            None if tok == "device" => return err("journal option 'device' needs a value"),
+            _ => {}
+        }
+    }
+    Ok(dev)
+}
+
+/// `-E resize=N` as mke2fs's parse_extended_opts reads it: N blocks (with
+/// a K/M/G/T suffix) that the reserved GDT blocks must cover, more than
+/// the filesystem has now. The result is the reserved descriptor blocks
+/// (at most a block's worth of pointers); 0 or less leaves the default.
+/// mke2fs counts the groups of `blocks` without the first data block and
+/// divides in 32-bit unsigned arithmetic: a limit past 2^32 groups wraps.
+fn resize_reserved_gdt(
+    arg: &str,
+    log_bs: u32,
+    blocks: u64,
+    blocks_per_group: u32,
+    desc_size: u32,
+) -> Result<u32, OptionError> {
+    let resize = match parse_num_blocks(arg, log_bs) {
+        Some(r) => r,
+        None => return err(format!("Invalid resize parameter: {arg}")),
+    };
+    if resize <= blocks {
+        return err("The resize maximum must be greater than the filesystem size.");
+    }
+    let bs = 1024u64 << log_bs;
+    let bpg = if blocks_per_group == 0 {
+        bs * 8
+    } else {
+        u64::from(blocks_per_group)
+    };
+    let gdpb = (bs / u64::from(desc_size)) as u32;
+    // ext2fs_div_ceil(unsigned int, unsigned int).
+    let div_ceil32 = |a: u32, b: u32| if a == 0 { 0 } else { (a - 1) / b + 1 };
+    let groups = blocks.div_ceil(bpg) as u32;
+    let desc_blocks = groups.div_ceil(gdpb);
+    let rsv_groups = resize.div_ceil(bpg);
+    let rsv_gdb = i64::from(div_ceil32(rsv_groups as u32, gdpb)) - i64::from(desc_blocks);
+    let apb = (bs / 4) as i64;
+    Ok(rsv_gdb.min(apb).max(0) as u32)
+}
+
+/// mke2fs's `journal_size != 0`: `-j`, or `-J size=` (not `device=`,
+/// `location=` or `fast_commit_size=` alone).
+pub fn journal_size_given(add_journal: bool, journal: &[String]) -> bool {
+    add_journal
+        || journal
+            .iter()
+            .flat_map(|j| j.split(','))
+            .any(|t| t.split_once('=').is_some_and(|(k, _)| k == "size"))
+}
+
 /// Resolve options into planner parameters. No I/O except what `env`
 /// already captured; random UUIDs come from the `uuid` crate.
 pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resolved, OptionError> {
@@ -503,6 +569,23 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         if !(1024..=65536).contains(&b.unsigned_abs()) {
             return err(format!("invalid block size - {b}"));
         }
+    }
+    // -J device= without a block size: the journal device's ("Using
+    // journal device's blocksize"), at least a negative -b's.
+    if journal_device_spec(&opts.journal)?.is_some() && opts.external_journal.is_none() {
+        return err("-J device=: the journal device has not been read");
+    }
+    if blocksize <= 0
+        && let Some(ej) = &opts.external_journal
+    {
+        let jbs = i64::from(ej.block_size);
+        if blocksize < 0 && jbs < -blocksize {
+            return err(format!(
+                "Journal dev blocksize ({jbs}) smaller than minimum blocksize {}",
+                -blocksize
+            ));
+        }
+        blocksize = jbs;
     }
     // EXT2_BLOCK_SIZE(&fs_param) until the block size is final: the last
     // positive -b (int_log2 of its KiB), else 1 KiB.
@@ -554,12 +637,14 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             fs_blocks_count,
             block_size: 1024 << log_bs_hint,
             is_hurd: for_hurd(creator_os_name.as_deref()),
-            journal: opts.add_journal || !opts.journal.is_empty(),
+            journal: journal_size_given(opts.add_journal, &opts.journal),
             force: opts.force,
         })
         .map_err(|e| OptionError(e.to_string().replace('\n', " ")))?;
     warnings.extend(types.warnings.iter().cloned());
-    let fs_types = types.types.clone();
+    let mut fs_types = types.types.clone();
+    // default_mntopts is looked up before -O journal_dev replaces the list.
+    let mntopt_types = fs_types.clone();
     // Features.
     let mut f = Features::default();
     let edits = profile.feature_edits(&fs_types);
@@ -624,7 +709,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             _ => {}
         }
     }
-    if opts.add_journal || !opts.journal.is_empty() {
+    if journal_size_given(opts.add_journal, &opts.journal) {
         if rev0 {
             return err("Journals not supported with revision 0 filesystems");
         }
@@ -694,6 +779,16 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             "size of device ({fs_blocks_count} blocks) too big to create a filesystem"
         ));
     }
+    // -O journal_dev: the "journal" type for every later mke2fs.conf
+    // lookup, no reserved blocks, and only journal_dev (and metadata_csum)
+    // of the features so far.
+    let journal_dev = f.incompat.contains(Incompat::JOURNAL_DEV);
+    if journal_dev {
+        fs_types = vec!["journal".to_string()];
+        f.compat = Compat::empty();
+        f.incompat = Incompat::JOURNAL_DEV;
+        f.ro_compat = RoCompat(f.ro_compat.bits() & RoCompat::METADATA_CSUM.bits());
+    }
     let mut reserved_ratio = match opts.reserved_ratio {
         Some(r) => r,
         None => profile.get_double(&fs_types, "reserved_ratio", 5.0),
@@ -702,6 +797,9 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         return err(format!(
             "invalid reserved blocks percent - {reserved_ratio}"
         ));
+    }
+    if journal_dev {
+        reserved_ratio = 0.0;
     }
     if f.incompat.contains(Incompat::BIT64) && !f.incompat.contains(Incompat::EXTENTS) {
         return err("extents must be enabled for a 64-bit filesystem (pass -O extents)");
@@ -793,7 +891,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let mut hash_seed: Option<[u8; 16]> = None;
     let mut root_uid = 0u32;
     let mut root_gid = 0u32;
-    let mut resize: Option<u64> = None;
+    // -E resize=: s_reserved_gdt_blocks as parse_extended_opts computes it.
+    let mut reserved_gdt: Option<u32> = None;
     let mut orphan_file_blocks: Option<u32> = None;
     // The first meta block group, from the environment, only when meta_bg
     // was asked for (not when libext2fs turns it on by itself).
@@ -848,7 +947,29 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             match k {
                 "stride" => stride = num(v)? as u32,
                 "stripe-width" | "stripe_width" => stripe_width = num(v)? as u32,
-                "resize" => resize = Some(num(v)?),
+                "resize" => {
+                    let s = need(v)?;
+                    let rsv = resize_reserved_gdt(
+                        &s,
+                        log_bs,
+                        fs_blocks_count,
+                        opts.blocks_per_group.unwrap_or(0),
+                        if f.incompat.contains(Incompat::BIT64) {
+                            if desc_size == 0 { 64 } else { desc_size }
+                        } else {
+                            32
+                        },
+                    )?;
+                    if rsv > 0 {
+                        if rev0 {
+                            return err(
+                                "On-line resizing not supported with revision 0 filesystems",
+                            );
+                        }
+                        f.compat.insert(Compat::RESIZE_INODE);
+                        reserved_gdt = Some(rsv);
+                    }
+                }
                 "packed_meta_blocks" => packed_meta_blocks = parse_bool_val(k, v)?,
                 "lazy_itable_init" => lazy_itable_init = parse_bool_val(k, v)?,
                 "lazy_journal_init" => lazy_journal_init = parse_bool_val(k, v)?,
@@ -918,6 +1039,9 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 "desc_size" | "desc-size" => {
                     if !f.incompat.contains(Incompat::BIT64) {
                         return err(format!("{k} requires '-O 64bit'"));
+                    }
+                    if let Some(r) = reserved_gdt {
+                        return err(format!("'{k}' must be before 'resize={r}'"));
                     }
                     let s = need(v)?;
                     let d = match parse_c_ulong(&s) {
@@ -1178,10 +1302,16 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let mut journal_blocks = None;
     // -J fast_commit_size= (KiB), used only with the fast_commit feature.
     let mut fc_blocks = None;
+    // -J location= (else mke2fs.conf's journal_location).
+    let mut location: Option<String> = None;
+    let external = opts.external_journal.is_some();
     for j in &opts.journal {
         for tok in j.split(',').filter(|t| !t.is_empty()) {
             let (k, v) = tok.split_once('=').unwrap_or((tok, ""));
             match k {
+                // mke2fs does not look at the size with an external
+                // journal.
+                "size" if external => {}
                 "size" => {
                     let mb: u64 = v
                         .parse()
@@ -1204,18 +1334,27 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                         fc_blocks = Some((i64::from(kib) * 1024 / i64::from(bs)) as u32);
                     }
                 }
-                "device" | "location" => {
-                    return err(format!(
-                        "journal option '{k}' is not supported by ext4kit yet"
-                    ));
-                }
+                // Read by the caller (opts.external_journal).
+                "device" => {}
+                "location" if tok.contains('=') => location = Some(v.to_string()),
+                "location" => return err("journal option 'location' needs a value"),
                 _ => return err(format!("bad journal option: '{k}'")),
             }
         }
     }
-    if let Some(r) = resize {
-        let _ = r;
-        return err("extended option 'resize' is not supported by ext4kit yet");
+    let location = location.or_else(|| profile.get_string(&fs_types, "journal_location"));
+    // parse_num_blocks2: garbage is block 0.
+    let journal_location = location
+        .filter(|l| !l.is_empty())
+        .map(|l| parse_num_blocks(&l, log_bs).unwrap_or(0));
+    if let Some(ej) = &opts.external_journal
+        && ej.block_size != bs
+        && !journal_dev
+    {
+        return err(format!(
+            "Filesystem has unexpected block size while trying to open journal device {} (its blocks are {} bytes, the filesystem's {bs})",
+            ej.path, ej.block_size
+        ));
     }
     // UUIDs.
     let uuid = match opts.uuid.as_deref() {
@@ -1239,7 +1378,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     };
     let mut default_mount_opts = 0u32;
     if !rev0 {
-        let mntopts = profile.default_mntopts(&fs_types);
+        let mntopts = profile.default_mntopts(&mntopt_types);
         edit_mntopts(&mut default_mount_opts, &mntopts)
             .map_err(|_| OptionError(format!("invalid mount option set: {mntopts}")))?;
     }
@@ -1346,7 +1485,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         log_groups_per_flex: log_flex,
         blocks_per_group: opts.blocks_per_group.unwrap_or(0),
         r_blocks_count: r_blocks,
-        reserved_gdt_blocks: None,
+        reserved_gdt_blocks: reserved_gdt,
         desc_size,
         first_meta_bg,
         journal_blocks,
@@ -1362,6 +1501,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         super_only: opts.super_only,
         cluster_bits,
         quota_types,
+        external_journal: external && !journal_dev,
+        journal_location,
     };
     let settings = SuperSettings {
         uuid,
@@ -1389,6 +1530,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         encoding_flags,
         mmp_update_interval,
         mmp_host: super::mmp::MmpHost::default(),
+        external_journal: opts.external_journal.clone().filter(|_| !journal_dev),
     };
     Ok(Resolved {
         params,

@@ -59,6 +59,9 @@ pub struct SuperSettings {
     pub mmp_update_interval: u16,
     /// The host part of the MMP block (`-O mmp`; see [`super::mmp`]).
     pub mmp_host: super::mmp::MmpHost,
+    /// `-J device=`: the external journal (`s_journal_uuid`,
+    /// `s_journal_dev`; no journal inode).
+    pub external_journal: Option<super::journal_dev::ExternalJournal>,
 }
 
 /// `EXT4_ENCRYPTION_MODE_AES_256_XTS` and `_AES_256_CTS`: the default
@@ -87,19 +90,19 @@ pub enum WriteError {
 }
 
 /// Buffers writes and coalesces adjacent ones into large `pwrite`s.
-struct Out<'a> {
+pub(super) struct Out<'a> {
     dev: &'a dyn Device,
     bs: u64,
     pending_off: u64,
     pending: Vec<u8>,
-    stats: WriteStats,
+    pub(super) stats: WriteStats,
 }
 
 const MAX_PENDING: usize = 8 << 20;
 const WRITEBACK_THRESHOLD: usize = 1 << 20;
 
 impl<'a> Out<'a> {
-    fn new(dev: &'a dyn Device, bs: u32) -> Self {
+    pub(super) fn new(dev: &'a dyn Device, bs: u32) -> Self {
         Self {
             dev,
             bs: u64::from(bs),
@@ -108,7 +111,7 @@ impl<'a> Out<'a> {
             stats: WriteStats::default(),
         }
     }
-    fn write(&mut self, off: u64, data: &[u8]) -> Result<(), WriteError> {
+    pub(super) fn write(&mut self, off: u64, data: &[u8]) -> Result<(), WriteError> {
         if !self.pending.is_empty()
             && self.pending_off + self.pending.len() as u64 == off
             && self.pending.len() < MAX_PENDING
@@ -129,10 +132,10 @@ impl<'a> Out<'a> {
         self.pending.extend_from_slice(data);
         Ok(())
     }
-    fn block(&mut self, blk: u64, data: &[u8]) -> Result<(), WriteError> {
+    pub(super) fn block(&mut self, blk: u64, data: &[u8]) -> Result<(), WriteError> {
         self.write(blk * self.bs, data)
     }
-    fn flush_pending(&mut self) -> Result<(), WriteError> {
+    pub(super) fn flush_pending(&mut self) -> Result<(), WriteError> {
         if !self.pending.is_empty() {
             self.dev.write_at(&self.pending, self.pending_off)?;
             if self.pending.len() >= WRITEBACK_THRESHOLD {
@@ -149,7 +152,7 @@ impl<'a> Out<'a> {
     }
     /// Make `[off, off+len)` read as zero, touching only what is not known
     /// to be zero already.
-    fn zero(&mut self, off: u64, len: u64) -> Result<(), WriteError> {
+    pub(super) fn zero(&mut self, off: u64, len: u64) -> Result<(), WriteError> {
         if len == 0 {
             return Ok(());
         }
@@ -177,7 +180,7 @@ impl<'a> Out<'a> {
         zero_range(cur, end, &mut self.stats)?;
         Ok(())
     }
-    fn zero_blocks(&mut self, blk: u64, n: u64) -> Result<(), WriteError> {
+    pub(super) fn zero_blocks(&mut self, blk: u64, n: u64) -> Result<(), WriteError> {
         self.zero(blk * self.bs, n * self.bs)
     }
 }
@@ -248,8 +251,15 @@ impl Writer<'_> {
             sb.s_min_extra_isize.set(EXTRA_ISIZE);
             sb.s_want_extra_isize.set(EXTRA_ISIZE);
         }
+        // ext2fs_initialize returns before the hash flag for a journal
+        // device.
+        let hash_flag = if super::journal_dev::is_journal_dev(l) {
+            0
+        } else {
+            superblock::FLAG_SIGNED_HASH
+        };
         sb.s_flags
-            .set(superblock::FLAG_SIGNED_HASH | if s.test_fs { FLAG_TEST_FILESYS } else { 0 });
+            .set(hash_flag | if s.test_fs { FLAG_TEST_FILESYS } else { 0 });
         sb.s_raid_stride.set(s.raid_stride);
         sb.s_raid_stripe_width.set(s.raid_stripe_width);
         sb.s_log_groups_per_flex = l.log_groups_per_flex;
@@ -264,6 +274,11 @@ impl Writer<'_> {
             sb.s_jnl_blocks[15].set(ino.i_size_high.get());
             sb.s_jnl_blocks[16].set(ino.i_size_lo.get());
             sb.s_jnl_backup_type = 1;
+        }
+        if let Some(ej) = &s.external_journal {
+            // ext2fs_add_journal_device.
+            sb.s_journal_uuid = ej.uuid;
+            sb.s_journal_dev.set(ej.rdev);
         }
         if l.features.ro_compat.contains(RoCompat::METADATA_CSUM) {
             sb.s_checksum_type = 1;
@@ -310,7 +325,7 @@ impl Writer<'_> {
         sb.s_mmp_interval.set(interval);
         if l.super_only {
             sb.s_state.set(sb.s_state.get() | STATE_ERROR);
-            if l.features.compat.contains(Compat::HAS_JOURNAL) {
+            if l.features.compat.contains(Compat::HAS_JOURNAL) && s.external_journal.is_none() {
                 sb.s_journal_inum.set(inode::JOURNAL_INO);
             }
         }
@@ -546,6 +561,9 @@ impl Writer<'_> {
     /// descriptors).
     pub fn write(&self, dev: &dyn Device) -> Result<WriteStats, WriteError> {
         let l = self.layout;
+        if super::journal_dev::is_journal_dev(l) {
+            return super::journal_dev::write(self, dev);
+        }
         if l.super_only {
             return self.write_super_only(dev);
         }

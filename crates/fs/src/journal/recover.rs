@@ -200,9 +200,27 @@ impl Journal {
             return Err(RecoverError::NoJournal);
         }
         if ino == 0 || sb.s_journal_dev.get() != 0 || sb.s_journal_uuid != [0; 16] {
-            return Err(RecoverError::Unsupported(
-                "external journals are not supported".into(),
-            ));
+            let u = sb.s_journal_uuid;
+            return Err(RecoverError::Unsupported(format!(
+                "external journals are not supported (the journal is on device {:#06x}, UUID {:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x})",
+                sb.s_journal_dev.get(),
+                u[0],
+                u[1],
+                u[2],
+                u[3],
+                u[4],
+                u[5],
+                u[6],
+                u[7],
+                u[8],
+                u[9],
+                u[10],
+                u[11],
+                u[12],
+                u[13],
+                u[14],
+                u[15]
+            )));
         }
         let bs = sb
             .block_size()
