@@ -525,6 +525,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         first_meta_bg_env: std::env::var("MKE2FS_FIRST_META_BG").ok(),
         super_only: a.opt_cap_s > 0,
         cluster_size: a.opt_cap_c.last().copied(),
+        partition_start_sectors: partition_start(device),
     };
     let is_file = !exists
         || std::fs::metadata(device)
@@ -731,6 +732,20 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
                     .unwrap_or(prepared.settings.mmp_update_interval);
             outln!("Multiple mount protection is enabled with update interval {interval} seconds.");
         }
+    }
+    if let Some(h) = &l.hugefiles {
+        // mk_hugefiles' lines; its errors are reported and mke2fs goes on.
+        if let Some(e) = &h.error {
+            eprintln!("{}: {e}", who.program());
+        }
+        if show && let Some(p) = &h.progress {
+            if verbose && h.zero {
+                outln!("Huge files will be zero'ed");
+            }
+            outln!("{p}done");
+        }
+    }
+    if show {
         crate::out::write_fmt(format_args!(
             "Writing superblocks and filesystem accounting information: "
         ));
@@ -812,6 +827,26 @@ fn mmp_host(device: &Path) -> mkfs::mmp::MmpHost {
 
 /// Are stdin and stdout both terminals? (mke2fs's `isatty(0) && isatty(1)`
 /// before it looks for an existing filesystem.)
+/// The first sector of the partition `device` is (`/sys/dev/block/M:m/start`,
+/// as mk_hugefiles reads it for `hugefiles_align_disk`); 0 for anything
+/// that is not a partition.
+fn partition_start(device: &Path) -> u64 {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(m) = std::fs::metadata(device) else {
+        return 0;
+    };
+    if !m.file_type().is_block_device() {
+        return 0;
+    }
+    let dev = m.rdev();
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/start"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn interactive() -> bool {
     use std::io::IsTerminal;
     std::io::stdin().is_terminal() && std::io::stdout().is_terminal()

@@ -67,6 +67,8 @@ pub struct FsParams {
     /// `-O quota`: the quota files to create ([`super::quota::USR`] |
     /// `GRP` | `PRJ`, from `-E quotatype=`).
     pub quota_types: u8,
+    /// mke2fs.conf's `make_hugefiles` and its settings.
+    pub hugefiles: Option<super::hugefiles::HugeParams>,
 }
 
 /// Errors the planner reports: all are the user's parameters being
@@ -213,6 +215,8 @@ pub struct Layout {
     pub cluster_bits: u32,
     /// Quota files (`-O quota`), in the order mke2fs writes them.
     pub quota: Vec<super::quota::QuotaFile>,
+    /// mke2fs.conf's huge files (made last, after the orphan file).
+    pub hugefiles: Option<super::hugefiles::HugePlan>,
 }
 
 /// Where one group's superblock copy and descriptor blocks lie.
@@ -265,6 +269,14 @@ impl Layout {
         }
         if let Some((o, _)) = &self.orphan {
             last = last.max(*o);
+        }
+        if let Some(h) = &self.hugefiles {
+            for d in &h.dirs {
+                last = last.max(d.ino);
+            }
+            for f in &h.files {
+                last = last.max(f.ino);
+            }
         }
         last
     }
@@ -527,7 +539,7 @@ impl Planner {
     /// group counters move as libext2fs moves them (one per single block
     /// before the bitmap is converted, clusters after; the totals are
     /// recomputed by [`fix_cluster_counts`] anyway).
-    fn take(&mut self, start: u64, len: u64) {
+    pub(super) fn take(&mut self, start: u64, len: u64) {
         let bits = self.l.cluster_bits;
         let mask = (1u64 << bits) - 1;
         let (start, end) = if self.clustered {
@@ -1040,6 +1052,7 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         first_ino: 11,
         cluster_bits,
         quota: Vec::new(),
+        hugefiles: None,
     };
     // Group accounting as ext2fs_initialize leaves it.
     let mut reserved_inos = l.first_ino;
@@ -1265,6 +1278,10 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         }
         pl.l.orphan = Some((ino, fm));
         note_file_size(&mut pl.l, u64::from(n) * u64::from(bs));
+    }
+    // mk_hugefiles, last.
+    if let Some(hp) = &p.hugefiles {
+        super::hugefiles::plan_hugefiles(&mut pl, hp, p.itable_zeroed)?;
     }
     if cluster_bits > 0 {
         fix_cluster_counts(&mut pl.l);
@@ -1688,6 +1705,7 @@ mod plan_tests {
             super_only: false,
             cluster_bits: 0,
             quota_types: 0,
+            hugefiles: None,
         }
     }
 

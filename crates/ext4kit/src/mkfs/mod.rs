@@ -6,6 +6,7 @@
 pub mod blockset;
 pub mod encoding;
 pub mod geometry;
+pub mod hugefiles;
 pub mod kbytes;
 pub mod mmp;
 pub mod offset;

@@ -58,6 +58,9 @@ pub struct MkfsOptions {
     /// `-C`: cluster size in bytes (bigalloc), checked by
     /// [`parse_cluster_size_arg`].
     pub cluster_size: Option<u32>,
+    /// The partition's first sector (`/sys/dev/block/M:m/start`; 0 for
+    /// files), for mke2fs.conf's `hugefiles_align_disk`.
+    pub partition_start_sectors: u64,
 }
 
 /// What the options resolve to.
@@ -999,34 +1002,78 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             ));
         }
     }
-    // mke2fs.conf's huge files (mk_hugefiles.c): refused by name.
-    if profile.get_bool(&fs_types, "make_hugefiles", false) {
-        let keys: Vec<&str> = [
-            "hugefiles_dir",
-            "hugefiles_name",
-            "hugefiles_digits",
-            "hugefiles_size",
-            "hugefiles_slack",
-            "hugefiles_align",
-            "hugefiles_align_disk",
-            "hugefiles_uid",
-            "hugefiles_gid",
-            "hugefiles_umask",
-            "num_hugefiles",
-            "zero_hugefiles",
-        ]
-        .into_iter()
-        .filter(|k| profile.get_string(&fs_types, k).is_some())
-        .collect();
-        let with = if keys.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", keys.join(", "))
+    // mke2fs.conf's huge files (mk_hugefiles.c).
+    let hugefiles = if profile.get_bool(&fs_types, "make_hugefiles", false) {
+        let log = (bs / 1024).trailing_zeros();
+        let blocks_of = |key: &str, dflt: &str| {
+            let v = profile
+                .get_string(&fs_types, key)
+                .unwrap_or_else(|| dflt.to_owned());
+            parse_num_blocks(&v, log).unwrap_or(0)
         };
-        return err(format!(
-            "mke2fs.conf: make_hugefiles{with} is not supported by ext4kit yet"
-        ));
-    }
+        let num_files = profile.get_int(&fs_types, "num_hugefiles", 0);
+        let digits = profile.get_int(&fs_types, "hugefiles_digits", 5);
+        if num_files < 0 {
+            return err(format!(
+                "mke2fs.conf: num_hugefiles = {num_files} is not supported by ext4kit"
+            ));
+        }
+        if digits < 0 {
+            return err(format!(
+                "mke2fs.conf: hugefiles_digits = {digits} is not supported by ext4kit"
+            ));
+        }
+        for (on, what) in [
+            (f.ro_compat.contains(RoCompat::BIGALLOC), "with bigalloc"),
+            (
+                f.incompat.contains(Incompat::INLINE_DATA),
+                "with inline_data",
+            ),
+            (opts.super_only, "with -S"),
+        ] {
+            if on {
+                return err(format!(
+                    "mke2fs.conf: make_hugefiles {what} is not supported by ext4kit yet"
+                ));
+            }
+        }
+        let align = blocks_of("hugefiles_align", "0");
+        let part_offset = if profile.get_bool(&fs_types, "hugefiles_align_disk", false) {
+            opts.partition_start_sectors / u64::from(bs / 512)
+        } else {
+            0
+        };
+        let num_blocks = blocks_of("hugefiles_size", "0");
+        let num_blocks = if align != 0 && num_blocks % align != 0 {
+            num_blocks + align - num_blocks % align
+        } else {
+            num_blocks
+        };
+        let uid = profile.get_int(&fs_types, "hugefiles_uid", 0) as i32 as u32;
+        let gid = profile.get_int(&fs_types, "hugefiles_gid", 0) as i32 as u32;
+        Some(super::hugefiles::HugeParams {
+            dir: profile
+                .get_string(&fs_types, "hugefiles_dir")
+                .unwrap_or_else(|| "/".into()),
+            name: profile
+                .get_string(&fs_types, "hugefiles_name")
+                .unwrap_or_else(|| "hugefile".into()),
+            digits: digits as u32,
+            num_files: num_files as u64,
+            num_blocks,
+            slack: blocks_of("hugefiles_slack", "1M"),
+            align,
+            part_offset,
+            uid,
+            gid,
+            umask: profile.get_int(&fs_types, "hugefiles_umask", 0o77) as i32 as u32,
+            // Set in mke2fs.conf when both defaults give the same answer.
+            zero: Some(profile.get_bool(&fs_types, "zero_hugefiles", true))
+                .filter(|&z| z == profile.get_bool(&fs_types, "zero_hugefiles", false)),
+        })
+    } else {
+        None
+    };
     if stride != 0 && !stripe_width.is_multiple_of(stride) {
         warnings.push(format!(
             "\nWarning: RAID stripe-width {stripe_width} not an even multiple of stride {stride}.\n"
@@ -1362,6 +1409,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         super_only: opts.super_only,
         cluster_bits,
         quota_types,
+        hugefiles,
     };
     let settings = SuperSettings {
         uuid,
