@@ -145,9 +145,13 @@ pub struct MkfsArgs {
     keep: u8,
     // mke2fs options ext4kit does not implement yet: accepted by the parser
     // so that they get one clear error (see `unsupported`).
-    #[arg(short = 'c', action = clap::ArgAction::Count, hide = true)]
+    /// Check the device for bad blocks with badblocks(8) first (twice:
+    /// its read-write test); they go into the bad block inode.
+    #[arg(short = 'c', action = clap::ArgAction::Count)]
     opt_c: u8,
-    #[arg(short = 'l', value_name = "FILE", hide = true)]
+    /// Read the bad blocks list from FILE (one block number a line, as
+    /// badblocks(8) prints them).
+    #[arg(short = 'l', value_name = "FILE")]
     opt_l: Option<String>,
     /// Cluster size in bytes (with -O bigalloc; default 16 blocks).
     #[arg(
@@ -278,13 +282,7 @@ impl Personality {
 
 /// mke2fs options that ext4kit does not implement yet, with what they do.
 fn unsupported(a: &MkfsArgs) -> Option<String> {
-    let list: [(bool, &str, &str); 4] = [
-        (a.opt_c > 0, "-c", "check the device for bad blocks"),
-        (
-            a.opt_l.is_some(),
-            "-l",
-            "read the bad blocks list from a file",
-        ),
+    let list: [(bool, &str, &str); 2] = [
         (
             a.opt_d.is_some(),
             "-d",
@@ -526,6 +524,11 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         super_only: a.opt_cap_s > 0,
         cluster_size: a.opt_cap_c.last().copied(),
         partition_start_sectors: partition_start(device),
+        // mke2fs -n stops before it reads the list.
+        bad_blocks: match &a.opt_l {
+            Some(f) if a.dry_run == 0 => Some(read_bad_blocks_file(f)?),
+            _ => None,
+        },
     };
     let is_file = !exists
         || std::fs::metadata(device)
@@ -699,6 +702,39 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     if show {
         print_summary(a, &prepared);
     }
+    if a.opt_c > 0 {
+        // test_disk runs after the discard and the summary; its bad
+        // blocks join -l's, and the plan is made again around them.
+        let mut list = prepared
+            .resolved
+            .params
+            .bad_blocks
+            .clone()
+            .unwrap_or_default();
+        list.extend(test_disk(
+            device,
+            &prepared.layout,
+            a.opt_c,
+            quiet,
+            verbose,
+        )?);
+        let mut r = prepared.resolved.clone();
+        r.params.bad_blocks = Some(list);
+        let host = prepared.settings.mmp_host.clone();
+        let zeroed = prepared.settings.itable_zeroed;
+        prepared = mkfs::prepare(r, zeroed)?;
+        prepared.settings.mmp_host = host;
+    }
+    if let Some(bb) = &prepared.layout.bad_blocks {
+        for b in &bb.ignored {
+            eprintln!("Bad block {} out of range; ignored.", *b as u32);
+        }
+        for b in &bb.bad_backups {
+            eprintln!(
+                "Warning: the backup superblock/group descriptors at block {b} contain\n\tbad blocks.\n"
+            );
+        }
+    }
     let l = &prepared.layout;
     let groups = u64::from(l.group_count);
     let super_only = l.super_only;
@@ -827,6 +863,44 @@ fn mmp_host(device: &Path) -> mkfs::mmp::MmpHost {
 
 /// Are stdin and stdout both terminals? (mke2fs's `isatty(0) && isatty(1)`
 /// before it looks for an existing filesystem.)
+/// `-l FILE`: mke2fs's read_bb_file.
+fn read_bad_blocks_file(f: &str) -> Result<Vec<u64>> {
+    let bytes = std::fs::read(f)
+        .map_err(|e| anyhow::anyhow!("read_bad_blocks_file: {e} while trying to open {f}"))?;
+    mkfs::badblocks::parse_list(&String::from_utf8_lossy(&bytes)).map_err(|e| anyhow::anyhow!(e))
+}
+
+/// `-c`: mke2fs's test_disk: `badblocks -b BS -X [-s] [-w] DEVICE LAST`,
+/// its output read as a bad blocks list.
+fn test_disk(
+    device: &Path,
+    l: &mkfs::Layout,
+    passes: u8,
+    quiet: bool,
+    verbose: bool,
+) -> Result<Vec<u64>> {
+    let mut args: Vec<String> = vec!["-b".into(), l.block_size.to_string(), "-X".into()];
+    if !quiet {
+        args.push("-s".into());
+    }
+    if passes > 1 {
+        args.push("-w".into());
+    }
+    args.push(device.display().to_string());
+    args.push((l.blocks_count - 1).to_string());
+    if verbose {
+        outln!("Running command: badblocks {}", args.join(" "));
+    }
+    let out = std::process::Command::new("badblocks")
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| anyhow::anyhow!("popen: {e} while trying to run 'badblocks'"))?;
+    mkfs::badblocks::parse_list(&String::from_utf8_lossy(&out.stdout))
+        .map_err(|e| anyhow::anyhow!(e.replace("from file", "from program")))
+}
+
 /// The first sector of the partition `device` is (`/sys/dev/block/M:m/start`,
 /// as mk_hugefiles reads it for `hugefiles_align_disk`); 0 for anything
 /// that is not a partition.

@@ -69,6 +69,8 @@ pub struct FsParams {
     pub quota_types: u8,
     /// mke2fs.conf's `make_hugefiles` and its settings.
     pub hugefiles: Option<super::hugefiles::HugeParams>,
+    /// `-l FILE` / `-c`: the bad block numbers as read (unchecked).
+    pub bad_blocks: Option<Vec<u64>>,
 }
 
 /// Errors the planner reports: all are the user's parameters being
@@ -217,6 +219,8 @@ pub struct Layout {
     pub quota: Vec<super::quota::QuotaFile>,
     /// mke2fs.conf's huge files (made last, after the orphan file).
     pub hugefiles: Option<super::hugefiles::HugePlan>,
+    /// `-l`/`-c`: the bad blocks and the bad block inode's mapping.
+    pub bad_blocks: Option<super::badblocks::BadBlocks>,
 }
 
 /// Where one group's superblock copy and descriptor blocks lie.
@@ -1053,6 +1057,7 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         cluster_bits,
         quota: Vec::new(),
         hugefiles: None,
+        bad_blocks: None,
     };
     // Group accounting as ext2fs_initialize leaves it.
     let mut reserved_inos = l.first_ino;
@@ -1117,6 +1122,10 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         stride: p.stride,
         clustered: false,
     };
+    // handle_bad_blocks: marked before the tables are placed.
+    if let Some(list) = &p.bad_blocks {
+        super::badblocks::mark(&mut pl, list)?;
+    }
     // Tables.
     if p.packed_meta_blocks && log_flex > 0 {
         packed_allocate_tables(&mut pl)?;
@@ -1133,6 +1142,10 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
     }
     // Overhead as mke2fs counts it right after table allocation (clusters).
     let mut overhead = pl.l.used.count_in(first_data_block, pl.l.blocks_count) >> cluster_bits;
+    // mke2fs unmarks the bad blocks while it counts.
+    if let Some(bb) = &pl.l.bad_blocks {
+        overhead -= bb.blocks.len() as u64;
+    }
     // The journal, fast-commit area included.
     let journal_blocks = journal_request.map(|j| j + fc_blocks);
     pl.l.journal_fc_blocks = if journal_blocks.is_some() {
@@ -1201,6 +1214,8 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         pl.use_inode(ino, false);
     }
     pl.use_inode(1, false);
+    let it0 = pl.l.groups[0].inode_table;
+    super::badblocks::make_inode(&mut pl, it0)?;
     // Resize inode.
     if pl.l.features.compat.contains(Compat::RESIZE_INODE) {
         let sb_blk = pl.l.sb_block(); // group 0's superblock block
@@ -1706,6 +1721,7 @@ mod plan_tests {
             cluster_bits: 0,
             quota_types: 0,
             hugefiles: None,
+            bad_blocks: None,
         }
     }
 

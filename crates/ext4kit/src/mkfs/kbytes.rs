@@ -158,8 +158,15 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
             c.access(iblk(11), true);
         }
     }
-    // Bad blocks inode.
-    c.access(iblk(1), true);
+    // Bad blocks inode (ext2fs_update_bb_inode's block walk).
+    match &l.bad_blocks {
+        Some(bb) => {
+            for &(b, w) in &bb.trace {
+                c.access(b, w);
+            }
+        }
+        None => c.access(iblk(1), true),
+    }
     // Resize inode.
     if let Some(dind) = l.resize_dind {
         for k in 0..u64::from(l.reserved_gdt_blocks) {

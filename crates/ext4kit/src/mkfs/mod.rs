@@ -3,6 +3,7 @@
 //! [`prepare`] validates everything and plans the layout without touching
 //! the target; [`execute`] is the only step that writes.
 
+pub mod badblocks;
 pub mod blockset;
 pub mod encoding;
 pub mod geometry;

@@ -61,6 +61,9 @@ pub struct MkfsOptions {
     /// The partition's first sector (`/sys/dev/block/M:m/start`; 0 for
     /// files), for mke2fs.conf's `hugefiles_align_disk`.
     pub partition_start_sectors: u64,
+    /// `-l FILE` / `-c`: bad block numbers, as read (see
+    /// [`super::badblocks::parse_list`]).
+    pub bad_blocks: Option<Vec<u64>>,
 }
 
 /// What the options resolve to.
@@ -1365,6 +1368,12 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         // discards only when `-E discard` asks for it.
         discard = false;
     }
+    if f.ro_compat.contains(RoCompat::BIGALLOC) && opts.bad_blocks.is_some() {
+        return err("a bad blocks list (-l, -c) with bigalloc is not supported by ext4kit yet");
+    }
+    if opts.super_only && opts.bad_blocks.is_some() {
+        return err("-S with a bad blocks list (-l, -c) is not supported by ext4kit yet");
+    }
     if opts.super_only && f.compat.contains(Compat::ORPHAN_FILE) {
         // mke2fs 1.47.0 -S goes on to create the orphan file: in the
         // inode bitmap -S leaves empty that is inode 11 (lost+found),
@@ -1410,6 +1419,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         cluster_bits,
         quota_types,
         hugefiles,
+        bad_blocks: opts.bad_blocks.clone(),
     };
     let settings = SuperSettings {
         uuid,

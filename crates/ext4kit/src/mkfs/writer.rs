@@ -435,6 +435,18 @@ impl Writer<'_> {
                 i.i_atime.set(s.now);
                 i.i_ctime.set(s.now);
                 i.i_mtime.set(s.now);
+                if let Some(bb) = l.bad_blocks.as_ref().filter(|b| !b.blocks.is_empty()) {
+                    // ext2fs_update_bb_inode: i_blocks counts the bad
+                    // blocks, not the indirect ones.
+                    let n = bb.blocks.len() as u64;
+                    i.set_size(n * bs);
+                    if let Some(bm) = &bb.map.blockmap {
+                        for (k, p) in bm.i_block.iter().enumerate() {
+                            i.i_block[k].set(*p);
+                        }
+                    }
+                    i.set_blocks_512(n * bs / 512);
+                }
             } else if !csum.metadata {
                 continue;
             }
@@ -701,6 +713,10 @@ impl Writer<'_> {
             if let Some(p) = l.lost_found.pblk(lb) {
                 out.block(p, if lb == 0 { &lpf0 } else { &lpf_empty })?;
             }
+        }
+        // 5b. The bad block inode's indirect blocks.
+        if let Some(bb) = &l.bad_blocks {
+            self.write_indirect(&mut out, &bb.map)?;
         }
         // 6. Resize inode: DIND and primary reserved GDT blocks.
         if let Some(dind) = l.resize_dind {
