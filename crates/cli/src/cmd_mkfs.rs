@@ -149,9 +149,13 @@ pub struct MkfsArgs {
     keep: u8,
     // mke2fs options ext4kit does not implement yet: accepted by the parser
     // so that they get one clear error (see `unsupported`).
-    #[arg(short = 'c', action = clap::ArgAction::Count, hide = true)]
+    /// Check the device for bad blocks with badblocks(8) first (twice:
+    /// its read-write test); they go into the bad block inode.
+    #[arg(short = 'c', action = clap::ArgAction::Count)]
     opt_c: u8,
-    #[arg(short = 'l', value_name = "FILE", hide = true)]
+    /// Read the bad blocks list from FILE (one block number a line, as
+    /// badblocks(8) prints them).
+    #[arg(short = 'l', value_name = "FILE")]
     opt_l: Option<String>,
     /// Cluster size in bytes (with -O bigalloc; default 16 blocks).
     #[arg(
@@ -282,13 +286,7 @@ impl Personality {
 
 /// mke2fs options that ext4kit does not implement yet, with what they do.
 fn unsupported(a: &MkfsArgs) -> Option<String> {
-    let list: [(bool, &str, &str); 4] = [
-        (a.opt_c > 0, "-c", "check the device for bad blocks"),
-        (
-            a.opt_l.is_some(),
-            "-l",
-            "read the bad blocks list from a file",
-        ),
+    let list: [(bool, &str, &str); 2] = [
         (
             a.opt_d.is_some(),
             "-d",
@@ -535,6 +533,12 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         super_only: a.opt_cap_s > 0,
         cluster_size: a.opt_cap_c.last().copied(),
         external_journal: None,
+        partition_start_sectors: partition_start(device),
+        // mke2fs -n stops before it reads the list.
+        bad_blocks: match &a.opt_l {
+            Some(f) if a.dry_run == 0 => Some(read_bad_blocks_file(f)?),
+            _ => None,
+        },
     };
     // -J device=: find and read the journal device first (mke2fs opens it
     // while parsing the options, for its block size).
@@ -737,6 +741,39 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     if mkfs::journal_dev::is_journal_dev(&prepared.layout) {
         return write_journal_device(a, dev.as_ref(), &prepared, discarded, device, start);
     }
+    if a.opt_c > 0 {
+        // test_disk runs after the discard and the summary; its bad
+        // blocks join -l's, and the plan is made again around them.
+        let mut list = prepared
+            .resolved
+            .params
+            .bad_blocks
+            .clone()
+            .unwrap_or_default();
+        list.extend(test_disk(
+            device,
+            &prepared.layout,
+            a.opt_c,
+            quiet,
+            verbose,
+        )?);
+        let mut r = prepared.resolved.clone();
+        r.params.bad_blocks = Some(list);
+        let host = prepared.settings.mmp_host.clone();
+        let zeroed = prepared.settings.itable_zeroed;
+        prepared = mkfs::prepare(r, zeroed)?;
+        prepared.settings.mmp_host = host;
+    }
+    if let Some(bb) = &prepared.layout.bad_blocks {
+        for b in &bb.ignored {
+            eprintln!("Bad block {} out of range; ignored.", *b as u32);
+        }
+        for b in &bb.bad_backups {
+            eprintln!(
+                "Warning: the backup superblock/group descriptors at block {b} contain\n\tbad blocks.\n"
+            );
+        }
+    }
     let l = &prepared.layout;
     let groups = u64::from(l.group_count);
     let super_only = l.super_only;
@@ -782,6 +819,20 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
                     .unwrap_or(prepared.settings.mmp_update_interval);
             outln!("Multiple mount protection is enabled with update interval {interval} seconds.");
         }
+    }
+    if let Some(h) = &l.hugefiles {
+        // mk_hugefiles' lines; its errors are reported and mke2fs goes on.
+        if let Some(e) = &h.error {
+            eprintln!("{}: {e}", who.program());
+        }
+        if show && let Some(p) = &h.progress {
+            if verbose && h.zero {
+                outln!("Huge files will be zero'ed");
+            }
+            outln!("{p}done");
+        }
+    }
+    if show {
         crate::out::write_fmt(format_args!(
             "Writing superblocks and filesystem accounting information: "
         ));
@@ -904,6 +955,64 @@ fn mmp_host(device: &Path) -> mkfs::mmp::MmpHost {
 
 /// Are stdin and stdout both terminals? (mke2fs's `isatty(0) && isatty(1)`
 /// before it looks for an existing filesystem.)
+/// `-l FILE`: mke2fs's read_bb_file.
+fn read_bad_blocks_file(f: &str) -> Result<Vec<u64>> {
+    let bytes = std::fs::read(f)
+        .map_err(|e| anyhow::anyhow!("read_bad_blocks_file: {e} while trying to open {f}"))?;
+    mkfs::badblocks::parse_list(&String::from_utf8_lossy(&bytes)).map_err(|e| anyhow::anyhow!(e))
+}
+
+/// `-c`: mke2fs's test_disk: `badblocks -b BS -X [-s] [-w] DEVICE LAST`,
+/// its output read as a bad blocks list.
+fn test_disk(
+    device: &Path,
+    l: &mkfs::Layout,
+    passes: u8,
+    quiet: bool,
+    verbose: bool,
+) -> Result<Vec<u64>> {
+    let mut args: Vec<String> = vec!["-b".into(), l.block_size.to_string(), "-X".into()];
+    if !quiet {
+        args.push("-s".into());
+    }
+    if passes > 1 {
+        args.push("-w".into());
+    }
+    args.push(device.display().to_string());
+    args.push((l.blocks_count - 1).to_string());
+    if verbose {
+        outln!("Running command: badblocks {}", args.join(" "));
+    }
+    let out = std::process::Command::new("badblocks")
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| anyhow::anyhow!("popen: {e} while trying to run 'badblocks'"))?;
+    mkfs::badblocks::parse_list(&String::from_utf8_lossy(&out.stdout))
+        .map_err(|e| anyhow::anyhow!(e.replace("from file", "from program")))
+}
+
+/// The first sector of the partition `device` is (`/sys/dev/block/M:m/start`,
+/// as mk_hugefiles reads it for `hugefiles_align_disk`); 0 for anything
+/// that is not a partition.
+fn partition_start(device: &Path) -> u64 {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(m) = std::fs::metadata(device) else {
+        return 0;
+    };
+    if !m.file_type().is_block_device() {
+        return 0;
+    }
+    let dev = m.rdev();
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/start"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn interactive() -> bool {
     use std::io::IsTerminal;
     std::io::stdin().is_terminal() && std::io::stdout().is_terminal()

@@ -101,6 +101,18 @@ fn output_matches_mke2fs() {
         "periodic.conf",
         &DEBIAN_CONF.replace("enable_periodic_fsck = 0", "enable_periodic_fsck = 1"),
     );
+    // Usage types with mke2fs.conf's huge files: they print a line of
+    // their own (an error line when mk_hugefiles fails, and mke2fs goes
+    // on).
+    let huge = conf_file(
+        dir.path(),
+        "huge.conf",
+        &DEBIAN_CONF.replacen(
+            "[fs_types]\n",
+            "[fs_types]\n\thuge = {\n\t\tmake_hugefiles = 1\n\t\thugefiles_dir = /h\n\t\thugefiles_size = 10M\n\t}\n\tonehuge = {\n\t\tmake_hugefiles = 1\n\t\tzero_hugefiles = 0\n\t}\n\ttoohuge = {\n\t\tmake_hugefiles = 1\n\t\thugefiles_size = 2G\n\t}\n",
+            1,
+        ),
+    );
     let (da, db) = (dir.path().join("a"), dir.path().join("b"));
     std::fs::create_dir(&da).unwrap();
     std::fs::create_dir(&db).unwrap();
@@ -129,6 +141,11 @@ fn output_matches_mke2fs() {
             "-t ext4 -v -E assume_storage_prezeroed=1",
             &debian,
         ),
+        (Some(GIB), "-t ext4 -T huge", &huge),
+        (Some(GIB), "-t ext4 -v -T huge", &huge),
+        (Some(GIB), "-t ext4 -v -T onehuge", &huge),
+        (Some(GIB), "-t ext4 -T toohuge", &huge),
+        (Some(GIB), "-t ext3 -T huge", &huge),
         (Some(64 * MIB), "-t ext4 -n", &debian),
         (Some(64 * MIB), "-q -n -t ext4", &debian),
         (Some(64 * MIB), "-t ext4 -U null", &debian),
@@ -429,12 +446,12 @@ fn installed_as_mke2fs_and_mkfs_ext() {
     // Errors and help name the program.
     let out = run(&mut via(
         &bin.join("mkfs.ext4"),
-        &["-c".into(), "x.img".into()],
+        &["-z".into(), "u".into(), "x.img".into()],
     ))
     .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.starts_with("mkfs.ext4: not supported by ext4kit yet: -c ("),
+        !out.status.success() && err.starts_with("mkfs.ext4: not supported by ext4kit yet: -z ("),
         "{err}"
     );
     let out = run(&mut via(&bin.join("mke2fs"), &["--help".into()])).unwrap();
@@ -471,12 +488,9 @@ fn unsupported_mke2fs_options_are_named() {
     let before = file_hash(&img).unwrap();
     let img_s = img.display().to_string();
     let cases: &[(&str, &[&str])] = &[
-        ("-c", &["-c"]),
-        ("-c", &["-cc"]),
-        ("-l", &["-l", "bad-blocks.txt"]),
         ("-d", &["-d", "/etc"]),
         ("-z", &["-z", "undo.e2undo"]),
-        ("-c", &["-q", "-c", "-F"]),
+        ("-z", &["-q", "-z", "u", "-F"]),
     ];
     let mut failures = Vec::new();
     for (opt, args) in cases {
@@ -491,8 +505,8 @@ fn unsupported_mke2fs_options_are_named() {
             Err(e) => failures.push(format!("{args:?}: {e}")),
         }
     }
-    // android_sparse and mke2fs.conf's huge files are refused by name
-    // too.
+    // android_sparse and mke2fs.conf's huge files with bigalloc are
+    // refused by name too.
     let conf = dir.path().join("hugefiles.conf");
     std::fs::write(
         &conf,
@@ -509,13 +523,9 @@ fn unsupported_mke2fs_options_are_named() {
             &["not supported by ext4kit yet", "android_sparse"],
         ),
         (
-            &["-t", "ext4"],
+            &["-t", "ext4", "-O", "bigalloc"],
             Some(&conf),
-            &[
-                "not supported by ext4kit yet",
-                "make_hugefiles",
-                "hugefiles_dir",
-            ],
+            &["not supported by ext4kit yet", "make_hugefiles", "bigalloc"],
         ),
     ];
     for (args, conf, words) in with_conf {

@@ -683,6 +683,9 @@ enum MConf {
     TestsCreatorOs(&'static str),
     /// Verbatim text (`tests/m_error_behavior` writes its own).
     Text(&'static str),
+    /// A configuration (Debian's or upstream's) with one more `[fs_types]`
+    /// stanza, e.g. a usage type with `make_hugefiles`.
+    WithStanza(&'static str, &'static str),
 }
 
 impl MConf {
@@ -702,6 +705,9 @@ impl MConf {
                 t.replace("creator_os = Linux", &format!("creator_os = {v}"))
             }
             MConf::Text(s) => s.to_string(),
+            MConf::WithStanza(base, stanza) => {
+                base.replacen("[fs_types]\n", &format!("[fs_types]\n{stanza}"), 1)
+            }
         }
     }
 }
@@ -793,8 +799,8 @@ const ERRORS_SECTION_CONF: &str =
     "[defaults]\n\terrors = broken\n\n[fs_types]\n\ttest_suite = {\n\t\terrors = remount-ro\n\t}\n";
 
 /// `tests/m_hugefile_slack`'s configuration without its `make_hugefiles`
-/// and `hugefiles_*` keys (which ext4kit refuses): only [fs_types], and a
-/// usage type carrying the whole feature list.
+/// and `hugefiles_*` keys: only [fs_types], and a usage type carrying the
+/// whole feature list.
 const HUGEFILE_SLACK_CONF: &str = "[fs_types]
 	ext4h = {
 		features = has_journal,extent,huge_file,uninit_bg,dir_nlink,extra_isize,sparse_super,filetype,dir_index,ext_attr,^resize_inode,^meta_bg,^flex_bg,64bit
@@ -803,13 +809,77 @@ const HUGEFILE_SLACK_CONF: &str = "[fs_types]
 	}
 ";
 
+/// `tests/m_hugefile_slack`'s configuration as written: 6368 files of 117
+/// blocks in the root directory (which grows to 125 blocks).
+const HUGEFILE_SLACK_FULL_CONF: &str = "[fs_types]
+	ext4h = {
+		features = has_journal,extent,huge_file,uninit_bg,dir_nlink,extra_isize,sparse_super,filetype,dir_index,ext_attr,^resize_inode,^meta_bg,^flex_bg,64bit
+		blocksize = 1024
+		inode_size = 256
+		make_hugefiles = true
+		hugefiles_dir = /
+		hugefiles_slack = 12000K
+		hugefiles_name = aaaaa
+		hugefiles_digits = 4
+		hugefiles_size = 117K
+		zero_hugefiles = false
+	}
+";
+
+/// Usage types with `make_hugefiles` (given with `-T`), put into Debian's
+/// and upstream's configurations.
+/// Files of 10 MiB filling the filesystem, in /store.
+const HUGE_FILL_10M: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\thugefiles_dir = /store
+\t\thugefiles_size = 10M
+\t\thugefiles_slack = 1M
+\t}
+";
+/// One file taking all the space, aligned, not zeroed, in a nested
+/// directory, without an index in its name.
+const HUGE_ONE_ALIGNED: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\thugefiles_dir = /a/b/c
+\t\thugefiles_name = big-data
+\t\thugefiles_digits = 0
+\t\thugefiles_size = 0
+\t\tnum_hugefiles = 1
+\t\thugefiles_align = 1M
+\t\thugefiles_slack = 4M
+\t\tzero_hugefiles = false
+\t}
+";
+/// Three files sharing the space, another owner and umask, 2 digits, in
+/// the root directory, aligned to the (absent) partition.
+const HUGE_THREE_OWNED: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\tnum_hugefiles = 3
+\t\thugefiles_digits = 2
+\t\thugefiles_uid = 1000
+\t\thugefiles_gid = 100
+\t\thugefiles_umask = 022
+\t\thugefiles_align_disk = 1
+\t\thugefiles_slack = 0
+\t}
+";
+/// Files larger than the filesystem: mke2fs reports ENOSPC and makes none
+/// (after the directory).
+const HUGE_TOO_BIG: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\thugefiles_dir = /h
+\t\thugefiles_size = 1G
+\t}
+";
+
 const SECT2048: &[(&str, &str)] = &[("MKE2FS_DEVICE_SECTSIZE", "2048")];
 
 /// The m_* cases: e2fsprogs' own invocations (tests/m_*/script), under
 /// its test configuration and environment, and the behaviours they rely
 /// on. (m_mmp and m_image_mmp are in `parity_mmp`, whose MMP block holds
-/// the time and device name; m_mmp_bad_* corrupt it with debugfs; m_quota,
-/// m_hugefile*, m_root*/-d, m_minrootdir, m_devdir use features ext4kit
+/// the time and device name; m_mmp_bad_* corrupt it with debugfs;
+/// m_hugefile makes a 4 TiB image with ~44 GB of metadata, too much for
+/// the suite; m_root*/-d, m_minrootdir, m_devdir use -d, which ext4kit
 /// refuses.)
 const M_CASES: &[MCase] = &[
     m("m_std", "ext2", &[], "65536", 64 * MIB),
@@ -894,6 +964,102 @@ const M_CASES: &[MCase] = &[
         768 * MIB,
     )
     .conf(MConf::Text(HUGEFILE_SLACK_CONF))
+    .no_os(),
+    // mke2fs.conf's hugefiles (mk_hugefiles.c).
+    m(
+        "m_hugefile_slack",
+        "ext2",
+        &["-T", "ext4h", "-I", "128"],
+        "786432",
+        768 * MIB,
+    )
+    .conf(MConf::Text(HUGEFILE_SLACK_FULL_CONF))
+    .no_os(),
+    m(
+        "hugefiles: 10M files fill (Debian)",
+        "ext4",
+        &["-T", "huge"],
+        "512M",
+        512 * MIB,
+    )
+    .conf(MConf::WithStanza(DEBIAN_CONF, HUGE_FILL_10M))
+    .no_os(),
+    m(
+        "hugefiles: 10M files fill (upstream)",
+        "ext4",
+        &["-T", "huge"],
+        "512M",
+        512 * MIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_FILL_10M))
+    .no_os(),
+    m(
+        "hugefiles: one aligned file, /a/b/c (upstream)",
+        "ext4",
+        &["-T", "huge"],
+        "1G",
+        GIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_ONE_ALIGNED))
+    .no_os(),
+    m(
+        "hugefiles: one file, no flex_bg (Debian)",
+        "ext4",
+        &["-T", "huge", "-O", "^flex_bg"],
+        "1G",
+        GIB,
+    )
+    .conf(MConf::WithStanza(DEBIAN_CONF, HUGE_ONE_ALIGNED))
+    .no_os(),
+    m(
+        "hugefiles: three owned files (Debian)",
+        "ext4",
+        &["-T", "huge"],
+        "1G",
+        GIB,
+    )
+    .conf(MConf::WithStanza(DEBIAN_CONF, HUGE_THREE_OWNED))
+    .no_os(),
+    // 1 KiB blocks in groups of 256: a file of ~1000 extents, a depth-2
+    // tree (leaf and index splits).
+    m(
+        "hugefiles: depth-2 extent tree (upstream)",
+        "ext4",
+        &[
+            "-T",
+            "huge",
+            "-b",
+            "1024",
+            "-g",
+            "256",
+            "-N",
+            "32768",
+            "-O",
+            "^resize_inode,^flex_bg",
+        ],
+        "256M",
+        256 * MIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_ONE_ALIGNED))
+    .no_os(),
+    // No extents: mke2fs says so and makes the filesystem without them.
+    m(
+        "hugefiles: ext3 (no extents)",
+        "ext3",
+        &["-T", "huge"],
+        "256M",
+        256 * MIB,
+    )
+    .conf(MConf::WithStanza(DEBIAN_CONF, HUGE_FILL_10M))
+    .no_os(),
+    m(
+        "hugefiles: too big (ENOSPC)",
+        "ext4",
+        &["-T", "huge"],
+        "256M",
+        256 * MIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_TOO_BIG))
     .no_os(),
     // 4 KiB blocks: the resize inode alone turns large_file on.
     m(
@@ -1106,6 +1272,256 @@ fn parity_e2fsprogs_m_cases() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// `-l FILE` and `-c` (`-c -c`): the bad blocks go into inode 1 (direct,
+/// indirect and double-indirect pointers; an indirect block is allocated
+/// when the list ends exactly at its start, as libext2fs does), the tables
+/// avoid them, bad blocks in a backup's area and out of range get mke2fs's
+/// messages; `-c` runs badblocks(8) as mke2fs does. Byte for byte with
+/// mke2fs, e2fsck clean; a bad block in the primary superblock or
+/// descriptors is refused before anything is written.
+#[test]
+fn parity_bad_blocks() {
+    let test = "mkfs_parity::parity_bad_blocks";
+    for t in ["mke2fs", "e2fsck"] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found (install e2fsprogs)"));
+        }
+    }
+    let dir = shm_dir().unwrap_or_else(image_dir);
+    let seq = |from: u64, step: u64, n: u64| -> String {
+        (0..n).map(|k| format!("{}\n", from + k * step)).collect()
+    };
+    let cases: Vec<(Conf, u64, Vec<&str>, String)> = vec![
+        // Out of range (ignored, with a message), repeated, unsorted.
+        (
+            Conf::Debian,
+            256 * MIB,
+            vec![],
+            "70000\n500\n 501\n502 x\n20000\n20001\n999999999\n500\njunk\n".into(),
+        ),
+        (Conf::Upstream, GIB, vec![], seq(100_000, 7, 40)),
+        // Exactly 12: an empty indirect block.
+        (Conf::Debian, 64 * MIB, vec!["-b", "1024"], seq(3000, 1, 12)),
+        (
+            Conf::Upstream,
+            64 * MIB,
+            vec!["-b", "1024"],
+            seq(3000, 1, 13),
+        ),
+        // Past 12 + 256: a double-indirect block.
+        (
+            Conf::Debian,
+            64 * MIB,
+            vec!["-b", "1024"],
+            seq(3000, 2, 301),
+        ),
+        (
+            Conf::Upstream,
+            64 * MIB,
+            vec!["-O", "^flex_bg,^metadata_csum"],
+            seq(5000, 3, 20),
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (k, (conf, size, opts, list)) in cases.iter().enumerate() {
+        let conf_path = dir.path().join("mke2fs.conf");
+        std::fs::write(&conf_path, conf.text()).unwrap();
+        let bb = dir.path().join(format!("bb{k}"));
+        std::fs::write(&bb, list).unwrap();
+        let label = format!(
+            "[{conf:?}] {} {opts:?} -l <{} lines>",
+            human(*size),
+            list.lines().count()
+        );
+        let outcome = compare(dir.path(), &conf_path, *size, &[], &|img| {
+            let mut v: Vec<String> = ["-F", "-q", "-t", "ext4", "-U", UUID]
+                .iter()
+                .chain(opts.iter())
+                .map(|s| s.to_string())
+                .collect();
+            v.extend(["-l".into(), bb.display().to_string()]);
+            v.extend(["-E".to_string(), seed_ext(None), img.display().to_string()]);
+            v
+        });
+        match outcome {
+            Outcome::Pass => eprintln!("ok     {label}"),
+            Outcome::Skip(why) | Outcome::Fail(why) => failures.push(format!("{label}: {why}")),
+        }
+    }
+    if have("badblocks") {
+        let conf_path = dir.path().join("mke2fs.conf");
+        std::fs::write(&conf_path, Conf::Debian.text()).unwrap();
+        for (size, opts) in [(32 * MIB, &["-c"][..]), (8 * MIB, &["-c", "-c"][..])] {
+            let label = format!("{} {opts:?}", human(size));
+            let outcome = compare(dir.path(), &conf_path, size, &[], &|img| {
+                let mut v: Vec<String> = ["-F", "-q", "-t", "ext4", "-U", UUID]
+                    .iter()
+                    .chain(opts.iter())
+                    .map(|s| s.to_string())
+                    .collect();
+                v.extend(["-E".to_string(), seed_ext(None), img.display().to_string()]);
+                v
+            });
+            match outcome {
+                Outcome::Pass => eprintln!("ok     {label}"),
+                Outcome::Skip(why) | Outcome::Fail(why) => failures.push(format!("{label}: {why}")),
+            }
+        }
+    } else {
+        skip(test, "badblocks not found: -c not compared");
+    }
+    // In the first backup's superblock and descriptors: mke2fs's warning;
+    // the same bytes; e2fsck says only that this backup is bad.
+    {
+        let (ours, refimg) = (dir.path().join("o.img"), dir.path().join("r.img"));
+        let conf_path = dir.path().join("mke2fs.conf");
+        std::fs::write(&conf_path, Conf::Debian.text()).unwrap();
+        let bb = dir.path().join("bbk");
+        std::fs::write(&bb, "8193\n8194\n").unwrap();
+        let seed = seed_ext(None);
+        let mut errs = Vec::new();
+        for (p, ours) in [(&refimg, false), (&ours, true)] {
+            sparse_file(p, 64 * MIB).unwrap();
+            let args = [
+                "-F",
+                "-q",
+                "-t",
+                "ext4",
+                "-b",
+                "1024",
+                "-U",
+                UUID,
+                "-l",
+                bb.to_str().unwrap(),
+                "-E",
+                &seed,
+                p.to_str().unwrap(),
+            ];
+            let mut c = if ours {
+                ext4kit_mkfs(args)
+            } else {
+                mke2fs(args)
+            };
+            let out = run(c
+                .env("MKE2FS_CONFIG", &conf_path)
+                .env("E2FSPROGS_FAKE_TIME", FAKE_TIME))
+            .unwrap();
+            errs.push(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        if !errs[1]
+            .contains("Warning: the backup superblock/group descriptors at block 8193 contain")
+        {
+            failures.push(format!("no backup warning: {}", errs[1]));
+        }
+        if let Err(e) = sparse_equal(&refimg, &ours) {
+            failures.push(format!("bad backup: {e}"));
+        }
+        let out = run(tool("e2fsck").args(["-fn"]).arg(&ours)).unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() || !text.contains("Group 1's superblock (8193) is bad") {
+            failures.push(format!("e2fsck on the bad backup: {text}"));
+        }
+        eprintln!("ok     64M -b 1024 -l <8193, 8194>");
+    }
+    // The primary superblock/descriptor area must be good: refused, one
+    // line, the target untouched.
+    let img = dir.path().join("refused.img");
+    std::fs::write(&img, vec![0x5au8; (4 * MIB) as usize]).unwrap();
+    let bb = dir.path().join("bbp");
+    std::fs::write(&bb, "3\n").unwrap();
+    let out = run(&mut ext4kit_mkfs([
+        "-F",
+        "-q",
+        "-b",
+        "1024",
+        "-l",
+        bb.to_str().unwrap(),
+        img.to_str().unwrap(),
+    ]))
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success()
+        || err.lines().count() != 1
+        || !err.contains("Block 3 in primary superblock/group descriptor area bad")
+    {
+        failures.push(format!("bad block 3 not refused in one line: {err}"));
+    }
+    if std::fs::read(&img).unwrap().iter().any(|&b| b != 0x5a) {
+        failures.push("the refused run wrote to the target".into());
+    }
+    let out = run(&mut ext4kit_mkfs([
+        "-F",
+        "-q",
+        "-l",
+        "/nonexistent/bb",
+        img.to_str().unwrap(),
+    ]))
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() || !err.contains("while trying to open /nonexistent/bb") {
+        failures.push(format!("missing list not refused: {err}"));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The huge files mke2fs.conf asks for are there for the read tools:
+/// `ext4kit ls` lists them with their owner, mode and size, `ext4kit cat`
+/// reads them back as zeros, and mke2fs's progress line names them.
+#[test]
+fn hugefiles_are_readable() {
+    let test = "mkfs_parity::hugefiles_are_readable";
+    if !have("mke2fs") {
+        return skip(test, "mke2fs not found (install e2fsprogs)");
+    }
+    let dir = shm_dir().unwrap_or_else(image_dir);
+    let conf = dir.path().join("mke2fs.conf");
+    let img = dir.path().join("huge.img");
+    let text = MConf::WithStanza(UPSTREAM_CONF, HUGE_THREE_OWNED).text();
+    assert!(text.contains("num_hugefiles = 3"), "stanza not inserted");
+    std::fs::write(&conf, text).unwrap();
+    sparse_file(&img, 256 * MIB).unwrap();
+    let out = run_ok(
+        ext4kit_mkfs(["-F", "-T", "huge", img.to_str().unwrap()])
+            .env("MKE2FS_CONFIG", &conf)
+            .env("E2FSPROGS_FAKE_TIME", FAKE_TIME),
+    )
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("Creating 3 huge file(s) with "),
+        "no hugefiles line in:\n{stdout}"
+    );
+    e2fsck_clean(&img).unwrap();
+    let spec = format!("{}:/", img.display());
+    let ls = run_ok(ext4kit().args(["ls", "-l", &spec])).unwrap();
+    let ls = String::from_utf8_lossy(&ls.stdout).into_owned();
+    let names: Vec<&str> = ls.lines().filter(|l| l.contains("hugefile")).collect();
+    assert_eq!(names.len(), 3, "{ls}");
+    for (k, l) in names.iter().enumerate() {
+        assert!(l.ends_with(&format!("hugefile{k:02}")), "{l}");
+        assert!(l.contains("1000") && l.contains("100"), "owner: {l}");
+        assert!(l.starts_with("-rw-r--r--"), "umask 022: {l}");
+    }
+    let f = format!("{}:/hugefile01", img.display());
+    let cat = run_ok(ext4kit().args(["cat", &f])).unwrap();
+    assert!(cat.stdout.len() > 60 * MIB as usize, "{}", cat.stdout.len());
+    assert!(cat.stdout.iter().all(|&b| b == 0));
+    // The fill case: 10 MiB files in /store, as many as fit.
+    std::fs::write(&conf, MConf::WithStanza(DEBIAN_CONF, HUGE_FILL_10M).text()).unwrap();
+    run_ok(
+        ext4kit_mkfs(["-F", "-q", "-T", "huge", img.to_str().unwrap()]).env("MKE2FS_CONFIG", &conf),
+    )
+    .unwrap();
+    let spec = format!("{}:/store", img.display());
+    let ls = run_ok(ext4kit().args(["ls", &spec])).unwrap();
+    let n = String::from_utf8_lossy(&ls.stdout)
+        .split_whitespace()
+        .filter(|w| w.starts_with("hugefile"))
+        .count();
+    assert!(n >= 20, "{n} files in /store");
 }
 
 /// Without -F, a type the configuration does not define stops mke2fs

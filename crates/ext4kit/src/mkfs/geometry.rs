@@ -73,6 +73,10 @@ pub struct FsParams {
     /// `-J location=` (or mke2fs.conf's `journal_location`): the journal's
     /// goal block instead of the middle of the filesystem.
     pub journal_location: Option<u64>,
+    /// mke2fs.conf's `make_hugefiles` and its settings.
+    pub hugefiles: Option<super::hugefiles::HugeParams>,
+    /// `-l FILE` / `-c`: the bad block numbers as read (unchecked).
+    pub bad_blocks: Option<Vec<u64>>,
 }
 
 /// Errors the planner reports: all are the user's parameters being
@@ -219,6 +223,10 @@ pub struct Layout {
     pub cluster_bits: u32,
     /// Quota files (`-O quota`), in the order mke2fs writes them.
     pub quota: Vec<super::quota::QuotaFile>,
+    /// mke2fs.conf's huge files (made last, after the orphan file).
+    pub hugefiles: Option<super::hugefiles::HugePlan>,
+    /// `-l`/`-c`: the bad blocks and the bad block inode's mapping.
+    pub bad_blocks: Option<super::badblocks::BadBlocks>,
 }
 
 /// Where one group's superblock copy and descriptor blocks lie.
@@ -271,6 +279,14 @@ impl Layout {
         }
         if let Some((o, _)) = &self.orphan {
             last = last.max(*o);
+        }
+        if let Some(h) = &self.hugefiles {
+            for d in &h.dirs {
+                last = last.max(d.ino);
+            }
+            for f in &h.files {
+                last = last.max(f.ino);
+            }
         }
         last
     }
@@ -533,7 +549,7 @@ impl Planner {
     /// group counters move as libext2fs moves them (one per single block
     /// before the bitmap is converted, clusters after; the totals are
     /// recomputed by [`fix_cluster_counts`] anyway).
-    fn take(&mut self, start: u64, len: u64) {
+    pub(super) fn take(&mut self, start: u64, len: u64) {
         let bits = self.l.cluster_bits;
         let mask = (1u64 << bits) - 1;
         let (start, end) = if self.clustered {
@@ -1062,6 +1078,8 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         first_ino: 11,
         cluster_bits,
         quota: Vec::new(),
+        hugefiles: None,
+        bad_blocks: None,
     };
     // Group accounting as ext2fs_initialize leaves it.
     let mut reserved_inos = l.first_ino;
@@ -1131,6 +1149,10 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         stride: p.stride,
         clustered: false,
     };
+    // handle_bad_blocks: marked before the tables are placed.
+    if let Some(list) = &p.bad_blocks {
+        super::badblocks::mark(&mut pl, list)?;
+    }
     // Tables.
     if p.packed_meta_blocks && log_flex > 0 {
         packed_allocate_tables(&mut pl)?;
@@ -1147,6 +1169,10 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
     }
     // Overhead as mke2fs counts it right after table allocation (clusters).
     let mut overhead = pl.l.used.count_in(first_data_block, pl.l.blocks_count) >> cluster_bits;
+    // mke2fs unmarks the bad blocks while it counts.
+    if let Some(bb) = &pl.l.bad_blocks {
+        overhead -= bb.blocks.len() as u64;
+    }
     // The journal, fast-commit area included.
     let journal_blocks = journal_request.map(|j| j + fc_blocks);
     pl.l.journal_fc_blocks = if journal_blocks.is_some() {
@@ -1215,6 +1241,8 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         pl.use_inode(ino, false);
     }
     pl.use_inode(1, false);
+    let it0 = pl.l.groups[0].inode_table;
+    super::badblocks::make_inode(&mut pl, it0)?;
     // Resize inode.
     if pl.l.features.compat.contains(Compat::RESIZE_INODE) {
         let sb_blk = pl.l.sb_block(); // group 0's superblock block
@@ -1295,6 +1323,10 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         }
         pl.l.orphan = Some((ino, fm));
         note_file_size(&mut pl.l, u64::from(n) * u64::from(bs));
+    }
+    // mk_hugefiles, last.
+    if let Some(hp) = &p.hugefiles {
+        super::hugefiles::plan_hugefiles(&mut pl, hp, p.itable_zeroed)?;
     }
     if cluster_bits > 0 {
         fix_cluster_counts(&mut pl.l);
@@ -1720,6 +1752,8 @@ mod plan_tests {
             quota_types: 0,
             external_journal: false,
             journal_location: None,
+            hugefiles: None,
+            bad_blocks: None,
         }
     }
 

@@ -305,6 +305,8 @@ pub(super) fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         first_ino: 11,
         cluster_bits: 0,
         quota: Vec::new(),
+        hugefiles: None,
+        bad_blocks: None,
     })
 }
 

@@ -158,8 +158,15 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
             c.access(iblk(11), true);
         }
     }
-    // Bad blocks inode.
-    c.access(iblk(1), true);
+    // Bad blocks inode (ext2fs_update_bb_inode's block walk).
+    match &l.bad_blocks {
+        Some(bb) => {
+            for &(b, w) in &bb.trace {
+                c.access(b, w);
+            }
+        }
+        None => c.access(iblk(1), true),
+    }
     // Resize inode.
     if let Some(dind) = l.resize_dind {
         for k in 0..u64::from(l.reserved_gdt_blocks) {
@@ -324,8 +331,15 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
         }
         c.access(iblk(*ino), true);
     }
+    // mk_hugefiles: its directory and inode writes, extent blocks and
+    // directory scans, as the planner recorded them.
+    if let Some(h) = &l.hugefiles {
+        for &(b, w) in &h.trace {
+            c.access(b, w);
+        }
+    }
     // write_bitmaps at close.
-    if !quota || l.orphan.is_some() {
+    if !quota || l.orphan.is_some() || l.hugefiles.is_some() {
         write_bitmaps(&mut c);
     }
     // zap_sector(2, 6) and zap_sector(0, 2): 4096 bytes written directly.

@@ -3,9 +3,11 @@
 //! [`prepare`] validates everything and plans the layout without touching
 //! the target; [`execute`] is the only step that writes.
 
+pub mod badblocks;
 pub mod blockset;
 pub mod encoding;
 pub mod geometry;
+pub mod hugefiles;
 pub mod journal_dev;
 pub mod kbytes;
 pub mod mmp;

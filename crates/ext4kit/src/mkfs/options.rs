@@ -63,6 +63,12 @@ pub struct MkfsOptions {
     /// size is the default). Required when `-J device=` is given; see
     /// [`journal_device_spec`] and [`super::journal_dev::inspect`].
     pub external_journal: Option<super::journal_dev::ExternalJournal>,
+    /// The partition's first sector (`/sys/dev/block/M:m/start`; 0 for
+    /// files), for mke2fs.conf's `hugefiles_align_disk`.
+    pub partition_start_sectors: u64,
+    /// `-l FILE` / `-c`: bad block numbers, as read (see
+    /// [`super::badblocks::parse_list`]).
+    pub bad_blocks: Option<Vec<u64>>,
 }
 
 /// What the options resolve to.
@@ -1123,34 +1129,78 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             ));
         }
     }
-    // mke2fs.conf's huge files (mk_hugefiles.c): refused by name.
-    if profile.get_bool(&fs_types, "make_hugefiles", false) {
-        let keys: Vec<&str> = [
-            "hugefiles_dir",
-            "hugefiles_name",
-            "hugefiles_digits",
-            "hugefiles_size",
-            "hugefiles_slack",
-            "hugefiles_align",
-            "hugefiles_align_disk",
-            "hugefiles_uid",
-            "hugefiles_gid",
-            "hugefiles_umask",
-            "num_hugefiles",
-            "zero_hugefiles",
-        ]
-        .into_iter()
-        .filter(|k| profile.get_string(&fs_types, k).is_some())
-        .collect();
-        let with = if keys.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", keys.join(", "))
+    // mke2fs.conf's huge files (mk_hugefiles.c).
+    let hugefiles = if profile.get_bool(&fs_types, "make_hugefiles", false) {
+        let log = (bs / 1024).trailing_zeros();
+        let blocks_of = |key: &str, dflt: &str| {
+            let v = profile
+                .get_string(&fs_types, key)
+                .unwrap_or_else(|| dflt.to_owned());
+            parse_num_blocks(&v, log).unwrap_or(0)
         };
-        return err(format!(
-            "mke2fs.conf: make_hugefiles{with} is not supported by ext4kit yet"
-        ));
-    }
+        let num_files = profile.get_int(&fs_types, "num_hugefiles", 0);
+        let digits = profile.get_int(&fs_types, "hugefiles_digits", 5);
+        if num_files < 0 {
+            return err(format!(
+                "mke2fs.conf: num_hugefiles = {num_files} is not supported by ext4kit"
+            ));
+        }
+        if digits < 0 {
+            return err(format!(
+                "mke2fs.conf: hugefiles_digits = {digits} is not supported by ext4kit"
+            ));
+        }
+        for (on, what) in [
+            (f.ro_compat.contains(RoCompat::BIGALLOC), "with bigalloc"),
+            (
+                f.incompat.contains(Incompat::INLINE_DATA),
+                "with inline_data",
+            ),
+            (opts.super_only, "with -S"),
+        ] {
+            if on {
+                return err(format!(
+                    "mke2fs.conf: make_hugefiles {what} is not supported by ext4kit yet"
+                ));
+            }
+        }
+        let align = blocks_of("hugefiles_align", "0");
+        let part_offset = if profile.get_bool(&fs_types, "hugefiles_align_disk", false) {
+            opts.partition_start_sectors / u64::from(bs / 512)
+        } else {
+            0
+        };
+        let num_blocks = blocks_of("hugefiles_size", "0");
+        let num_blocks = if align != 0 && num_blocks % align != 0 {
+            num_blocks + align - num_blocks % align
+        } else {
+            num_blocks
+        };
+        let uid = profile.get_int(&fs_types, "hugefiles_uid", 0) as i32 as u32;
+        let gid = profile.get_int(&fs_types, "hugefiles_gid", 0) as i32 as u32;
+        Some(super::hugefiles::HugeParams {
+            dir: profile
+                .get_string(&fs_types, "hugefiles_dir")
+                .unwrap_or_else(|| "/".into()),
+            name: profile
+                .get_string(&fs_types, "hugefiles_name")
+                .unwrap_or_else(|| "hugefile".into()),
+            digits: digits as u32,
+            num_files: num_files as u64,
+            num_blocks,
+            slack: blocks_of("hugefiles_slack", "1M"),
+            align,
+            part_offset,
+            uid,
+            gid,
+            umask: profile.get_int(&fs_types, "hugefiles_umask", 0o77) as i32 as u32,
+            // Set in mke2fs.conf when both defaults give the same answer.
+            zero: Some(profile.get_bool(&fs_types, "zero_hugefiles", true))
+                .filter(|&z| z == profile.get_bool(&fs_types, "zero_hugefiles", false)),
+        })
+    } else {
+        None
+    };
     if stride != 0 && !stripe_width.is_multiple_of(stride) {
         warnings.push(format!(
             "\nWarning: RAID stripe-width {stripe_width} not an even multiple of stride {stride}.\n"
@@ -1457,6 +1507,12 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         // discards only when `-E discard` asks for it.
         discard = false;
     }
+    if f.ro_compat.contains(RoCompat::BIGALLOC) && opts.bad_blocks.is_some() {
+        return err("a bad blocks list (-l, -c) with bigalloc is not supported by ext4kit yet");
+    }
+    if opts.super_only && opts.bad_blocks.is_some() {
+        return err("-S with a bad blocks list (-l, -c) is not supported by ext4kit yet");
+    }
     if opts.super_only && f.compat.contains(Compat::ORPHAN_FILE) {
         // mke2fs 1.47.0 -S goes on to create the orphan file: in the
         // inode bitmap -S leaves empty that is inode 11 (lost+found),
@@ -1503,6 +1559,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         quota_types,
         external_journal: external && !journal_dev,
         journal_location,
+        hugefiles,
+        bad_blocks: opts.bad_blocks.clone(),
     };
     let settings = SuperSettings {
         uuid,

@@ -450,20 +450,59 @@ impl Writer<'_> {
                 i.i_atime.set(s.now);
                 i.i_ctime.set(s.now);
                 i.i_mtime.set(s.now);
+                if let Some(bb) = l.bad_blocks.as_ref().filter(|b| !b.blocks.is_empty()) {
+                    // ext2fs_update_bb_inode: i_blocks counts the bad
+                    // blocks, not the indirect ones.
+                    let n = bb.blocks.len() as u64;
+                    i.set_size(n * bs);
+                    if let Some(bm) = &bb.map.blockmap {
+                        for (k, p) in bm.i_block.iter().enumerate() {
+                            i.i_block[k].set(*p);
+                        }
+                    }
+                    i.set_blocks_512(n * bs / 512);
+                }
             } else if !csum.metadata {
                 continue;
             }
             put(ino, &i, &mut out);
         }
-        // Root.
-        let mut root = self.base_inode(S_IFDIR | 0o755, 3);
+        // Root (with the huge files' entries and directories, if any).
+        let hroot = l.hugefiles.as_ref().and_then(|h| h.root());
+        let root_map = hroot.map_or(&l.root, |d| &d.map);
+        let mut root = self.base_inode(S_IFDIR | 0o755, hroot.map_or(3, |d| d.links));
         root.i_uid.set(s.root_uid as u16);
         root.l_i_uid_high.set((s.root_uid >> 16) as u16);
         root.i_gid.set(s.root_gid as u16);
         root.l_i_gid_high.set((s.root_gid >> 16) as u16);
-        root.set_size(bs * l.root.blocks());
-        self.map_file(&mut root, &l.root);
+        root.set_size(bs * root_map.blocks());
+        self.map_file(&mut root, root_map);
         put(2, &root, &mut out);
+        // mk_hugefiles' directories and files.
+        if let Some(h) = &l.hugefiles {
+            let owner = |i: &mut Inode, uid: u32, gid: u32| {
+                i.i_uid.set(uid as u16);
+                i.l_i_uid_high.set((uid >> 16) as u16);
+                i.i_gid.set(gid as u16);
+                i.l_i_gid_high.set((gid >> 16) as u16);
+            };
+            for d in h.dirs.iter().filter(|d| d.ino != 2) {
+                let mut i = self.base_inode(d.mode, d.links);
+                owner(&mut i, d.uid, d.gid);
+                i.set_size(bs * d.map.blocks());
+                self.map_file(&mut i, &d.map);
+                put(d.ino, &i, &mut out);
+            }
+            for f in &h.files {
+                let mut i = self.base_inode(f.mode, 1);
+                owner(&mut i, f.uid, f.gid);
+                i.set_size(f.size);
+                i.i_flags.set(i.i_flags.get() | EXT4_EXTENTS_FL);
+                i.i_block_bytes_mut().copy_from_slice(&f.i_block);
+                i.set_blocks_512(f.counted_blocks * bs / 512);
+                put(f.ino, &i, &mut out);
+            }
+        }
         // Resize inode.
         if let Some(dind) = l.resize_dind {
             let mut r = self.base_inode(S_IFREG | 0o600, 1);
@@ -557,6 +596,25 @@ impl Writer<'_> {
         buf
     }
 
+    /// A directory block of the huge files' model (entries with their
+    /// record lengths, as `ext2fs_link` left them).
+    fn render_dir(&self, ents: &[super::hugefiles::Dirent], dir_ino: u32, csum: &Csum) -> Vec<u8> {
+        let bs = self.layout.block_size as usize;
+        let mut buf = vec![0u8; bs];
+        let filetype = self.layout.features.incompat.contains(Incompat::FILETYPE);
+        let mut off = 0;
+        for e in ents {
+            let ft = if filetype { e.ft } else { 0 };
+            let rl = dir::rec_len_to_disk(e.rec_len as usize, bs);
+            dir::put_entry(&mut buf, off, e.ino, rl, &e.name, ft);
+            off += e.rec_len as usize;
+        }
+        if csum.metadata {
+            dir::put_tail(&mut buf, dir_ino, 0, csum);
+        }
+        buf
+    }
+
     /// Write the whole filesystem (with -S, only its superblocks and
     /// descriptors).
     pub fn write(&self, dev: &dyn Device) -> Result<WriteStats, WriteError> {
@@ -605,21 +663,30 @@ impl Writer<'_> {
                 out.zero_blocks(gp.inode_table, n)?;
             }
         }
-        // 4. Special inodes into group 0's table.
-        let it0 = l.groups[0].inode_table;
+        // 4. Special inodes (and huge files) into their groups' tables.
         let isz = u64::from(l.inode_size);
         let specials = self.special_inodes(&csum);
-        let last_ino = specials.last().map(|(i, _)| *i).unwrap_or(1);
-        let nblocks = (u64::from(last_ino) * isz).div_ceil(bs);
-        let mut table = vec![0u8; (nblocks * bs) as usize];
-        // Whole blocks are written: the slots between the special inodes
-        // are zero, as mke2fs leaves them (its table blocks were zeroed or
-        // proven zero first).
-        for (ino, bytes) in &specials {
-            let off = (u64::from(*ino - 1) * isz) as usize;
-            table[off..off + bytes.len()].copy_from_slice(bytes);
+        let ipg = l.inodes_per_group;
+        let mut k = 0;
+        while k < specials.len() {
+            let g = (specials[k].0 - 1) / ipg;
+            let end = specials[k..]
+                .iter()
+                .position(|(i, _)| (i - 1) / ipg != g)
+                .map_or(specials.len(), |n| k + n);
+            let last_ino = specials[end - 1].0;
+            let nblocks = (u64::from(last_ino - g * ipg) * isz).div_ceil(bs);
+            let mut table = vec![0u8; (nblocks * bs) as usize];
+            // Whole blocks are written: the slots between the special
+            // inodes are zero, as mke2fs leaves them (its table blocks were
+            // zeroed or proven zero first).
+            for (ino, bytes) in &specials[k..end] {
+                let off = (u64::from(*ino - 1 - g * ipg) * isz) as usize;
+                table[off..off + bytes.len()].copy_from_slice(bytes);
+            }
+            out.block(l.groups[g as usize].inode_table, &table)?;
+            k = end;
         }
-        out.block(it0, &table)?;
         // 5. Directories.
         let root_blk = self.dir_block(
             &[
@@ -631,6 +698,15 @@ impl Writer<'_> {
             &csum,
         );
         out.block(l.root.runs[0].pblk, &root_blk)?;
+        if let Some(h) = &l.hugefiles {
+            for d in &h.dirs {
+                for (lb, ents) in d.blocks.iter().enumerate() {
+                    if let Some(p) = d.map.pblk(lb as u32) {
+                        out.block(p, &self.render_dir(ents, d.ino, &csum))?;
+                    }
+                }
+            }
+        }
         let lpf0 = if self.inline_data() {
             // ext2fs_inline_data_convert_dir: '.', '..', then the empty
             // entry of the inline directory spanning the rest.
@@ -655,6 +731,10 @@ impl Writer<'_> {
             if let Some(p) = l.lost_found.pblk(lb) {
                 out.block(p, if lb == 0 { &lpf0 } else { &lpf_empty })?;
             }
+        }
+        // 5b. The bad block inode's indirect blocks.
+        if let Some(bb) = &l.bad_blocks {
+            self.write_indirect(&mut out, &bb.map)?;
         }
         // 6. Resize inode: DIND and primary reserved GDT blocks.
         if let Some(dind) = l.resize_dind {
@@ -711,6 +791,23 @@ impl Writer<'_> {
                 if let Some(p) = fm.pblk(lb) {
                     orphan::init_block(&mut obuf, *ino, 0, p, &csum);
                     out.block(p, &obuf)?;
+                }
+            }
+        }
+        // 8a. Huge files: their extent blocks, their data zeroed.
+        if let Some(h) = &l.hugefiles {
+            for f in &h.files {
+                for (p, node) in &f.nodes {
+                    let mut buf = node.clone();
+                    if csum.metadata {
+                        extent::set_block_checksum(&mut buf, f.ino, 0, &csum);
+                    }
+                    out.block(*p, &buf)?;
+                }
+                if h.zero {
+                    for r in &f.data {
+                        out.zero_blocks(r.pblk, u64::from(r.len))?;
+                    }
                 }
             }
         }

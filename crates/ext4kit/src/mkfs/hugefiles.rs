@@ -1,0 +1,860 @@
+//! mke2fs.conf's huge files (`make_hugefiles`, misc/mk_hugefiles.c):
+//! preallocated, physically contiguous files made right after the orphan
+//! file, in a directory of their own (or the root).
+//!
+//! The planner replays mk_hugefiles over the layout: the directories
+//! (`ext2fs_mkdir`, one path component at a time), the files (each a run
+//! of free chunks from a moving goal after the slack, appended extent by
+//! extent with `ext2fs_extent_insert`), their names linked as
+//! `ext2fs_link` links them (first fit over the directory's blocks, a new
+//! block by `ext2fs_expand_dir` when none has room). The extent tree is
+//! modelled slot by slot as libext2fs leaves it: splits at the end of the
+//! file move one entry into the new node (`no_balance`), the root's split
+//! moves them all, and the entries a split copies away stay behind as
+//! stale bytes past `eh_entries`. The I/O libext2fs does meanwhile is
+//! recorded (through its 4-inode cache) for `s_kbytes_written`.
+
+use ext4kit_format::dir;
+use ext4kit_format::extent::{self, EXT_INIT_MAX_LEN, Extent, ExtentHeader, ExtentIndex};
+use ext4kit_format::features::{Incompat, RoCompat};
+use zerocopy::IntoBytes;
+
+use super::geometry::{FileMap, GeometryError, Planner, Run};
+
+/// mke2fs.conf's hugefiles settings, numbers already parsed in blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HugeParams {
+    /// `hugefiles_dir` (default `/`).
+    pub dir: String,
+    /// `hugefiles_name` (default `hugefile`).
+    pub name: String,
+    /// `hugefiles_digits` (default 5).
+    pub digits: u32,
+    /// `num_hugefiles` (0: as many as fit, or one).
+    pub num_files: u64,
+    /// `hugefiles_size` in blocks (0: fill).
+    pub num_blocks: u64,
+    /// `hugefiles_slack` in blocks (default 1M).
+    pub slack: u64,
+    /// `hugefiles_align` in blocks.
+    pub align: u64,
+    /// `hugefiles_align_disk`: the partition's start, in blocks.
+    pub part_offset: u64,
+    pub uid: u32,
+    pub gid: u32,
+    /// `hugefiles_umask` (default 077).
+    pub umask: u32,
+    /// `zero_hugefiles` when mke2fs.conf sets it; by default the files are
+    /// zeroed unless the storage reads as zero (a zeroing discard, or
+    /// `assume_storage_prezeroed`).
+    pub zero: Option<bool>,
+}
+
+/// A directory entry as `link_proc` leaves it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dirent {
+    pub ino: u32,
+    pub name: Vec<u8>,
+    pub ft: u8,
+    pub rec_len: u32,
+}
+
+/// A directory the huge files touch (the root is always the first).
+#[derive(Clone, Debug)]
+pub struct HugeDir {
+    pub ino: u32,
+    pub mode: u16,
+    pub uid: u32,
+    pub gid: u32,
+    pub links: u16,
+    pub map: FileMap,
+    /// Entries of each block, in logical order.
+    pub blocks: Vec<Vec<Dirent>>,
+}
+
+/// One huge file.
+#[derive(Clone, Debug)]
+pub struct HugeFile {
+    pub ino: u32,
+    pub mode: u16,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    /// Blocks counted in `i_blocks` (data and extent tree blocks).
+    pub counted_blocks: u64,
+    /// The 60-byte `i_block` extent root, stale slots included.
+    pub i_block: [u8; 60],
+    /// Extent tree blocks (physical block, contents without checksum).
+    pub nodes: Vec<(u64, Vec<u8>)>,
+    /// The data runs (for zeroing).
+    pub data: Vec<Run>,
+}
+
+/// What mk_hugefiles made.
+#[derive(Clone, Debug, Default)]
+pub struct HugePlan {
+    pub dirs: Vec<HugeDir>,
+    pub files: Vec<HugeFile>,
+    pub zero: bool,
+    /// mke2fs's progress line (`Creating N huge file(s) ...: `), when it
+    /// got that far.
+    pub progress: Option<String>,
+    /// A `com_err` message (without the program name), printed to stderr;
+    /// mke2fs goes on after it.
+    pub error: Option<String>,
+    /// Cache accesses (block, write) in libext2fs's order.
+    pub trace: Vec<(u64, bool)>,
+}
+
+impl HugePlan {
+    /// The root directory's model (always present once planned).
+    pub fn root(&self) -> Option<&HugeDir> {
+        self.dirs.iter().find(|d| d.ino == 2)
+    }
+}
+
+/// libext2fs's 4-entry inode cache and its one-block buffer, which decide
+/// whether an inode read reaches the I/O channel.
+struct Io {
+    trace: Vec<(u64, bool)>,
+    icache: [u32; 4],
+    last: usize,
+    buffer_blk: u64,
+}
+
+impl Io {
+    fn access(&mut self, b: u64, w: bool) {
+        self.trace.push((b, w));
+    }
+    fn read_inode(&mut self, ino: u32, blk: u64) {
+        if self.icache.contains(&ino) {
+            return;
+        }
+        if self.buffer_blk != blk {
+            self.access(blk, false);
+            self.buffer_blk = blk;
+        }
+        self.last = (self.last + 1) % 4;
+        self.icache[self.last] = ino;
+    }
+    fn write_inode(&mut self, blk: u64) {
+        if self.buffer_blk != blk {
+            self.access(blk, false);
+            self.buffer_blk = blk;
+        }
+        self.access(blk, true);
+    }
+}
+
+fn unsupported(what: &str) -> GeometryError {
+    GeometryError::Invalid(format!(
+        "mke2fs.conf hugefiles: {what} is not supported by ext4kit yet"
+    ))
+}
+
+/// An extent tree node on the rightmost path (the root has `pblk` 0).
+#[derive(Clone)]
+struct Node {
+    pblk: u64,
+    depth: u16,
+    max: usize,
+    count: usize,
+    slots: Vec<[u8; 12]>,
+}
+
+impl Node {
+    fn first_pblk(&self) -> u64 {
+        let s = &self.slots[0];
+        if self.depth == 0 {
+            let hi = u64::from(u16::from_le_bytes([s[6], s[7]]));
+            let lo = u64::from(u32::from_le_bytes([s[8], s[9], s[10], s[11]]));
+            (hi << 32) | lo
+        } else {
+            let lo = u64::from(u32::from_le_bytes([s[4], s[5], s[6], s[7]]));
+            let hi = u64::from(u16::from_le_bytes([s[8], s[9]]));
+            (hi << 32) | lo
+        }
+    }
+    fn lblk_of(&self, k: usize) -> u32 {
+        let s = &self.slots[k];
+        u32::from_le_bytes([s[0], s[1], s[2], s[3]])
+    }
+    fn bytes(&self, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        let h = ExtentHeader::new(self.count as u16, self.max as u16, self.depth);
+        out[..12].copy_from_slice(h.as_bytes());
+        for (k, s) in self.slots.iter().enumerate() {
+            if 12 + 12 * k + 12 <= len {
+                out[12 + 12 * k..24 + 12 * k].copy_from_slice(s);
+            }
+        }
+        out
+    }
+}
+
+/// Appending extents to a fresh inode, as `ext2fs_extent_insert` with
+/// `EXT2_EXTENT_INSERT_AFTER` does it.
+struct Tree {
+    /// Every node ever made: index 0 is the root.
+    nodes: Vec<Node>,
+    /// The rightmost path, root first (indices into `nodes`).
+    path: Vec<usize>,
+    splits: u64,
+    iblk: u64,
+    bs: u32,
+}
+
+fn slot(b: &[u8]) -> [u8; 12] {
+    let mut s = [0u8; 12];
+    s.copy_from_slice(&b[..12]);
+    s
+}
+
+impl Tree {
+    fn new(iblk: u64, bs: u32) -> Self {
+        Tree {
+            nodes: vec![Node {
+                pblk: 0,
+                depth: 0,
+                max: usize::from(extent::ENTRIES_IN_INODE),
+                count: 0,
+                slots: vec![[0; 12]; 4],
+            }],
+            path: vec![0],
+            splits: 0,
+            iblk,
+            bs,
+        }
+    }
+    /// `update_path` at `level`: the inode or the node's block.
+    fn update(&self, io: &mut Io, level: usize) {
+        if level == 0 {
+            io.write_inode(self.iblk);
+        } else {
+            io.access(self.nodes[self.path[level]].pblk, true);
+        }
+    }
+    /// `ext2fs_extent_goto2` back down the rightmost path, to the level
+    /// `height` above the leaves.
+    fn goto(&self, io: &mut Io, height: usize) {
+        let to = self.path.len() - height;
+        for &n in &self.path[1..to] {
+            io.access(self.nodes[n].pblk, false);
+        }
+    }
+    fn insert(
+        &mut self,
+        pl: &mut Planner,
+        io: &mut Io,
+        level: usize,
+        entry: [u8; 12],
+    ) -> Result<(), GeometryError> {
+        let height = self.path.len() - 1 - level;
+        let n = self.path[level];
+        if self.nodes[n].count >= self.nodes[n].max {
+            self.split(pl, io, level)?;
+        }
+        let level = self.path.len() - 1 - height;
+        let n = self.path[level];
+        let node = &mut self.nodes[n];
+        let c = node.count;
+        node.slots[c] = entry;
+        node.count += 1;
+        // ext2fs_extent_replace, then update_path.
+        self.update(io, level);
+        self.update(io, level);
+        Ok(())
+    }
+    fn split(&mut self, pl: &mut Planner, io: &mut Io, level: usize) -> Result<(), GeometryError> {
+        let height = self.path.len() - 1 - level;
+        let n = self.path[level];
+        let mut goal = self.nodes[n].first_pblk().wrapping_sub(1);
+        if level > 0 {
+            let p = self.path[level - 1];
+            if self.nodes[p].count >= self.nodes[p].max {
+                self.split(pl, io, level - 1)?;
+                self.goto(io, height);
+            }
+        }
+        let level = self.path.len() - 1 - height;
+        let n = self.path[level];
+        if goal == 0 {
+            goal = pl.inode_goal(1);
+        }
+        let b = pl.alloc_block(goal, "hugefile extent block")?;
+        // ext2fs_alloc_block2 writes the zeroed block, then the node.
+        io.access(b, true);
+        io.access(b, true);
+        let max = usize::from(extent::entries_per_block(self.bs));
+        if level == 0 {
+            let root = self.nodes[0].clone();
+            let mut slots = vec![[0u8; 12]; max];
+            slots[..root.count].copy_from_slice(&root.slots[..root.count]);
+            let child = Node {
+                pblk: b,
+                depth: root.depth,
+                max,
+                count: root.count,
+                slots,
+            };
+            let first = child.lblk_of(0);
+            self.nodes.push(child);
+            let ci = self.nodes.len() - 1;
+            let r = &mut self.nodes[0];
+            r.count = 1;
+            r.depth += 1;
+            r.slots[0] = slot(ExtentIndex::new(first, b).as_bytes());
+            self.path.insert(1, ci);
+            io.write_inode(self.iblk);
+            io.write_inode(self.iblk);
+        } else {
+            let old = &mut self.nodes[n];
+            let moved = old.slots[old.count - 1];
+            old.count -= 1;
+            let mut slots = vec![[0u8; 12]; max];
+            slots[0] = moved;
+            let node = Node {
+                pblk: b,
+                depth: old.depth,
+                max,
+                count: 1,
+                slots,
+            };
+            let start = node.lblk_of(0);
+            self.update(io, level);
+            self.nodes.push(node);
+            let ni = self.nodes.len() - 1;
+            // The parent: its current entry replaced, the new index after.
+            self.update(io, level - 1);
+            let p = self.path[level - 1];
+            let pn = &mut self.nodes[p];
+            let c = pn.count;
+            pn.slots[c] = slot(ExtentIndex::new(start, b).as_bytes());
+            pn.count += 1;
+            self.update(io, level - 1);
+            self.update(io, level - 1);
+            self.path[level] = ni;
+        }
+        self.goto(io, height);
+        self.splits += 1;
+        io.write_inode(self.iblk);
+        Ok(())
+    }
+}
+
+/// `calc_overhead`: extent blocks a file of `num` blocks may need.
+fn calc_overhead(bs: u32, num: u64) -> u64 {
+    let extents = num.div_ceil(u64::from(EXT_INIT_MAX_LEN));
+    if extents <= 4 {
+        return 0;
+    }
+    let epb = (u64::from(bs) - 12) / 12 / 2 - 1;
+    let e1 = extents.div_ceil(epb);
+    let e2 = e1.div_ceil(epb);
+    let e3 = e2.div_ceil(epb);
+    let e4 = e3.div_ceil(epb);
+    e1 + e2 + e3 + e4
+}
+
+fn round_up_align(b: u64, align: u64, part_offset: u64) -> u64 {
+    if align == 0 {
+        return b;
+    }
+    let m = (b + part_offset % align) % align;
+    if m != 0 { b + align - m } else { b }
+}
+
+/// `ext2fs_new_inode`: inodes 1..=`last` are the only ones in use.
+fn new_inode(pl: &Planner, last: u32, start: u32) -> Result<u32, GeometryError> {
+    let start = start.max(pl.first_ino);
+    let ino = if start <= last + 1 { last + 1 } else { start };
+    if start > last + 1 {
+        return Err(unsupported("a directory in a group of its own"));
+    }
+    if ino > pl.inodes_count {
+        return Err(unsupported("running out of inodes"));
+    }
+    Ok(ino)
+}
+
+/// Planning state of mk_hugefiles.
+struct Hp<'a> {
+    pl: &'a mut Planner,
+    io: Io,
+    last_ino: u32,
+    dirs: Vec<HugeDir>,
+    csum: bool,
+}
+
+impl Hp<'_> {
+    fn iblk(&self, ino: u32) -> u64 {
+        let ipg = self.pl.inodes_per_group;
+        let g = ((ino - 1) / ipg) as usize;
+        let idx = u64::from((ino - 1) % ipg);
+        self.pl.groups[g].inode_table
+            + idx * u64::from(self.pl.inode_size) / u64::from(self.pl.block_size)
+    }
+    fn dir_index(&self, ino: u32) -> usize {
+        self.dirs.iter().position(|d| d.ino == ino).unwrap_or(0)
+    }
+    fn limit(&self) -> u32 {
+        self.pl.block_size - if self.csum { dir::TAIL_SIZE as u32 } else { 0 }
+    }
+    /// `ext2fs_link` without expanding: `Ok(false)` for
+    /// `EXT2_ET_DIR_NO_SPACE`.
+    fn link(&mut self, dir: u32, name: &[u8], ino: u32, ft: u8) -> bool {
+        let d = self.dir_index(dir);
+        let di = self.iblk(dir);
+        // ext2fs_link, ext2fs_dir_iterate2's check and block_iterate3
+        // each read the directory's inode.
+        for _ in 0..3 {
+            self.io.read_inode(dir, di);
+        }
+        let need = dir::rec_len(name.len()) as u32;
+        for lb in 0..self.dirs[d].blocks.len() {
+            let pblk = self.dirs[d].map.pblk(lb as u32).unwrap_or(0);
+            self.io.access(pblk, false);
+            let ents = &mut self.dirs[d].blocks[lb];
+            let mut changed = false;
+            let mut done = false;
+            let mut i = 0;
+            while i < ents.len() {
+                if i + 1 < ents.len() && ents[i + 1].ino == 0 {
+                    let add = ents[i + 1].rec_len;
+                    ents[i].rec_len += add;
+                    ents.remove(i + 1);
+                    changed = true;
+                }
+                let e = &mut ents[i];
+                if e.ino != 0 {
+                    let min = dir::rec_len(e.name.len()) as u32;
+                    if e.rec_len >= min + need {
+                        let rest = e.rec_len - min;
+                        e.rec_len = min;
+                        ents.insert(
+                            i + 1,
+                            Dirent {
+                                ino: 0,
+                                name: Vec::new(),
+                                ft: 0,
+                                rec_len: rest,
+                            },
+                        );
+                        changed = true;
+                    }
+                    i += 1;
+                    continue;
+                }
+                if e.rec_len >= need {
+                    e.ino = ino;
+                    e.name = name.to_vec();
+                    e.ft = ft;
+                    changed = true;
+                    done = true;
+                    break;
+                }
+                i += 1;
+            }
+            if changed {
+                self.io.access(pblk, true);
+            }
+            if done {
+                return true;
+            }
+        }
+        false
+    }
+    /// `ext2fs_expand_dir`: one empty block at the first free block after
+    /// the directory's last one.
+    fn expand(&mut self, dir: u32) -> Result<(), GeometryError> {
+        let d = self.dir_index(dir);
+        let di = self.iblk(dir);
+        for _ in 0..3 {
+            self.io.read_inode(dir, di);
+        }
+        let n = self.dirs[d].blocks.len() as u32;
+        let goal = self.dirs[d].map.pblk(n - 1).unwrap_or(0);
+        let b = self.pl.alloc_block(goal, "hugefiles directory")?;
+        self.io.access(b, true);
+        let map = &mut self.dirs[d].map;
+        match map.runs.last_mut() {
+            Some(r) if r.pblk + u64::from(r.len) == b && r.len < EXT_INIT_MAX_LEN - 1 => {
+                r.len += 1;
+                self.io.write_inode(di);
+            }
+            _ => {
+                if map.runs.len() >= 4 {
+                    return Err(unsupported("a directory of more than 4 extents"));
+                }
+                map.runs.push(Run {
+                    lblk: n,
+                    pblk: b,
+                    len: 1,
+                });
+                self.io.write_inode(di);
+                self.io.write_inode(di);
+            }
+        }
+        self.io.write_inode(di);
+        let limit = self.limit();
+        self.dirs[d].blocks.push(vec![Dirent {
+            ino: 0,
+            name: Vec::new(),
+            ft: 0,
+            rec_len: limit,
+        }]);
+        self.io.read_inode(dir, di);
+        self.io.write_inode(di);
+        Ok(())
+    }
+}
+
+/// mk_hugefiles over the planned filesystem (after the orphan file).
+pub(super) fn plan_hugefiles(
+    pl: &mut Planner,
+    hp: &HugeParams,
+    storage_zeroed: bool,
+) -> Result<(), GeometryError> {
+    let bs = pl.block_size;
+    if !pl.features.incompat.contains(Incompat::EXTENTS) {
+        // mk_hugefiles returns EXT2_ET_EXTENT_NOT_SUPPORTED before it
+        // makes anything; mke2fs reports it and goes on.
+        pl.l.hugefiles = Some(HugePlan {
+            error: Some(
+                "Operation not supported for inodes containing extents while creating huge files"
+                    .into(),
+            ),
+            ..HugePlan::default()
+        });
+        return Ok(());
+    }
+    let csum = pl.features.ro_compat.contains(RoCompat::METADATA_CSUM);
+    let last_ino = pl.last_used_ino();
+    let root_blocks: Vec<u64> = (0..pl.root.blocks() as u32)
+        .filter_map(|l| pl.root.pblk(l))
+        .collect();
+    if root_blocks.len() != 1 {
+        return Err(unsupported("a root directory of more than one block"));
+    }
+    let limit = bs - if csum { dir::TAIL_SIZE as u32 } else { 0 };
+    let root = HugeDir {
+        ino: 2,
+        mode: 0,
+        uid: 0,
+        gid: 0,
+        links: 3,
+        map: pl.root.clone(),
+        blocks: vec![vec![
+            Dirent {
+                ino: 2,
+                name: b".".to_vec(),
+                ft: dir::FT_DIR,
+                rec_len: 12,
+            },
+            Dirent {
+                ino: 2,
+                name: b"..".to_vec(),
+                ft: dir::FT_DIR,
+                rec_len: 12,
+            },
+            Dirent {
+                ino: 11,
+                name: b"lost+found".to_vec(),
+                ft: dir::FT_DIR,
+                rec_len: limit - 24,
+            },
+        ]],
+    };
+    let it0 = pl.groups[0].inode_table;
+    let mut h = Hp {
+        pl,
+        io: Io {
+            trace: Vec::new(),
+            icache: [0; 4],
+            last: 0,
+            buffer_blk: it0,
+        },
+        last_ino,
+        dirs: vec![root],
+        csum,
+    };
+    let mut plan = HugePlan {
+        zero: hp.zero.unwrap_or(!storage_zeroed),
+        ..HugePlan::default()
+    };
+    // create_directory: every non-empty component, a new directory.
+    let mut dir = 2u32;
+    for comp in hp.dir.split('/').filter(|c| !c.is_empty()) {
+        let parent = dir;
+        let pgroup = (parent - 1) / h.pl.inodes_per_group;
+        let ino = new_inode(h.pl, h.last_ino, pgroup * h.pl.inodes_per_group + 1)?;
+        let goal = h.pl.inode_goal(ino);
+        let blk = h.pl.alloc_block(goal, "hugefiles directory")?;
+        let pi = h.iblk(parent);
+        let di = h.iblk(ino);
+        h.io.read_inode(parent, pi);
+        h.io.write_inode(di);
+        h.io.access(blk, true);
+        h.io.write_inode(di);
+        h.io.write_inode(di);
+        h.pl.use_inode(ino, true);
+        h.last_ino = ino;
+        h.dirs.push(HugeDir {
+            ino,
+            mode: 0o040000 | (0o777 & !hp.umask) as u16,
+            uid: hp.uid,
+            gid: hp.gid,
+            links: 2,
+            map: FileMap {
+                runs: vec![Run {
+                    lblk: 0,
+                    pblk: blk,
+                    len: 1,
+                }],
+                ..FileMap::default()
+            },
+            blocks: vec![vec![
+                Dirent {
+                    ino,
+                    name: b".".to_vec(),
+                    ft: dir::FT_DIR,
+                    rec_len: 12,
+                },
+                Dirent {
+                    ino: parent,
+                    name: b"..".to_vec(),
+                    ft: dir::FT_DIR,
+                    rec_len: limit - 12,
+                },
+            ]],
+        });
+        // ext2fs_lookup: every block of the parent read.
+        for _ in 0..2 {
+            h.io.read_inode(parent, pi);
+        }
+        let pd = h.dir_index(parent);
+        for lb in 0..h.dirs[pd].blocks.len() as u32 {
+            let b = h.dirs[pd].map.pblk(lb).unwrap_or(0);
+            h.io.access(b, false);
+        }
+        if h.dirs[pd]
+            .blocks
+            .iter()
+            .flatten()
+            .any(|e| e.ino != 0 && e.name == comp.as_bytes())
+        {
+            return Err(unsupported(&format!(
+                "hugefiles_dir component '{comp}' that already exists"
+            )));
+        }
+        if !h.link(parent, comp.as_bytes(), ino, dir::FT_DIR) {
+            return Err(unsupported("a full parent directory"));
+        }
+        h.io.read_inode(parent, pi);
+        h.io.write_inode(pi);
+        h.dirs[pd].links += 1;
+        h.io.read_inode(ino, di);
+        h.io.write_inode(di);
+        dir = ino;
+    }
+    let fs_blocks = h.pl.free_blocks;
+    let mut num_files = hp.num_files;
+    let mut num_blocks = hp.num_blocks;
+    let mut num_slack = hp.slack;
+    let align = hp.align;
+    let finish = |h: Hp<'_>, mut plan: HugePlan| {
+        plan.dirs = h.dirs;
+        plan.trace = h.io.trace;
+        h.pl.l.hugefiles = Some(plan);
+    };
+    if fs_blocks < num_slack.wrapping_add(align) {
+        plan.error = Some("No space left on device while creating huge files".into());
+        finish(h, plan);
+        return Ok(());
+    }
+    let mut fs_blocks = fs_blocks - (num_slack + align);
+    if num_blocks != 0 && num_blocks > fs_blocks {
+        plan.error = Some("No space left on device while creating huge files".into());
+        finish(h, plan);
+        return Ok(());
+    }
+    if num_blocks == 0 && num_files == 0 {
+        num_files = 1;
+    }
+    if num_files == 0 && num_blocks != 0 {
+        num_files = fs_blocks / num_blocks;
+        fs_blocks = fs_blocks.wrapping_sub(num_files / 16 + 1);
+        fs_blocks = fs_blocks.wrapping_sub(calc_overhead(bs, num_blocks).wrapping_mul(num_files));
+        num_files = fs_blocks / num_blocks;
+    }
+    if num_blocks == 0 && num_files > 1 {
+        num_blocks = fs_blocks / num_files;
+        fs_blocks = fs_blocks.wrapping_sub(num_files / 16 + 1);
+        fs_blocks = fs_blocks.wrapping_sub(calc_overhead(bs, num_blocks).wrapping_mul(num_files));
+        num_blocks = fs_blocks / num_files;
+    }
+    let each = if num_blocks != 0 {
+        num_blocks
+    } else {
+        fs_blocks
+    };
+    num_slack = num_slack.wrapping_add(calc_overhead(bs, each).wrapping_mul(num_files));
+    num_slack = num_slack.wrapping_add(num_files / 16 + 1);
+    if num_files > u64::from(h.pl.inodes_count) {
+        return Err(unsupported("more huge files than inodes"));
+    }
+    let blocks = h.pl.blocks_count;
+    // get_start_block: leave `num_slack` free blocks at the start.
+    let last_blk = blocks - 1;
+    let mut blk = h.pl.first_data_block;
+    let mut slack = num_slack;
+    while slack > 0 {
+        let b = h.pl.used.next_free(blk);
+        if b > last_blk {
+            break;
+        }
+        blk = b;
+        let next = match h.pl.used.next_used(blk) {
+            Some(n) if n <= last_blk => n,
+            _ => last_blk,
+        };
+        if next - blk > slack {
+            blk += slack;
+            break;
+        }
+        slack -= next - blk;
+        blk = next;
+    }
+    let mut goal = round_up_align(blk, align, hp.part_offset);
+    if each > 0x8000_0000 / u64::from(bs) {
+        h.pl.l.features.ro_compat.insert(RoCompat::LARGE_FILE);
+    }
+    let mut progress = format!("Creating {num_files} huge file(s) ");
+    if num_blocks != 0 {
+        progress.push_str(&format!("with {num_blocks} blocks each"));
+    }
+    progress.push_str(": ");
+    plan.progress = Some(progress);
+    for idx in 0..num_files {
+        let ino = new_inode(h.pl, h.last_ino, 0)?;
+        let fi = h.iblk(ino);
+        h.io.write_inode(fi);
+        h.pl.use_inode(ino, false);
+        h.last_ino = ino;
+        let mut tree = Tree::new(fi, bs);
+        let mut lblk: u64 = 0;
+        let mut left = if num_blocks != 0 { num_blocks } else { 1 };
+        let mut count = 0u64;
+        let mut data: Vec<Run> = Vec::new();
+        while left > 0 {
+            let end = h.pl.used.next_free(goal);
+            if goal > last_blk || end > last_blk {
+                return Err(unsupported(
+                    "running out of space while creating a huge file",
+                ));
+            }
+            goal = end;
+            let bend = match h.pl.used.next_used(goal) {
+                Some(b) if b <= last_blk => b,
+                _ => {
+                    if num_blocks == 0 {
+                        left = 0;
+                    }
+                    blocks
+                }
+            };
+            let n = if num_blocks == 0 || bend - goal < left {
+                bend - goal
+            } else {
+                left
+            };
+            let mut pblk = goal;
+            if num_blocks != 0 {
+                left -= n;
+            }
+            goal += n;
+            count += n;
+            h.pl.take(pblk, n);
+            let mut rem = n;
+            while rem > 0 {
+                let l = rem.min(u64::from(EXT_INIT_MAX_LEN));
+                if lblk + l > u64::from(u32::MAX) {
+                    return Err(unsupported("a huge file past 2^32 blocks"));
+                }
+                match data.last_mut() {
+                    Some(r)
+                        if r.pblk + u64::from(r.len) == pblk
+                            && u64::from(r.len) + l <= u64::from(u32::MAX) =>
+                    {
+                        r.len += l as u32
+                    }
+                    _ => data.push(Run {
+                        lblk: lblk as u32,
+                        pblk,
+                        len: l as u32,
+                    }),
+                }
+                let e = slot(Extent::new(lblk as u32, l as u16, pblk).as_bytes());
+                let level = tree.path.len() - 1;
+                tree.insert(h.pl, &mut h.io, level, e)?;
+                pblk += l;
+                lblk += l;
+                rem -= l;
+            }
+        }
+        h.io.read_inode(ino, fi);
+        h.io.write_inode(fi);
+        let name = {
+            let mut s = hp.name.clone();
+            if hp.digits > 0 {
+                s.push_str(&format!("{:0width$}", idx, width = hp.digits as usize));
+            } else if num_files > 1 {
+                s.push_str(&idx.to_string());
+            }
+            s.into_bytes()
+        };
+        let size = count * u64::from(bs);
+        if size >= 0x8000_0000 {
+            h.pl.l.features.ro_compat.insert(RoCompat::LARGE_FILE);
+        }
+        while !h.link(dir, &name, ino, dir::FT_REG_FILE) {
+            h.expand(dir)?;
+        }
+        let root = tree.nodes[0].bytes(60);
+        let mut i_block = [0u8; 60];
+        i_block.copy_from_slice(&root);
+        let mut nodes = Vec::new();
+        for n in &tree.nodes[1..] {
+            nodes.push((n.pblk, n.bytes(bs as usize)));
+        }
+        plan.files.push(HugeFile {
+            ino,
+            mode: 0o100000 | (0o666 & !hp.umask) as u16,
+            uid: hp.uid,
+            gid: hp.gid,
+            size,
+            counted_blocks: count + tree.splits,
+            i_block,
+            nodes,
+            data,
+        });
+    }
+    finish(h, plan);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overhead_and_alignment_like_mk_hugefiles() {
+        assert_eq!(calc_overhead(4096, 4 * 32768), 0);
+        // 5 extents: one leaf (169 extents each) and the levels above it.
+        assert_eq!(calc_overhead(4096, 5 * 32768), 4);
+        assert_eq!(round_up_align(10, 0, 3), 10);
+        assert_eq!(round_up_align(10, 8, 0), 16);
+        assert_eq!(round_up_align(10, 8, 3), 13);
+        assert_eq!(round_up_align(13, 8, 3), 13);
+    }
+}
