@@ -12,6 +12,8 @@
 #   ext4kit  ext4kit mount -f IMG MNT (defaults; served in the background)
 #   ext4kit-wb  the same with -o writeback_cache (FUSE's writeback cache)
 #   fuse2fs  fuse2fs -f IMG MNT -o fakeroot (as the notes ran it)
+#   base, base-wb  ext4kit and ext4kit-wb with the binary EXT4KIT_BASE (an
+#            earlier build: before/after of a change in one interleaved run)
 # Mount and unmount are not timed (except where a column says so); after
 # every run the image is unmounted (for FUSE: until the daemon exited) and
 # checked with `e2fsck -fn`.
@@ -69,6 +71,9 @@
 #   BENCH_THREADS       ext4kit mount --threads (default: the mount's)
 #   BENCH_EXT4KIT_OPTS  extra -o options for ext4kit in sections 1-6
 #   EXT4KIT             ext4kit binary (default target/release/ext4kit)
+#   EXT4KIT_BASE        a second ext4kit binary for the contenders base and
+#                       base-wb (add them to BENCH_SYSTEMS); the report then
+#                       has a before/after table of ext4kit against it
 #
 # Needs root, loop devices and /dev/fuse (and installs postmark, fio and
 # fuse2fs with apt-get when missing); otherwise it says so and exits 0.
@@ -117,7 +122,8 @@ for v in runs pm_seed_runs f2_seed_runs f2_timeout fio_secs tar_files li_runs li
     [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer (got '${!v}')"
 done
 for s in $systems; do
-    [[ $s == kernel || $s == ext4kit || $s == ext4kit-wb || $s == fuse2fs ]] || die "BENCH_SYSTEMS: unknown '$s'"
+    [[ $s == kernel || $s == ext4kit || $s == ext4kit-wb || $s == fuse2fs || $s == base || $s == base-wb ]] || die "BENCH_SYSTEMS: unknown '$s'"
+    if [[ $s == base* && ! -x ${EXT4KIT_BASE:-} ]]; then die "BENCH_SYSTEMS has $s: EXT4KIT_BASE must name an ext4kit binary"; fi
 done
 [[ -z $threads || $threads =~ ^[1-9][0-9]*$ ]] || die "BENCH_THREADS must be a positive integer"
 need_pkg() { # command package
@@ -160,6 +166,11 @@ cp -- "$ext4kit" "$work/ext4kit"
 ext4kit_rev=$(cd "$repo" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [[ -n $(cd "$repo" && git status --porcelain -- crates 2>/dev/null) ]]; then ext4kit_rev+=" (+ uncommitted changes)"; fi
 ext4kit=$work/ext4kit
+base_bin=
+if [[ -n ${EXT4KIT_BASE:-} ]]; then
+    cp -- "$EXT4KIT_BASE" "$work/ext4kit-base"
+    base_bin=$work/ext4kit-base
+fi
 
 export E2FSPROGS_FAKE_TIME=1700000000
 uuid=8e1f4c2a-6b3d-4f70-9a5e-0c7d2b8f1e64
@@ -259,11 +270,12 @@ up() {
         fi
         mounts+=("$mnt")
         ;;
-    ext4kit|ext4kit-wb)
-        local args=(mount -f)
+    ext4kit|ext4kit-wb|base|base-wb)
+        local args=(mount -f) bin=$ext4kit
+        [[ $sys == base* ]] && bin=$base_bin
         [[ -n $threads ]] && args+=(--threads "$threads")
         [[ -n $opts ]] && args+=(-o "$opts")
-        "$ext4kit" "${args[@]}" "$target" "$mnt" >"$work/daemon.log" 2>&1 &
+        "$bin" "${args[@]}" "$target" "$mnt" >"$work/daemon.log" 2>&1 &
         cur_pid=$!; pids+=("$cur_pid"); mounts+=("$mnt")
         wait_mounted ext4kit "$cur_pid"
         ;;
@@ -335,8 +347,8 @@ note_fsck() { # key result
 run_case() {
     local s=$1 sys=$2 t0 t1 rc=0 v extra="" opts=""
     fresh
-    [[ $sys == ext4kit ]] && opts=$ours_opts
-    [[ $sys == ext4kit-wb ]] && opts=writeback_cache${ours_opts:+,$ours_opts}
+    [[ $sys == ext4kit || $sys == base ]] && opts=$ours_opts
+    [[ $sys == ext4kit-wb || $sys == base-wb ]] && opts=writeback_cache${ours_opts:+,$ours_opts}
     up "$sys" "$img" "$opts"
     local to=()
     [[ $sys != kernel ]] && to=(timeout "$f2_timeout")
@@ -668,6 +680,22 @@ row() {
     done
     echo "$out | ${fs%, } |"
 }
+# base_row SECTION NAME UNIT: ext4kit against EXT4KIT_BASE (same run)
+base_row() {
+    local s=$1 name=$2 unit=$3 sys
+    declare -A M=() C=()
+    for sys in base ext4kit base-wb ext4kit-wb; do
+        M[$sys]=""; C[$sys]="-"
+        [[ -n ${T[$s.$sys]:-} ]] || continue
+        if [[ $unit == iops ]]; then
+            M[$sys]=$(python3 -c 'import sys,statistics; print(1/statistics.median(float(x) for x in sys.argv[1:]))' ${T[$s.$sys]})
+        else
+            M[$sys]=$(median ${T[$s.$sys]})
+        fi
+        C[$sys]=$(med ${T[$s.$sys]})
+    done
+    echo "| $name | ${C[base]} | ${C[ext4kit]} | ${C[base-wb]} | ${C[ext4kit-wb]} | $(ratio "${M[ext4kit]}" "${M[base]}") | $(ratio "${M[ext4kit-wb]}" "${M[base-wb]}") |"
+}
 if want 1 || want 2 || want 3 || want 4 || want 5 || want 6; then
     cat <<EOF
 ### Workloads (median (min–max) of the runs; runs interleaved)
@@ -690,6 +718,21 @@ EOF
     want 4 && row 4 "untar $tar_files files ($(awk -v b="${tar_bytes:-0}" 'BEGIN{printf "%.0f MiB", b / 1048576}')) + sync, s" s
     want 5 && row 5 "fio 4k randwrite buffered psync ${fio_secs} s, IOPS" iops
     want 6 && row 6 "fio 4k write + fsync each ${fio_secs} s, IOPS" iops
+    if [[ " $systems " == *" base"* ]]; then
+        cat <<EOF
+
+Before/after (base: EXT4KIT_BASE, an earlier build, in the same interleaved run; ratio = time per unit of work of ext4kit / base, < 1: faster now):
+
+| test | base | ext4kit | base wb | ext4kit wb | ext4kit/base | wb/base wb |
+|---|---|---|---|---|---|---|
+EOF
+        want 1 && base_row 1 "postmark 50000/50000 (seed), s" s
+        want 2 && base_row 2 "postmark 2000/2000, s" s
+        want 3 && base_row 3 "dd 1 GiB conv=fsync, s" s
+        want 4 && base_row 4 "untar $tar_files files + sync, s" s
+        want 5 && base_row 5 "fio 4k randwrite buffered psync, IOPS" iops
+        want 6 && base_row 6 "fio 4k write + fsync each, IOPS" iops
+    fi
     if want 4; then
         echo
         echo "Untar until the unmount is complete and the image file is written back (FUSE's \`sync\` does not reach the daemon), s: kernel $(med ${T2[4.kernel]:-}), ext4kit $(med ${T2[4.ext4kit]:-}), ext4kit wb $(med ${T2[4.ext4kit-wb]:-}), fuse2fs $(med ${T2[4.fuse2fs]:-})."

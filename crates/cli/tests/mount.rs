@@ -1619,3 +1619,116 @@ fn stale_handles_after_inode_reuse_are_estale() {
         .to_string();
     assert_eq!(lines[4], format!("gen {kernel_gen}"), "{text}");
 }
+
+/// The mount's request counts (`ext4kit status --json`, whose file the
+/// mount rewrites every second: waited for).
+fn request_counts(m: &Path) -> serde_json::Value {
+    std::thread::sleep(Duration::from_millis(1300));
+    let out = run_ok(ext4kit().args(["status", "--json"]).arg(m)).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["requests"].clone()
+}
+
+/// The round trips the mount saves (issue 8's postmark goal): writes
+/// ask for `security.capability` once per file, not once per write(2)
+/// (`FUSE_HANDLE_KILLPRIV_V2`, so the mount clears set-user-ID/set-group-ID
+/// itself: checked for a write by another user, a truncate and a
+/// chown); names and attributes stay cached past one second (no LOOKUP
+/// or GETATTR on reopening a file); `ls -l` of a directory whose entries
+/// the kernel has not cached gets them with READDIRPLUS, not one LOOKUP
+/// per name.
+#[test]
+fn metadata_round_trips_are_saved() {
+    let what = "metadata_round_trips_are_saved";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "256M");
+    let m = FuseMount::new(&img, &["allow_other"]).unwrap();
+    let p = |s: &str| m.path().join(s);
+    let before = request_counts(m.path());
+    let mut f = File::create(p("w")).unwrap();
+    for k in 0..200u64 {
+        f.write_all(&pattern(4096, k)).unwrap();
+    }
+    drop(f);
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    let after = request_counts(m.path());
+    let gx = n(&after, "getxattr") - n(&before, "getxattr");
+    assert!(gx <= 2, "{gx} GETXATTRs for 200 writes");
+    // Reopened after more than a second: from the kernel's caches (the
+    // writes made its attributes stale: one stat fetches them first).
+    fs::metadata(p("w")).unwrap();
+    let c0 = request_counts(m.path());
+    let md = fs::metadata(p("w")).unwrap();
+    assert_eq!(md.len(), 200 * 4096);
+    assert_eq!(fs::read(p("w")).unwrap()[4096..8192], pattern(4096, 1)[..]);
+    let c1 = request_counts(m.path());
+    assert_eq!(n(&c1, "lookup"), n(&c0, "lookup"), "LOOKUP after 1 s");
+    assert_eq!(n(&c1, "getattr"), n(&c0, "getattr"), "GETATTR after 1 s");
+    // Set-user-ID and group-executable set-group-ID cleared as the kernel
+    // clears them: a write by another user, a truncate by another user,
+    // a chown (by root too); not by a write of root's.
+    let mode = |s: &str| fs::metadata(p(s)).unwrap().mode() & 0o7777;
+    for s in ["s1", "s2", "s3", "s4"] {
+        fs::write(p(s), b"x").unwrap();
+        fs::set_permissions(p(s), fs::Permissions::from_mode(0o6777)).unwrap();
+    }
+    fs::OpenOptions::new()
+        .append(true)
+        .open(p("s1"))
+        .unwrap()
+        .write_all(b"root")
+        .unwrap();
+    assert_eq!(mode("s1"), 0o6777, "root's write keeps the bits");
+    let as_nobody = |script: &str| {
+        let ok = Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "sh",
+                "-c",
+                script,
+            ])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "{script}");
+    };
+    as_nobody(&format!("echo x >> {}", p("s1").display()));
+    assert_eq!(mode("s1"), 0o0777, "a write by another user");
+    as_nobody(&format!("truncate -s 0 {}", p("s2").display()));
+    assert_eq!(mode("s2"), 0o0777, "a truncate by another user");
+    std::os::unix::fs::chown(p("s3"), Some(65534), None).unwrap();
+    assert_eq!(mode("s3"), 0o0777, "a chown");
+    fs::set_permissions(p("s4"), fs::Permissions::from_mode(0o6767)).unwrap();
+    as_nobody(&format!("echo x >> {}", p("s4").display()));
+    assert_eq!(
+        mode("s4"),
+        0o2767,
+        "set-group-ID without group execute stays"
+    );
+    // ls -l of 100 names the kernel has not seen.
+    fs::create_dir(p("d")).unwrap();
+    for k in 0..100 {
+        fs::write(p(&format!("d/f{k:03}")), b"").unwrap();
+    }
+    m.unmount().unwrap();
+    let m = FuseMount::new(&img, &[]).unwrap();
+    let before = request_counts(m.path());
+    let mut names = 0;
+    for e in fs::read_dir(m.path().join("d")).unwrap() {
+        let e = e.unwrap();
+        assert_eq!(fs::symlink_metadata(e.path()).unwrap().len(), 0);
+        names += 1;
+    }
+    assert_eq!(names, 100);
+    let after = request_counts(m.path());
+    let lookups = n(&after, "lookup") - n(&before, "lookup");
+    assert!(n(&after, "readdirplus") > n(&before, "readdirplus"));
+    assert!(lookups <= 2, "{lookups} LOOKUPs for ls -l of 100 names");
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+}

@@ -198,38 +198,66 @@ fn fuser_config(req: &MountRequest) -> Config {
     c
 }
 
-/// What the mount asks of the kernel at FUSE INIT; whether the writeback
-/// cache is on. Each capability is optional: a kernel without one still
-/// mounts.
+/// What INIT settled on (see [`negotiate`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Negotiated {
+    /// FUSE's writeback cache is on.
+    pub writeback: bool,
+    /// `FUSE_HANDLE_KILLPRIV_V2` is on: the mount clears set-user-ID and
+    /// set-group-ID where the kernel asks (see `FuseFs::kill_suid_sgid`).
+    pub killpriv: bool,
+}
+
+/// What the mount asks of the kernel at FUSE INIT. Each capability is
+/// optional: a kernel without one still mounts.
 /// - POSIX ACLs checked by the kernel, no umask applied by it (the
 ///   engine applies the parent's default ACL or the umask), parallel
 ///   lookups and readdirs in one directory, cached symlink targets;
+/// - READDIRPLUS (adaptive: the kernel asks for it when the entries'
+///   attributes are wanted, `ls -l`, `find`, `rm -r`), so a listing
+///   needs no LOOKUP per name;
+/// - `FUSE_HANDLE_KILLPRIV_V2` (read-write mounts): without it the
+///   kernel asks for `security.capability` with a GETXATTR before every
+///   `write(2)` (its `file_remove_privs`), a round trip per write; with
+///   it the superblock is `SB_NOSEC`, so it asks once per inode and then
+///   trusts `S_NOSEC`, and the mount clears set-user-ID/set-group-ID on
+///   writes, truncates and chowns itself (the capability xattr is still
+///   removed by the kernel);
 /// - the writeback cache (`writeback_cache`, read-write mounts only);
 /// - more background requests in flight than fuser's 16 (readahead and
 ///   writeback of several files at once keep the worker threads busy).
 ///
 /// Requests of up to 1 MiB need nothing here: fuser offers 16 MiB and
 /// the kernel caps it at `fs.fuse.max_pages_limit` (256 pages here).
-pub(crate) fn negotiate(shared: &Shared, config: &mut KernelConfig) -> bool {
-    let mut writeback = false;
+pub(crate) fn negotiate(shared: &Shared, config: &mut KernelConfig) -> Negotiated {
+    let mut got = Negotiated::default();
+    let rw = matches!(shared.backend, Backend::Rw(_));
     let mut caps = vec![
         InitFlags::FUSE_POSIX_ACL,
         InitFlags::FUSE_DONT_MASK,
         InitFlags::FUSE_PARALLEL_DIROPS,
         InitFlags::FUSE_CACHE_SYMLINKS,
+        InitFlags::FUSE_DO_READDIRPLUS,
+        InitFlags::FUSE_READDIRPLUS_AUTO,
     ];
-    if shared.opts.writeback_cache && matches!(shared.backend, Backend::Rw(_)) {
+    if rw {
+        caps.push(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
+    }
+    if shared.opts.writeback_cache && rw {
         caps.push(InitFlags::FUSE_WRITEBACK_CACHE);
     }
     for cap in caps {
         match config.add_capabilities(cap) {
-            Ok(()) => writeback |= cap == InitFlags::FUSE_WRITEBACK_CACHE,
+            Ok(()) => {
+                got.writeback |= cap == InitFlags::FUSE_WRITEBACK_CACHE;
+                got.killpriv |= cap == InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+            }
             Err(_) => tracing::debug!("kernel lacks {cap:?}"),
         }
     }
     let _ = config.set_max_background(MAX_BACKGROUND);
     let _ = config.set_congestion_threshold(MAX_BACKGROUND * 3 / 4);
-    writeback
+    got
 }
 
 /// Background requests (readahead, writeback) the kernel keeps in flight.
@@ -427,7 +455,13 @@ pub fn status_path(mountpoint: &Path) -> PathBuf {
 
 /// Write the status file of a mount (atomically: a temporary file
 /// renamed over it). Failures are not the mount's: ignored.
-fn publish_status(path: &Path, mnt: &Path, device: &Path, lazy: Option<&StatusSource>) {
+fn publish_status(
+    path: &Path,
+    mnt: &Path,
+    device: &Path,
+    lazy: Option<&StatusSource>,
+    requests: &crate::shared::RequestCounts,
+) {
     let lazy = lazy.map(|s| {
         let st = s.get();
         serde_json::json!({ "text": st.to_string(), "status": st })
@@ -437,6 +471,7 @@ fn publish_status(path: &Path, mnt: &Path, device: &Path, lazy: Option<&StatusSo
         "device": device.display().to_string(),
         "pid": std::process::id(),
         "lazyinit": lazy,
+        "requests": requests.to_json(),
     });
     let Some(dir) = path.parent() else { return };
     if std::fs::create_dir_all(dir).is_err() {
@@ -526,14 +561,26 @@ pub fn serve_wrapped(
     let lazy = start_lazyinit(&shared, req);
     let status_file = status_path(&mnt);
     let source = lazy.as_ref().map(LazyInitHandle::status_source);
-    publish_status(&status_file, &mnt, &req.device, source.as_ref());
+    publish_status(
+        &status_file,
+        &mnt,
+        &req.device,
+        source.as_ref(),
+        &shared.requests,
+    );
     let stop = Arc::new(Stop::default());
     let timer = {
         let (stop, shared) = (stop.clone(), shared.clone());
         let (status_file, mnt, device) = (status_file.clone(), mnt.clone(), req.device.clone());
         thread::spawn(move || {
             while !stop.wait(Duration::from_secs(1)) {
-                publish_status(&status_file, &mnt, &device, source.as_ref());
+                publish_status(
+                    &status_file,
+                    &mnt,
+                    &device,
+                    source.as_ref(),
+                    &shared.requests,
+                );
                 let Backend::Rw(fs) = &shared.backend else {
                     continue;
                 };

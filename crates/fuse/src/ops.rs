@@ -33,13 +33,20 @@ use crate::attr::{
     decode_rdev, dirent_type, errno, ext4_ino, file_attr, file_type, fuse_ino, setattr_time,
     xattr_errno,
 };
-use crate::shared::{Backend, DirItem, Handle, Shared};
+use crate::shared::{Backend, DirItem, Handle, RequestCounts, Shared};
 
-/// How long the kernel may cache attributes and names. Every change goes
-/// through this mount, and the kernel invalidates what a request of its
-/// own changes, so a short TTL only bounds what a missed invalidation
-/// could show.
-const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may cache attributes and names. The mount is the
+/// only writer of the image (the device is open exclusively, and nothing
+/// the daemon does on its own changes a name or an attribute the kernel
+/// caches: online lazy init, discards and orphan freeing touch no linked
+/// inode), and the kernel invalidates what its own requests change (the
+/// inode and directory of a create, unlink, rename or link, the attributes
+/// after a write, setattr, setxattr, fallocate or copy), so a cached entry
+/// stays right until the kernel drops it. A long TTL saves a LOOKUP for
+/// every open of a name last looked up more than the TTL ago, and a
+/// GETATTR per stat. (One thing it can show late: `st_blocks` of a file
+/// whose deep extent tree a sync repacked, `Filesystem::tidy_trees`.)
+const TTL: Duration = Duration::from_secs(3600);
 
 const S_ISGID: u16 = 0o2000;
 const XATTR_CREATE: i32 = 1;
@@ -64,6 +71,9 @@ pub struct FuseFs {
     /// size and times and turns `O_APPEND` writes into positioned ones,
     /// so the offset of a WRITE is always where the data goes.
     writeback: bool,
+    /// `FUSE_HANDLE_KILLPRIV_V2` is on (negotiated at INIT): set-user-ID
+    /// and set-group-ID are cleared here (see [`FuseFs::kill_suid_sgid`]).
+    killpriv: bool,
 }
 
 impl FuseFs {
@@ -71,6 +81,7 @@ impl FuseFs {
         FuseFs {
             s,
             writeback: false,
+            killpriv: false,
         }
     }
 }
@@ -113,6 +124,15 @@ impl FuseFs {
     fn entry(&self, i: &InodeInfo, reply: ReplyEntry) {
         self.s.state().looked_up(i.ino);
         reply.entry(&TTL, &self.attr(i), Generation(u64::from(i.generation)));
+    }
+
+    /// The flags of an open file: the page cache kept across opens (the
+    /// mount is the only writer), and no FLUSH at close: it would do
+    /// nothing here (close(2) does not sync on ext4 either), and without
+    /// the writeback cache the kernel then skips the round trip (with it,
+    /// close writes dirty pages back anyway and sends the FLUSH).
+    fn open_flags(&self) -> FopenFlags {
+        FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
     }
 
     fn fs(&self) -> R<&Filesystem> {
@@ -270,7 +290,7 @@ impl FuseFs {
             crtime: None,
         };
         let any_time = times.atime.is_some() || times.mtime.is_some() || times.ctime.is_some();
-        let sa = SetAttr {
+        let mut sa = SetAttr {
             mode: a.mode.map(|m| m as u16 & 0o7777),
             uid: a.uid,
             gid: a.gid,
@@ -279,6 +299,9 @@ impl FuseFs {
         };
         // The orphan check and the calls below are one change of `ino`.
         let _g = fs.lock_inode(ino);
+        if a.kill {
+            sa.mode = killed_perm(self.s.inode(ino)?.mode);
+        }
         let orphan = self.s.state().orphans.contains(&ino);
         let tid =
             if orphan && (sa.mode.is_some() || sa.uid.is_some() || sa.gid.is_some() || any_time) {
@@ -310,6 +333,34 @@ impl FuseFs {
             };
         self.s.state().changed(ino, tid);
         self.s.inode(ino)
+    }
+
+    /// Clear set-user-ID, and set-group-ID when group-executable, of
+    /// regular file `ino` (ctime now), where the kernel leaves it to the
+    /// mount (`FUSE_HANDLE_KILLPRIV_V2`): a WRITE with
+    /// `FUSE_WRITE_KILL_SUIDGID` (a caller without CAP_FSETID), and a
+    /// fallocate or copy_file_range into it by a caller other than root
+    /// (the kernel's `file_modified` asks for it there too, and leaves it
+    /// undone under killpriv). One inode read when no bit is set.
+    fn kill_suid_sgid(&self, ino: u32) -> R<()> {
+        if !self.killpriv {
+            return Ok(());
+        }
+        let fs = self.fs()?;
+        // The mode read and its change are one change of `ino`.
+        let _g = fs.lock_inode(ino);
+        let Some(perm) = killed_perm(self.s.inode(ino)?.mode) else {
+            return Ok(());
+        };
+        let now = ext4kit_fs::fs::now();
+        let attrs = InodeAttrs {
+            perm: Some(perm),
+            ctime: Some((now.sec, now.nsec)),
+            ..InodeAttrs::default()
+        };
+        let tid = fs.set_inode_attrs(ino, &attrs).map_err(|e| errno(&e))?;
+        self.s.state().changed(ino, tid);
+        Ok(())
     }
 
     fn read_data(&self, ino: u32, off: u64, size: u32) -> R<Vec<u8>> {
@@ -868,8 +919,29 @@ impl FuseFs {
     }
 }
 
+/// The permission bits of a regular file of `mode` once set-user-ID, and
+/// set-group-ID when group-executable, are cleared (the rule the kernel's
+/// FUSE applies for a filesystem without killpriv, `fuse_setattr`);
+/// `None` when nothing changes.
+fn killed_perm(mode: u16) -> Option<u16> {
+    const S_ISUID: u16 = 0o4000;
+    const S_IXGRP: u16 = 0o010;
+    if mode & S_IFMT != S_IFREG {
+        return None;
+    }
+    let mut perm = mode & 0o7777;
+    perm &= !S_ISUID;
+    if perm & S_IXGRP != 0 {
+        perm &= !S_ISGID;
+    }
+    (perm != mode & 0o7777).then_some(perm)
+}
+
 /// setattr's arguments that the engine takes.
 struct SetArgs {
+    /// Clear set-user-ID/set-group-ID too (killpriv: a chown, or a
+    /// truncate by a caller other than root).
+    kill: bool,
     mode: Option<u32>,
     uid: Option<u32>,
     gid: Option<u32>,
@@ -897,11 +969,14 @@ fn reply_empty(r: R<()>, reply: ReplyEmpty) {
 
 impl fuser::Filesystem for FuseFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        self.writeback = crate::mount::negotiate(&self.s, config);
+        let got = crate::mount::negotiate(&self.s, config);
+        self.writeback = got.writeback;
+        self.killpriv = got.killpriv;
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        RequestCounts::bump(&self.s.requests.lookup);
         match self.do_lookup(parent, name) {
             Ok(i) => self.entry(&i, reply),
             Err(e) => reply.error(e),
@@ -915,6 +990,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        RequestCounts::bump(&self.s.requests.getattr);
         match ext4_ino(ino).and_then(|i| self.s.inode(i)) {
             Ok(i) => reply.attr(&TTL, &self.attr(&i)),
             Err(e) => reply.error(e),
@@ -923,7 +999,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -939,7 +1015,16 @@ impl fuser::Filesystem for FuseFs {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        // With killpriv the kernel asks the filesystem to clear the bits
+        // (`FATTR_KILL_SUIDGID`) on every chown of a non-directory and on
+        // a truncate by a caller without CAP_FSETID; fuser 0.18 does not
+        // pass that flag on, so the same rule is applied here, with root
+        // standing for CAP_FSETID.
+        let kill = self.killpriv
+            && mode.is_none()
+            && (uid.is_some() || gid.is_some() || (size.is_some() && req.uid() != 0));
         let a = SetArgs {
+            kill,
             mode,
             uid,
             gid,
@@ -1090,7 +1175,7 @@ impl fuser::Filesystem for FuseFs {
             Ok(self.s.state().add_handle(Handle::File { ino, append }))
         })();
         match r {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(fh) => reply.opened(FileHandle(fh), self.open_flags()),
             Err(e) => reply.error(e),
         }
     }
@@ -1119,12 +1204,19 @@ impl fuser::Filesystem for FuseFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match ext4_ino(ino).and_then(|i| self.do_write(i, fh.0, offset, data)) {
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let r = ext4_ino(ino).and_then(|i| {
+            if kill {
+                self.kill_suid_sgid(i)?;
+            }
+            self.do_write(i, fh.0, offset, data)
+        });
+        match r {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),
         }
@@ -1187,6 +1279,7 @@ impl fuser::Filesystem for FuseFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        RequestCounts::bump(&self.s.requests.readdir);
         let snap = match ext4_ino(ino).and_then(|i| self.do_readdir(i, fh.0, offset)) {
             Ok(s) => s,
             Err(e) => return reply.error(e),
@@ -1196,6 +1289,84 @@ impl fuser::Filesystem for FuseFs {
             let name = OsStr::from_bytes(&item.name);
             if reply.add(fuse_ino(item.ino), k as u64 + 1, item.kind, name) {
                 break;
+            }
+        }
+        reply.ok();
+    }
+
+    /// READDIRPLUS: the entries of [`FuseFs::readdir`] with their inodes'
+    /// attributes, so a listing that stats its entries (`ls -l`, `find`,
+    /// `rm -r`) needs no LOOKUP per name. Every entry but "." and ".."
+    /// is one more kernel reference to its inode (the kernel links it as
+    /// a dentry). The snapshot's names are what the directory holds when
+    /// the snapshot is taken by this request (offset 0: the kernel holds
+    /// the directory locked for the whole request, so nothing is created,
+    /// removed or renamed in it meanwhile); at a later offset each name is
+    /// looked up again, so an entry never names an inode the name no
+    /// longer has (a name gone since is left out, one that now names
+    /// another inode is answered with that one).
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: fuser::ReplyDirectoryPlus,
+    ) {
+        RequestCounts::bump(&self.s.requests.readdirplus);
+        let dir = match ext4_ino(ino) {
+            Ok(d) => d,
+            Err(e) => return reply.error(e),
+        };
+        let snap = match self.do_readdir(dir, fh.0, offset) {
+            Ok(s) => s,
+            Err(e) => return reply.error(e),
+        };
+        let fresh = offset == 0;
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        let mut linked = Vec::new();
+        for (k, item) in snap.iter().enumerate().skip(start) {
+            let dots = item.name == b"." || item.name == b"..";
+            let now = if fresh || dots {
+                Some(item.ino)
+            } else {
+                match self
+                    .s
+                    .backend
+                    .read_inode(dir, |f, d| f.lookup(d, &item.name))
+                {
+                    Ok(e) => e.map(|e| e.ino),
+                    Err(e) => return reply.error(errno(&e)),
+                }
+            };
+            let Some(cur) = now else { continue };
+            let i = match self.s.inode(cur) {
+                Ok(i) => i,
+                // Gone since (an orphan freed, a ".." of a removed
+                // directory): left out.
+                Err(_) => continue,
+            };
+            let name = OsStr::from_bytes(&item.name);
+            let full = reply.add(
+                fuse_ino(cur),
+                k as u64 + 1,
+                name,
+                &TTL,
+                &self.attr(&i),
+                Generation(u64::from(i.generation)),
+            );
+            if full {
+                break;
+            }
+            if !dots {
+                linked.push(cur);
+            }
+        }
+        // Counted before the reply: a FORGET may follow it at once.
+        {
+            let mut st = self.s.state();
+            for i in linked {
+                st.looked_up(i);
             }
         }
         reply.ok();
@@ -1249,6 +1420,7 @@ impl fuser::Filesystem for FuseFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        RequestCounts::bump(&self.s.requests.getxattr);
         let r = ext4_ino(ino).and_then(|i| self.xattr_get(i, name.as_bytes()));
         reply_xattr(r, size, reply);
     }
@@ -1313,7 +1485,7 @@ impl fuser::Filesystem for FuseFs {
                     &self.attr(&i),
                     Generation(u64::from(i.generation)),
                     FileHandle(fh),
-                    FopenFlags::FOPEN_KEEP_CACHE,
+                    self.open_flags(),
                 );
             }
             Err(e) => reply.error(e),
@@ -1322,7 +1494,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -1330,7 +1502,13 @@ impl fuser::Filesystem for FuseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let r = ext4_ino(ino).and_then(|i| self.do_fallocate(i, offset, length, mode));
+        let r = ext4_ino(ino).and_then(|i| {
+            self.do_fallocate(i, offset, length, mode)?;
+            if req.uid() != 0 {
+                self.kill_suid_sgid(i)?;
+            }
+            Ok(())
+        });
         reply_empty(r, reply);
     }
 
@@ -1391,7 +1569,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
@@ -1411,6 +1589,12 @@ impl fuser::Filesystem for FuseFs {
                 flags,
             )
         });
+        let r = r.and_then(|n| {
+            if n > 0 && req.uid() != 0 {
+                self.kill_suid_sgid(ext4_ino(ino_out)?)?;
+            }
+            Ok(n)
+        });
         match r {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(e),
@@ -1422,6 +1606,15 @@ impl fuser::Filesystem for FuseFs {
 mod tests {
     use super::*;
     use crate::attr::EXT4_ROOT;
+
+    #[test]
+    fn killed_perm_as_the_kernel() {
+        assert_eq!(killed_perm(S_IFREG | 0o6755), Some(0o0755));
+        assert_eq!(killed_perm(S_IFREG | 0o6745), Some(0o2745));
+        assert_eq!(killed_perm(S_IFREG | 0o2745), None);
+        assert_eq!(killed_perm(S_IFREG | 0o0755), None);
+        assert_eq!(killed_perm(S_IFDIR | 0o6755), None);
+    }
 
     #[test]
     fn root_maps_both_ways() {

@@ -4,6 +4,7 @@
 //! change).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ext4kit_format::jbd2::tid_gt;
@@ -191,6 +192,36 @@ impl State {
     }
 }
 
+/// Requests of the kinds whose number the mount tries to keep low (the
+/// round trips a workload pays for besides its own data), counted since
+/// the mount; published in the status file (`ext4kit status --json`).
+#[derive(Debug, Default)]
+pub struct RequestCounts {
+    pub lookup: AtomicU64,
+    pub getattr: AtomicU64,
+    pub getxattr: AtomicU64,
+    pub readdir: AtomicU64,
+    pub readdirplus: AtomicU64,
+}
+
+impl RequestCounts {
+    pub fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts as JSON.
+    pub fn to_json(&self) -> serde_json::Value {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        serde_json::json!({
+            "lookup": g(&self.lookup),
+            "getattr": g(&self.getattr),
+            "getxattr": g(&self.getxattr),
+            "readdir": g(&self.readdir),
+            "readdirplus": g(&self.readdirplus),
+        })
+    }
+}
+
 /// Everything the workers, the commit timer and the mount share.
 pub struct Shared {
     pub backend: Backend,
@@ -203,6 +234,8 @@ pub struct Shared {
     /// forget).
     pub state: Mutex<State>,
     pub opts: MountOptions,
+    /// Requests counted since the mount.
+    pub requests: RequestCounts,
     pub block_size: u32,
     /// Largest file size (`ext4_max_size` for extent files: 2^32 - 1
     /// blocks).
@@ -216,6 +249,7 @@ impl Shared {
             backend,
             state: Mutex::new(State::default()),
             opts,
+            requests: RequestCounts::default(),
             block_size,
             max_file: (u64::from(u32::MAX)) * u64::from(block_size),
         }
