@@ -2040,6 +2040,64 @@ mod tests {
         assert!(bgs("num_backup_sb=3").is_err());
     }
 
+    /// -E resize= as parse_extended_opts computes it, -J as
+    /// parse_journal_opts reads device= and size=.
+    #[test]
+    fn resize_and_journal_options_like_mke2fs() {
+        // 64 MiB of 1 KiB blocks, 64-byte descriptors: 8 groups, 1
+        // descriptor block; 1000000 blocks are 123 groups, 8 blocks.
+        assert_eq!(resize_reserved_gdt("1000000", 0, 65536, 0, 64), Ok(7));
+        assert_eq!(resize_reserved_gdt("100000", 0, 65536, 0, 64), Ok(0));
+        assert_eq!(resize_reserved_gdt("4T", 0, 65536, 0, 64), Ok(256));
+        // Past 2^32 groups the 32-bit division wraps (then capped).
+        assert_eq!(
+            resize_reserved_gdt("1000000000000000", 0, 65536, 0, 64),
+            Ok(256)
+        );
+        assert_eq!(
+            resize_reserved_gdt("35184372088832", 0, 65536, 0, 64),
+            Ok(0)
+        );
+        assert!(resize_reserved_gdt("65536", 0, 65536, 0, 64).is_err());
+        assert!(resize_reserved_gdt("x", 0, 65536, 0, 64).is_err());
+        let p = Profile::builtin();
+        let o = MkfsOptions {
+            extended: vec!["resize=1000000".into()],
+            features: vec!["^resize_inode".into()],
+            ..opts("ext4")
+        };
+        let r = resolve(&o, &p, &env(64 << 20)).unwrap();
+        assert!(r.params.features.compat.contains(Compat::RESIZE_INODE));
+        assert_eq!(r.params.reserved_gdt_blocks, Some(7));
+        let o = MkfsOptions {
+            extended: vec!["resize=1000000,desc_size=128".into()],
+            ..opts("ext4")
+        };
+        assert_eq!(
+            resolve(&o, &p, &env(64 << 20)).unwrap_err().0,
+            "'desc_size' must be before 'resize=7'"
+        );
+        let j = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            journal_device_spec(&j(&["size=4,device=/dev/a", "device=UUID=x"])),
+            Ok(Some("UUID=x".into()))
+        );
+        assert!(journal_device_spec(&j(&["device"])).is_err());
+        assert!(!journal_size_given(
+            false,
+            &j(&["device=/dev/a,location=5"])
+        ));
+        assert!(!journal_size_given(false, &j(&["fast_commit_size=64"])));
+        assert!(journal_size_given(false, &j(&["location=5,size=8"])));
+        assert!(journal_size_given(true, &[]));
+        // -J device= needs the device read first.
+        let o = MkfsOptions {
+            journal: j(&["device=/dev/a"]),
+            ..opts("ext4")
+        };
+        assert!(resolve(&o, &p, &env(64 << 20)).is_err());
+    }
+
     #[test]
     fn time_uuid_is_version_1() {
         let o = MkfsOptions {
