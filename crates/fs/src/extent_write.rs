@@ -71,6 +71,18 @@ pub trait TreeIo {
     fn alloc(&mut self, goal: u64) -> Result<u64, FsError>;
     /// Free (and revoke) tree block `blk`.
     fn free(&mut self, blk: u64) -> Result<(), FsError>;
+    /// The image of tree block `blk` as this edit last checked or wrote
+    /// it, if it remembers one (it is then the newest image: nothing
+    /// else changes the inode's tree while the edit owns it). Default:
+    /// none, every read is checked.
+    fn checked(&self, blk: u64) -> Option<Vec<u8>> {
+        let _ = blk;
+        None
+    }
+    /// Remember `data` as the checked (or just written) image of `blk`.
+    fn note_checked(&self, blk: u64, data: &[u8]) {
+        let _ = (blk, data);
+    }
 }
 
 /// The inode and filesystem facts a tree edit needs.
@@ -332,6 +344,12 @@ impl<'a> ExtentTree<'a> {
         if pblk < self.p.first_data_block || pblk >= self.p.blocks_count {
             return Err(self.bad(pblk, "an index points outside the filesystem"));
         }
+        if let Some(buf) = self.io.checked(pblk) {
+            // Checked (or written) by this edit before: its checksum and
+            // entries are known good; only the depth is the caller's.
+            check_node(&buf, pblk, Some(depth), self.p.ino, self.p.generation, None)?;
+            return Ok(Node { pblk, buf });
+        }
         let buf = self.io.read(pblk)?;
         if buf.len() != self.p.block_size as usize {
             return Err(self.bad(pblk, "short block"));
@@ -346,6 +364,7 @@ impl<'a> ExtentTree<'a> {
         )?;
         let node = Node { pblk, buf };
         self.check_entries(&node)?;
+        self.io.note_checked(pblk, &node.buf);
         Ok(node)
     }
 
@@ -434,7 +453,9 @@ impl<'a> ExtentTree<'a> {
             let c = *c;
             set_block_checksum(&mut node.buf, self.p.ino, self.p.generation, &c);
         }
-        self.io.write(node.pblk, &node.buf, new)
+        self.io.write(node.pblk, &node.buf, new)?;
+        self.io.note_checked(node.pblk, &node.buf);
+        Ok(())
     }
 
     fn new_node(&mut self, near: u64, depth: u16, entries: &[Entry]) -> Result<Node, FsError> {

@@ -69,7 +69,8 @@
 //! one-extent root written whole (`write_tree`, also used to
 //! release a whole tree and, for now, by directory appends).
 
-use std::collections::BTreeSet;
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -237,6 +238,12 @@ pub struct Op<'a> {
     pub h: Handle<'a>,
     locks: &'a InodeLocks,
     content: Vec<ContentLock<'a>>,
+    /// Extent tree blocks (inode, block) this handle has checked or
+    /// written, as they are now: the inodes' content locks keep them
+    /// so until the handle ends, so a second visit needs no checksum
+    /// or entry check (a write's range, remove and insert walk the
+    /// same leaf several times).
+    tree_memo: RefCell<HashMap<(u32, u64), Vec<u8>>>,
     _guard: MutexGuard<'a, ()>,
 }
 
@@ -516,6 +523,7 @@ impl Filesystem {
             h,
             locks: &self.locks,
             content: Vec::new(),
+            tree_memo: RefCell::new(HashMap::new()),
             _guard: guard,
         })
     }
@@ -1301,6 +1309,8 @@ impl Filesystem {
         old: &[NodeInfo],
         exts: &[Mapping],
     ) -> Result<(), FsError> {
+        // Tree blocks are rewritten here, not through `TreeOp`.
+        op.tree_memo.get_mut().clear();
         let bs = self.rw.geometry().block_size;
         let per = usize::from(entries_per_block(bs));
         let csum = self.rw.geometry().csum;
@@ -1418,6 +1428,7 @@ impl Filesystem {
         let mut io = TreeOp {
             fs: self,
             op,
+            ino: inode.ino,
             group: self.inode_group(inode.ino),
         };
         let mut t = ExtentTree::new(&mut io, self.tree_params(inode), root)?;
@@ -2206,6 +2217,7 @@ fn root_depth(i_block: &[u8; 60]) -> u16 {
 struct TreeOp<'a, 'b> {
     fs: &'a Filesystem,
     op: &'a mut Op<'b>,
+    ino: u32,
     /// The inode's group (the allocator's fallback goal).
     group: u32,
 }
@@ -2234,10 +2246,25 @@ impl TreeIo for TreeOp<'_, '_> {
     }
 
     fn free(&mut self, blk: u64) -> Result<(), FsError> {
+        self.op.tree_memo.borrow_mut().remove(&(self.ino, blk));
         let tid = self.op.h.tid();
         self.fs.balloc.free(self.fs.rw.blocks(), tid, blk, 1)?;
         self.op.h.free_extent(blk, 1);
         self.op.h.revoke(blk)
+    }
+
+    fn checked(&self, blk: u64) -> Option<Vec<u8>> {
+        self.op.tree_memo.borrow().get(&(self.ino, blk)).cloned()
+    }
+
+    fn note_checked(&self, blk: u64, data: &[u8]) {
+        let mut m = self.op.tree_memo.borrow_mut();
+        match m.get_mut(&(self.ino, blk)) {
+            Some(v) => v.copy_from_slice(data),
+            None => {
+                m.insert((self.ino, blk), data.to_vec());
+            }
+        }
     }
 }
 

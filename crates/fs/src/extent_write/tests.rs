@@ -12,6 +12,11 @@ struct MemIo {
     next: u64,
     live: BTreeSet<u64>,
     writes: u64,
+    /// Reads that reached `read` (not answered by the memo).
+    reads: std::cell::Cell<u64>,
+    /// Remember checked nodes, as the engine's handle does.
+    use_memo: bool,
+    memo: std::cell::RefCell<HashMap<u64, Vec<u8>>>,
 }
 
 impl MemIo {
@@ -22,12 +27,16 @@ impl MemIo {
             next: 1_000_000,
             live: BTreeSet::new(),
             writes: 0,
+            reads: std::cell::Cell::new(0),
+            use_memo: false,
+            memo: std::cell::RefCell::new(HashMap::new()),
         }
     }
 }
 
 impl TreeIo for MemIo {
     fn read(&self, blk: u64) -> Result<Vec<u8>, FsError> {
+        self.reads.set(self.reads.get() + 1);
         self.blocks
             .get(&blk)
             .cloned()
@@ -49,7 +58,19 @@ impl TreeIo for MemIo {
     fn free(&mut self, blk: u64) -> Result<(), FsError> {
         assert!(self.live.remove(&blk), "double free of {blk}");
         self.blocks.remove(&blk);
+        self.memo.borrow_mut().remove(&blk);
         Ok(())
+    }
+    fn checked(&self, blk: u64) -> Option<Vec<u8>> {
+        if !self.use_memo {
+            return None;
+        }
+        self.memo.borrow().get(&blk).cloned()
+    }
+    fn note_checked(&self, blk: u64, data: &[u8]) {
+        if self.use_memo {
+            self.memo.borrow_mut().insert(blk, data.to_vec());
+        }
     }
 }
 
@@ -410,4 +431,55 @@ fn rebuild_rule_matches_e2fsck() {
     let mut t = vec![node(0, 2, 1, 4), node(50, 1, 5, 84)];
     t.extend(leaves(&[60, 60, 60, 60, 60]));
     assert!(tree_wants_rebuild(&t, 1024));
+}
+
+/// A 4 KiB write into the middle of an unwritten extent, as the engine's
+/// write handle does it (range, then remove + insert of the converted
+/// piece): with the handle's memo each block is read and checked once,
+/// not once per walk, and the tree is the same as without it.
+#[test]
+fn a_conversion_reads_and_checks_each_block_once_with_the_memo() {
+    let p = params(4096);
+    let mut trees = Vec::new();
+    let mut reads = Vec::new();
+    for use_memo in [false, true] {
+        let mut io = MemIo::new(4096);
+        let mut root = empty_root();
+        for k in 0..400u64 {
+            let mut t = ExtentTree::new(&mut io, p, &root).unwrap();
+            t.insert(&Mapping {
+                lblk: 20 * k,
+                pblk: 100_000 + 20 * k,
+                len: 10,
+                unwritten: true,
+            })
+            .unwrap();
+            root = *t.root();
+        }
+        io.use_memo = use_memo;
+        io.memo.borrow_mut().clear();
+        io.reads.set(0);
+        let mut t = ExtentTree::new(&mut io, p, &root).unwrap();
+        assert_eq!(t.depth(), 1);
+        let at = 20 * 200 + 4;
+        let r = t.range(at, at + 1).unwrap();
+        assert_eq!(r.len(), 1);
+        let piece = clip(&r[0], at, at + 1);
+        t.remove(piece.lblk, piece.end()).unwrap();
+        t.insert(&Mapping {
+            unwritten: false,
+            ..piece
+        })
+        .unwrap();
+        root = *t.root();
+        reads.push(io.reads.get());
+        let (exts, _) = check(&io, &p, &root);
+        trees.push(blockmap(&exts));
+    }
+    // Without the memo every walk reads (and checks) the leaf again;
+    // with it each block once (the leaf and the sibling a merge looks at).
+    assert!(reads[0] >= 4, "{reads:?}");
+    assert!(reads[1] <= 2, "{reads:?}");
+    assert_eq!(trees[0], trees[1]);
+    assert_eq!(trees[1][&(20 * 200 + 4)], (100_000 + 20 * 200 + 4, false));
 }
