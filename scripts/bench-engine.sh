@@ -52,19 +52,11 @@ if [[ $quick == 1 ]]; then runs=${BENCH_RUNS:-1}; else runs=${BENCH_RUNS:-3}; fi
 sections=" ${BENCH_SECTIONS:-1 2} "
 e2cp_runs=${BENCH_E2CP_RUNS:-1}
 e2cp_timeout=${BENCH_E2CP_TIMEOUT:-300}
-want() { [[ $sections == *" $1 "* ]]; }
+BENCH_NAME=bench-engine
+# shellcheck source=scripts/bench-lib.sh
+source "$repo/scripts/bench-lib.sh"
+bench_preflight
 
-log() { printf '%s\n' "$*" >&2; }
-die() { log "bench-engine: $*"; exit 1; }
-
-if [[ $(id -u) -ne 0 ]]; then
-    echo "bench-engine: needs root (loop devices, mounts); skipped."
-    exit 0
-fi
-if ! command -v losetup >/dev/null || [[ ! -e /dev/loop-control ]] || ! losetup -f >/dev/null 2>&1; then
-    echo "bench-engine: no free loop device; skipped."
-    exit 0
-fi
 for t in mke2fs e2fsck python3 findmnt fallocate /usr/bin/time; do
     command -v $t >/dev/null || die "$t is required"
 done
@@ -102,7 +94,6 @@ n_files=$((n_dirs * n_per))
 work=$(mktemp -d /tmp/ext4kit-bench-engine.XXXXXX)
 [[ $(findmnt -no FSTYPE -T "$work") == ext4 ]] || { rm -rf -- "$work"; die "$work is not on ext4"; }
 
-loops=()   # loop devices we attached
 mounts=()  # mount points we mounted
 cleanup() {
     set +e
@@ -124,18 +115,6 @@ export E2FSPROGS_FAKE_TIME=1700000000
 uuid=5c2e8a14-7b3f-4d61-9e0a-2f8c4b6d1e37
 hash_seed=9d4b1f6a-3e8c-4a27-b5d0-7c1e2f9a8b63
 
-now() { date +%s.%N; }
-sub() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", a - b}'; }
-# med v1 v2 ... -> "median (min–max)"
-median() { python3 -c 'import sys,statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
-med() { python3 - "$@" <<'PY'
-import sys, statistics
-v = [float(x) for x in sys.argv[1:]]
-f = lambda x: f"{x:.3g}"
-if len(v) == 1: print(f(v[0]))
-else: print(f"{f(statistics.median(v))} ({f(min(v))}–{f(max(v))})")
-PY
-}
 # ratios "a1 a2 ..." "b1 b2 ..." -> a_i / b_i, one per line
 ratios() { python3 - "$1" "$2" <<'PY'
 import sys
@@ -144,22 +123,11 @@ b = [float(x) for x in sys.argv[2].split()]
 for x, y in zip(a, b): print(f"{x / y:.4f}" if y > 0 else "inf")
 PY
 }
-loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
 
 mkimg() { # path size
     rm -f -- "$1"
     truncate -s "$2" "$1"
     mke2fs -F -q -t ext4 -U "$uuid" -E "lazy_itable_init=1,nodiscard,hash_seed=$hash_seed" "$1"
-}
-attach() { # file -> sets $loop (recorded for cleanup); never in a subshell
-    loop=$(losetup -f --show "$1")
-    loops+=("$loop")
-}
-detach() {
-    losetup -d "$1"
-    local l keep=()
-    for l in "${loops[@]}"; do [[ $l == "$1" ]] || keep+=("$l"); done
-    loops=("${keep[@]}")
 }
 fsck_ok() {
     if e2fsck -fn "$1" >"$work/fsck.out" 2>&1; then

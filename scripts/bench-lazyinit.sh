@@ -67,19 +67,11 @@ dd_mib=${BENCH_DD_MIB:-2048}
 idle_runs=${BENCH_IDLE_RUNS:-3}
 idle_size=${BENCH_IDLE_SIZE:-1T}
 sections=" ${BENCH_SECTIONS:-1 2 3 4 5} "
-want() { [[ $sections == *" $1 "* ]]; }
+BENCH_NAME=bench-lazyinit
+# shellcheck source=scripts/bench-lib.sh
+source "$repo/scripts/bench-lib.sh"
+bench_preflight
 
-log() { printf '%s\n' "$*" >&2; }
-die() { log "bench-lazyinit: $*"; exit 1; }
-
-if [[ $(id -u) -ne 0 ]]; then
-    echo "bench-lazyinit: needs root (loop devices, mounts); skipped."
-    exit 0
-fi
-if ! command -v losetup >/dev/null || [[ ! -e /dev/loop-control ]] || ! losetup -f >/dev/null 2>&1; then
-    echo "bench-lazyinit: no free loop device; skipped."
-    exit 0
-fi
 for t in mke2fs dumpe2fs e2fsck python3 findmnt; do
     command -v $t >/dev/null || die "$t is required"
 done
@@ -117,7 +109,6 @@ fi
 work=$(mktemp -d /tmp/ext4kit-bench-lazyinit.XXXXXX)
 [[ $(findmnt -no FSTYPE -T "$work") == ext4 ]] || { rm -rf -- "$work"; die "$work is not on ext4"; }
 
-loops=()   # loop devices we attached
 mounts=()  # mount points we mounted
 bgpids=()  # background processes we started
 cleanup() {
@@ -156,8 +147,6 @@ disk=$(disk_dir)
 disk_name=$(basename "$disk")
 io_ticks() { awk '{print $10}' "$disk/stat"; }
 
-now() { date +%s.%N; }
-sub() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", a - b}'; }
 alloc() { echo $(( $(stat -c %b "$1") * 512 )); }
 mib() { awk -v b="$1" 'BEGIN{printf "%.1f MiB", b / 1048576}'; }
 gib() { awk -v b="$1" 'BEGIN{printf "%.2f GiB", b / 1073741824}'; }
@@ -166,56 +155,10 @@ growth() { # before after -> signed human
         if (d >= 1073741824) printf "%s%.2f GiB", s, d / 1073741824;
         else printf "%s%.1f MiB", s, d / 1048576}'
 }
-# med v1 v2 ... -> "median (min–max)"
-med() { python3 - "$@" <<'PY'
-import sys, statistics
-v = [float(x) for x in sys.argv[1:]]
-if len(v) == 1: print(f"{v[0]:.3g}")
-else: print(f"{statistics.median(v):.3g} ({min(v):.3g}–{max(v):.3g})")
-PY
-}
-median() { python3 -c 'import sys,statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
-
 mkimg() { # path size
     rm -f -- "$1"
     truncate -s "$2" "$1"
     mke2fs -F -q -t ext4 -U "$uuid" -E "lazy_itable_init=1,nodiscard,hash_seed=$hash_seed" "$1"
-}
-attach() { # file -> sets $loop (recorded for cleanup); never in a subshell
-    loop=$(losetup -f --show "$1")
-    loops+=("$loop")
-}
-# A loop device whose discard_max_bytes was set to 0 keeps that setting (and
-# the kernel refuses to raise it again) after losetup -d; such devices are
-# removed and re-created through /dev/loop-control once detached, so that
-# nothing is left changed.
-tainted=" "
-detach() {
-    losetup -d "$1"
-    if [[ $tainted == *" $1 "* ]]; then
-        tainted=${tainted/ $1 / }
-        loop_reset "${1#/dev/loop}"
-    fi
-}
-loop_reset() { # loop number: remove + add (retry while udev still holds it)
-    python3 - "$1" <<'PY' || log "warning: could not reset /dev/loop$1 (discard stays off until it is re-created)"
-import fcntl, os, sys, time
-n = int(sys.argv[1])
-fd = os.open("/dev/loop-control", os.O_RDWR)
-for _ in range(50):
-    try:
-        fcntl.ioctl(fd, 0x4C81, n)   # LOOP_CTL_REMOVE
-        break
-    except OSError:
-        time.sleep(0.1)
-else:
-    sys.exit(1)
-fcntl.ioctl(fd, 0x4C80, n)           # LOOP_CTL_ADD
-PY
-}
-no_discard() {
-    echo 0 >"/sys/block/$(basename "$1")/queue/discard_max_bytes"
-    tainted+="$1 "
 }
 zeroed_groups() { # image or device -> "zeroed total"
     dumpe2fs "$1" 2>/dev/null | awk '/^Group [0-9]+:/{t++; if ($0 ~ /ITABLE_ZEROED/) z++} END{print z+0, t+0}'

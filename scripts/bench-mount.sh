@@ -97,19 +97,11 @@ sections=" ${BENCH_SECTIONS:-1 2 3 4 5 6 7 8} "
 systems=${BENCH_SYSTEMS:-kernel ext4kit ext4kit-wb fuse2fs}
 threads=${BENCH_THREADS:-}
 ours_opts=${BENCH_EXT4KIT_OPTS:-}
-want() { [[ $sections == *" $1 "* ]]; }
+BENCH_NAME=bench-mount
+# shellcheck source=scripts/bench-lib.sh
+source "$repo/scripts/bench-lib.sh"
+bench_preflight
 
-log() { printf '%s\n' "$*" >&2; }
-die() { log "bench-mount: $*"; exit 1; }
-
-if [[ $(id -u) -ne 0 ]]; then
-    echo "bench-mount: needs root (loop devices, mounts); skipped."
-    exit 0
-fi
-if ! command -v losetup >/dev/null || [[ ! -e /dev/loop-control ]] || ! losetup -f >/dev/null 2>&1; then
-    echo "bench-mount: no free loop device; skipped."
-    exit 0
-fi
 if [[ ! -c /dev/fuse ]]; then
     echo "bench-mount: no /dev/fuse; skipped."
     exit 0
@@ -145,10 +137,8 @@ fi
 work=$(mktemp -d /tmp/ext4kit-bench-mount.XXXXXX)
 [[ $(findmnt -no FSTYPE -T "$work") == ext4 ]] || { rm -rf -- "$work"; die "$work is not on ext4"; }
 
-loops=()   # loop devices we attached
 mounts=()  # mount points we mounted
 pids=()    # FUSE daemons we started
-tainted=" "
 cleanup() {
     set +e
     local m l p
@@ -176,59 +166,12 @@ export E2FSPROGS_FAKE_TIME=1700000000
 uuid=8e1f4c2a-6b3d-4f70-9a5e-0c7d2b8f1e64
 hash_seed=2f6a9c1e-4d8b-4e3f-a7c0-5b1e9d2f6a38
 
-now() { date +%s.%N; }
-sub() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", a - b}'; }
-loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
-median() { python3 -c 'import sys,statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
 # med v1 v2 ... -> "median (min–max)"
-med() { python3 - "$@" <<'PY'
-import sys, statistics
-v = [float(x) for x in sys.argv[1:]]
-f = lambda x: f"{x:.3g}" if x < 1e4 else f"{x:.0f}"
-if not v: print("-")
-elif len(v) == 1: print(f(v[0]))
-else: print(f"{f(statistics.median(v))} ({f(min(v))}–{f(max(v))})")
-PY
-}
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{if (a != "" && b != "" && b > 0) printf "%.2f", a / b; else print "-"}'; }
 
-attach() { # file -> sets $loop (recorded for cleanup); never in a subshell
-    loop=$(losetup -f --show "$1")
-    loops+=("$loop")
-}
 # A loop device whose discard_max_bytes was set to 0 keeps that setting
 # after losetup -d; such devices are removed and re-created through
 # /dev/loop-control once detached (as scripts/bench-lazyinit.sh does).
-detach() {
-    losetup -d "$1"
-    local l keep=()
-    for l in "${loops[@]}"; do [[ $l == "$1" ]] || keep+=("$l"); done
-    loops=("${keep[@]}")
-    if [[ $tainted == *" $1 "* ]]; then
-        tainted=${tainted/ $1 / }
-        loop_reset "${1#/dev/loop}"
-    fi
-}
-loop_reset() { # loop number: remove + add (retry while udev still holds it)
-    python3 - "$1" <<'PY' || log "warning: could not reset /dev/loop$1 (discard stays off until it is re-created)"
-import fcntl, os, sys, time
-n = int(sys.argv[1])
-fd = os.open("/dev/loop-control", os.O_RDWR)
-for _ in range(50):
-    try:
-        fcntl.ioctl(fd, 0x4C81, n)   # LOOP_CTL_REMOVE
-        break
-    except OSError:
-        time.sleep(0.1)
-else:
-    sys.exit(1)
-fcntl.ioctl(fd, 0x4C80, n)           # LOOP_CTL_ADD
-PY
-}
-no_discard() {
-    echo 0 >"/sys/block/$(basename "$1")/queue/discard_max_bytes"
-    tainted+="$1 "
-}
 fsck_ok() {
     if e2fsck -fn "$1" >"$work/fsck.out" 2>&1; then
         echo clean
