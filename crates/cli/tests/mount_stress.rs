@@ -869,9 +869,9 @@ fn evidence(dir: tempfile::TempDir, img: &Path, log: &Path) -> String {
     tail(&mut s, "dumpe2fs -h: state and errors", &sb, 40, false);
     let fsck = match run(tool("e2fsck").arg("-fn").arg(img)) {
         Ok(out) => {
-            String::from_utf8_lossy(&out.stdout).into_owned()
-                + &String::from_utf8_lossy(&out.stderr)
-                + &format!("(exit {})\n", out.status)
+            String::from_utf8_lossy(&out.stderr).into_owned()
+                + &String::from_utf8_lossy(&out.stdout)
+                + &format!("({})\n", out.status)
         }
         Err(e) => e,
     };

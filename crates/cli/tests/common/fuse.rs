@@ -87,6 +87,7 @@ impl FuseMount {
                 if std::env::var_os("RUST_LOG").is_none() {
                     c.env("RUST_LOG", "warn");
                 }
+                c.env("NO_COLOR", "1");
                 c.stderr(f);
             }
             None => {
