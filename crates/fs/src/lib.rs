@@ -37,6 +37,8 @@ pub mod xattr;
 pub mod xattr_write;
 
 #[cfg(test)]
+mod hdd_tests;
+#[cfg(test)]
 mod scale_tests;
 
 use std::collections::HashMap;

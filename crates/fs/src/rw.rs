@@ -169,6 +169,20 @@ impl ErrorRecord {
             code: e.ext4_errcode(),
         }
     }
+
+    /// The one line the error is logged with, as the kernel's
+    /// `__ext4_error_inode` prints it ("func:line: inode #N: block N:
+    /// the error"), then what happens now (`action`).
+    pub fn message(&self, why: &FsError, action: &str) -> String {
+        let mut m = format!("{}:{}: ", self.func, self.line);
+        if self.ino != 0 {
+            m += &format!("inode #{}: ", self.ino);
+        }
+        if self.block != 0 {
+            m += &format!("block {}: ", self.block);
+        }
+        format!("{m}{why}; {action}")
+    }
 }
 
 /// Record `r` in `sb` as `ext4_update_super` does: the error state, the
@@ -684,14 +698,27 @@ impl RwFs {
     /// operation's error is).
     pub fn record_error(&self, rec: &ErrorRecord, why: &FsError) {
         let _g = lock(&self.err_lock);
+        let dev = &**self.w.device();
         if self.errors == ErrorBehavior::Continue && self.w.aborted().is_none() {
+            tracing::error!(
+                "ext4 error ({}): {}",
+                dev.name(),
+                rec.message(why, "errors=continue: going on")
+            );
             lock(&self.pending_errors).push(rec.clone());
             return;
         }
+        tracing::error!(
+            "ext4 error ({}): {}",
+            dev.name(),
+            rec.message(
+                why,
+                "the journal is aborted, the filesystem is read-only from now on"
+            )
+        );
         self.w.abort_journal(why);
         lock(&self.read_only).get_or_insert_with(|| why.to_string());
         let pending = std::mem::take(&mut *lock(&self.pending_errors));
-        let dev = &**self.w.device();
         let _ = write_sb_direct(dev, |sb| {
             for p in pending.iter().chain([rec]) {
                 apply_error(sb, p);

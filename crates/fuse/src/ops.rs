@@ -736,6 +736,8 @@ impl FuseFs {
             XATTR_REPLACE => SetMode::Replace,
             _ => return Err(Errno::EINVAL),
         };
+        // A linked inode or an orphan (still open), never a freed one.
+        self.s.inode(ino)?;
         let tid = fs
             .set_xattr(ino, name, value, mode)
             .map_err(|e| xattr_errno(&e))?;

@@ -55,6 +55,17 @@ pub struct FuseMount {
 impl FuseMount {
     /// `ext4kit mount -f [-o OPTS] IMG <tempdir>`, waiting until live.
     pub fn new(img: &Path, opts: &[&str]) -> Result<FuseMount, String> {
+        Self::spawn(img, opts, None)
+    }
+
+    /// [`FuseMount::new`] with the daemon's stderr (its tracing output:
+    /// `RUST_LOG` as set, else `warn`, which includes the engine's error
+    /// lines) appended to the file `log`, kept for a failure's evidence.
+    pub fn with_log(img: &Path, opts: &[&str], log: &Path) -> Result<FuseMount, String> {
+        Self::spawn(img, opts, Some(log))
+    }
+
+    fn spawn(img: &Path, opts: &[&str], log: Option<&Path>) -> Result<FuseMount, String> {
         let dir = tempfile::Builder::new()
             .prefix("ext4kit-fuse.")
             .tempdir()
@@ -65,7 +76,24 @@ impl FuseMount {
             c.arg("-o").arg(o);
         }
         c.arg(img).arg(dir.path());
-        c.stdout(Stdio::null()).stderr(Stdio::inherit());
+        c.stdout(Stdio::null());
+        match log {
+            Some(log) => {
+                let f = fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)
+                    .map_err(|e| format!("{}: {e}", log.display()))?;
+                if std::env::var_os("RUST_LOG").is_none() {
+                    c.env("RUST_LOG", "warn");
+                }
+                c.env("NO_COLOR", "1");
+                c.stderr(f);
+            }
+            None => {
+                c.stderr(Stdio::inherit());
+            }
+        }
         let child = c.spawn().map_err(|e| e.to_string())?;
         let mut m = FuseMount {
             dir: Some(dir),

@@ -477,7 +477,7 @@ impl Filesystem {
             let mut slot = inode.raw.clone();
             let mut io = XattrIo { fs: self, op };
             xw::release_xattr_block(&geo, &mut io, ino, &mut slot).map_err(xattr_fs)?;
-            *inode = self.read(|fs| fs.decode_inode(ino, slot))?;
+            *inode = self.decode_any(ino, slot)?;
         }
         let t = now();
         self.edit_inode(inode, |n| {
