@@ -1356,9 +1356,20 @@ impl Filesystem {
             .collect();
         let mut depth = 0u16;
         let mut next = pool.into_iter();
+        let eof = inode.size.div_ceil(u64::from(bs));
         while level.len() > usize::from(ENTRIES_IN_INODE) {
             let mut up = Vec::with_capacity(level.len().div_ceil(per));
-            for chunk in level.chunks(per) {
+            // Leaves: none starting past i_size's blocks when avoidable
+            // (e2fsck's bounds of a deep tree's index entries).
+            let bounds = if depth == 0 {
+                let keys: Vec<u64> = level.iter().map(|(k, _)| *k).collect();
+                crate::extent_write::pack_bounds(&keys, per, eof)
+            } else {
+                (0..level.len().div_ceil(per))
+                    .map(|i| (i * per, ((i + 1) * per).min(level.len())))
+                    .collect()
+            };
+            for chunk in bounds.iter().map(|&(s, e)| &level[s..e]) {
                 let blk = next
                     .next()
                     .ok_or_else(|| FsError::InvalidRequest("extent tree block count".into()))?;
@@ -1412,6 +1423,7 @@ impl Filesystem {
             block_size: g.block_size,
             first_data_block: g.first_data_block,
             blocks_count: g.blocks,
+            eof_block: inode.size.div_ceil(u64::from(g.block_size)),
         }
     }
 
