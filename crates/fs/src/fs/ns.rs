@@ -245,6 +245,12 @@ impl Filesystem {
                 }
                 Ok((r, self.finish(op)?))
             }
+            // Refused before anything changed (no free inode: ENOSPC as
+            // ext4's, the journal goes on): end the empty handle.
+            Err(e @ FsError::NoSpace { .. }) if !op.h.changed() && !self.balloc.has_dirty() => {
+                drop(op);
+                Err(e)
+            }
             Err(e) => Err(self.fail(op, e)),
         }
     }
@@ -477,7 +483,7 @@ impl Filesystem {
             let mut slot = inode.raw.clone();
             let mut io = XattrIo { fs: self, op };
             xw::release_xattr_block(&geo, &mut io, ino, &mut slot).map_err(xattr_fs)?;
-            *inode = self.read(|fs| fs.decode_inode(ino, slot))?;
+            *inode = self.decode_any(ino, slot)?;
         }
         let t = now();
         self.edit_inode(inode, |n| {
