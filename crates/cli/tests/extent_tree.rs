@@ -200,6 +200,75 @@ fn random_edits_of_a_fragmented_file_match_the_model() {
     assert!(deepest >= 2, "deepest tree {deepest}");
 }
 
+/// A file of about a thousand one-block extents (1 KiB blocks: a depth-2
+/// tree, one index node) and a `KEEP_SIZE` preallocation of 1 MiB past
+/// its end, then punched into some 60 extents, written into and random
+/// writes inside, as fsx leaves a file: e2fsck found "end of extent
+/// exceeds allowed value" when a leaf started past i_size's blocks (the
+/// preallocation alone in the leaf its insert split off), an index entry
+/// e2fsck bounds by i_size. The content stays the model's.
+#[test]
+fn keep_size_preallocation_past_the_end_of_a_deep_tree() {
+    let name = "keep_size_preallocation_past_the_end_of_a_deep_tree";
+    if let Err(r) = e2fs_tools() {
+        return skip(name, &r);
+    }
+    let dir = image_dir();
+    let base = mkimg(dir.path(), "base.img", "32M", &["-b", "1024"]);
+    let bs = 1024u64;
+    let keep = Falloc {
+        keep_size: true,
+        ..Falloc::default()
+    };
+    let punch = Falloc {
+        keep_size: true,
+        punch_hole: true,
+        ..Falloc::default()
+    };
+    // (extents: 1008 fill twelve leaves; gap in blocks past the end)
+    for (case, n, gap) in [(0u64, 1008u64, 64u64), (1, 960, 0), (2, 1000, 7)] {
+        let img = dir.path().join(format!("p{case}.img"));
+        sparse_copy(&base, &img);
+        let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+        let ino = create(&fs, "f");
+        let mut data = fragment(&fs, ino, n, bs);
+        let end = data.len() as u64;
+        let pre = end + gap * bs;
+        fs.fallocate(ino, pre, 1 << 20, keep).unwrap();
+        assert_eq!(mapping(&fs, ino).1, 2, "case {case}: depth");
+        let ctx = format!("case {case}");
+        let mut rng = Rng(0x5EED ^ case);
+        for k in 0..60u64 {
+            let off = pre + (16 * k + 1 + rng.below(14)) * bs;
+            fs.fallocate(ino, off, bs, punch)
+                .unwrap_or_else(|e| panic!("{ctx}: punch {k}: {e}"));
+        }
+        assert_eq!(fs.inode(ino).unwrap().size, end, "{ctx}: size kept");
+        // Writes inside, and one into the preallocation (i_size grows
+        // over part of it).
+        for k in 0..20u64 {
+            let off = rng.below(end);
+            let d = pattern(1 + rng.below(3 * bs) as usize, 77 + k);
+            fs.write_at(ino, off, &d).unwrap();
+            let e = (off as usize + d.len()).max(data.len());
+            data.resize(e, 0);
+            data[off as usize..off as usize + d.len()].copy_from_slice(&d);
+        }
+        if case == 2 {
+            let off = pre + 200 * bs + 3;
+            let d = pattern(5 * bs as usize, 9);
+            fs.write_at(ino, off, &d).unwrap();
+            data.resize(off as usize, 0);
+            data.extend(&d);
+        }
+        assert!(read_file(&fs, ino) == data, "{ctx}: content");
+        let (maps, _) = mapping(&fs, ino);
+        fs.close().unwrap();
+        e2fsck_clean(&img).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        assert_eq!(debugfs_extents(&img, "/f").0, maps, "{ctx}: debugfs ex");
+    }
+}
+
 /// 12 000 one-block extents in one file (1 KiB blocks) on a filesystem
 /// with a 1 MiB journal (256-block transactions). The whole-tree rewrite
 /// logged every tree block on every write: 20 000 appends took 488 s here

@@ -244,6 +244,74 @@ pub fn get_xattr(path: &Path, name: &[u8]) -> io::Result<Vec<u8>> {
     Ok(val)
 }
 
+/// `fsetxattr(file, name, value, flags)` or, with `value` `None`,
+/// `fremovexattr(file, name)`: through a descriptor (an unlinked open
+/// file too).
+pub fn fset_xattr_flags(
+    file: &std::fs::File,
+    name: &[u8],
+    value: Option<&[u8]>,
+    flags: i32,
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let n = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "xattr name with a NUL"))?;
+    let fd = file.as_raw_fd();
+    let r = match value {
+        // SAFETY: `fd` is open for the call; `n` is NUL-terminated and
+        // lives across it; `v` is valid for `v.len()` bytes.
+        Some(v) => unsafe { libc::fsetxattr(fd, n.as_ptr(), v.as_ptr().cast(), v.len(), flags) },
+        // SAFETY: `fd` is open for the call; `n` is NUL-terminated.
+        None => unsafe { libc::fremovexattr(fd, n.as_ptr()) },
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `fgetxattr(file, name)`: the value (up to 64 KiB).
+pub fn fget_xattr(file: &std::fs::File, name: &[u8]) -> io::Result<Vec<u8>> {
+    use std::os::fd::AsRawFd;
+    let n = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "xattr name with a NUL"))?;
+    let mut val = vec![0u8; 65536];
+    // SAFETY: the descriptor is open for the call; `n` is NUL-terminated;
+    // `val` is valid for its length.
+    let r = unsafe {
+        libc::fgetxattr(
+            file.as_raw_fd(),
+            n.as_ptr(),
+            val.as_mut_ptr().cast(),
+            val.len(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    val.truncate(r as usize);
+    Ok(val)
+}
+
+/// `flistxattr(file)`: the names, in the order listed.
+pub fn flist_xattrs(file: &std::fs::File) -> io::Result<Vec<Vec<u8>>> {
+    use std::os::fd::AsRawFd;
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: the descriptor is open for the call; `buf` is valid for its
+    // length.
+    let r = unsafe { libc::flistxattr(file.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(r as usize);
+    Ok(buf
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect())
+}
+
 /// `lseek(file, offset, whence)` with `SEEK_DATA` (3) or `SEEK_HOLE` (4).
 pub fn seek_data_hole(file: &std::fs::File, offset: i64, whence: i32) -> io::Result<u64> {
     use std::os::fd::AsRawFd;

@@ -94,6 +94,10 @@ pub struct TreeParams {
     pub block_size: u32,
     pub first_data_block: u64,
     pub blocks_count: u64,
+    /// Blocks `i_size` covers (`ceil(i_size / block_size)`): where
+    /// e2fsck's bounds of a deep tree's index entries end (see
+    /// [`pack_bounds`]).
+    pub eof_block: u64,
 }
 
 /// Credits one insert or remove of a single piece may take at `depth`
@@ -137,6 +141,44 @@ pub fn tree_wants_rebuild(nodes: &[NodeInfo], block_size: u32) -> bool {
         }
     }
     (0..=depth).any(|i| max[i].saturating_sub(num[i]) > per || (0..i).any(|j| num[i] < max[j]))
+}
+
+/// Cut `keys.len()` entries (keys ascending) into `ceil(n / per)` nodes
+/// of `per` entries, all full but one: `(start, end)` of each. From the
+/// front (the last node not full) unless a node would then start past
+/// `eof` (the blocks `i_size` covers) while packing from the back (the
+/// first node not full) keeps every node's start at or before it.
+///
+/// Why: e2fsck's pass 1 (`scan_extent_node`) gives an index entry the
+/// range up to the next key, the last entry of a node the range its
+/// parent gave the node, and the root's last entry the range up to
+/// `eof`; an entry of a non-root node ending past its node's range is
+/// "end of extent exceeds allowed value" (uninit *extents* past `eof`
+/// are allowed, index entries never are). So in a tree of depth 2 or
+/// more, a leaf starting past `eof` (a `KEEP_SIZE` preallocation that
+/// spans a leaf boundary) is refused in the rightmost index node (the
+/// kernel's trees have the same problem: e2fsprogs issue 145). Keeping
+/// every extent past `eof` in the leaf that starts at or before it
+/// avoids it whenever they fit in one leaf.
+pub fn pack_bounds(keys: &[u64], per: usize, eof: u64) -> Vec<(usize, usize)> {
+    let n = keys.len();
+    let per = per.max(1);
+    let need = n.div_ceil(per);
+    let front: Vec<(usize, usize)> = (0..need)
+        .map(|i| (i * per, ((i + 1) * per).min(n)))
+        .collect();
+    let ok = |v: &[(usize, usize)]| v.iter().all(|&(s, _)| s == 0 || keys[s] <= eof);
+    if ok(&front) {
+        return front;
+    }
+    let first = n - (need - 1) * per;
+    let back: Vec<(usize, usize)> = (0..need)
+        .map(|i| match i {
+            0 => (0, first),
+            _ => (first + (i - 1) * per, first + i * per),
+        })
+        .collect();
+    if ok(&back) { back } else { front }
 }
 
 fn mergeable(a: &Mapping, b: &Mapping) -> bool {
@@ -303,6 +345,10 @@ pub struct ExtentTree<'a> {
     pub blocks_delta: i64,
     /// Goal for new tree blocks (the data being mapped); 0: none.
     pub goal: u64,
+    /// The blocks `i_size` will cover once the edit in progress is done
+    /// (a written extent lies inside them): splits and repacks keep node
+    /// starts at or before it ([`pack_bounds`]).
+    eof: u64,
 }
 
 impl<'a> ExtentTree<'a> {
@@ -315,6 +361,7 @@ impl<'a> ExtentTree<'a> {
             per_block: usize::from(entries_per_block(p.block_size)),
             blocks_delta: 0,
             goal: 0,
+            eof: p.eof_block,
         };
         check_node(&t.root, 0, None, p.ino, p.generation, None)?;
         Ok(t)
@@ -530,7 +577,16 @@ impl<'a> ExtentTree<'a> {
         let mut all = node.all();
         let n = all.len();
         all.insert(pos, e);
-        let keep = if pos == n { n } else { pos + 1 };
+        let mut keep = if pos == n { n } else { pos + 1 };
+        if node.depth() == 0 && u64::from(u32_at(&all[keep], 0)) > self.eof {
+            // The new leaf would start past i_size's blocks: start it at
+            // the last extent at or before them instead, so the extents
+            // past them stay in a leaf that starts inside (pack_bounds).
+            let inside = all.partition_point(|x| u64::from(u32_at(x, 0)) <= self.eof);
+            if inside >= 2 {
+                keep = inside - 1;
+            }
+        }
         let right = all.split_off(keep);
         let depth = node.depth();
         let near = node.pblk + 1;
@@ -687,6 +743,12 @@ impl<'a> ExtentTree<'a> {
         if self.goal == 0 {
             self.goal = m.pblk;
         }
+        // Data written in `m` makes `i_size` reach its end.
+        self.eof = if m.unwritten {
+            self.p.eof_block
+        } else {
+            self.p.eof_block.max(m.end())
+        };
         let mut path = self.find(m.lblk)?;
         let ll = path.len() - 1;
         let pos = path[ll].pos;
@@ -738,6 +800,7 @@ impl<'a> ExtentTree<'a> {
     /// Unmap `[a, b)`; returns the pieces unmapped (the caller frees their
     /// blocks, or maps them again in another state).
     pub fn remove(&mut self, a: u64, b: u64) -> Result<Vec<Mapping>, FsError> {
+        self.eof = self.p.eof_block;
         let mut removed = Vec::new();
         let mut hi = b.min(LBLK_END);
         while hi > a {
@@ -928,10 +991,12 @@ impl<'a> ExtentTree<'a> {
             return Ok(());
         }
         let all: Vec<Entry> = kids.iter().flat_map(|k| k.all()).collect();
+        let keys: Vec<u64> = all.iter().map(|e| u64::from(u32_at(e, 0))).collect();
+        let bounds = pack_bounds(&keys, per, self.eof);
         let mut index = Vec::with_capacity(need);
-        for (k, chunk) in kids.iter().zip(all.chunks(per)) {
+        for (k, &(s, e)) in kids.iter().zip(&bounds) {
             let mut n = k.clone();
-            n.set_all(chunk);
+            n.set_all(&all[s..e]);
             self.store(&mut n)?;
             index.push(idx_entry(n.key(0), n.pblk));
         }

@@ -670,6 +670,19 @@ impl Filesystem {
         self.decode_any(ino, b[off..off + isz].to_vec())
     }
 
+    /// Inode `ino` as a call through an open file sees it: linked, or an
+    /// orphan (link count 0, still in use: unlinked while open, or being
+    /// deleted), which `fchmod`, `fchown`, `futimens` and `fsetxattr`
+    /// change on ext4 as any inode; a freed one is `NotFound` (a stale
+    /// number, not a corruption).
+    fn inode_open(&self, ino: u32) -> Result<InodeInfo, FsError> {
+        let i = self.inode_any_op(ino)?;
+        if i.links == 0 && !self.ialloc.in_use(self.rw.blocks(), ino)? {
+            return Err(FsError::NotFound);
+        }
+        Ok(i)
+    }
+
     /// `decode_inode` that accepts a link count of 0.
     fn decode_any(&self, ino: u32, raw: Vec<u8>) -> Result<InodeInfo, FsError> {
         if raw.len() < 128 || u16::from_le_bytes([raw[0x1A], raw[0x1B]]) != 0 {
@@ -693,14 +706,22 @@ impl Filesystem {
         Ok(i)
     }
 
-    fn next_generation(&self) -> u32 {
-        // xorshift32: the kernel takes a random number.
-        let mut x = self.gen_seed.load(Ordering::Relaxed);
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        self.gen_seed.store(x, Ordering::Relaxed);
-        x
+    /// The next `i_generation` (the kernel takes a random number): one
+    /// step of xorshift32 taken atomically, so two callers never get the
+    /// same value (a load then a store let two threads step from the
+    /// same state).
+    pub(crate) fn next_generation(&self) -> u32 {
+        let step = |mut x: u32| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        let prev = self
+            .gen_seed
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| Some(step(x)))
+            .unwrap_or_else(|x| x);
+        step(prev)
     }
 
     /// Allocate and initialize an inode near `parent` inside `op`.
@@ -876,7 +897,7 @@ impl Filesystem {
         let mut op = self.begin(4, 1)?;
         op.own(ino);
         let read: Result<_, FsError> = (|| {
-            let inode = self.inode(ino)?;
+            let inode = self.inode_open(ino)?;
             // A stored access ACL follows a chmod (posix_acl_chmod).
             let access = match a.mode {
                 Some(_) => {
@@ -898,7 +919,7 @@ impl Filesystem {
                     op: &mut op,
                 };
                 xw::chmod(&geo, &mut io, ino, &mut slot, m, Some(acl)).map_err(xattr_fs)?;
-                inode = self.read(|fs| fs.decode_inode(ino, slot))?;
+                inode = self.decode_any(ino, slot)?;
             }
             let t = a.times.unwrap_or_default();
             let c = t.ctime.unwrap_or_else(now);
@@ -932,7 +953,7 @@ impl Filesystem {
 
     fn set_times_op(&self, ino: u32, t: &Times) -> Result<u32, FsError> {
         let mut op = self.begin(1, 0)?;
-        let mut inode = self.inode(ino)?;
+        let mut inode = self.inode_open(ino)?;
         flags::may_setattr(&inode, false)?;
         let r = (|| {
             let c = t.ctime.unwrap_or_else(now);
@@ -945,27 +966,18 @@ impl Filesystem {
         }
     }
 
-    /// [`RwFs::set_inode_attrs`] under the operations' locks: permission
-    /// bits, owner and times written into inode `ino`'s slot in one
-    /// handle, also for an orphan (link count 0, still open: fchmod,
-    /// fchown, futimens on an unlinked file work on ext4).
+    /// Permission bits, owner and times written into inode `ino`'s slot
+    /// in one handle under its call lock (no ACL sync: the mount's
+    /// suid/sgid kill and copy_file_range's mode), also for an orphan
+    /// (link count 0, still open).
     pub fn set_inode_attrs(&self, ino: u32, a: &crate::rw::InodeAttrs) -> Result<u32, FsError> {
         let _c = self.locks.call(ino);
         self.guard("set_inode_attrs", ino, || {
             let mut op = self.begin(1, 0)?;
             // Checked before the change (a corrupt inode changes nothing).
             let attrs = a.perm.is_some() || a.uid.is_some() || a.gid.is_some();
-            flags::may_setattr(&self.inode_any(ino)?, attrs)?;
-            let (blk, off) = self.inode_location(ino)?;
-            let isz = self.descs.layout().inode_size as usize;
-            let csum = self.rw.geometry().csum;
-            let r = op.h.modify(blk, |buf| {
-                let slot = &mut buf[off..off + isz];
-                a.apply(slot);
-                if csum.metadata {
-                    set_checksum(slot, ino, &csum);
-                }
-            });
+            flags::may_setattr(&self.inode_open(ino)?, attrs)?;
+            let r = self.rw.set_inode_attrs_in(&mut op.h, ino, a);
             match r {
                 Ok(()) => self.finish(op),
                 Err(e) => Err(self.fail(op, e)),
@@ -1006,7 +1018,7 @@ impl Filesystem {
                     op: &mut op,
                 };
                 xw::release_xattr_block(&geo, &mut io, ino, &mut slot).map_err(xattr_fs)?;
-                // An orphan's link count is 0 here: no corruption.
+                // Link count 0 here (an orphan, or its last link gone).
                 inode = self.decode_any(ino, slot)?;
             }
             let t = now();
@@ -1201,8 +1213,7 @@ impl Filesystem {
 
     fn xattrs_op(&self, ino: u32) -> Result<Vec<Xattr>, FsError> {
         let _r = self.locks.read(ino);
-        // Also an orphan (unlinked, still open): ext4 has its xattrs.
-        let inode = self.inode_any(ino)?;
+        let inode = self.inode_open(ino)?;
         self.read(|fs| fs.xattrs(&inode))
     }
 
@@ -1233,9 +1244,8 @@ impl Filesystem {
         let geo = self.xattr_geometry();
         let mut op = self.begin(4, 2)?;
         op.own(ino);
-        // Nothing changed yet: a refusal ends the empty handle. An orphan
-        // (unlinked, still open) is no corruption: fsetxattr works on it.
-        let mut inode = self.inode_any(ino)?;
+        // Nothing changed yet: a refusal ends the empty handle.
+        let mut inode = self.inode_open(ino)?;
         flags::may_change(&inode)?;
         let mut slot = inode.raw.clone();
         let r = {
@@ -1359,9 +1369,20 @@ impl Filesystem {
             .collect();
         let mut depth = 0u16;
         let mut next = pool.into_iter();
+        let eof = inode.size.div_ceil(u64::from(bs));
         while level.len() > usize::from(ENTRIES_IN_INODE) {
             let mut up = Vec::with_capacity(level.len().div_ceil(per));
-            for chunk in level.chunks(per) {
+            // Leaves: none starting past i_size's blocks when avoidable
+            // (e2fsck's bounds of a deep tree's index entries).
+            let bounds = if depth == 0 {
+                let keys: Vec<u64> = level.iter().map(|(k, _)| *k).collect();
+                crate::extent_write::pack_bounds(&keys, per, eof)
+            } else {
+                (0..level.len().div_ceil(per))
+                    .map(|i| (i * per, ((i + 1) * per).min(level.len())))
+                    .collect()
+            };
+            for chunk in bounds.iter().map(|&(s, e)| &level[s..e]) {
                 let blk = next
                     .next()
                     .ok_or_else(|| FsError::InvalidRequest("extent tree block count".into()))?;
@@ -1415,6 +1436,7 @@ impl Filesystem {
             block_size: g.block_size,
             first_data_block: g.first_data_block,
             blocks_count: g.blocks,
+            eof_block: inode.size.div_ceil(u64::from(g.block_size)),
         }
     }
 
@@ -1516,12 +1538,42 @@ impl Filesystem {
     /// converting unwritten extents); returns the tid of the last handle.
     /// Split into handles of at most [`WRITE_CHUNK`] blocks (fewer when a
     /// handle runs out of credits or groups for its tree edits).
+    /// A shortage of space fails the call (what was written before it
+    /// stays, i_size covering it); [`Filesystem::write_partial`] counts it.
     pub fn write_at(&self, ino: u32, off: u64, data: &[u8]) -> Result<u32, FsError> {
         let _c = self.locks.call(ino);
-        self.guard("write_at", ino, || self.write_at_op(ino, off, data))
+        self.guard("write_at", ino, || {
+            match self.write_at_op(ino, off, data)? {
+                (_, _, Some(short)) => Err(short),
+                (tid, _, None) => Ok(tid),
+            }
+        })
     }
 
-    fn write_at_op(&self, ino: u32, off: u64, data: &[u8]) -> Result<u32, FsError> {
+    /// [`Filesystem::write_at`] as write(2) on ext4 meets a shortage of
+    /// space: the bytes written before the space ran out stay (i_size
+    /// and i_blocks covering them, every allocated block holding its
+    /// data) and are counted, a short write; the error (ENOSPC) only
+    /// when nothing could be written. Returns the last tid and the bytes
+    /// written.
+    pub fn write_partial(&self, ino: u32, off: u64, data: &[u8]) -> Result<(u32, usize), FsError> {
+        let _c = self.locks.call(ino);
+        self.guard("write_partial", ino, || {
+            match self.write_at_op(ino, off, data)? {
+                (_, 0, Some(short)) => Err(short),
+                (tid, n, _) => Ok((tid, n)),
+            }
+        })
+    }
+
+    /// The write: (last tid, bytes written, the shortage of space that
+    /// stopped it early).
+    fn write_at_op(
+        &self,
+        ino: u32,
+        off: u64,
+        data: &[u8],
+    ) -> Result<(u32, usize, Option<FsError>), FsError> {
         let bs = self.block_size();
         let end = off
             .checked_add(data.len() as u64)
@@ -1531,7 +1583,7 @@ impl Filesystem {
             })?;
         flags::may_write_data(&self.inode_any(ino)?)?;
         if data.is_empty() {
-            return Ok(self.rw.journal().running_tid());
+            return Ok((self.rw.journal().running_tid(), 0, None));
         }
         let mut tid = 0;
         let mut pos = off;
@@ -1540,7 +1592,7 @@ impl Filesystem {
             let lb1 = (end.div_ceil(bs)).min(lb0 + WRITE_CHUNK);
             let stop = (lb1 * bs).min(end);
             let piece = &data[(pos - off) as usize..(stop - off) as usize];
-            let (t, done) = self.fill_chunk(
+            let r = self.fill_chunk(
                 ino,
                 lb0,
                 lb1,
@@ -1548,11 +1600,22 @@ impl Filesystem {
                     off: pos,
                     data: piece,
                 },
-            )?;
+            );
+            let (t, done) = match r {
+                // Out of space at the start of a handle that changed
+                // nothing (the journal goes on): `pos - off` bytes are
+                // written and the size covers them.
+                Err(e @ (FsError::NoSpace { .. } | FsError::SpaceBusy { .. }))
+                    if self.rw.journal().aborted().is_none() =>
+                {
+                    return Ok((tid, (pos - off) as usize, Some(e)));
+                }
+                r => r?,
+            };
             tid = t;
             pos = (done * bs).min(stop);
         }
-        Ok(tid)
+        Ok((tid, data.len(), None))
     }
 
     /// One handle of a write or an allocating fallocate over blocks
@@ -1652,6 +1715,21 @@ impl Filesystem {
                 if convert && !room(op, &root, 3) {
                     break;
                 }
+                // The conversion's tree edits may split: refused before
+                // they start when the blocks for that are gone (ENOSPC,
+                // not a split failing in the middle of the handle).
+                let avail = self.balloc.available_blocks();
+                if convert && avail < tree_reserve(&root) {
+                    let e = FsError::NoSpace {
+                        wanted: tree_reserve(&root),
+                        available: avail,
+                    };
+                    if at == l0 {
+                        return Ok((l0, Some(e)));
+                    }
+                    short = Some(e);
+                    break;
+                }
                 if let Fill::Write { off, data } = mode {
                     self.write_piece(op, &piece, !piece.unwritten, *off, data)?;
                 }
@@ -1699,6 +1777,12 @@ impl Filesystem {
                 if unwritten_new {
                     req.max_extent = UNWRITTEN_MAX;
                 }
+                // The data leaves the blocks the tree edits mapping it may
+                // take (a split at every level and a new root, twice):
+                // out of space is then an ENOSPC before the edit, never a
+                // failed split in the middle of the handle (which aborts
+                // the journal).
+                req.keep_free = tree_reserve(&root);
                 let left = group_budget.saturating_sub(groups.len()).max(1);
                 let pieces = match self.alloc_bounded(&req, left, &groups) {
                     Ok(p) => p,
@@ -1706,7 +1790,7 @@ impl Filesystem {
                         // Short of space: what there is (the next handle
                         // meets the shortage), or the error while nothing
                         // has changed.
-                        let room = self.balloc.available_blocks();
+                        let room = self.balloc.available_blocks().saturating_sub(req.keep_free);
                         let smaller = (room > 0 && room < req.len).then(|| {
                             let mut r = req;
                             r.len = room;
@@ -1923,6 +2007,11 @@ impl Filesystem {
                         return Ok(tid);
                     }
                 }
+                // Refused before anything changed: end the empty handle.
+                Err(e @ FsError::NoSpace { .. }) if !op.h.changed() && !self.balloc.has_dirty() => {
+                    drop(op);
+                    return Err(e);
+                }
                 Err(e) => return Err(self.fail(op, e)),
             }
         }
@@ -1970,6 +2059,16 @@ impl Filesystem {
                 break;
             }
             groups = next;
+        }
+        // A punch inside an extent splits it (one more entry, maybe a
+        // split node): refused before any change when the blocks for that
+        // are gone (ENOSPC; the kernel takes them from its reserve).
+        let avail = self.balloc.available_blocks();
+        if avail < tree_reserve(&root) && plan.iter().any(|(m, _)| m.lblk < s && m.end() > b) {
+            return Err(FsError::NoSpace {
+                wanted: tree_reserve(&root),
+                available: avail,
+            });
         }
         let removed = self.tree_edit(op, &inode, &mut root, &mut delta, |t| t.remove(s, b))?;
         let tid = op.h.tid();
@@ -2214,6 +2313,13 @@ enum CutOrphan {
 
 fn root_depth(i_block: &[u8; 60]) -> u16 {
     u16::from_le_bytes([i_block[6], i_block[7]])
+}
+
+/// Blocks kept free for the tree edits of a handle changing the tree
+/// whose root is `i_block`: a split at every level and a new root, for
+/// two inserts (a conversion's); data allocations leave them.
+fn tree_reserve(i_block: &[u8; 60]) -> u64 {
+    2 * (u64::from(root_depth(i_block)) + 2)
 }
 
 /// [`TreeIo`] on an operation's handle and the block allocator.

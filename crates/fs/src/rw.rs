@@ -20,9 +20,19 @@
 //! through transaction handles; [`RwFs::modify_superblock`] is the one
 //! place the superblock checksum is computed.
 //!
-//! The small metadata client ([`RwFs::set_label`],
-//! [`RwFs::set_inode_attrs`]) exists to prove the journal against the
-//! real tools before the inode module exists.
+//! The small metadata client ([`RwFs::set_label`]) exists to prove the
+//! journal against the real tools. Inode attributes change through
+//! `Filesystem::set_inode_attrs`, under the inode's call lock: a change
+//! to an inode's slot past the operations' locks could be overwritten by
+//! an operation that read the inode before it (so there is no public
+//! way to make one on an `RwFs`):
+//!
+//! ```compile_fail
+//! fn chmod(fs: &ext4kit_fs::rw::RwFs) {
+//!     let a = ext4kit_fs::rw::InodeAttrs { perm: Some(0o700), ..Default::default() };
+//!     let _ = fs.set_inode_attrs(2, &a);
+//! }
+//! ```
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -901,26 +911,29 @@ impl RwFs {
         read_inode(self.blocks(), &self.geo, ino)
     }
 
-    /// Change an inode's attributes in one transaction; returns its tid.
-    pub fn set_inode_attrs(&self, ino: u32, a: &InodeAttrs) -> Result<u32, FsError> {
+    /// Change inode `ino`'s attributes in its slot inside `h` (checksum
+    /// updated). Crate-private: the caller holds the inode's call lock
+    /// (`Filesystem::set_inode_attrs`).
+    pub(crate) fn set_inode_attrs_in(
+        &self,
+        h: &mut Handle<'_>,
+        ino: u32,
+        a: &InodeAttrs,
+    ) -> Result<(), FsError> {
         let (blk, off) = self.inode_location(ino)?;
         let isz = self.geo.inode_size as usize;
         let csum = self.geo.csum;
-        // Checked before the handle (a corrupt inode changes nothing).
-        self.read_inode(ino)?;
-        let mut h = self.start(1)?;
         h.modify(blk, |buf| {
             let slot = &mut buf[off..off + isz];
             a.apply(slot);
             if csum.metadata {
                 inode::set_checksum(slot, ino, &csum);
             }
-        })?;
-        Ok(h.tid())
+        })
     }
 }
 
-/// Attributes [`RwFs::set_inode_attrs`] sets (`None`: unchanged).
+/// Attributes `Filesystem::set_inode_attrs` sets (`None`: unchanged).
 /// Times are (seconds since the epoch, nanoseconds).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InodeAttrs {

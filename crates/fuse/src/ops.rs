@@ -297,40 +297,14 @@ impl FuseFs {
             size: a.size,
             times: any_time.then_some(times),
         };
-        // The orphan check and the calls below are one change of `ino`.
+        // The mode read for `kill` and the change are one change of `ino`.
         let _g = fs.lock_inode(ino);
         if a.kill {
             sa.mode = killed_perm(self.s.inode(ino)?.mode);
         }
-        let orphan = self.s.state().orphans.contains(&ino);
-        let tid =
-            if orphan && (sa.mode.is_some() || sa.uid.is_some() || sa.gid.is_some() || any_time) {
-                // An unlinked open file (link count 0): the engine's setattr
-                // reads only linked inodes, so the size goes through it (its
-                // truncate takes orphans) and the rest is written to the slot
-                // directly, ctime now (fchmod, fchown, futimens on it work on
-                // ext4).
-                if sa.size.is_some() {
-                    let only_size = SetAttr {
-                        size: sa.size,
-                        ..SetAttr::default()
-                    };
-                    retry(fs, || fs.setattr(ino, &only_size)).map_err(|e| errno(&e))?;
-                }
-                let pair = |t: Option<ext4kit_fs::inode::Timestamp>| t.map(|t| (t.sec, t.nsec));
-                let now = ext4kit_fs::fs::now();
-                let attrs = InodeAttrs {
-                    perm: sa.mode,
-                    uid: sa.uid,
-                    gid: sa.gid,
-                    atime: pair(times.atime),
-                    mtime: pair(times.mtime),
-                    ctime: pair(Some(times.ctime.unwrap_or(now))),
-                };
-                fs.set_inode_attrs(ino, &attrs).map_err(|e| errno(&e))?
-            } else {
-                retry(fs, || fs.setattr(ino, &sa)).map_err(|e| errno(&e))?
-            };
+        // An unlinked open file (link count 0) too: fchmod, fchown,
+        // futimens on it work on ext4 (and a chmod keeps its ACL in step).
+        let tid = retry(fs, || fs.setattr(ino, &sa)).map_err(|e| errno(&e))?;
         self.s.state().changed(ino, tid);
         self.s.inode(ino)
     }
@@ -398,7 +372,10 @@ impl FuseFs {
             return Err(Errno::EFBIG);
         }
         let n = data.len().min((self.s.max_file - off) as usize);
-        let tid = retry(fs, || fs.write_at(ino, off, &data[..n])).map_err(|e| errno(&e))?;
+        // Out of space part way: the bytes written (a short write, as
+        // ext4's); ENOSPC only when none could be.
+        let (tid, n) =
+            retry(fs, || fs.write_partial(ino, off, &data[..n])).map_err(|e| errno(&e))?;
         self.s.state().changed(ino, tid);
         Ok(n as u32)
     }

@@ -502,6 +502,11 @@ impl BlockAlloc {
         self.dirty.take()
     }
 
+    /// Whether a group changed since the last [`BlockAlloc::take_dirty`].
+    pub fn has_dirty(&self) -> bool {
+        !self.dirty.peek().is_empty()
+    }
+
     fn guard<'a>(&'a self, g: u32, stripe: Option<MutexGuard<'a, ()>>) -> GroupGuard<'a> {
         let st = GState::unpack(self.state[g as usize].load(Ordering::Relaxed));
         let sets = lock(&self.sets).remove(&g);

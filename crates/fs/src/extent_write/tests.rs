@@ -87,6 +87,7 @@ fn params(bs: u32) -> TreeParams {
         block_size: bs,
         first_data_block: 1,
         blocks_count: 1 << 40,
+        eof_block: LBLK_END,
     }
 }
 
@@ -482,4 +483,137 @@ fn a_conversion_reads_and_checks_each_block_once_with_the_memo() {
     assert!(reads[1] <= 2, "{reads:?}");
     assert_eq!(trees[0], trees[1]);
     assert_eq!(trees[1][&(20 * 200 + 4)], (100_000 + 20 * 200 + 4, false));
+}
+
+/// e2fsck's pass-1 bounds (`scan_extent_node` over the extents
+/// `ext2fs_extent_get` returns: an index entry's length runs to the next
+/// key, or to its node's end, the root's end being `eof`, i_size's block
+/// count, all in 32 bits): the first entry below the root that ends past
+/// its node's range, where e2fsck says "end of extent exceeds allowed
+/// value" (an uninit extent past `eof` is allowed).
+fn e2fsck_bounds_error(io: &MemIo, root: &[u8; 60], eof: u64) -> Option<String> {
+    fn walk(io: &MemIo, buf: &[u8], end_blk: u64, end_block: u64, eof: u64) -> Option<String> {
+        let node = Node {
+            pblk: 0,
+            buf: buf.to_vec(),
+        };
+        let n = node.entries();
+        let leaf = node.depth() == 0;
+        let eof_block = eof.wrapping_sub(1);
+        for i in 0..n {
+            let (lblk, len, uninit) = if leaf {
+                let m = node.ext(i);
+                (m.lblk, u64::from(m.len), m.unwritten)
+            } else {
+                let k = u64::from(node.key(i));
+                let next = if i + 1 < n {
+                    u64::from(node.key(i + 1))
+                } else {
+                    end_blk
+                };
+                (k, u64::from(next.wrapping_sub(k) as u32), false)
+            };
+            let last = (lblk + len).wrapping_sub(1);
+            if end_block != 0 && last > end_block && !(last > eof_block && uninit) {
+                return Some(format!(
+                    "entry {i} ({lblk}+{len}) of a depth-{} node ends past {end_block}",
+                    node.depth()
+                ));
+            }
+            if !leaf {
+                let next = if i + 1 < n {
+                    u64::from(node.key(i + 1))
+                } else {
+                    end_blk
+                };
+                let child = io.read(node.child(i)).unwrap();
+                if let Some(e) = walk(io, &child, next, last, eof) {
+                    return Some(e);
+                }
+            }
+        }
+        None
+    }
+    walk(io, root, eof, 0, eof)
+}
+
+#[test]
+fn pack_bounds_keeps_node_starts_inside_eof() {
+    let keys: Vec<u64> = (0..10).map(|k| 10 * k).collect();
+    // Nothing past eof, or the front packing fine: from the front.
+    assert_eq!(pack_bounds(&keys, 4, 1000), [(0, 4), (4, 8), (8, 10)]);
+    assert_eq!(pack_bounds(&keys, 4, 80), [(0, 4), (4, 8), (8, 10)]);
+    // Keys 80 and 90 past eof 75: the last node starts at 70 instead.
+    assert_eq!(pack_bounds(&keys, 4, 75), [(0, 2), (2, 6), (6, 10)]);
+    // More past eof than a node holds: nothing helps, from the front.
+    assert_eq!(pack_bounds(&keys, 4, 5), [(0, 4), (4, 8), (8, 10)]);
+    assert_eq!(pack_bounds(&[], 4, 5), []);
+}
+
+/// A depth-2 tree of written extents up to i_size, then KEEP_SIZE
+/// preallocations past it (and punches in them), as a file with 1000
+/// extents and `fallocate -n` of 1 MiB past its end: no leaf starts past
+/// i_size's blocks, so e2fsck finds every index entry inside its range
+/// (the kernel's split starts a new leaf with the preallocation, and
+/// e2fsck says "end of extent exceeds allowed value").
+#[test]
+fn preallocation_past_eof_stays_inside_e2fsck_bounds() {
+    for (extents, gap) in [(1008u64, 10u64), (960, 0), (1000, 3), (4 * 84 - 1, 40)] {
+        let mut p = params(1024);
+        let mut io = MemIo::new(1024);
+        let mut root = empty_root();
+        for k in 0..extents {
+            p.eof_block = 2 * k + 1;
+            let mut t = ExtentTree::new(&mut io, p, &root).unwrap();
+            t.insert(&Mapping {
+                lblk: 2 * k,
+                pblk: 100 + 2 * k,
+                len: 1,
+                unwritten: false,
+            })
+            .unwrap();
+            root = *t.root();
+        }
+        let eof = p.eof_block;
+        let ctx = format!("{extents} extents, gap {gap}");
+        // Preallocations past eof, with holes between them (fragmented
+        // free space).
+        for k in 0..40u64 {
+            let mut t = ExtentTree::new(&mut io, p, &root).unwrap();
+            t.insert(&Mapping {
+                lblk: eof + gap + 4 * k,
+                pblk: 1_000_000 + 4 * k,
+                len: 1 + (k % 3) as u32,
+                unwritten: true,
+            })
+            .unwrap();
+            root = *t.root();
+            if let Some(e) = e2fsck_bounds_error(&io, &root, eof) {
+                panic!("{ctx}: prealloc {k}: {e}");
+            }
+        }
+        // Punch some (splits the three-block ones) and write others
+        // (converted, i_size grows to cover them).
+        let mut rng = Rng(extents ^ gap);
+        for step in 0..30 {
+            let l = eof + gap + rng.below(160);
+            let mut t = ExtentTree::new(&mut io, p, &root).unwrap();
+            let got = t.remove(l, l + 1).unwrap();
+            root = *t.root();
+            if step % 3 == 0 {
+                for mut m in got {
+                    m.unwritten = false;
+                    p.eof_block = p.eof_block.max(m.end());
+                    let mut t = ExtentTree::new(&mut io, p, &root).unwrap();
+                    t.insert(&m).unwrap();
+                    root = *t.root();
+                }
+            }
+            if let Some(e) = e2fsck_bounds_error(&io, &root, p.eof_block) {
+                panic!("{ctx}: step {step}: {e}");
+            }
+        }
+        let (_, d) = check(&io, &p, &root);
+        assert!(d >= 1, "{ctx}: depth {d}");
+    }
 }

@@ -245,6 +245,12 @@ impl Filesystem {
                 }
                 Ok((r, self.finish(op)?))
             }
+            // Refused before anything changed (no free inode: ENOSPC as
+            // ext4's, the journal goes on): end the empty handle.
+            Err(e @ FsError::NoSpace { .. }) if !op.h.changed() && !self.balloc.has_dirty() => {
+                drop(op);
+                Err(e)
+            }
             Err(e) => Err(self.fail(op, e)),
         }
     }

@@ -306,3 +306,216 @@ fn out_of_space_fails_the_call_not_the_journal() {
     assert_eq!(fs.block_alloc().free_blocks(), free0);
     fs.close().unwrap();
 }
+
+#[test]
+fn generations_are_unique_across_threads() {
+    let dev = Arc::new(image(16 << 20, &[]));
+    let fs = open(&dev);
+    let per = 20_000;
+    let all: Vec<u32> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| (0..per).map(|_| fs.next_generation()).collect::<Vec<_>>()))
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    let distinct: std::collections::HashSet<u32> = all.iter().copied().collect();
+    assert_eq!(distinct.len(), all.len(), "two callers got one generation");
+    fs.close().unwrap();
+}
+
+/// setattr (a chmod keeping an access ACL in step), set_times, set_xattr
+/// (into an xattr block) and xattrs on an inode unlinked while open
+/// (link count 0) work as on ext4; releasing it frees the xattr block
+/// too; a freed inode is NotFound, not a corruption.
+#[test]
+fn attribute_calls_on_an_unlinked_open_file() {
+    let dev = Arc::new(image(16 << 20, &[]));
+    let fs = open(&dev);
+    let free0 = fs.block_alloc().free_blocks();
+    let spec = NewInode::new(S_IFREG | 0o644, 0, 0);
+    let (i, _) = fs.create(2, b"victim", &spec).unwrap();
+    let ino = i.ino;
+    fs.write_at(ino, 0, &pattern(5000, 1)).unwrap();
+    // user::rw- user:1234:rw- group::r-- mask::rw- other::r-- in
+    // getxattr's form: version 2, then (tag, perm, id) entries.
+    let mut value = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (0x01u16, 6u16, u32::MAX),
+        (0x02, 6, 1234),
+        (0x04, 4, u32::MAX),
+        (0x10, 6, u32::MAX),
+        (0x20, 4, u32::MAX),
+    ] {
+        value.extend_from_slice(&tag.to_le_bytes());
+        value.extend_from_slice(&perm.to_le_bytes());
+        value.extend_from_slice(&id.to_le_bytes());
+    }
+    fs.set_xattr(ino, b"system.posix_acl_access", Some(&value), SetMode::Any)
+        .unwrap();
+    let (_, orphan) = fs.unlink_open(2, b"victim").unwrap();
+    assert!(orphan);
+    let sa = SetAttr {
+        mode: Some(0o604),
+        uid: Some(42),
+        gid: Some(43),
+        ..SetAttr::default()
+    };
+    fs.setattr(ino, &sa).unwrap();
+    let t = Timestamp {
+        sec: 1_000_000_000,
+        nsec: 5,
+    };
+    fs.set_times(
+        ino,
+        &Times {
+            mtime: Some(t),
+            ..Times::default()
+        },
+    )
+    .unwrap();
+    fs.set_xattr(ino, b"user.big", Some(&[7u8; 600]), SetMode::Any)
+        .unwrap();
+    let i = fs.inode_any(ino).unwrap();
+    assert_eq!((i.links, i.mode & 0o7777, i.uid, i.gid), (0, 0o604, 42, 43));
+    assert_eq!(i.mtime, t);
+    assert!(i.file_acl != 0, "the big value is in a block");
+    let x = fs.xattrs(ino).unwrap();
+    let big = x.iter().find(|a| a.name == b"user.big").unwrap();
+    assert_eq!(big.value, vec![7u8; 600]);
+    // The ACL's mask follows the chmod's group bits (posix_acl_chmod).
+    let acl = x
+        .iter()
+        .find(|a| a.name == b"system.posix_acl_access")
+        .unwrap();
+    assert_ne!(acl.value, value, "the ACL was not kept in step");
+    fs.release_orphan(ino).unwrap();
+    assert!(fs.rw().journal().aborted().is_none());
+    // Freed: a stale number, not a corrupt inode.
+    let e = fs
+        .set_xattr(ino, b"user.a", Some(b"1"), SetMode::Any)
+        .unwrap_err();
+    assert!(matches!(e, XattrError::Fs(FsError::NotFound)), "{e:?}");
+    let e = fs.setattr(ino, &sa).unwrap_err();
+    assert!(matches!(e, FsError::NotFound), "{e:?}");
+    fs.sync().unwrap();
+    assert_eq!(fs.block_alloc().free_blocks(), free0);
+    assert_eq!(fs.rw().superblock().unwrap().s_state.get() & 2, 0);
+    fs.close().unwrap();
+}
+
+/// A write the free space holds only part of: the part is written and
+/// counted (write_partial's short write), i_size and i_blocks cover it,
+/// ENOSPC only once nothing fits; write_at fails the same call.
+#[test]
+fn a_write_past_the_free_space_is_short() {
+    let dev = Arc::new(image(16 << 20, &[]));
+    let fs = open(&dev);
+    let free0 = fs.block_alloc().free_blocks();
+    let ino = new_file(&fs);
+    let data = pattern(32 << 20, 9);
+    let (_, n) = fs.write_partial(ino, 100, &data).unwrap();
+    assert!(n > 0 && n < data.len(), "short write of {n}");
+    assert!(fs.rw().journal().aborted().is_none());
+    let i = fs.inode(ino).unwrap();
+    assert_eq!(i.size, 100 + n as u64);
+    let mapped = i.size.div_ceil(1024);
+    // Every block of the size is mapped and written (plus tree blocks).
+    assert!(i.blocks_512 >= 2 * mapped, "{} for {mapped}", i.blocks_512);
+    assert!(
+        fs.block_alloc().free_blocks() < 64,
+        "left {}",
+        fs.block_alloc().free_blocks()
+    );
+    let mut back = vec![0u8; n];
+    assert_eq!(fs.read_at(ino, 100, &mut back).unwrap(), n);
+    assert!(back == data[..n]);
+    // Nothing more fits: ENOSPC (write_at the same), the journal goes on.
+    let e = fs.write_partial(ino, i.size, &data[..1 << 20]).unwrap_err();
+    assert!(matches!(e, FsError::NoSpace { .. }), "{e:?}");
+    let e = fs.write_at(ino, i.size, &data[..1 << 20]).unwrap_err();
+    assert!(matches!(e, FsError::NoSpace { .. }), "{e:?}");
+    assert!(fs.rw().journal().aborted().is_none());
+    fs.delete_inode(ino).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.block_alloc().free_blocks(), free0);
+    fs.close().unwrap();
+}
+
+/// The last free block taken by a write whose tree edit needs one (a
+/// full root growing a level), then one-block writes into the holes of
+/// a fragmented file until the space is gone: the data leaves the tree
+/// the blocks its edits need (before, the split short of a block failed
+/// the handle and aborted the journal: the filesystem went read-only).
+#[test]
+fn filling_the_space_never_fails_a_tree_split() {
+    let dev = Arc::new(image(16 << 20, &[]));
+    let fs = open(&dev);
+    let a = new_file(&fs);
+    let b = new_file(&fs);
+    let c = new_file(&fs);
+    // A full root: four one-block extents.
+    for k in 0..4u64 {
+        fs.write_at(a, 2 * k * 1024, &pattern(1024, k as u8))
+            .unwrap();
+    }
+    assert_eq!(root_depth(&fs.inode(a).unwrap().i_block), 0);
+    fs.write_at(c, 0, &pattern(1024, 99)).unwrap();
+    // Everything else into `b` (more than fits: ENOSPC, what fits kept).
+    let e = fs.fallocate(b, 0, 64 << 20, Falloc::default()).unwrap_err();
+    assert!(matches!(e, FsError::NoSpace { .. }), "{e:?}");
+    assert!(fs.rw().journal().aborted().is_none());
+    // One block back; the next write's extent makes the root grow.
+    fs.truncate(c, 0).unwrap();
+    fs.sync().unwrap();
+    let mut written = 4u64;
+    let mut k = 4u64;
+    loop {
+        match fs.write_at(a, 2 * k * 1024, &pattern(1024, k as u8)) {
+            Ok(_) => written += 1,
+            Err(e) => {
+                assert!(matches!(e, FsError::NoSpace { .. }), "{e:?}");
+                break;
+            }
+        }
+        assert!(fs.rw().journal().aborted().is_none(), "aborted at {k}");
+        k += 1;
+    }
+    assert!(fs.rw().journal().aborted().is_none(), "aborted at {k}");
+    let mut buf = vec![0u8; 1024];
+    for j in 0..written {
+        fs.read_at(a, 2 * j * 1024, &mut buf).unwrap();
+        assert!(buf == pattern(1024, j as u8), "block {j}");
+    }
+    // Free some, fill again with holes of `a`: splits at every level
+    // while the space runs out.
+    fs.fallocate(
+        b,
+        0,
+        400 * 1024,
+        Falloc {
+            keep_size: true,
+            punch_hole: true,
+            ..Falloc::default()
+        },
+    )
+    .unwrap();
+    fs.sync().unwrap();
+    loop {
+        match fs.write_at(a, 2 * k * 1024, &pattern(1024, k as u8)) {
+            Ok(_) => k += 1,
+            Err(e) => {
+                assert!(matches!(e, FsError::NoSpace { .. }), "{e:?}");
+                break;
+            }
+        }
+    }
+    assert!(fs.rw().journal().aborted().is_none(), "aborted at {k}");
+    assert!(root_depth(&fs.inode(a).unwrap().i_block) >= 1);
+    // Creating files with the space gone: ENOSPC at most, never an abort.
+    for n in 0..20u32 {
+        let spec = NewInode::new(S_IFREG | 0o644, 0, 0);
+        let _ = fs.create(2, format!("f{n}").as_bytes(), &spec);
+    }
+    assert!(fs.rw().journal().aborted().is_none());
+    fs.close().unwrap();
+}

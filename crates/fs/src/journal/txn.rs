@@ -406,6 +406,7 @@ impl JournalWriter {
                 credits,
                 reserved: credits,
                 open: true,
+                changed: false,
             });
         }
     }
@@ -485,6 +486,8 @@ pub struct Handle<'a> {
     credits: u32,
     reserved: u32,
     open: bool,
+    /// Has this handle changed a block, written data, freed or revoked?
+    changed: bool,
 }
 
 impl std::fmt::Debug for Handle<'_> {
@@ -507,6 +510,13 @@ impl Handle<'_> {
         self.credits
     }
 
+    /// Whether this handle has changed anything yet (a block joined,
+    /// ordered data, a freed extent, a revoke): an operation that fails
+    /// before it has can end the handle instead of failing it.
+    pub fn changed(&self) -> bool {
+        self.changed
+    }
+
     /// The cache, to read blocks (their newest images) while changing
     /// others.
     pub fn blocks(&self) -> &BlockCache {
@@ -519,6 +529,7 @@ impl Handle<'_> {
         if let Some(a) = &st.aborted {
             return Err(FsError::Aborted(a.clone()));
         }
+        self.changed = true;
         let in_txn = st.running.buffers.contains(&blk);
         if !in_txn && self.credits == 0 {
             return Err(FsError::NoCredits(self.reserved));
@@ -588,12 +599,14 @@ impl Handle<'_> {
     /// Declare `len` blocks from `blk` as ordered data the caller wrote
     /// (or will write before this handle ends).
     pub fn ordered(&mut self, blk: u64, len: u64) {
+        self.changed = true;
         lock(&self.w.state).running.ordered.push((blk, len));
     }
 
     /// Record a freed extent: handed to the [`FreedHook`] once this
     /// transaction is durable.
     pub fn free_extent(&mut self, blk: u64, len: u64) {
+        self.changed = true;
         lock(&self.w.state).running.freed.push((blk, len));
     }
 
@@ -608,6 +621,7 @@ impl Handle<'_> {
                 count: self.w.cache.block_count(),
             });
         }
+        self.changed = true;
         let mut st = lock(&self.w.state);
         if st.running.buffers.remove(&blk) {
             // Give the credit back and drop the running copy.
