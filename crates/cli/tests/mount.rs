@@ -1929,3 +1929,54 @@ fn buffered_writes_fail_at_write_time_as_ext4() {
     m.unmount().unwrap();
     e2fsck_clean(&img).unwrap();
 }
+
+/// Writes that must be durable when `write(2)` returns go to the engine
+/// directly, not through the write-behind buffer: O_DSYNC and O_SYNC
+/// handles, and every write of a `-o sync` mount (the buffer's count in
+/// the status file stays where it was; the data is there after the
+/// unmount).
+#[test]
+fn sync_writes_bypass_the_write_behind_buffer() {
+    let what = "sync_writes_bypass_the_write_behind_buffer";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "64M");
+    let buffered = |v: &serde_json::Value| v["wbuf"]["buffered_writes"].as_u64().unwrap();
+    for opts in [&[][..], &["sync"][..]] {
+        let m = FuseMount::new(&img, opts).unwrap();
+        let p = |s: &str| m.path().join(s);
+        let before = request_counts(m.path());
+        for (name, flag) in [("dsync", libc::O_DSYNC), ("sync", libc::O_SYNC)] {
+            let mut f = OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .custom_flags(if opts.is_empty() { flag } else { 0 })
+                .open(p(name))
+                .unwrap();
+            for k in 0..10u64 {
+                f.write_all(&pattern(4096, k)).unwrap();
+            }
+        }
+        let after = request_counts(m.path());
+        assert_eq!(buffered(&after), buffered(&before), "-o {opts:?}");
+        m.unmount().unwrap();
+        e2fsck_clean(&img).unwrap();
+        let m = FuseMount::new(&img, &["ro"]).unwrap();
+        let want: Vec<u8> = (0..10u64).flat_map(|k| pattern(4096, k)).collect();
+        for name in ["dsync", "sync"] {
+            assert_eq!(fs::read(m.path().join(name)).unwrap(), want);
+        }
+        m.unmount().unwrap();
+    }
+    // The default mount with a plain handle does buffer (the count moves).
+    let m = FuseMount::new(&img, &[]).unwrap();
+    let before = request_counts(m.path());
+    fs::write(m.path().join("plain"), pattern(4096, 1)).unwrap();
+    let after = request_counts(m.path());
+    assert!(buffered(&after) > buffered(&before));
+    m.unmount().unwrap();
+}
