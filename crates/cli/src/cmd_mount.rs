@@ -53,6 +53,10 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   go to the kernel's page cache and reach the filesystem merged, at writeback, \
                   close or fsync (fsync keeps its promise); SEEK_DATA/SEEK_HOLE then see the \
                   whole file as data, and st_blocks counts data once written back\n  \
+                  sync, async             a synchronous mount (each write is fsynced, as \
+                  ext4's sync); by default (async) small writes are answered from a \
+                  write-behind buffer and reach the filesystem merged, within a second or \
+                  at the next request that needs them (fsync keeps its promise)\n  \
                   noatime, nosuid, nodev, noexec, defaults\n                          \
                   passed to the kernel mount\n\n\
                   A mounted or busy device is refused; an unknown option is refused with \

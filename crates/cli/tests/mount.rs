@@ -1910,3 +1910,251 @@ fn metadata_round_trips_are_saved() {
     m.unmount().unwrap();
     e2fsck_clean(&img).unwrap();
 }
+
+/// A file's (mtime, ctime) as nanoseconds since the epoch.
+fn mc_times(md: &fs::Metadata) -> (i128, i128) {
+    let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+    (
+        ns(md.mtime(), md.mtime_nsec()),
+        ns(md.ctime(), md.ctime_nsec()),
+    )
+}
+
+fn now_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or(0)
+}
+
+/// The default mount's write-behind buffer: 4 KiB writes are answered
+/// from it and reach the engine merged (a handful of engine writes for
+/// hundreds of `write(2)`s, counted in the status file), and what the
+/// kernel is shown stays exact while they are buffered: partial pages
+/// read through another handle, size, `st_blocks`, SEEK_DATA/SEEK_HOLE,
+/// and mtime/ctime at the time of the write (also when the one-second
+/// timer flushed them, and after the unmount). An fsync'ed file survives
+/// a `kill -9` right after more buffered writes to it (those may be lost,
+/// but only from the end).
+#[test]
+fn small_writes_are_buffered_and_stay_exact() {
+    let what = "small_writes_are_buffered_and_stay_exact";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "256M");
+    let m = FuseMount::new(&img, &[]).unwrap();
+    let p = |s: &str| m.path().join(s);
+    let n = |v: &serde_json::Value, k: &str| v["wbuf"][k].as_u64().unwrap();
+    let before = request_counts(m.path());
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(p("a"))
+        .unwrap();
+    let t0 = now_ns();
+    let mut model = Vec::new();
+    for k in 0..256u64 {
+        let d = pattern(4096, k);
+        f.write_all_at(&d, k * 4096).unwrap();
+        model.extend_from_slice(&d);
+    }
+    f.write_all_at(b"hello", 5000).unwrap();
+    model[5000..5005].copy_from_slice(b"hello");
+    let tail = pattern(100, 99);
+    f.write_all_at(&tail, 3 << 20).unwrap();
+    let t1 = now_ns();
+    // Partial pages are not in the kernel's page cache: READs.
+    let g = File::open(p("a")).unwrap();
+    let mut buf = [0u8; 10];
+    g.read_exact_at(&mut buf, 4998).unwrap();
+    assert_eq!(buf[..], model[4998..5008]);
+    let mut buf = [0u8; 100];
+    g.read_exact_at(&mut buf, 3 << 20).unwrap();
+    assert_eq!(buf[..], tail[..]);
+    let md = fs::metadata(p("a")).unwrap();
+    assert_eq!(md.len(), (3 << 20) + 100);
+    assert_eq!(md.blocks(), 257 * 8, "256 blocks, a hole, one block");
+    let (mt, ct) = mc_times(&md);
+    assert!(t0 <= mt && mt <= t1, "mtime {mt} not in [{t0}, {t1}]");
+    assert_eq!(mt, ct);
+    assert_eq!(host::seek_data_hole(&g, 0, 4).unwrap(), 1 << 20);
+    assert_eq!(host::seek_data_hole(&g, 1 << 20, 3).unwrap(), 3 << 20);
+    // Flushed by the timer, not by a request: still the writes' times.
+    let t2 = now_ns();
+    for k in 0..64u64 {
+        f.write_all_at(&pattern(1000, k), (8 << 20) + k * 1000)
+            .unwrap();
+    }
+    let t3 = now_ns();
+    std::thread::sleep(Duration::from_millis(2500));
+    let (mt, ct) = mc_times(&fs::metadata(p("a")).unwrap());
+    assert!(
+        t2 <= mt && mt <= t3,
+        "timer flush: mtime {mt} not in [{t2}, {t3}]"
+    );
+    assert_eq!(mt, ct);
+    let after = request_counts(m.path());
+    let buffered = n(&after, "buffered_writes") - n(&before, "buffered_writes");
+    let ranges = n(&after, "flushed_ranges") - n(&before, "flushed_ranges");
+    assert!(buffered >= 322, "{buffered} writes buffered");
+    assert!(
+        ranges <= 8,
+        "{ranges} engine writes for {buffered} buffered ones"
+    );
+    drop((f, g));
+    let seen = fs::metadata(p("a")).unwrap();
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+    let mut full = model.clone();
+    full.resize(3 << 20, 0);
+    full.extend_from_slice(&tail);
+    full.resize(8 << 20, 0);
+    for k in 0..64u64 {
+        full.extend_from_slice(&pattern(1000, k));
+    }
+    // An fsync'ed file and a kill -9 right after more buffered writes.
+    let m = FuseMount::new(&img, &[]).unwrap();
+    let p = |s: &str| m.path().join(s);
+    assert_eq!(fs::read(p("a")).unwrap(), full);
+    assert_eq!(mc_times(&fs::metadata(p("a")).unwrap()), mc_times(&seen));
+    let mut c = File::create(p("c")).unwrap();
+    for k in 0..100u64 {
+        c.write_all(&pattern(4096, k)).unwrap();
+    }
+    c.sync_all().unwrap();
+    for k in 100..200u64 {
+        c.write_all(&pattern(4096, k)).unwrap();
+    }
+    m.kill9();
+    let m = FuseMount::new(&img, &[]).unwrap();
+    let got = fs::read(m.path().join("c")).unwrap();
+    assert!(got.len() >= 100 * 4096 && got.len() <= 200 * 4096 && got.len().is_multiple_of(4096));
+    for (k, chunk) in got.chunks(4096).enumerate() {
+        assert_eq!(chunk, &pattern(4096, k as u64)[..], "block {k} of c");
+    }
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+}
+
+/// What ext4 refuses at `write(2)` time is still refused then, not at a
+/// later flush: EFBIG at the largest file (a write across it is cut
+/// there), EPERM on a file made immutable while open for writing
+/// (`chattr +i` reaches the engine after the writes before it), ENOSPC
+/// when the filesystem fills (every write answered before it is on the
+/// disk after the fsync, which succeeds).
+#[test]
+fn buffered_writes_fail_at_write_time_as_ext4() {
+    let what = "buffered_writes_fail_at_write_time_as_ext4";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    if !have("chattr") {
+        return skip(what, "chattr not found");
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "64M");
+    let m = FuseMount::new(&img, &[]).unwrap();
+    let p = |s: &str| m.path().join(s);
+    let max = u64::from(u32::MAX) * 4096;
+    let big = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(p("big"))
+        .unwrap();
+    big.write_all_at(b"x", 4096).unwrap();
+    assert_eq!(big.write_at(b"ab", max - 1).unwrap(), 1);
+    assert_eq!(
+        errno_of(big.write_at(b"a", max).map(|_| ())),
+        Some(libc::EFBIG)
+    );
+    big.sync_all().unwrap();
+    assert_eq!(fs::metadata(p("big")).unwrap().len(), max);
+    drop(big);
+    fs::remove_file(p("big")).unwrap();
+    // Immutable while open.
+    let mut im = File::create(p("im")).unwrap();
+    im.write_all(&pattern(4096, 1)).unwrap();
+    run_ok(tool("chattr").arg("+i").arg(p("im"))).unwrap();
+    assert_eq!(errno_of(im.write_all(&pattern(4096, 2))), Some(libc::EPERM));
+    run_ok(tool("chattr").arg("-i").arg(p("im"))).unwrap();
+    drop(im);
+    assert_eq!(fs::read(p("im")).unwrap(), pattern(4096, 1));
+    // Full.
+    let mut fill = File::create(p("fill")).unwrap();
+    let mut done = 0u64;
+    let err = loop {
+        match fill.write(&pattern(4096, done / 4096)) {
+            Ok(4096) => done += 4096,
+            Ok(k) => panic!("short write of {k} bytes at {done}"),
+            Err(e) => break e,
+        }
+        assert!(done < 128 << 20, "no ENOSPC on a 64 MiB filesystem");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    assert!(done > 32 << 20, "ENOSPC after {done} bytes");
+    fill.sync_all().unwrap();
+    drop(fill);
+    let got = fs::read(p("fill")).unwrap();
+    assert_eq!(got.len() as u64, done);
+    for (k, chunk) in got.chunks(4096).enumerate() {
+        assert_eq!(chunk, &pattern(4096, k as u64)[..], "block {k} of fill");
+    }
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+}
+
+/// Writes that must be durable when `write(2)` returns go to the engine
+/// directly, not through the write-behind buffer: O_DSYNC and O_SYNC
+/// handles, and every write of a `-o sync` mount (the buffer's count in
+/// the status file stays where it was; the data is there after the
+/// unmount).
+#[test]
+fn sync_writes_bypass_the_write_behind_buffer() {
+    let what = "sync_writes_bypass_the_write_behind_buffer";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "64M");
+    let buffered = |v: &serde_json::Value| v["wbuf"]["buffered_writes"].as_u64().unwrap();
+    for opts in [&[][..], &["sync"][..]] {
+        let m = FuseMount::new(&img, opts).unwrap();
+        let p = |s: &str| m.path().join(s);
+        let before = request_counts(m.path());
+        for (name, flag) in [("dsync", libc::O_DSYNC), ("sync", libc::O_SYNC)] {
+            let mut f = OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .custom_flags(if opts.is_empty() { flag } else { 0 })
+                .open(p(name))
+                .unwrap();
+            for k in 0..10u64 {
+                f.write_all(&pattern(4096, k)).unwrap();
+            }
+        }
+        let after = request_counts(m.path());
+        assert_eq!(buffered(&after), buffered(&before), "-o {opts:?}");
+        m.unmount().unwrap();
+        e2fsck_clean(&img).unwrap();
+        let m = FuseMount::new(&img, &["ro"]).unwrap();
+        let want: Vec<u8> = (0..10u64).flat_map(|k| pattern(4096, k)).collect();
+        for name in ["dsync", "sync"] {
+            assert_eq!(fs::read(m.path().join(name)).unwrap(), want);
+        }
+        m.unmount().unwrap();
+    }
+    // The default mount with a plain handle does buffer (the count moves).
+    let m = FuseMount::new(&img, &[]).unwrap();
+    let before = request_counts(m.path());
+    fs::write(m.path().join("plain"), pattern(4096, 1)).unwrap();
+    let after = request_counts(m.path());
+    assert!(buffered(&after) > buffered(&before));
+    m.unmount().unwrap();
+}

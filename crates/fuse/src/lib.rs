@@ -14,6 +14,8 @@
 //!   (what fsync commits).
 //! - [`ops`]: the `fuser::Filesystem` implementation.
 //! - [`trim`]: `FITRIM` (fstrim on the mount point).
+//! - [`wbuf`]: the write-behind buffer of the default (write-through)
+//!   mount: small writes answered at once, merged, flushed in order.
 //! - [`mount`]: open, mount, serve, unmount on signals, close cleanly.
 
 pub mod attr;
@@ -23,6 +25,7 @@ pub mod ops;
 pub mod options;
 pub mod shared;
 pub mod trim;
+pub mod wbuf;
 
 #[doc(hidden)]
 pub use mount::serve_wrapped;

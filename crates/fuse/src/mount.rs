@@ -178,6 +178,7 @@ fn fuser_config(req: &MountRequest) -> Config {
     ];
     for (on, opt) in [
         (o.read_only, MountOption::RO),
+        (o.sync, MountOption::Sync),
         (o.noatime, MountOption::NoAtime),
         (o.nosuid, MountOption::NoSuid),
         (o.nodev, MountOption::NoDev),
@@ -362,6 +363,7 @@ impl Stop {
 
 /// Close the engine of `shared` (all other references dropped).
 fn close(shared: Arc<Shared>, path: &Path) -> Result<(), MountError> {
+    shared.flush_all();
     let failed = shared.release_orphans();
     if let Some((ino, e)) = failed.first() {
         tracing::warn!("freeing unlinked inode {ino}: {e}");
@@ -461,6 +463,7 @@ fn publish_status(
     device: &Path,
     lazy: Option<&StatusSource>,
     requests: &crate::shared::RequestCounts,
+    wbuf: &crate::wbuf::WriteBuffer,
 ) {
     let lazy = lazy.map(|s| {
         let st = s.get();
@@ -471,7 +474,7 @@ fn publish_status(
         "device": device.display().to_string(),
         "pid": std::process::id(),
         "lazyinit": lazy,
-        "requests": requests.to_json(),
+        "requests": requests.to_json(wbuf),
     });
     let Some(dir) = path.parent() else { return };
     if std::fs::create_dir_all(dir).is_err() {
@@ -567,6 +570,7 @@ pub fn serve_wrapped(
         &req.device,
         source.as_ref(),
         &shared.requests,
+        &shared.wbuf,
     );
     let stop = Arc::new(Stop::default());
     let timer = {
@@ -580,10 +584,14 @@ pub fn serve_wrapped(
                     &device,
                     source.as_ref(),
                     &shared.requests,
+                    &shared.wbuf,
                 );
                 let Backend::Rw(fs) = &shared.backend else {
                     continue;
                 };
+                // Buffered writes join the transaction the tick commits
+                // (at most a second behind their reply).
+                shared.flush_all();
                 if let Err(e) = fs.rw().journal().tick() {
                     tracing::warn!("commit: {e}");
                 }

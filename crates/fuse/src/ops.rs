@@ -34,6 +34,7 @@ use crate::attr::{
     xattr_errno,
 };
 use crate::shared::{Backend, DirItem, Handle, RequestCounts, Shared};
+use crate::wbuf::{self, InodeBuf};
 
 /// How long the kernel may cache attributes and names. The mount is the
 /// only writer of the image (the device is open exclusively, and nothing
@@ -106,7 +107,10 @@ fn name_ok(name: &OsStr) -> R<&[u8]> {
 
 /// Run an engine change; a shortage of space that only blocks freed by
 /// a transaction still committing explain is retried after a commit.
-fn retry<T>(fs: &Filesystem, mut f: impl FnMut() -> Result<T, FsError>) -> Result<T, FsError> {
+pub(crate) fn retry<T>(
+    fs: &Filesystem,
+    mut f: impl FnMut() -> Result<T, FsError>,
+) -> Result<T, FsError> {
     for _ in 0..2 {
         match f() {
             Err(FsError::SpaceBusy { .. }) => fs.sync()?,
@@ -139,6 +143,12 @@ impl FuseFs {
         self.s.backend.rw()
     }
 
+    /// Before `ino`'s data or attributes are answered: its buffered
+    /// writes go to the engine (a failure is its next fsync's).
+    fn settle(&self, ino: u32) {
+        let _ = self.s.flush_ino(ino);
+    }
+
     fn dir(&self, ino: u32) -> R<InodeInfo> {
         let d = self.s.inode(ino)?;
         if !d.is_dir() {
@@ -156,11 +166,13 @@ impl FuseFs {
             .read_inode(d.ino, |f, d| f.lookup(d, name))
             .map_err(|e| errno(&e))?
             .ok_or(Errno::ENOENT)?;
+        self.settle(e.ino);
         self.s.inode(e.ino)
     }
 
     fn fire_orphan(&self, ino: Option<u32>) {
         let Some(ino) = ino else { return };
+        self.s.flush_all();
         if let Backend::Rw(fs) = &self.s.backend
             && let Err(e) = fs.release_orphan(ino)
         {
@@ -180,6 +192,7 @@ impl FuseFs {
         what: Make<'_>,
     ) -> R<InodeInfo> {
         let fs = self.fs()?;
+        self.s.flush_all();
         let name = name_ok(name)?;
         let pino = ext4_ino(parent)?;
         let p = self.dir(pino)?;
@@ -271,6 +284,7 @@ impl FuseFs {
 
     fn do_setattr(&self, ino: INodeNo, a: SetArgs) -> R<InodeInfo> {
         let fs = self.fs()?;
+        self.s.flush_all();
         let ino = ext4_ino(ino)?;
         if let Some(size) = a.size
             && size > self.s.max_file
@@ -338,6 +352,7 @@ impl FuseFs {
     }
 
     fn read_data(&self, ino: u32, off: u64, size: u32) -> R<Vec<u8>> {
+        self.settle(ino);
         let i = self.s.inode(ino)?;
         if i.is_dir() {
             return Err(Errno::EISDIR);
@@ -359,7 +374,100 @@ impl FuseFs {
         Ok(buf)
     }
 
-    fn do_write(&self, ino: u32, fh: u64, off: u64, data: &[u8]) -> R<u32> {
+    /// A WRITE: into the write-behind buffer ([`crate::wbuf`]) when it
+    /// may be, else to the engine. `kill`: the kernel asks for
+    /// set-user-ID/set-group-ID to be cleared (killpriv v2); `flags`: the
+    /// file's open flags as the kernel passes them (O_DSYNC also for
+    /// RWF_DSYNC and a `sync` mount).
+    fn do_write(&self, ino: u32, fh: u64, off: u64, data: &[u8], kill: bool, flags: i32) -> R<u32> {
+        let fs = self.fs()?;
+        let through = self.writeback
+            || self.s.opts.sync
+            || flags & (libc::O_DIRECT | libc::O_DSYNC) != 0
+            || data.len() >= wbuf::BIG_WRITE;
+        if through {
+            // What is buffered was answered first: it goes first.
+            self.s.flush_all();
+            if kill {
+                self.kill_suid_sgid(ino)?;
+            }
+            return self.write_through(ino, fh, off, data);
+        }
+        let mut g = self.s.wbuf.lock();
+        // One inode at a time: another inode's writes go first.
+        if g.cur.as_ref().is_some_and(|b| b.ino != ino) {
+            let _ = self.s.flush_locked(&mut g);
+        }
+        // The inode as the buffer starts from: an immutable one, or a
+        // journal that refuses changes, gets the engine's answer.
+        let fresh = |g: &mut crate::wbuf::Inner| -> R<bool> {
+            if g.cur.is_none() {
+                let i = self.s.inode(ino)?;
+                if i.flags & ext4kit_fs::fs::flags::IMMUTABLE_FL != 0
+                    || !i.is_regular()
+                    || fs.rw().journal().aborted().is_some()
+                {
+                    return Ok(false);
+                }
+                self.s.wbuf.put(g, InodeBuf::new(ino, i.size, i.mode));
+            }
+            Ok(true)
+        };
+        if !fresh(&mut g)? {
+            drop(g);
+            if kill {
+                self.kill_suid_sgid(ino)?;
+            }
+            return self.write_through(ino, fh, off, data);
+        }
+        if kill
+            && g.cur
+                .as_ref()
+                .is_some_and(|b| killed_perm(b.mode).is_some())
+        {
+            // At once: the buffered writes, then the mode, then this
+            // write into a buffer that starts from the new mode (a failed
+            // flush is the next fsync's error, not this write's).
+            let _ = self.s.flush_locked(&mut g);
+            self.kill_suid_sgid(ino)?;
+            if !fresh(&mut g)? {
+                drop(g);
+                return self.write_through(ino, fh, off, data);
+            }
+        }
+        let Some(buf) = g.cur.as_mut() else {
+            return Err(Errno::EIO);
+        };
+        let append = matches!(
+            self.s.state().handles.get(&fh),
+            Some(Handle::File { append: true, .. })
+        );
+        let off = if append { buf.size } else { off };
+        if off >= self.s.max_file && !data.is_empty() {
+            return Err(Errno::EFBIG);
+        }
+        let n = data.len().min((self.s.max_file - off) as usize);
+        let avail = fs.block_alloc().available_blocks();
+        let bs = u64::from(self.s.block_size);
+        if !wbuf::room(avail, bs, buf.bytes(), buf.range_count(), n) {
+            // Near full: the engine answers (ENOSPC at write time).
+            let _ = self.s.flush_locked(&mut g);
+            drop(g);
+            return self.write_through(ino, fh, off, data);
+        }
+        buf.add(off, &data[..n], ext4kit_fs::fs::now());
+        let full = buf.bytes() >= wbuf::INODE_BOUND;
+        self.s.wbuf.count_buffered();
+        if full {
+            // This write is in the buffer and answered as written; a
+            // failure is the next fsync's.
+            let _ = self.s.flush_locked(&mut g);
+        }
+        Ok(n as u32)
+    }
+
+    /// A WRITE straight to the engine.
+    fn write_through(&self, ino: u32, fh: u64, off: u64, data: &[u8]) -> R<u32> {
         let fs = self.fs()?;
         // O_APPEND's "size, then write there" is one change of `ino`.
         let _g = fs.lock_inode(ino);
@@ -424,6 +532,7 @@ impl FuseFs {
 
     fn do_unlink(&self, parent: INodeNo, name: &OsStr) -> R<()> {
         let fs = self.fs()?;
+        self.s.flush_all();
         let name = name_ok(name)?;
         let p = ext4_ino(parent)?;
         // Whether the inode stays (still open) or goes is decided inside
@@ -466,6 +575,7 @@ impl FuseFs {
         flags: RenameFlags,
     ) -> R<()> {
         let fs = self.fs()?;
+        self.s.flush_all();
         let (name, newname) = (name_ok(name)?, name_ok(newname)?);
         let (sd, dd) = (ext4_ino(parent)?, ext4_ino(newparent)?);
         if flags.contains(RenameFlags::RENAME_WHITEOUT)
@@ -519,6 +629,7 @@ impl FuseFs {
     }
 
     fn statfs_values(&self) -> R<[u64; 5]> {
+        self.s.flush_all();
         let (blocks, bfree, reserved, files, ffree) = match &self.s.backend {
             Backend::Rw(fs) => {
                 let sb = fs.rw().superblock().map_err(|e| errno(&e))?;
@@ -571,6 +682,7 @@ impl FuseFs {
             return Err(Errno::EINVAL);
         }
         let off = u64::try_from(offset).map_err(|_| Errno::ENXIO)?;
+        self.settle(ino);
         let i = self.s.inode(ino)?;
         if off >= i.size {
             return Err(Errno::ENXIO);
@@ -617,6 +729,7 @@ impl FuseFs {
 
     fn do_fallocate(&self, ino: u32, offset: u64, length: u64, mode: i32) -> R<()> {
         let fs = self.fs()?;
+        self.s.flush_all();
         let known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
         if mode & !known != 0 {
             return Err(Errno::EOPNOTSUPP);
@@ -656,6 +769,13 @@ impl FuseFs {
         let Backend::Rw(fs) = &self.s.backend else {
             return Ok(());
         };
+        // Buffered writes first; a flush that failed since the last
+        // fsync is this one's error (as a writeback error is).
+        let flushed = self.s.flush_ino(ino);
+        if let Some(e) = self.s.wbuf.take_error(ino) {
+            return Err(e);
+        }
+        flushed?;
         let tid = self.s.state().tids.get(&ino).copied();
         match tid {
             Some(t) => fs.commit_tid(t).map_err(|e| errno(&e)),
@@ -707,6 +827,7 @@ impl FuseFs {
 
     fn xattr_set(&self, ino: u32, name: &[u8], value: Option<&[u8]>, flags: i32) -> R<()> {
         let fs = self.fs()?;
+        self.s.flush_all();
         let mode = match flags & (XATTR_CREATE | XATTR_REPLACE) {
             0 => SetMode::Any,
             XATTR_CREATE => SetMode::Create,
@@ -751,6 +872,7 @@ impl FuseFs {
         if !flags.is_empty() {
             return Err(Errno::EINVAL);
         }
+        self.s.flush_all();
         self.file_handle(fh_in, ino_in)?;
         if self.file_handle(fh_out, ino_out)? {
             return Err(Errno::EBADF);
@@ -970,7 +1092,11 @@ impl fuser::Filesystem for FuseFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         RequestCounts::bump(&self.s.requests.getattr);
-        match ext4_ino(ino).and_then(|i| self.s.inode(i)) {
+        let r = ext4_ino(ino).and_then(|i| {
+            self.settle(i);
+            self.s.inode(i)
+        });
+        match r {
             Ok(i) => reply.attr(&TTL, &self.attr(&i)),
             Err(e) => reply.error(e),
         }
@@ -1070,6 +1196,7 @@ impl fuser::Filesystem for FuseFs {
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let r = (|| {
             let fs = self.fs()?;
+            self.s.flush_all();
             let name = name_ok(name)?;
             let p = ext4_ino(parent)?;
             let tid = fs.rmdir(p, name).map_err(|e| errno(&e))?;
@@ -1120,6 +1247,7 @@ impl fuser::Filesystem for FuseFs {
     ) {
         let r = (|| {
             let fs = self.fs()?;
+            self.s.flush_all();
             let name = name_ok(newname)?;
             let (ino, p) = (ext4_ino(ino)?, ext4_ino(newparent)?);
             let tid = retry(fs, || fs.link(ino, p, name)).map_err(|e| errno(&e))?;
@@ -1184,17 +1312,12 @@ impl fuser::Filesystem for FuseFs {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        let r = ext4_ino(ino).and_then(|i| {
-            if kill {
-                self.kill_suid_sgid(i)?;
-            }
-            self.do_write(i, fh.0, offset, data)
-        });
+        let r = ext4_ino(ino).and_then(|i| self.do_write(i, fh.0, offset, data, kill, flags.0));
         match r {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),
@@ -1204,13 +1327,22 @@ impl fuser::Filesystem for FuseFs {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // close(2) does not sync on ext4 either.
-        reply.ok();
+        // close(2) does not sync on ext4 either (and the opens ask for no
+        // FLUSH); the buffered writes reach the engine, and a flush error
+        // not returned yet is returned here.
+        let r = ext4_ino(ino).and_then(|i| {
+            let flushed = self.s.flush_ino(i);
+            if let Some(e) = self.s.wbuf.take_error(i) {
+                return Err(e);
+            }
+            flushed
+        });
+        reply_empty(r, reply);
     }
 
     fn release(
@@ -1319,6 +1451,7 @@ impl fuser::Filesystem for FuseFs {
                 }
             };
             let Some(cur) = now else { continue };
+            self.settle(cur);
             let i = match self.s.inode(cur) {
                 Ok(i) => i,
                 // Gone since (an orphan freed, a ".." of a removed
@@ -1530,6 +1663,9 @@ impl fuser::Filesystem for FuseFs {
         out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
+        // Flag changes (chattr +i must refuse the writes after it) and
+        // FITRIM (free space exact) come after the buffered writes.
+        self.s.flush_all();
         if crate::flags::is_flags_ioctl(cmd) {
             let r = ext4_ino(ino).and_then(|i| crate::flags::ioctl(&self.s, i, cmd, in_data));
             return match r {

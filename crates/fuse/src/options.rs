@@ -65,6 +65,11 @@ pub struct MountOptions {
     /// a write past ext4's largest file size fails at writeback (EIO at
     /// fsync) instead of with EFBIG.
     pub writeback_cache: bool,
+    /// `sync` / `async` (default async): the kernel mount is synchronous
+    /// (every write is followed by an fsync of its file, as on ext4), and
+    /// writes go to the engine directly instead of the write-behind
+    /// buffer ([`crate::wbuf`]).
+    pub sync: bool,
     /// VFS flags passed through to the kernel mount.
     pub noatime: bool,
     pub nosuid: bool,
@@ -86,6 +91,7 @@ impl Default for MountOptions {
             allow_other: false,
             default_permissions: true,
             writeback_cache: DEFAULT_WRITEBACK_CACHE,
+            sync: false,
             noatime: false,
             nosuid: false,
             nodev: false,
@@ -232,8 +238,10 @@ impl MountOptions {
             "default_permissions" => flag(&mut self.default_permissions, true),
             "writeback_cache" => flag(&mut self.writeback_cache, true),
             "nowriteback_cache" => flag(&mut self.writeback_cache, false),
+            "sync" => flag(&mut self.sync, true),
+            "async" => flag(&mut self.sync, false),
             // Defaults of every mount, accepted as no-ops.
-            "defaults" | "async" | "relatime" | "atime" | "suid" | "dev" | "exec" => {
+            "defaults" | "relatime" | "atime" | "suid" | "dev" | "exec" => {
                 let mut ignored = false;
                 flag(&mut ignored, false)
             }
@@ -294,6 +302,9 @@ mod tests {
                 .unwrap()
                 .writeback_cache
         );
+        assert!(!p("").unwrap().sync);
+        assert!(p("sync").unwrap().sync);
+        assert!(!p("sync,async").unwrap().sync);
     }
 
     #[test]

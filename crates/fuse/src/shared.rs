@@ -16,6 +16,7 @@ use fuser::{Errno, FileType};
 
 use crate::attr::errno;
 use crate::options::MountOptions;
+use crate::wbuf::{Sink, WriteBuffer};
 
 /// The engine behind the mount (one per mount, never moved around: the
 /// size difference of the variants does not matter).
@@ -209,15 +210,22 @@ impl RequestCounts {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The counts as JSON.
-    pub fn to_json(&self) -> serde_json::Value {
+    /// The counts as JSON, with the write-behind buffer's (`wbuf`:
+    /// writes answered from it, flushes, engine writes they made).
+    pub fn to_json(&self, wbuf: &WriteBuffer) -> serde_json::Value {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let w = wbuf.counts();
         serde_json::json!({
             "lookup": g(&self.lookup),
             "getattr": g(&self.getattr),
             "getxattr": g(&self.getxattr),
             "readdir": g(&self.readdir),
             "readdirplus": g(&self.readdirplus),
+            "wbuf": {
+                "buffered_writes": w.buffered,
+                "flushes": w.flushes,
+                "flushed_ranges": w.ranges,
+            },
         })
     }
 }
@@ -240,6 +248,33 @@ pub struct Shared {
     /// Largest file size (`ext4_max_size` for extent files: 2^32 - 1
     /// blocks).
     pub max_file: u64,
+    /// The write-behind buffer of the default mount ([`crate::wbuf`]).
+    pub wbuf: WriteBuffer,
+}
+
+/// The engine as the write-behind buffer's [`Sink`].
+struct EngineSink<'a> {
+    s: &'a Shared,
+    fs: &'a Filesystem,
+}
+
+impl Sink for EngineSink<'_> {
+    fn write(&self, ino: u32, off: u64, data: &[u8]) -> Result<u32, Errno> {
+        crate::ops::retry(self.fs, || self.fs.write_at(ino, off, data)).map_err(|e| errno(&e))
+    }
+
+    fn set_times(&self, ino: u32, t: ext4kit_fs::inode::Timestamp) -> Result<u32, Errno> {
+        let attrs = ext4kit_fs::rw::InodeAttrs {
+            mtime: Some((t.sec, t.nsec)),
+            ctime: Some((t.sec, t.nsec)),
+            ..Default::default()
+        };
+        self.fs.set_inode_attrs(ino, &attrs).map_err(|e| errno(&e))
+    }
+
+    fn changed(&self, ino: u32, tid: u32) {
+        self.s.state().changed(ino, tid);
+    }
 }
 
 impl Shared {
@@ -252,6 +287,47 @@ impl Shared {
             requests: RequestCounts::default(),
             block_size,
             max_file: (u64::from(u32::MAX)) * u64::from(block_size),
+            wbuf: WriteBuffer::default(),
+        }
+    }
+
+    /// The engine as a flush target (`None` read-only: nothing is ever
+    /// buffered there).
+    fn sink(&self) -> Option<EngineSink<'_>> {
+        match &self.backend {
+            Backend::Rw(fs) => Some(EngineSink { s: self, fs }),
+            Backend::Ro(_) => None,
+        }
+    }
+
+    /// Flush the write-behind buffer if it holds `ino` (a request reads or
+    /// changes its data or attributes). A failure is kept for the next
+    /// fsync/FLUSH of `ino` and returned.
+    pub fn flush_ino(&self, ino: u32) -> Result<(), Errno> {
+        match self.sink() {
+            Some(k) if self.wbuf.buffered() == Some(ino) => self.wbuf.flush_ino(ino, &k),
+            _ => Ok(()),
+        }
+    }
+
+    /// Flush whatever the write-behind buffer holds (any other change of
+    /// the filesystem: the engine receives changes in the order they
+    /// were answered). A failure is kept for the inode's next fsync and
+    /// not returned here: it is not this request's.
+    pub fn flush_all(&self) {
+        if self.wbuf.buffered().is_none() {
+            return;
+        }
+        if let Some(k) = self.sink() {
+            let _ = self.wbuf.flush_all(&k);
+        }
+    }
+
+    /// [`WriteBuffer::flush_locked`] on the engine, under the lock `g`.
+    pub fn flush_locked(&self, g: &mut crate::wbuf::Inner) -> Result<(), Errno> {
+        match self.sink() {
+            Some(k) => self.wbuf.flush_locked(g, &k),
+            None => Ok(()),
         }
     }
 
