@@ -648,6 +648,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         super_only: a.opt_cap_s > 0,
         cluster_size: g.cluster_size,
         external_journal: None,
+        device_name: Some(dev_name.clone()),
         partition_start_sectors: partition_start(device),
         // mke2fs -n stops before it reads the list.
         bad_blocks: match &a.opt_l {

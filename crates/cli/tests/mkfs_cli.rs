@@ -693,6 +693,7 @@ fn version_like_mke2fs() {
         &["-V", "-r", "2"],
         &["-V", "-t", "ext4", "-t", "ext3"],
         &["-V", "-Z"],
+        &["-q", "-F", &img_s, "10x"],
     ] {
         let want = run(&mut mke2fs(args)).unwrap();
         let got = run(Command::new(&link).args(args)).unwrap();

@@ -69,6 +69,9 @@ pub struct MkfsOptions {
     /// `-l FILE` / `-c`: bad block numbers, as read (see
     /// [`super::badblocks::parse_list`]).
     pub bad_blocks: Option<Vec<u64>>,
+    /// The device as named on the command line, for mke2fs's messages
+    /// that name it.
+    pub device_name: Option<String>,
 }
 
 /// What the options resolve to.
@@ -799,7 +802,12 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let explicit = match &opts.fs_size {
         Some(s) => match parse_num_blocks(s, log_bs_hint) {
             Some(n) if n > 0 => Some(n),
-            _ => return err(format!("invalid blocks '{s}' on device")),
+            _ => {
+                return err(format!(
+                    "invalid blocks '{s}' on device '{}'",
+                    opts.device_name.as_deref().unwrap_or("")
+                ));
+            }
         },
         None => None,
     };
