@@ -26,46 +26,49 @@ pub struct MkfsArgs {
     /// Usage types (comma-separated: news, largefile, small, ...).
     #[arg(short = 'T', value_name = "USAGE-TYPES")]
     usage_types: Vec<String>,
+    // The options mke2fs checks while its getopt loop reads them are kept
+    // as given (every occurrence) and checked in command-line order by
+    // `getopt_check`, before -V (see `MkfsArgs::order_extended`).
     /// Block size in bytes (1024, 2048, 4096, 4k, ...; negative = minimum).
     #[arg(
         short = 'b',
         action = clap::ArgAction::Append,
-        value_parser = ext4kit::mkfs::options::parse_block_size_arg,
         value_name = "BLOCK-SIZE",
         allow_hyphen_values = true
     )]
-    block_size: Vec<i64>,
+    block_size: Vec<String>,
     /// Number of inodes (0: the default).
     #[arg(
         short = 'N',
-        overrides_with = "num_inodes",
-        value_parser = ext4kit::mkfs::options::parse_c_ulong,
-        value_name = "NUMBER-OF-INODES"
+        action = clap::ArgAction::Append,
+        value_name = "NUMBER-OF-INODES",
+        allow_hyphen_values = true
     )]
-    num_inodes: Option<u64>,
+    num_inodes: Vec<String>,
     /// Bytes per inode.
     #[arg(
         short = 'i',
-        overrides_with = "inode_ratio",
-        value_parser = ext4kit::mkfs::options::parse_inode_ratio_arg,
-        value_name = "BYTES-PER-INODE"
+        action = clap::ArgAction::Append,
+        value_name = "BYTES-PER-INODE",
+        allow_hyphen_values = true
     )]
-    inode_ratio: Option<u64>,
+    inode_ratio: Vec<String>,
     /// Inode size in bytes.
     #[arg(
         short = 'I',
-        overrides_with = "inode_size",
-        value_parser = ext4kit::mkfs::options::parse_c_uint,
-        value_name = "INODE-SIZE"
+        action = clap::ArgAction::Append,
+        value_name = "INODE-SIZE",
+        allow_hyphen_values = true
     )]
-    inode_size: Option<u32>,
+    inode_size: Vec<String>,
     /// Reserved blocks percentage.
     #[arg(
         short = 'm',
-        overrides_with = "reserved_ratio",
-        value_name = "RESERVED-RATIO"
+        action = clap::ArgAction::Append,
+        value_name = "RESERVED-RATIO",
+        allow_hyphen_values = true
     )]
-    reserved_ratio: Option<f64>,
+    reserved_ratio: Vec<String>,
     /// Volume label (at most 16 bytes).
     #[arg(short = 'L', overrides_with = "label", value_name = "LABEL")]
     label: Option<String>,
@@ -88,30 +91,32 @@ pub struct MkfsArgs {
     /// counts.
     #[arg(short = 'E', value_name = "EXTENDED-OPTS")]
     extended: Vec<String>,
-    /// Journal options: size=MiB, fast_commit_size=KiB (with fast_commit),
-    /// location=BLOCK (the journal's goal block), device=PATH|UUID=..|LABEL=..
-    /// (an external journal device made with -O journal_dev).
+    /// Journal options: size=MiB (0: no size, the default if a journal is
+    /// made), fast_commit_size=KiB (with fast_commit), location=BLOCK (the
+    /// journal's goal block), device=PATH|UUID=..|LABEL=.. (an external
+    /// journal device made with -O journal_dev). Numbers may be hex (0x)
+    /// or octal (0).
     #[arg(short = 'J', value_name = "JOURNAL-OPTS")]
     journal: Vec<String>,
     /// Create a journal (ext3).
     #[arg(short = 'j', overrides_with = "add_journal")]
     add_journal: bool,
-    /// Groups per flex_bg.
+    /// Groups per flex_bg (a power of 2).
     #[arg(
         short = 'G',
-        overrides_with = "flex_bg_size",
-        value_parser = ext4kit::mkfs::options::parse_flex_bg_size_arg,
-        value_name = "FLEX-GROUP-SIZE"
+        action = clap::ArgAction::Append,
+        value_name = "FLEX-GROUP-SIZE",
+        allow_hyphen_values = true
     )]
-    flex_bg_size: Option<u32>,
+    flex_bg_size: Vec<String>,
     /// Blocks per group.
     #[arg(
         short = 'g',
-        overrides_with = "blocks_per_group",
-        value_parser = ext4kit::mkfs::options::parse_c_uint,
-        value_name = "BLOCKS-PER-GROUP"
+        action = clap::ArgAction::Append,
+        value_name = "BLOCKS-PER-GROUP",
+        allow_hyphen_values = true
     )]
-    blocks_per_group: Option<u32>,
+    blocks_per_group: Vec<String>,
     /// Last-mounted directory to record.
     #[arg(
         short = 'M',
@@ -123,8 +128,13 @@ pub struct MkfsArgs {
     #[arg(short = 'o', overrides_with = "creator_os", value_name = "CREATOR-OS")]
     creator_os: Option<String>,
     /// Error behaviour (continue, remount-ro, panic).
-    #[arg(short = 'e', overrides_with = "errors", value_name = "ERRORS-BEHAVIOR")]
-    errors: Option<String>,
+    #[arg(
+        short = 'e',
+        action = clap::ArgAction::Append,
+        value_name = "ERRORS-BEHAVIOR",
+        allow_hyphen_values = true
+    )]
+    errors: Vec<String>,
     /// Force: format even when the target holds a filesystem or another
     /// signature (no question asked).
     #[arg(short = 'F', action = clap::ArgAction::Count)]
@@ -144,6 +154,10 @@ pub struct MkfsArgs {
     /// -E and -R values in command-line order (see [`MkfsArgs::order_extended`]).
     #[arg(skip)]
     extended_in_order: Option<Vec<String>>,
+    /// The options mke2fs's getopt loop checks, `(letter, value)` in
+    /// command-line order (`-j` with an empty value).
+    #[arg(skip)]
+    getopt_order: Option<Vec<(char, String)>>,
     /// Deprecated: same as -E nodiscard (as in mke2fs).
     #[arg(short = 'K', action = clap::ArgAction::Count, hide = true)]
     keep: u8,
@@ -160,10 +174,11 @@ pub struct MkfsArgs {
     /// Cluster size in bytes (with -O bigalloc; default 16 blocks).
     #[arg(
         short = 'C',
+        action = clap::ArgAction::Append,
         value_name = "CLUSTER-SIZE",
-        value_parser = ext4kit::mkfs::options::parse_cluster_size_arg
+        allow_hyphen_values = true
     )]
-    opt_cap_c: Vec<u32>,
+    opt_cap_c: Vec<String>,
     #[arg(short = 'd', value_name = "ROOT-DIR", hide = true)]
     opt_d: Option<String>,
     /// Direct I/O: write with O_DIRECT where the target takes it (same
@@ -171,8 +186,13 @@ pub struct MkfsArgs {
     #[arg(short = 'D', action = clap::ArgAction::Count)]
     opt_cap_d: u8,
     /// Revision level: 1, or 0 (no features, 128-byte inodes).
-    #[arg(short = 'r', overrides_with = "opt_r", value_name = "REVISION")]
-    opt_r: Option<String>,
+    #[arg(
+        short = 'r',
+        action = clap::ArgAction::Append,
+        value_name = "REVISION",
+        allow_hyphen_values = true
+    )]
+    opt_r: Vec<String>,
     /// Deprecated: 1 sets, 0 clears sparse_super (use -O [^]sparse_super).
     #[arg(
         short = 's',
@@ -244,6 +264,89 @@ impl MkfsArgs {
         }
         all.sort_by_key(|(i, _)| *i);
         self.extended_in_order = Some(all.into_iter().map(|(_, v)| v).collect());
+        let mut order: Vec<(usize, char, String)> = Vec::new();
+        for (id, c) in GETOPT_IDS {
+            if m.value_source(id) != Some(clap::parser::ValueSource::CommandLine) {
+                continue;
+            }
+            let Some(idx) = m.indices_of(id) else {
+                continue;
+            };
+            if c == 'j' {
+                order.extend(idx.map(|i| (i, c, String::new())));
+            } else if let Some(vals) = m.get_many::<String>(id) {
+                order.extend(idx.zip(vals.cloned()).map(|(i, v)| (i, c, v)));
+            }
+        }
+        order.sort_by_key(|(i, _, _)| *i);
+        self.getopt_order = Some(order.into_iter().map(|(_, c, v)| (c, v)).collect());
+    }
+
+    /// [`MkfsArgs::getopt_order`], or (without the parser's matches) the
+    /// options option by option.
+    fn getopt_args(&self) -> Vec<(char, String)> {
+        if let Some(o) = &self.getopt_order {
+            return o.clone();
+        }
+        let mut v: Vec<(char, String)> = Vec::new();
+        let lists: [(char, &Vec<String>); 13] = [
+            ('b', &self.block_size),
+            ('C', &self.opt_cap_c),
+            ('e', &self.errors),
+            ('g', &self.blocks_per_group),
+            ('G', &self.flex_bg_size),
+            ('i', &self.inode_ratio),
+            ('I', &self.inode_size),
+            ('J', &self.journal),
+            ('m', &self.reserved_ratio),
+            ('N', &self.num_inodes),
+            ('r', &self.opt_r),
+            ('t', &self.fs_type),
+            ('T', &self.usage_types),
+        ];
+        for (c, l) in lists {
+            v.extend(l.iter().map(|s| (c, s.clone())));
+        }
+        if self.add_journal {
+            v.push(('j', String::new()));
+        }
+        v
+    }
+}
+
+/// The arguments [`ext4kit::mkfs::options::getopt_check`] looks at.
+const GETOPT_IDS: [(&str, char); 14] = [
+    ("block_size", 'b'),
+    ("opt_cap_c", 'C'),
+    ("errors", 'e'),
+    ("blocks_per_group", 'g'),
+    ("flex_bg_size", 'G'),
+    ("inode_ratio", 'i'),
+    ("inode_size", 'I'),
+    ("add_journal", 'j'),
+    ("journal", 'J'),
+    ("reserved_ratio", 'm'),
+    ("num_inodes", 'N'),
+    ("opt_r", 'r'),
+    ("fs_type", 't'),
+    ("usage_types", 'T'),
+];
+
+/// mke2fs's `journal_size` order: does a `-j` (or the name mkfs.ext3,
+/// which sets it before the options) come after the last `-J size=`?
+fn journal_asked(order: &[(char, String)], who: &Personality) -> bool {
+    let is_size = |v: &str| {
+        v.split(',')
+            .any(|t| t.split_once('=').is_some_and(|(k, _)| k == "size"))
+    };
+    let last_size = order.iter().rposition(|(c, v)| *c == 'J' && is_size(v));
+    let last_j = order.iter().rposition(|(c, _)| *c == 'j');
+    let ext3 = *who == Personality::MkfsType("ext3".into());
+    match (last_j, last_size) {
+        (Some(j), Some(s)) => j > s,
+        (Some(_), None) => true,
+        (None, None) => ext3,
+        (None, Some(_)) => false,
     }
 }
 
@@ -301,7 +404,13 @@ fn unsupported(a: &MkfsArgs) -> Option<String> {
 
 /// The type mke2fs would use before the size class: `-t`, else
 /// `[devices] <DEVICE> fs_type`, else what the program name says.
-fn ext_type(a: &MkfsArgs, who: &Personality, profile: &Profile, device: &str) -> String {
+fn ext_type(
+    a: &MkfsArgs,
+    who: &Personality,
+    profile: &Profile,
+    device: &str,
+    add_journal: bool,
+) -> String {
     if let Some(t) = a.fs_type.first() {
         return t.clone();
     }
@@ -315,7 +424,7 @@ fn ext_type(a: &MkfsArgs, who: &Personality, profile: &Profile, device: &str) ->
             let t = profile
                 .get_value(&["defaults", "fs_type"])
                 .unwrap_or("ext2");
-            if t == "ext2" && mkfs::options::journal_size_given(a.add_journal, &a.journal) {
+            if t == "ext2" && mkfs::options::journal_size_given(add_journal, &a.journal) {
                 "ext3".into()
             } else {
                 t.to_string()
@@ -421,6 +530,11 @@ const MKE2FS_DATE: &str = "5-Feb-2023";
 
 pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     let start = Instant::now();
+    // mke2fs's getopt loop: each option checked as it is read, so a bad
+    // one is refused even with -V, which prints the version after it.
+    let order = a.getopt_args();
+    let g = mkfs::options::getopt_check(&order)?;
+    let add_journal = journal_asked(&order, who);
     if a.opt_cap_v > 0 {
         print_version(who);
         return Ok(0);
@@ -447,7 +561,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         eprintln!("{}: '-R' is deprecated, use '-E' instead", who.program());
     }
     // mke2fs warns while it parses each -b.
-    for &b in a.block_size.iter().filter(|&&b| b > 4096 && b <= 65536) {
+    for &b in g.block_sizes.iter().filter(|&&b| b > 4096 && b <= 65536) {
         eprintln!("Warning: blocksize {b} not usable on most systems.");
     }
     if a.keep > 0 {
@@ -505,34 +619,36 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             .map(str::to_string)
     });
     let opts = MkfsOptions {
-        fs_type: Some(ext_type(a, who, &profile, &dev_name)),
+        fs_type: Some(ext_type(a, who, &profile, &dev_name, add_journal)),
         usage_types,
-        block_size: a.block_size.last().copied(),
-        earlier_block_sizes: a.block_size[..a.block_size.len().saturating_sub(1)].to_vec(),
-        num_inodes: a.num_inodes,
-        inode_ratio: a.inode_ratio,
-        inode_size: a.inode_size,
-        reserved_ratio: a.reserved_ratio,
+        block_size: g.block_sizes.last().copied(),
+        earlier_block_sizes: g.block_sizes[..g.block_sizes.len().saturating_sub(1)].to_vec(),
+        num_inodes: g.num_inodes,
+        inode_ratio: g.inode_ratio,
+        inode_size: g.inode_size,
+        reserved_ratio: g.reserved_ratio,
         label: a.label.clone(),
         uuid: a.uuid.clone(),
         features: a.features.clone(),
         extended,
         journal: a.journal.clone(),
-        // mkfs.ext3 always makes a journal (mke2fs's journal_size = -1).
-        add_journal: a.add_journal || *who == Personality::MkfsType("ext3".into()),
-        flex_bg_size: a.flex_bg_size,
-        blocks_per_group: a.blocks_per_group,
+        // A -j after the last -J size= (mkfs.ext3 sets mke2fs's
+        // journal_size = -1 before the options are read).
+        add_journal,
+        flex_bg_size: g.flex_bg_size,
+        blocks_per_group: g.blocks_per_group,
         mount_dir: a.mount_dir.clone(),
         creator_os: a.creator_os.clone(),
-        errors: a.errors.clone(),
+        errors: g.errors.clone(),
         fs_size: a.fs_size.clone(),
         force: a.force > 0,
-        revision: a.opt_r.clone(),
+        revision: g.revision.clone(),
         sparse_super: a.opt_s.clone(),
         first_meta_bg_env: std::env::var("MKE2FS_FIRST_META_BG").ok(),
         super_only: a.opt_cap_s > 0,
-        cluster_size: a.opt_cap_c.last().copied(),
+        cluster_size: g.cluster_size,
         external_journal: None,
+        device_name: Some(dev_name.clone()),
         partition_start_sectors: partition_start(device),
         // mke2fs -n stops before it reads the list.
         bad_blocks: match &a.opt_l {
@@ -575,7 +691,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     };
     let mut resolved = mkfs::resolve(&opts, &profile, &env)?;
     if let Some(j) = &jdev
-        && a.block_size.last().is_none_or(|&b| b <= 0)
+        && g.block_sizes.last().is_none_or(|&b| b <= 0)
         && !a.json
     {
         outln!(

@@ -172,7 +172,8 @@ fn main() {
                 cli.args.order_extended(&m);
                 cmd_mkfs::run(&cli.args, &who)
             }
-            Err(e) => std::process::exit(usage_error(&program, &e)),
+            // mke2fs's usage() exits 1.
+            Err(e) => std::process::exit(usage_error(&program, &e).min(1)),
         }
     } else {
         let parsed = Cli::command()

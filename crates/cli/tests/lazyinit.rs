@@ -405,6 +405,14 @@ fn lazy_images_from_both_formatters_are_zeroed_exactly() {
             &["-b", "4096", "-O", "^64bit,^metadata_csum,uninit_bg"],
             "uninit_bg",
         ),
+        // 8 inodes per group: the reserved inodes and lost+found reach
+        // into group 1's table.
+        (
+            "1k-csum-8ipg",
+            64 << 20,
+            &["-b", "1024", "-N", "64"],
+            "metadata_csum",
+        ),
     ];
     let all = [Maker::Mke2fs, Maker::Ext4kit]
         .into_iter()

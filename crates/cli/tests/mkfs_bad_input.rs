@@ -275,6 +275,15 @@ const CASES: &[Case] = &[
         &["-t", "ext4", "-E", "offset=99999999999", T],
     )
     .expect(Expect::OneLineErrorWith("past the end of the device")),
+    // mke2fs 1.47.0 takes it and writes a version 1 journal superblock
+    // with version 2 fields, which e2fsck clears.
+    bad(
+        "-J v1_superblock",
+        &["-t", "ext4", "-J", "v1_superblock", T],
+    )
+    .expect(Expect::OneLineErrorWith(
+        "-J v1_superblock is not supported",
+    )),
 ];
 
 /// What a command did, for messages.

@@ -437,6 +437,61 @@ const CASES: &[Case] = &[
     case(100 * MIB, &["-b", "1024", "-J", "location=50000,size=8"]),
     case(GIB, &["-J", "location=200000"]).e("packed_meta_blocks=1"),
     case(GIB, &["-O", "^extent", "-J", "location=5000"]).t("ext3"),
+    // Few inodes per group (the minimum is 8): the reserved inodes,
+    // lost+found, the quota and orphan files spread over groups 0 and 1
+    // (inode N in group (N-1)/ipg); lost+found's ext2fs_new_inode clears
+    // group 1's BLOCK_UNINIT; the orphan file's blocks come from goal 0.
+    case(64 * MIB, &["-b", "1024", "-N", "1"]),
+    case(64 * MIB, &["-b", "1024", "-N", "16"]),
+    case(64 * MIB, &["-b", "1024", "-N", "64", "-O", "^flex_bg"]),
+    case(
+        64 * MIB,
+        &["-b", "1024", "-N", "16", "-O", "quota,orphan_file"],
+    ),
+    case(
+        64 * MIB,
+        &["-b", "1024", "-N", "16", "-O", "quota,project,orphan_file"],
+    )
+    .e("quotatype=usr:grp:prj"),
+    case(
+        64 * MIB,
+        &["-b", "1024", "-N", "16", "-O", "^flex_bg,quota,orphan_file"],
+    ),
+    case(
+        64 * MIB,
+        &["-b", "1024", "-N", "16", "-O", "^metadata_csum"],
+    ),
+    case(
+        64 * MIB,
+        &["-b", "1024", "-N", "16", "-O", "^metadata_csum,uninit_bg"],
+    ),
+    case(64 * MIB, &["-b", "1024", "-N", "16"]).e("lazy_itable_init=0"),
+    case(64 * MIB, &["-b", "1024", "-N", "16", "-I", "128"]),
+    case(64 * MIB, &["-b", "1024", "-g", "1024", "-N", "100"]),
+    case(64 * MIB, &["-b", "2048", "-N", "16"]),
+    case(64 * MIB, &["-b", "4096", "-N", "1"]),
+    case(64 * MIB, &["-b", "4096", "-N", "1", "-I", "128"]),
+    case(64 * MIB, &["-b", "1024", "-N", "16"]).t("ext2"),
+    case(64 * MIB, &["-b", "1024", "-N", "16"]).t("ext3"),
+    case(64 * MIB, &["-b", "1024", "-N", "16", "-O", "inline_data"]),
+    case(64 * MIB, &["-b", "1024", "-N", "16", "-O", "bigalloc"]),
+    // mke2fs reads -J size= and most numbers with strtoul base 0 (hex,
+    // octal); size=0 is no size: the default journal if one is made (ext4),
+    // none for ext2 unless a later -j asks.
+    case(256 * MIB, &["-J", "size=0"]),
+    case(256 * MIB, &["-J", "size=0"]).t("ext2"),
+    case(256 * MIB, &["-j", "-J", "size=0"]).t("ext2"),
+    case(256 * MIB, &["-J", "size=0", "-j"]).t("ext2"),
+    case(256 * MIB, &["-J", "size=0x10"]),
+    case(256 * MIB, &["-J", "size=020"]),
+    case(256 * MIB, &["-J", "size=-1"]).t("ext2"),
+    case(256 * MIB, &["-G", "0x10", "-N", "0x1000", "-I", "0400"]),
+    case(256 * MIB, &["-g", "0x2000", "-b", "1024"]),
+    case(256 * MIB, &[]).e("stride=0x10,stripe_width=0x20"),
+    case(256 * MIB, &[]).e("stride=020,stripe-width=65537"),
+    case(256 * MIB, &[]).e("stride=65537"),
+    case(256 * MIB, &[]).e("stride=,root_owner=0x10:010"),
+    case(64 * MIB, &[]).e("lazy_itable_init=yes,lazy_journal_init=0x1"),
 ];
 
 enum Outcome {
@@ -1217,6 +1272,21 @@ const M_CASES: &[MCase] = &[
         GIB,
     )
     .env(&[("MKE2FS_FIRST_META_BG", "100")]),
+    // Few inodes per group: 8 per group over 8 groups of 1 KiB blocks.
+    m(
+        "-N 1 (8 inodes per group)",
+        "ext4",
+        &["-N", "1"],
+        "65536",
+        64 * MIB,
+    ),
+    m(
+        "-N 1 (8 inodes per group)",
+        "ext2",
+        &["-N", "1"],
+        "65536",
+        64 * MIB,
+    ),
 ];
 
 #[test]
@@ -2385,6 +2455,62 @@ fn feature_refusals_match_mke2fs() {
         (
             &["-J", "device=LABEL=ext4kit-no-such-label"],
             "Could not find journal device matching LABEL=ext4kit-no-such-label",
+        ),
+        // What mke2fs's getopt loop refuses, in order, also with -V
+        // (which prints the version only after the loop).
+        (&["-e", "broken"], "bad error behavior - broken"),
+        (&["-V", "-e", "broken"], "bad error behavior - broken"),
+        (&["-V", "-b", "100"], "invalid block size - 100"),
+        (&["-b", "100", "-V"], "invalid block size - 100"),
+        (&["-V", "-N", "12x"], "bad num inodes - 12x"),
+        (&["-V", "-J", "size=1x"], "Bad journal options specified"),
+        (&["-V", "-G", "3"], "flex_bg size must be a power of 2"),
+        (
+            &["-e", "panic", "-b", "3", "-e", "x"],
+            "invalid block size - 3",
+        ),
+        (
+            &["-G", "3", "-O", "^flex_bg"],
+            "flex_bg size must be a power of 2",
+        ),
+        (&["-G", "0"], "flex_bg size must be a power of 2"),
+        (&["-G", "-1"], "flex_bg size must be a power of 2"),
+        (&["-G", "0x"], "Illegal number for flex_bg size"),
+        (
+            &["-G", "4294967296"],
+            "flex_bg size (4294967296) must be less than or equal to 2^31",
+        ),
+        (
+            &["-G", "16", "-O", "^flex_bg"],
+            "Flex_bg feature not enabled, so flex_bg size may not be specified",
+        ),
+        (&["-g", "1001"], "blocks per group must be multiple of 8"),
+        (&["-g", "8k"], "Illegal number for blocks per group"),
+        (&["-I", "12x"], "invalid inode size - 12x"),
+        (&["-m", "51"], "invalid reserved blocks percent - 51"),
+        (&["-m", "5%"], "invalid reserved blocks percent - 5%"),
+        (&["-i", "100"], "invalid inode ratio 100"),
+        (&["-r", "01x"], "bad revision level - 01x"),
+        (&["-J", "size"], "Bad journal options specified"),
+        (&["-J", "bogus"], "Bad journal options specified"),
+        (&["-J", "size=0x"], "Bad journal options specified"),
+        (&["-E", "stride=12x"], "Invalid stride parameter: 12x"),
+        (
+            &["-E", "stripe_width=x"],
+            "Invalid stripe-width parameter: x",
+        ),
+        (&["-E", "root_owner=1"], "Invalid root_owner: '1'"),
+        (&["-E", "root_owner=1:2x"], "Invalid root_owner: '1:2x'"),
+        (&["-E", "hash_seed=x"], "Invalid hash seed: x"),
+        (
+            &["-E", "orphan_file_size=x"],
+            "Invalid size of orphan file x",
+        ),
+        // figure_journal_size: after the filesystem is laid out, in C int
+        // arithmetic (the wrapped request is negative).
+        (
+            &["-J", "size=3000000"],
+            "requested journal size is -1222967296 blocks",
         ),
     ];
     let dir = image_dir();

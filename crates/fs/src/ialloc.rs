@@ -575,8 +575,10 @@ impl InodeAlloc {
         } else {
             ipg.saturating_sub(ig.unused)
         };
-        // The lowest free slot that is a usable inode number.
-        let first = if g == 0 { l.first_ino - 1 } else { 0 };
+        // The lowest free slot that is a usable inode number (the reserved
+        // inodes 1..first_ino-1 may reach past group 0 when a group has
+        // fewer inodes).
+        let first = (l.first_ino - 1).saturating_sub(g.saturating_mul(ipg));
         let bm = ig.bitmap.as_deref().unwrap_or(&[]);
         let Some(i) = lowest_clear(bm, first, ipg) else {
             return Ok(None);

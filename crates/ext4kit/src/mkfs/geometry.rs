@@ -254,6 +254,21 @@ fn is_power_of(mut n: u32, base: u32) -> bool {
 }
 
 impl Layout {
+    /// Where inode `ino` lives: its group and its slot in that group's
+    /// table, `((ino - 1) / ipg, (ino - 1) % ipg)`. Every table write,
+    /// bitmap bit and per-group count of mkfs goes through this (with
+    /// fewer than 11 inodes per group the reserved inodes and lost+found
+    /// spread over several groups).
+    pub fn inode_loc(&self, ino: u32) -> (u32, u32) {
+        let ipg = self.inodes_per_group;
+        ((ino - 1) / ipg, (ino - 1) % ipg)
+    }
+    /// The inode-table block holding inode `ino`.
+    pub fn inode_block(&self, ino: u32) -> u64 {
+        let (g, i) = self.inode_loc(ino);
+        self.groups[g as usize].inode_table
+            + u64::from(i) * u64::from(self.inode_size) / u64::from(self.block_size)
+    }
     /// Blocks per cluster (1 without bigalloc).
     pub fn cluster_ratio(&self) -> u64 {
         1 << self.cluster_bits
@@ -597,7 +612,7 @@ impl Planner {
     /// `ext2fs_inode_alloc_stats2(+1)`.
     pub(super) fn use_inode(&mut self, ino: u32, is_dir: bool) {
         let ipg = self.l.inodes_per_group;
-        let g = (ino - 1) / ipg;
+        let (g, _) = self.l.inode_loc(ino);
         let gp = &mut self.l.groups[g as usize];
         gp.free_inodes -= 1;
         if is_dir {
@@ -611,9 +626,37 @@ impl Planner {
         self.l.free_inodes -= 1;
     }
 
+    /// `ext2fs_new_inode` searching from `start` (at least `s_first_ino`)
+    /// and finding `ino`: every group its search
+    /// visits goes through `check_inode_uninit`, which clears
+    /// `INODE_UNINIT` and also `BLOCK_UNINIT` ("mimics what the kernel
+    /// does"). With fewer than 11 inodes per group lost+found's search
+    /// starts in a group the reserved inodes have not touched yet.
+    /// (Each step covers `ipg - slot` inodes plus one, as libext2fs's
+    /// `upto` does.)
+    pub(super) fn new_inode_scan(&mut self, start: u32, ino: u32) {
+        let csum = self.l.features.has_group_csum();
+        let ipg = self.l.inodes_per_group;
+        let mut i = start.max(self.l.first_ino);
+        while i <= ino && i <= self.l.inodes_count {
+            let (g, slot) = self.l.inode_loc(i);
+            if let Some(gp) = self.l.groups.get_mut(g as usize)
+                && csum
+                && gp.flags & BG_INODE_UNINIT != 0
+            {
+                gp.flags &= !(BG_INODE_UNINIT | BG_BLOCK_UNINIT);
+            }
+            let upto = i + (ipg - slot);
+            if ino <= upto {
+                break;
+            }
+            i = upto + 1;
+        }
+    }
+
     /// Goal for a new file's first block (`ext2fs_find_inode_goal`).
     pub(super) fn inode_goal(&self, ino: u32) -> u64 {
-        let mut g = (ino - 1) / self.l.inodes_per_group;
+        let (mut g, _) = self.l.inode_loc(ino);
         if self.l.log_groups_per_flex > 0 {
             g &= !((1u32 << self.l.log_groups_per_flex) - 1);
         }
@@ -1200,6 +1243,8 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
     pl.use_inode(2, true);
     let goal = pl.inode_goal(2);
     pl.l.root = pl.alloc_sequential(goal, 1, "root directory")?;
+    // ext2fs_mkdir allocates lost+found's inode with ext2fs_new_inode.
+    pl.new_inode_scan(0, 11);
     pl.use_inode(11, true);
     let lpf_blocks = lost_found_blocks(bs);
     pl.l.lost_found = if pl.l.features.incompat.contains(Incompat::INLINE_DATA) {
@@ -1304,15 +1349,17 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
                 pl.l.inodes_count
             )));
         }
+        pl.new_inode_scan(0, ino);
         pl.use_inode(ino, false);
         // The default is rounded up to whole clusters (bigalloc).
         let cmask = (1u32 << cluster_bits) - 1;
         let n = p
             .orphan_file_blocks
             .unwrap_or_else(|| (default_orphan_blocks(pl.l.blocks_count) + cmask) & !cmask);
-        let goal = pl.inode_goal(ino);
+        // mkorphan_proc starts from goal 0 (its last_blk), not from the
+        // inode's group: the first free block of the filesystem.
         let fm = if pl.l.features.incompat.contains(Incompat::EXTENTS) {
-            pl.alloc_sequential(goal, n, "orphan file")?
+            pl.alloc_sequential(0, n, "orphan file")?
         } else {
             allocate_block_mapped(&mut pl, 0, n, "orphan file")?
         };
@@ -1358,13 +1405,15 @@ fn figure_journal_size(p: &FsParams, l: &Layout) -> Result<(Option<u32>, u32), G
         if let Some(f) = fc_request {
             fc = f;
         }
-        let total = u64::from(journal) + u64::from(fc);
+        // In C int arithmetic, as mke2fs adds them (a wrapped request
+        // shows as negative).
+        let total = (journal as i32).wrapping_add(fc as i32);
         if !(1024..=10_240_000).contains(&total) {
             return Err(GeometryError::Invalid(format!(
                 "the total requested journal size is {total} blocks; it must be between 1024 and 10240000 blocks"
             )));
         }
-        if total > l.free_blocks / 2 {
+        if u64::from(total as u32) > l.free_blocks / 2 {
             return Err(GeometryError::TooSmall(format!(
                 "total journal size too big for filesystem ({total} blocks requested, {} free)",
                 l.free_blocks

@@ -388,11 +388,7 @@ struct Hp<'a> {
 
 impl Hp<'_> {
     fn iblk(&self, ino: u32) -> u64 {
-        let ipg = self.pl.inodes_per_group;
-        let g = ((ino - 1) / ipg) as usize;
-        let idx = u64::from((ino - 1) % ipg);
-        self.pl.groups[g].inode_table
-            + idx * u64::from(self.pl.inode_size) / u64::from(self.pl.block_size)
+        self.pl.inode_block(ino)
     }
     fn dir_index(&self, ino: u32) -> usize {
         self.dirs.iter().position(|d| d.ino == ino).unwrap_or(0)
@@ -586,8 +582,10 @@ pub(super) fn plan_hugefiles(
     let mut dir = 2u32;
     for comp in hp.dir.split('/').filter(|c| !c.is_empty()) {
         let parent = dir;
-        let pgroup = (parent - 1) / h.pl.inodes_per_group;
-        let ino = new_inode(h.pl, h.last_ino, pgroup * h.pl.inodes_per_group + 1)?;
+        let (pgroup, _) = h.pl.inode_loc(parent);
+        let start = pgroup * h.pl.inodes_per_group + 1;
+        let ino = new_inode(h.pl, h.last_ino, start)?;
+        h.pl.new_inode_scan(start, ino);
         let goal = h.pl.inode_goal(ino);
         let blk = h.pl.alloc_block(goal, "hugefiles directory")?;
         let pi = h.iblk(parent);
@@ -737,6 +735,7 @@ pub(super) fn plan_hugefiles(
     plan.progress = Some(progress);
     for idx in 0..num_files {
         let ino = new_inode(h.pl, h.last_ino, 0)?;
+        h.pl.new_inode_scan(0, ino);
         let fi = h.iblk(ino);
         h.io.write_inode(fi);
         h.pl.use_inode(ino, false);

@@ -114,8 +114,7 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
     // Bytes written around the cache (besides the 4096 of zap_sector).
     let mut direct: u64 = 0;
     let isz = u64::from(l.inode_size);
-    let it0 = l.groups[0].inode_table;
-    let iblk = |ino: u32| it0 + (u64::from(ino - 1) * isz) / bs;
+    let iblk = |ino: u32| l.inode_block(ino);
     let mut c = Cache::new();
     let metadata = f.ro_compat.contains(RoCompat::METADATA_CSUM);
     // write_reserved_inodes
@@ -250,22 +249,23 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
     };
     let quota = f.ro_compat.contains(RoCompat::QUOTA);
     if quota {
-        // quota_compute_usage: an inode scan of every initialized table
-        // (with group checksums: up to itable_unused, which in group 0
-        // then covers inodes 1..=11 only), in reads of up to 8 blocks.
+        // quota_compute_usage: an inode scan of every initialized table,
+        // in reads of up to 8 blocks. Inodes 1..=first_ino are all that
+        // is in use then; with group checksums only their groups are
+        // initialized, each read up to its itable_unused (which covers
+        // just those inodes: group 0 alone, unless a group has fewer).
         let ipg = u64::from(l.inodes_per_group);
         let ipb = bs / isz;
+        let (last_group, _) = l.inode_loc(l.first_ino);
         for (g, gp) in l.groups.iter().enumerate() {
-            if csum && gp.flags & BG_INODE_UNINIT != 0 {
+            if csum && g as u32 > last_group {
                 continue;
             }
             let mut left = if csum {
-                let unused = if g == 0 {
-                    ipg - u64::from(l.first_ino)
-                } else {
-                    u64::from(gp.itable_unused)
-                };
-                (ipg.saturating_sub(unused) + ipb - 1) * isz / bs
+                let used = u64::from(l.first_ino)
+                    .saturating_sub(g as u64 * ipg)
+                    .min(ipg);
+                (used + ipb - 1) * isz / bs
             } else {
                 u64::from(l.inode_blocks_per_group)
             };

@@ -69,6 +69,9 @@ pub struct MkfsOptions {
     /// `-l FILE` / `-c`: bad block numbers, as read (see
     /// [`super::badblocks::parse_list`]).
     pub bad_blocks: Option<Vec<u64>>,
+    /// The device as named on the command line, for mke2fs's messages
+    /// that name it.
+    pub device_name: Option<String>,
 }
 
 /// What the options resolve to.
@@ -236,6 +239,200 @@ pub fn parse_cluster_size_arg(arg: &str) -> Result<u32, String> {
 pub fn parse_flex_bg_size_arg(arg: &str) -> Result<u32, String> {
     let v = parse_c_ulong(arg)?;
     u32::try_from(v).map_err(|_| format!("flex_bg size ({v}) must be less than or equal to 2^31"))
+}
+
+/// `strtoul(arg, &end, 0)` as mke2fs calls it where only `*end` is
+/// checked: the whole argument must be the number, and an empty one is 0
+/// (a negative number wraps modulo 2^64, an overflow saturates).
+fn c_strtoul_whole(arg: &str) -> Option<u64> {
+    if arg.is_empty() {
+        return Some(0);
+    }
+    parse_c_ulong(arg).ok()
+}
+
+/// `strtoul(arg, &end, 0)` with nothing checked: the number at the
+/// start, 0 for garbage (mke2fs's `lazy_itable_init=` and the like).
+fn c_strtoul_prefix(arg: &str) -> (u64, &str) {
+    let (neg, v, rest) = strtoull0(arg);
+    let v = match (neg, v) {
+        (_, None) => u64::MAX,
+        (true, Some(v)) => v.wrapping_neg(),
+        (false, Some(v)) => v,
+    };
+    (v, rest)
+}
+
+/// `strtod` with `*end` checked: the whole argument, after C white
+/// space (`inf`, `nan` and exponents as Rust reads them).
+fn c_strtod_whole(arg: &str) -> Option<f64> {
+    let t = arg.trim_start_matches(is_c_space);
+    if t.is_empty() {
+        return None;
+    }
+    t.parse::<f64>().ok()
+}
+
+/// What mke2fs's getopt loop takes from the options it checks while
+/// reading them (see [`getopt_check`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Getopt {
+    /// `-b`, every one (see [`MkfsOptions::earlier_block_sizes`]).
+    pub block_sizes: Vec<i64>,
+    pub cluster_size: Option<u32>,
+    pub errors: Option<String>,
+    pub blocks_per_group: Option<u32>,
+    pub flex_bg_size: Option<u32>,
+    pub inode_ratio: Option<u64>,
+    pub inode_size: Option<u32>,
+    pub reserved_ratio: Option<f64>,
+    pub num_inodes: Option<u64>,
+    pub revision: Option<String>,
+    /// mke2fs's `journal_size` once `-j` and the `-J size=` values were
+    /// read in order: 0 = no journal asked for, < 0 = the default size,
+    /// else MiB.
+    pub journal_size: i32,
+}
+
+/// mke2fs's `PRS()` getopt loop: each option checked as it is read, in
+/// command-line order (`(option letter, value)`, `-j` with an empty
+/// value), so the first bad one is the error, with mke2fs's message, and
+/// it comes before `-V` prints the version. Later checks stay in
+/// [`resolve`].
+pub fn getopt_check(args: &[(char, String)]) -> Result<Getopt, OptionError> {
+    let mut g = Getopt::default();
+    let (mut fs_type_seen, mut usage_seen) = (false, false);
+    for (c, arg) in args {
+        let arg = arg.as_str();
+        match *c {
+            'b' => {
+                let b = parse_block_size_arg(arg).unwrap_or(0);
+                if !(1024..=65536).contains(&b.unsigned_abs()) {
+                    return err(format!("invalid block size - {arg}"));
+                }
+                g.block_sizes.push(b);
+            }
+            'C' => {
+                g.cluster_size = Some(
+                    parse_cluster_size_arg(arg)
+                        .map_err(|_| OptionError(format!("invalid cluster size - {arg}")))?,
+                );
+            }
+            'e' => match arg {
+                "continue" | "remount-ro" | "panic" => g.errors = Some(arg.to_string()),
+                _ => return err(format!("bad error behavior - {arg}")),
+            },
+            'g' => {
+                let v = c_strtoul_whole(arg)
+                    .ok_or_else(|| OptionError("Illegal number for blocks per group".into()))?
+                    as u32;
+                if !v.is_multiple_of(8) {
+                    return err("blocks per group must be multiple of 8");
+                }
+                g.blocks_per_group = Some(v);
+            }
+            'G' => {
+                let v = c_strtoul_whole(arg)
+                    .ok_or_else(|| OptionError("Illegal number for flex_bg size".into()))?;
+                if v < 1 || v & (v - 1) != 0 {
+                    return err("flex_bg size must be a power of 2");
+                }
+                if v > u64::from(u32::MAX) {
+                    return err(format!(
+                        "flex_bg size ({v}) must be less than or equal to 2^31"
+                    ));
+                }
+                g.flex_bg_size = Some(v as u32);
+            }
+            'i' => {
+                // parse_num_blocks into an int.
+                let r = parse_inode_ratio_arg(arg).unwrap_or(0) as i32;
+                if !(1024..=65536 * 1024).contains(&r) {
+                    return err(format!(
+                        "invalid inode ratio {arg} (min 1024/max {})",
+                        65536 * 1024
+                    ));
+                }
+                g.inode_ratio = Some(r as u64);
+            }
+            'I' => {
+                let v = c_strtoul_whole(arg)
+                    .ok_or_else(|| OptionError(format!("invalid inode size - {arg}")))?;
+                g.inode_size = Some(v as u32);
+            }
+            'j' if g.journal_size == 0 => g.journal_size = -1,
+            'J' => parse_journal_opts(arg, &mut g)?,
+            'm' => match c_strtod_whole(arg) {
+                // (mke2fs lets a NaN through, to an undefined cast later.)
+                Some(r) if (0.0..=50.0).contains(&r) => g.reserved_ratio = Some(r),
+                _ => return err(format!("invalid reserved blocks percent - {arg}")),
+            },
+            'N' => {
+                let v = c_strtoul_whole(arg)
+                    .ok_or_else(|| OptionError(format!("bad num inodes - {arg}")))?;
+                g.num_inodes = Some(v);
+            }
+            'r' => {
+                let v = c_strtoul_whole(arg)
+                    .ok_or_else(|| OptionError(format!("bad revision level - {arg}")))?;
+                if v > 1 {
+                    return err(format!(
+                        "Filesystem revision too high while trying to create revision {}",
+                        v as i32
+                    ));
+                }
+                g.revision = Some(arg.to_string());
+            }
+            't' => {
+                if fs_type_seen {
+                    return err("The -t option may only be used once");
+                }
+                fs_type_seen = true;
+            }
+            'T' => {
+                if usage_seen {
+                    return err("The -T option may only be used once");
+                }
+                usage_seen = true;
+            }
+            _ => {}
+        }
+    }
+    Ok(g)
+}
+
+/// `parse_journal_opts` (misc/util.c): `size=` and `fast_commit_size=`
+/// are `strtoul(arg, &p, 0)` into an int (hex and octal too; `size=0`
+/// asks for no journal size, a negative one for the default), `device=`
+/// (looked up by the caller), `location=`, `v1_superblock`; anything else
+/// is mke2fs's "Bad journal options specified".
+fn parse_journal_opts(opts: &str, g: &mut Getopt) -> Result<(), OptionError> {
+    let bad = |why: String| OptionError(format!("Bad journal options specified: {why}"));
+    for tok in opts.split(',').filter(|t| !t.is_empty()) {
+        let (k, v) = match tok.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (tok, None),
+        };
+        match (k, v) {
+            ("device" | "size" | "fast_commit_size" | "location", None) => {
+                return Err(bad(format!("journal option '{k}' needs a value")));
+            }
+            ("size", Some(v)) => {
+                let n = c_strtoul_whole(v)
+                    .ok_or_else(|| bad(format!("invalid journal size: '{v}'")))?;
+                g.journal_size = n as i32;
+            }
+            ("fast_commit_size", Some(v)) => {
+                c_strtoul_whole(v)
+                    .ok_or_else(|| bad(format!("invalid fast commit size: '{v}'")))?;
+            }
+            ("device" | "location", Some(_)) => {}
+            // Refused by resolve (see there).
+            ("v1_superblock", _) => {}
+            _ => return Err(bad(format!("bad journal option: '{k}'"))),
+        }
+    }
+    Ok(())
 }
 
 /// Parse a UUID in the usual 8-4-4-4-12 form.
@@ -441,16 +638,6 @@ pub fn sector_sizes(
     )
 }
 
-fn parse_bool_val(key: &str, v: Option<&str>) -> Result<bool, OptionError> {
-    match v {
-        None => Ok(true),
-        Some(s) => match s.parse::<i64>() {
-            Ok(n) => Ok(n != 0),
-            Err(_) => err(format!("invalid value for extended option {key}: '{s}'")),
-        },
-    }
-}
-
 /// Environment facts the resolver needs (injected for tests).
 #[derive(Clone, Debug)]
 pub struct Env {
@@ -531,14 +718,25 @@ fn resize_reserved_gdt(
     Ok(rsv_gdb.min(apb).max(0) as u32)
 }
 
-/// mke2fs's `journal_size != 0`: `-j`, or `-J size=` (not `device=`,
-/// `location=` or `fast_commit_size=` alone).
+/// mke2fs's `journal_size`: the last `-J size=` (strtoul base 0 into an
+/// int: `size=0` is no size at all, a negative one the default), and
+/// `-j` turning a 0 into -1. `add_journal` stands for a `-j` given after
+/// the last `size=` (the caller knows the order; [`getopt_check`] reads
+/// it the same way).
+pub fn journal_size(add_journal: bool, journal: &[String]) -> i32 {
+    let mut size = 0i32;
+    for tok in journal.iter().flat_map(|j| j.split(',')) {
+        if let Some(("size", v)) = tok.split_once('=') {
+            size = c_strtoul_whole(v).unwrap_or(0) as i32;
+        }
+    }
+    if add_journal && size == 0 { -1 } else { size }
+}
+
+/// mke2fs's `journal_size != 0`: `-j`, or a `-J size=` other than 0 (not
+/// `device=`, `location=` or `fast_commit_size=` alone).
 pub fn journal_size_given(add_journal: bool, journal: &[String]) -> bool {
-    add_journal
-        || journal
-            .iter()
-            .flat_map(|j| j.split(','))
-            .any(|t| t.split_once('=').is_some_and(|(k, _)| k == "size"))
+    journal_size(add_journal, journal) != 0
 }
 
 /// Resolve options into planner parameters. No I/O except what `env`
@@ -604,7 +802,12 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let explicit = match &opts.fs_size {
         Some(s) => match parse_num_blocks(s, log_bs_hint) {
             Some(n) if n > 0 => Some(n),
-            _ => return err(format!("invalid blocks '{s}' on device")),
+            _ => {
+                return err(format!(
+                    "invalid blocks '{s}' on device '{}'",
+                    opts.device_name.as_deref().unwrap_or("")
+                ));
+            }
         },
         None => None,
     };
@@ -944,15 +1147,19 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 v.map(str::to_string)
                     .ok_or_else(|| OptionError(format!("extended option '{k}' needs a value")))
             };
-            let num = |v: Option<&str>| -> Result<u64, OptionError> {
+            // strtoul(arg, &p, 0) with `*p` checked: hex and octal too,
+            // an empty value is 0.
+            let num = |v: Option<&str>, what: &str| -> Result<u64, OptionError> {
                 let s = need(v)?;
-                s.parse::<u64>().map_err(|_| {
-                    OptionError(format!("invalid value for extended option {k}: '{s}'"))
-                })
+                c_strtoul_whole(&s)
+                    .ok_or_else(|| OptionError(format!("Invalid {what} parameter: {s}")))
             };
+            // strtoul with nothing checked (`lazy_itable_init=yes` is 0).
+            let flag = |v: Option<&str>| v.is_none_or(|s| c_strtoul_prefix(s).0 != 0);
             match k {
-                "stride" => stride = num(v)? as u32,
-                "stripe-width" | "stripe_width" => stripe_width = num(v)? as u32,
+                // s_raid_stride is 16 bits, s_raid_stripe_width 32.
+                "stride" => stride = u32::from(num(v, "stride")? as u16),
+                "stripe-width" | "stripe_width" => stripe_width = num(v, "stripe-width")? as u32,
                 "resize" => {
                     let s = need(v)?;
                     let rsv = resize_reserved_gdt(
@@ -976,10 +1183,11 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                         reserved_gdt = Some(rsv);
                     }
                 }
-                "packed_meta_blocks" => packed_meta_blocks = parse_bool_val(k, v)?,
-                "lazy_itable_init" => lazy_itable_init = parse_bool_val(k, v)?,
-                "lazy_journal_init" => lazy_journal_init = parse_bool_val(k, v)?,
-                "assume_storage_prezeroed" => assume_prezeroed = parse_bool_val(k, v)?,
+                "packed_meta_blocks" => packed_meta_blocks = flag(v),
+                "lazy_itable_init" => lazy_itable_init = flag(v),
+                // mke2fs only ever sets the lazy flag here.
+                "lazy_journal_init" => lazy_journal_init |= flag(v),
+                "assume_storage_prezeroed" => assume_prezeroed = flag(v),
                 "discard" => {
                     discard = true;
                     discard_asked = true;
@@ -992,7 +1200,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                     let s = need(v)?;
                     hash_seed = Some(
                         parse_uuid(&s)
-                            .ok_or_else(|| OptionError(format!("invalid hash seed: {s}")))?,
+                            .ok_or_else(|| OptionError(format!("Invalid hash seed: {s}")))?,
                     );
                 }
                 "root_owner" => match v {
@@ -1001,14 +1209,20 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                         root_gid = env.gid;
                     }
                     Some(s) => {
-                        let parsed = s
-                            .split_once(':')
-                            .and_then(|(u, g)| Some((u.parse().ok()?, g.parse().ok()?)));
-                        let Some((u, g)) = parsed else {
-                            return err(format!("invalid root_owner: '{s}' (expected uid:gid)"));
+                        // strtoul(arg, &p, 0) up to the ':', then to the
+                        // end (uid_t and gid_t are 32 bits).
+                        let (u, rest) = c_strtoul_prefix(s);
+                        let parsed =
+                            rest.strip_prefix(':')
+                                .and_then(|g| match c_strtoul_prefix(g) {
+                                    (g, "") => Some(g),
+                                    _ => None,
+                                });
+                        let Some(g) = parsed else {
+                            return err(format!("Invalid root_owner: '{s}'"));
                         };
-                        root_uid = u;
-                        root_gid = g;
+                        root_uid = u as u32;
+                        root_gid = g as u32;
                     }
                 },
                 "num_backup_sb" => {
@@ -1039,7 +1253,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 "orphan_file_size" => {
                     let s = need(v)?;
                     let n = parse_num_blocks(&s, log_bs)
-                        .ok_or_else(|| OptionError(format!("invalid orphan file size: {s}")))?;
+                        .ok_or_else(|| OptionError(format!("Invalid size of orphan file {s}")))?;
                     orphan_file_blocks = Some(n as u32);
                 }
                 "desc_size" | "desc-size" => {
@@ -1302,7 +1516,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     let mut log_flex = 0u8;
     if let Some(g) = opts.flex_bg_size {
         if !f.incompat.contains(Incompat::FLEX_BG) {
-            return err("flex_bg feature not enabled, so flex_bg size may not be specified");
+            return err("Flex_bg feature not enabled, so flex_bg size may not be specified");
         }
         if g == 0 || !g.is_power_of_two() {
             return err(format!("flex_bg size must be a power of 2: {g}"));
@@ -1361,22 +1575,18 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             match k {
                 // mke2fs does not look at the size with an external
                 // journal.
-                "size" if external => {}
-                "size" => {
-                    let mb: u64 = v
-                        .parse()
-                        .map_err(|_| OptionError(format!("invalid journal size: '{v}'")))?;
-                    let blocks = mb * 1024 / u64::from(bs / 1024);
-                    if !(1024..=10_240_000).contains(&blocks) {
-                        return err(format!(
-                            "the total requested journal size is {blocks} blocks; it must be between 1024 and 10240000 blocks"
-                        ));
-                    }
-                    journal_blocks = Some(blocks as u32);
+                // The size is the last one (see journal_size, below).
+                "size" if !tok.contains('=') => {
+                    return err("journal option 'size' needs a value");
                 }
+                "size" => {
+                    c_strtoul_whole(v)
+                        .ok_or_else(|| OptionError(format!("invalid journal size: '{v}'")))?;
+                }
+                "v1_superblock" => {}
                 "fast_commit_size" => {
-                    let n = parse_c_ulong(v)
-                        .map_err(|_| OptionError(format!("invalid fast commit size: '{v}'")))?;
+                    let n = c_strtoul_whole(v)
+                        .ok_or_else(|| OptionError(format!("invalid fast commit size: '{v}'")))?;
                     // fcsize_to_blks: KiB to blocks, in a C int; 0 and
                     // negative numbers mean the default.
                     let kib = n as i32;
@@ -1391,6 +1601,27 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 _ => return err(format!("bad journal option: '{k}'")),
             }
         }
+    }
+    // jsize_to_blks: MiB to blocks in C int arithmetic (a huge size
+    // wraps, and figure_journal_size then reports the wrapped total). Not
+    // looked at with an external journal.
+    let jsize = journal_size(opts.add_journal, &opts.journal);
+    if jsize > 0 && !external {
+        journal_blocks = Some((jsize.wrapping_mul(1024) / (bs / 1024) as i32) as u32);
+    }
+    // mke2fs 1.47.0 takes -J v1_superblock and writes a version 1 jbd2
+    // superblock that keeps version 2 fields (UUID, one user), which
+    // e2fsck then clears ("Found invalid V2 journal superblock fields").
+    if !external
+        && opts
+            .journal
+            .iter()
+            .flat_map(|j| j.split(','))
+            .any(|t| t.split('=').next() == Some("v1_superblock"))
+    {
+        return err(
+            "-J v1_superblock is not supported: mke2fs 1.47.0 writes a version 1 journal superblock with version 2 fields, which e2fsck clears",
+        );
     }
     let location = location.or_else(|| profile.get_string(&fs_types, "journal_location"));
     // parse_num_blocks2: garbage is block 0.
@@ -1478,7 +1709,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         Some("continue") => 1,
         Some("remount-ro") => 2,
         Some("panic") => 3,
-        Some(o) => return err(format!("invalid -e argument: '{o}'")),
+        Some(o) => return err(format!("bad error behavior - {o}")),
     };
     let enable_periodic = profile.get_bool(&fs_types, "enable_periodic_fsck", false);
     let (max_mnt_count, checkinterval) = if enable_periodic {
@@ -2120,5 +2351,69 @@ mod tests {
         };
         let r = resolve(&o, &Profile::builtin(), &env(1 << 30)).unwrap();
         assert_eq!(uuid::Uuid::from_bytes(r.settings.uuid).get_version_num(), 4);
+    }
+
+    /// mke2fs's getopt loop: the first bad option in command-line order,
+    /// with mke2fs's message; strtoul base 0 (hex, octal, empty = 0).
+    #[test]
+    fn getopt_checks_like_mke2fs() {
+        let a = |v: &[(char, &str)]| -> Vec<(char, String)> {
+            v.iter().map(|(c, s)| (*c, s.to_string())).collect()
+        };
+        let e = |v: &[(char, &str)]| getopt_check(&a(v)).unwrap_err().0;
+        assert_eq!(e(&[('e', "broken")]), "bad error behavior - broken");
+        assert_eq!(
+            e(&[('e', "panic"), ('b', "100"), ('e', "x")]),
+            "invalid block size - 100"
+        );
+        assert_eq!(e(&[('G', "3")]), "flex_bg size must be a power of 2");
+        assert_eq!(e(&[('G', "0")]), "flex_bg size must be a power of 2");
+        assert_eq!(e(&[('G', "")]), "flex_bg size must be a power of 2");
+        assert_eq!(e(&[('G', "1x")]), "Illegal number for flex_bg size");
+        assert_eq!(
+            e(&[('G', "0x100000000")]),
+            "flex_bg size (4294967296) must be less than or equal to 2^31"
+        );
+        assert_eq!(e(&[('N', "5k")]), "bad num inodes - 5k");
+        assert_eq!(
+            e(&[('g', "1001")]),
+            "blocks per group must be multiple of 8"
+        );
+        assert_eq!(
+            e(&[('m', "50.5")]),
+            "invalid reserved blocks percent - 50.5"
+        );
+        assert!(e(&[('J', "size=4x")]).starts_with("Bad journal options specified"));
+        assert!(e(&[('J', "size")]).starts_with("Bad journal options specified"));
+        assert!(e(&[('J', "nope")]).starts_with("Bad journal options specified"));
+        assert_eq!(
+            e(&[('t', "ext4"), ('t', "ext3")]),
+            "The -t option may only be used once"
+        );
+        let g = getopt_check(&a(&[
+            ('G', "0x10"),
+            ('N', "010"),
+            ('g', ""),
+            ('I', "0x100"),
+            ('m', " 2.5"),
+            ('J', "size=0x10,v1_superblock"),
+        ]))
+        .unwrap();
+        assert_eq!(g.flex_bg_size, Some(16));
+        assert_eq!(g.num_inodes, Some(8));
+        assert_eq!(g.blocks_per_group, Some(0));
+        assert_eq!(g.inode_size, Some(256));
+        assert_eq!(g.reserved_ratio, Some(2.5));
+        assert_eq!(g.journal_size, 16);
+        // -j turns journal_size 0 into -1; a later size=0 takes it back.
+        let js = |v: &[(char, &str)]| getopt_check(&a(v)).unwrap().journal_size;
+        assert_eq!(js(&[('J', "size=0"), ('j', "")]), -1);
+        assert_eq!(js(&[('j', ""), ('J', "size=0")]), 0);
+        assert_eq!(js(&[('J', "size=-1")]), -1);
+        let j = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(journal_size(false, &j(&["size=0"])), 0);
+        assert_eq!(journal_size(true, &j(&["size=0"])), -1);
+        assert_eq!(journal_size(false, &j(&["size=0x20", "size=010"])), 8);
+        assert!(!journal_size_given(false, &j(&["size=0"])));
     }
 }

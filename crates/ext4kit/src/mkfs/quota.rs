@@ -429,6 +429,7 @@ pub(super) fn plan_quota(pl: &mut Planner, p: &FsParams) -> Result<(), GeometryE
                 if ino > pl.l.inodes_count {
                     return Err(GeometryError::NoSpace("project quota inode"));
                 }
+                pl.new_inode_scan(0, ino);
                 pl.use_inode(ino, false);
                 ino
             }

@@ -665,23 +665,24 @@ impl Writer<'_> {
         }
         // 4. Special inodes (and huge files) into their groups' tables.
         let isz = u64::from(l.inode_size);
+        // (sorted by number, so each group's inodes are consecutive; with
+        // fewer than 11 inodes per group they span several groups)
         let specials = self.special_inodes(&csum);
-        let ipg = l.inodes_per_group;
         let mut k = 0;
         while k < specials.len() {
-            let g = (specials[k].0 - 1) / ipg;
+            let (g, _) = l.inode_loc(specials[k].0);
             let end = specials[k..]
                 .iter()
-                .position(|(i, _)| (i - 1) / ipg != g)
+                .position(|(i, _)| l.inode_loc(*i).0 != g)
                 .map_or(specials.len(), |n| k + n);
-            let last_ino = specials[end - 1].0;
-            let nblocks = (u64::from(last_ino - g * ipg) * isz).div_ceil(bs);
+            let (_, last_slot) = l.inode_loc(specials[end - 1].0);
+            let nblocks = (u64::from(last_slot + 1) * isz).div_ceil(bs);
             let mut table = vec![0u8; (nblocks * bs) as usize];
             // Whole blocks are written: the slots between the special
             // inodes are zero, as mke2fs leaves them (its table blocks were
             // zeroed or proven zero first).
             for (ino, bytes) in &specials[k..end] {
-                let off = (u64::from(*ino - 1 - g * ipg) * isz) as usize;
+                let off = (u64::from(l.inode_loc(*ino).1) * isz) as usize;
                 table[off..off + bytes.len()].copy_from_slice(bytes);
             }
             out.block(l.groups[g as usize].inode_table, &table)?;
@@ -985,14 +986,13 @@ impl Writer<'_> {
             if write_bitmaps && !(has_csum && gp.flags & BG_INODE_UNINIT != 0) {
                 ibuf.fill(0xFF);
                 ibuf[..ib_bytes].fill(0);
+                // Inodes 1..=used_inodes are in use, wherever inode_loc
+                // puts them.
                 let first_ino = g32 * l.inodes_per_group + 1;
-                for ino in first_ino..first_ino + l.inodes_per_group {
-                    if ino <= used_inodes {
-                        let bit = (ino - first_ino) as usize;
-                        ibuf[bit / 8] |= 1 << (bit % 8);
-                    } else {
-                        break;
-                    }
+                for ino in first_ino..=used_inodes.min(first_ino + l.inodes_per_group - 1) {
+                    let (ig, slot) = l.inode_loc(ino);
+                    debug_assert_eq!(ig, g32);
+                    ibuf[slot as usize / 8] |= 1 << (slot % 8);
                 }
                 if csum.metadata {
                     d.set_inode_bitmap_csum(csum.bitmap(&ibuf[..ib_bytes]));

@@ -8,6 +8,7 @@ use ext4kit::testing::MemImage;
 use ext4kit_device::{Device, MemDevice};
 use ext4kit_format::Superblock;
 use proptest::prelude::*;
+use zerocopy::IntoBytes;
 
 use super::*;
 use crate::DeviceBlocks;
@@ -729,5 +730,45 @@ proptest! {
         for d in ba.take_dirty() {
             let _ = ia.render(&rd, &d);
         }
+    }
+}
+
+/// With fewer than 11 inodes per group (8: `-N` small) the reserved
+/// inodes 1..=10 reach into group 1: allocation never hands one out, even
+/// where the bitmap does not mark it, and the first free inode is 12
+/// (lost+found is 11, in group 1's table).
+#[test]
+fn reserved_inodes_past_group_0_are_never_allocated() {
+    let mut m = MemImage::new(64 << 20, 1024, 4 << 20);
+    m.features = vec!["^metadata_csum".into()];
+    let dev = m.make().unwrap();
+    let mut buf = vec![0u8; 1024];
+    dev.read_at(&mut buf, 1024).unwrap();
+    let sb = Superblock::parse(&buf).unwrap();
+    let layout = Layout::from_superblock(&sb).unwrap();
+    assert_eq!(layout.inodes_per_group, 8);
+    // Clear inodes 9 and 10 (group 1's slots 0 and 1) in the bitmap and
+    // the counts, as a formatter that marks only group 0's reserved
+    // inodes leaves them (no checksums on this image).
+    let rd = DeviceBlocks::new(&dev, layout.block_size, layout.blocks_count);
+    let descs = DescTable::read(layout.clone(), &rd).unwrap();
+    let mut d = descs.get(&rd, 1).unwrap();
+    let at = d.inode_bitmap() * u64::from(layout.block_size);
+    dev.read_at(&mut buf[..1], at).unwrap();
+    assert_eq!(buf[0] & 0b111, 0b111, "mkfs marks 9, 10 and 11");
+    dev.write_at(&[buf[0] & !0b11], at).unwrap();
+    d.set_free_inodes(d.free_inodes() + 2);
+    let bs = u64::from(layout.block_size);
+    let at = layout.desc_block(0) * bs + layout.desc_size as u64;
+    dev.write_at(&d.as_bytes()[..layout.desc_size], at).unwrap();
+    let free = sb.s_free_inodes_count.get() + 2;
+    dev.write_at(&free.to_le_bytes(), 1024 + 0x10).unwrap();
+    let o = open(&dev, false);
+    let rd = DeviceBlocks::new(&dev, o.layout.block_size, o.layout.blocks_count);
+    let first = o.ia.alloc(&rd, 2, false).unwrap();
+    assert_eq!((first.ino, first.group), (12, 1));
+    for _ in 0..20 {
+        let a = o.ia.alloc(&rd, 2, false).unwrap();
+        assert!(a.ino >= 12, "reserved inode {} handed out", a.ino);
     }
 }
