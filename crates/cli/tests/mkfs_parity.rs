@@ -875,12 +875,12 @@ const HUGE_TOO_BIG: &str = "\thuge = {
 const SECT2048: &[(&str, &str)] = &[("MKE2FS_DEVICE_SECTSIZE", "2048")];
 
 /// The m_* cases: e2fsprogs' own invocations (tests/m_*/script), under
-/// its test configuration and environment, and the behaviours they rely
-/// on. (m_mmp and m_image_mmp are in `parity_mmp`, whose MMP block holds
-/// the time and device name; m_mmp_bad_* corrupt it with debugfs;
-/// m_hugefile makes a 4 TiB image with ~44 GB of metadata, too much for
-/// the suite; m_root*/-d, m_minrootdir, m_devdir use -d, which ext4kit
-/// refuses.)
+/// its test configuration and environment, on pre-sized sparse files
+/// with `-q`, and the behaviours they rely on. The scripts themselves,
+/// as they run (run_mke2fs's empty file, the output, every m_* test of
+/// 1.47.0 with what is not replayed yet and why), are [`M_SCRIPTS`]; m_mmp
+/// and m_image_mmp are also in `parity_mmp`, which checks the MMP block's
+/// time and checksum.
 const M_CASES: &[MCase] = &[
     m("m_std", "ext2", &[], "65536", 64 * MIB),
     m("m_std (ext4)", "ext4", &[], "65536", 64 * MIB),
@@ -1946,7 +1946,7 @@ const M_SCRIPTS: &[MScript] = &[
 
 /// Run `steps` of one script, collecting failures under its label.
 fn replay_all(test: &str, steps: &[MScript]) {
-    for t in ["mke2fs", "e2fsck", "dumpe2fs", "debugfs", "sed"] {
+    for t in ["mke2fs", "e2fsck", "dumpe2fs", "debugfs", "e2image", "sed"] {
         if !have(t) {
             return skip(test, &format!("{t} not found"));
         }
