@@ -770,7 +770,9 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     // Would a discard of this target leave zeros? Regular files: yes
     // (holes). Block devices: only if the kernel says so.
     let discard_zeroes = has_size && (is_file || dev_discard_zeroes);
-    let mut prepared = mkfs::prepare(resolved, discard_zeroes)?;
+    // As mke2fs's "DEVICE: ... while setting up superblock": the plan's
+    // refusals name the target.
+    let mut prepared = mkfs::prepare(resolved, discard_zeroes).with_context(|| dev_name.clone())?;
     let show = !quiet && !a.json;
     if show {
         csum_advice(&prepared.layout);
@@ -894,7 +896,17 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     let groups = u64::from(l.group_count);
     let super_only = l.super_only;
     if show {
-        progress_step("Allocating group tables: ", groups, "");
+        // packed_allocate_tables (flex_bg with packed_meta_blocks) shows
+        // no progress; ext2fs_allocate_tables does.
+        let packed = prepared.resolved.params.packed_meta_blocks
+            && l.features
+                .incompat
+                .contains(ext4kit_format::features::Incompat::FLEX_BG);
+        if !packed {
+            progress_step("Allocating group tables: ", groups, "");
+        } else {
+            crate::out::write_fmt(format_args!("Allocating group tables: "));
+        }
         crate::out::write_fmt(format_args!("done                            \n"));
         if !super_only {
             crate::out::write_fmt(format_args!("Writing inode tables: "));

@@ -86,7 +86,10 @@ pub struct FsParams {
 pub enum GeometryError {
     #[error("filesystem too small: {0}")]
     TooSmall(String),
-    #[error("too many inodes ({0}), raise the inode ratio (-i) or lower the count (-N)")]
+    /// mke2fs's message (libext2fs's EXT2_ET_TOO_MANY_INODES), then why.
+    #[error(
+        "Cannot create filesystem with requested number of inodes: too many inodes ({0}), raise the inode ratio (-i) or lower the count (-N)"
+    )]
     TooManyInodes(String),
     #[error("could not allocate {0}: the filesystem is too small or too full")]
     NoSpace(&'static str),
