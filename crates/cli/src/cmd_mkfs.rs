@@ -207,7 +207,12 @@ pub struct MkfsArgs {
     /// first (that would destroy the data) unless -E discard.
     #[arg(short = 'S', action = clap::ArgAction::Count)]
     opt_cap_s: u8,
-    #[arg(short = 'z', value_name = "UNDO-FILE", hide = true)]
+    /// Save the old content of every block overwritten into UNDO-FILE
+    /// (e2fsprogs' undo format: `e2undo UNDO-FILE DEVICE` restores it); an
+    /// existing undo file of what the target holds is appended to. No
+    /// discard then. Without -z, mke2fs's automatic undo file in
+    /// $E2FSPROGS_UNDO_DIR or mke2fs.conf's undo_dir, when writable.
+    #[arg(short = 'z', value_name = "UNDO-FILE")]
     opt_z: Option<String>,
     /// Print the version and exit (installed as mke2fs: mke2fs 1.47.0's
     /// version line, then ext4kit's).
@@ -389,14 +394,11 @@ impl Personality {
 
 /// mke2fs options that ext4kit does not implement yet, with what they do.
 fn unsupported(a: &MkfsArgs) -> Option<String> {
-    let list: [(bool, &str, &str); 2] = [
-        (
-            a.opt_d.is_some(),
-            "-d",
-            "copy a directory's contents into the new filesystem",
-        ),
-        (a.opt_z.is_some(), "-z", "save an undo file"),
-    ];
+    let list: [(bool, &str, &str); 1] = [(
+        a.opt_d.is_some(),
+        "-d",
+        "copy a directory's contents into the new filesystem",
+    )];
     list.iter()
         .find(|(given, _, _)| *given)
         .map(|(_, opt, what)| format!("not supported by ext4kit yet: {opt} ({what})"))
@@ -706,6 +708,11 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     if !has_size || dry_run {
         resolved.discard = false;
     }
+    // -z / the automatic undo file; mke2fs does not discard then.
+    let undo = crate::undo::choose(a.opt_z.as_deref(), device, &resolved, &profile)?;
+    if undo.is_some() {
+        resolved.discard = false;
+    }
     // Everything above is validated; from here on mke2fs's output.
     if !exists && !dry_run && !a.json {
         outln!("Creating regular file {dev_name}");
@@ -767,6 +774,11 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             }
         }
     }
+    if let Some(u) = &undo
+        && !a.json
+    {
+        crate::undo::announce(u, &dev_name);
+    }
     // Would a discard of this target leave zeros? Regular files: yes
     // (holes). Block devices: only if the kernel says so.
     let discard_zeroes = has_size && (is_file || dev_discard_zeroes);
@@ -808,6 +820,11 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         }
         _ => None,
     };
+    // The undo file, before the target changes (also its length).
+    let undo_file = match &undo {
+        Some(u) => Some(crate::undo::open(u, device, device_size, &prepared)?),
+        None => None,
+    };
     let l = &prepared.layout;
     let offset = prepared.resolved.offset;
     let needed = offset + l.blocks_count * u64::from(l.block_size);
@@ -836,6 +853,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     } else {
         dev
     };
+    let (dev, undo_dev) = crate::undo::wrap(dev, undo_file);
     let mut discarded = false;
     if prepared.resolved.discard {
         discarded = mkfs::discard(dev.as_ref(), &mut prepared)?;
@@ -857,7 +875,9 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         print_summary(a, &prepared);
     }
     if mkfs::journal_dev::is_journal_dev(&prepared.layout) {
-        return write_journal_device(a, dev.as_ref(), &prepared, discarded, device, start);
+        let r = write_journal_device(a, dev.as_ref(), &prepared, discarded, device, start)?;
+        crate::undo::finish(&undo_dev)?;
+        return Ok(r);
     }
     if a.opt_c > 0 {
         // test_disk runs after the discard and the summary; its bad
@@ -892,6 +912,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             );
         }
     }
+    crate::undo::adjust_kbytes(&undo_dev, &mut prepared);
     let l = &prepared.layout;
     let groups = u64::from(l.group_count);
     let super_only = l.super_only;
@@ -924,6 +945,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             prepared.settings.now,
         )?;
     }
+    crate::undo::finish(&undo_dev)?;
     let has_journal = l
         .features
         .compat

@@ -26,6 +26,7 @@ mod direct;
 mod errmsg;
 mod jdev;
 mod probe;
+mod undo;
 
 #[derive(Parser, Debug)]
 #[command(

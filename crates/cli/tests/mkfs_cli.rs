@@ -446,12 +446,12 @@ fn installed_as_mke2fs_and_mkfs_ext() {
     // Errors and help name the program.
     let out = run(&mut via(
         &bin.join("mkfs.ext4"),
-        &["-z".into(), "u".into(), "x.img".into()],
+        &["-d".into(), "/etc".into(), "x.img".into()],
     ))
     .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.starts_with("mkfs.ext4: not supported by ext4kit yet: -z ("),
+        !out.status.success() && err.starts_with("mkfs.ext4: not supported by ext4kit yet: -d ("),
         "{err}"
     );
     let out = run(&mut via(&bin.join("mke2fs"), &["--help".into()])).unwrap();
@@ -487,11 +487,7 @@ fn unsupported_mke2fs_options_are_named() {
     pattern_file(&img, 8 * MIB, 0x5eed).unwrap();
     let before = file_hash(&img).unwrap();
     let img_s = img.display().to_string();
-    let cases: &[(&str, &[&str])] = &[
-        ("-d", &["-d", "/etc"]),
-        ("-z", &["-z", "undo.e2undo"]),
-        ("-z", &["-q", "-z", "u", "-F"]),
-    ];
+    let cases: &[(&str, &[&str])] = &[("-d", &["-d", "/etc"]), ("-d", &["-q", "-d", "/", "-F"])];
     let mut failures = Vec::new();
     for (opt, args) in cases {
         let mut c = ext4kit_mkfs(*args);

@@ -394,6 +394,17 @@ pub fn fitrim(file: &std::fs::File, start: u64, len: u64, minlen: u64) -> io::Re
     }
 }
 
+/// `access(path, W_OK) == 0`: may this process write to `path` (with the
+/// real uid, as mke2fs checks its undo directory)?
+pub fn access_writable(path: &Path) -> bool {
+    let Ok(p) = cpath(path) else {
+        return false;
+    };
+    // SAFETY: `p` is NUL-terminated and lives across the call; access only
+    // reads it.
+    unsafe { libc::access(p.as_ptr(), libc::W_OK) == 0 }
+}
+
 #[cfg(test)]
 mod tests {
     #[cfg(all(

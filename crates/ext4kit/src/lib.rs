@@ -5,3 +5,4 @@ pub mod mkfs;
 pub mod profile;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
+pub mod undo;

@@ -28,6 +28,9 @@ struct Cache {
     entries: Vec<Entry>,
     clock: u64,
     evicted_dirty: u64,
+    /// With an undo file: filesystem blocks per undo block, and the undo
+    /// blocks saved so far (see [`mke2fs_kbytes_written_undo`]).
+    undo: Option<(u64, std::collections::BTreeSet<u64>)>,
 }
 
 impl Cache {
@@ -36,9 +39,31 @@ impl Cache {
             entries: Vec::with_capacity(CACHE_SIZE),
             clock: 0,
             evicted_dirty: 0,
+            undo: None,
+        }
+    }
+    /// undo_io before a write of `n` blocks from `first`: the first write
+    /// into an undo block reads its old content with the backing channel,
+    /// a read of more than four blocks, which flushes the cache first.
+    fn undo_touch(&mut self, first: u64, n: u64) {
+        let Some((per, saved)) = self.undo.as_mut() else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        let mut new = false;
+        for k in first / *per..=(first + n - 1) / *per {
+            new |= saved.insert(k);
+        }
+        if new {
+            self.flush();
         }
     }
     fn access(&mut self, block: u64, write: bool) {
+        if write {
+            self.undo_touch(block, 1);
+        }
         self.clock += 1;
         if let Some(e) = self.entries.iter_mut().find(|e| e.block == block) {
             e.access = self.clock;
@@ -95,6 +120,42 @@ const SCAN_BUFFER_BLOCKS: u64 = 8;
 
 /// The value mke2fs writes to `s_kbytes_written` for this layout.
 pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
+    kbytes_written(l, None)
+}
+
+/// [`mke2fs_kbytes_written`] for `mke2fs -z` (undo blocks of
+/// `undo_block_size` bytes, a new undo file): undo_io's first write into
+/// each undo block flushes the write cache (its read of the old content),
+/// so dirty blocks go out earlier and some are written twice. The zeroing
+/// before the cached writes (old superblock, device tail, inode tables)
+/// and the journal's (after each extent insert) come in mke2fs's order.
+/// Not modelled: the zeroing of huge files.
+pub fn mke2fs_kbytes_written_undo(
+    l: &Layout,
+    s: &super::SuperSettings,
+    undo_block_size: u32,
+) -> u64 {
+    let bs = u64::from(l.block_size);
+    kbytes_written(
+        l,
+        Some(UndoModel {
+            per: (u64::from(undo_block_size) / bs).max(1),
+            itables: !s.itable_zeroed,
+            lazy_itable_init: s.lazy_itable_init,
+            journal: !s.lazy_journal_init,
+        }),
+    )
+}
+
+#[derive(Clone, Copy)]
+struct UndoModel {
+    per: u64,
+    itables: bool,
+    lazy_itable_init: bool,
+    journal: bool,
+}
+
+fn kbytes_written(l: &Layout, undo: Option<UndoModel>) -> u64 {
     let f = &l.features;
     let sets_one = f.incompat.contains(Incompat::FLEX_BG)
         || f.ro_compat.contains(RoCompat::HUGE_FILE)
@@ -116,6 +177,35 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
     let isz = u64::from(l.inode_size);
     let iblk = |ino: u32| l.inode_block(ino);
     let mut c = Cache::new();
+    if let Some(u) = undo {
+        c.undo = Some((u.per, Default::default()));
+        // zap_sector(2, 6) (at block 2: undo_io refuses 512-byte blocks)
+        // and zap_sector(0, 2); the device's tail; the inode tables.
+        c.undo_touch(0, 3);
+        let rsv = (65536 / bs).max(1);
+        let mut start = l.blocks_count & !(rsv - 1);
+        if start > rsv {
+            start -= rsv;
+        }
+        if start > 0 {
+            c.undo_touch(start, l.blocks_count - start);
+        }
+        if u.itables {
+            for gp in &l.groups {
+                let n = if u.lazy_itable_init {
+                    (u64::from(l.inodes_per_group - gp.itable_unused) * isz).div_ceil(bs)
+                } else {
+                    u64::from(l.inode_blocks_per_group)
+                };
+                c.undo_touch(gp.inode_table, n);
+            }
+        }
+    }
+    let zero_journal_run = |c: &mut Cache, r: &super::geometry::Run| {
+        if undo.is_some_and(|u| u.journal) {
+            c.undo_touch(r.pblk, u64::from(r.len));
+        }
+    };
     let metadata = f.ro_compat.contains(RoCompat::METADATA_CSUM);
     // write_reserved_inodes
     if metadata {
@@ -209,7 +299,7 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
             c.access(p, true);
         }
     } else if let Some(j) = &l.journal {
-        for (k, _) in j.runs.iter().enumerate() {
+        for (k, run) in j.runs.iter().enumerate() {
             match j.leaf {
                 Some(leaf) if k >= 4 => {
                     if k == 4 {
@@ -220,6 +310,8 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
                 }
                 _ => c.access(iblk(8), true),
             }
+            // ext2fs_fallocate zeroes an extent after inserting it.
+            zero_journal_run(&mut c, run);
         }
         c.access(iblk(8), true);
         if let Some(p) = j.pblk(0) {
