@@ -657,6 +657,18 @@ fn is_large(c: &Case) -> bool {
     c.size >= TIB
 }
 
+/// One case of a matrix: "ok" or "FAIL" on stderr, the failure collected
+/// for the test's final assertion.
+fn report(label: &str, res: Result<(), String>, failures: &mut Vec<String>) {
+    match res {
+        Ok(()) => eprintln!("ok     {label}"),
+        Err(e) => {
+            eprintln!("FAIL   {label}: {e}");
+            failures.push(format!("{label}: {e}"));
+        }
+    }
+}
+
 #[test]
 fn parity_debian_conf() {
     parity(Conf::Debian, |c| !is_large(c));
@@ -2236,13 +2248,7 @@ fn e2fsprogs_m_offset() {
             }
             Ok(())
         });
-        match res {
-            Ok(()) => eprintln!("ok     {label}"),
-            Err(e) => {
-                eprintln!("FAIL   {label}: {e}");
-                failures.push(format!("{label}: {e}"));
-            }
-        }
+        report(&label, res, &mut failures);
     }
     if warnings != 1 {
         failures.push(format!(
@@ -2968,13 +2974,7 @@ fn parity_offset() {
             e2fsck_clean(&fs)?;
             Ok(())
         })();
-        match res {
-            Ok(()) => eprintln!("ok     {label}"),
-            Err(e) => {
-                eprintln!("FAIL   {label}: {e}");
-                failures.push(format!("{label}: {e}"));
-            }
-        }
+        report(&label, res, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -3224,13 +3224,7 @@ fn parity_mmp() {
             sparse_equal(&refimg, &ours)?;
             Ok(())
         })();
-        match res {
-            Ok(()) => eprintln!("ok     {label}"),
-            Err(e) => {
-                eprintln!("FAIL   {label}: {e}");
-                failures.push(format!("{label}: {e}"));
-            }
-        }
+        report(&label, res, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -3324,13 +3318,7 @@ fn parity_super_only() {
             }
             sparse_equal(&refimg, &ours)
         })();
-        match res {
-            Ok(()) => eprintln!("ok     {label}"),
-            Err(e) => {
-                eprintln!("FAIL   {label}: {e}");
-                failures.push(format!("{label}: {e}"));
-            }
-        }
+        report(&label, res, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -3638,13 +3626,7 @@ fn feature_refusals_match_mke2fs() {
             }
             Ok(())
         })();
-        match res {
-            Ok(()) => eprintln!("ok     {label}"),
-            Err(e) => {
-                eprintln!("FAIL   {label}: {e}");
-                failures.push(format!("{label}: {e}"));
-            }
-        }
+        report(&label, res, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -3944,13 +3926,7 @@ fn parity_external_journal() {
             e2fsck_clean_with(&ours, &["-j", &lo.path().display().to_string()])?;
             Ok(())
         })();
-        match res {
-            Ok(()) => eprintln!("ok     {label}"),
-            Err(e) => {
-                eprintln!("FAIL   {label}: {e}");
-                failures.push(format!("{label}: {e}"));
-            }
-        }
+        report(&label, res, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -4108,13 +4084,7 @@ fn external_journal_refusals_match_mke2fs() {
             }
             Ok(())
         })();
-        match res {
-            Ok(()) => eprintln!("ok     {label}"),
-            Err(e) => {
-                eprintln!("FAIL   {label}: {e}");
-                failures.push(format!("{label}: {e}"));
-            }
-        }
+        report(&label, res, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
