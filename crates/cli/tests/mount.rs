@@ -2157,4 +2157,5 @@ fn sync_writes_bypass_the_write_behind_buffer() {
     let after = request_counts(m.path());
     assert!(buffered(&after) > buffered(&before));
     m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
 }
