@@ -1084,6 +1084,8 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         }
     }
     let csum = features.has_group_csum();
+    // mke2fs packs the tables whenever flex_bg is on, whatever its size.
+    let packed = p.packed_meta_blocks && features.incompat.contains(Incompat::FLEX_BG);
     let log_flex = if features.incompat.contains(Incompat::FLEX_BG) {
         p.log_groups_per_flex
     } else {
@@ -1169,7 +1171,12 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
             l.used.insert(nd, 1);
         }
         let mut free = l.group_blocks(g) as i64 - m.used as i64 - 2 - i64::from(itb);
-        if log_flex > 0 {
+        // ext2fs_initialize leaves a group's tables out of its free count
+        // only with flex_bg groups; packed_meta_blocks moves them out of
+        // every group even with a flex_bg size of 1, where mke2fs 1.47.0
+        // still subtracts them (its free counts are then wrong: e2fsck
+        // fixes them). The counts here follow the blocks.
+        if log_flex > 0 || packed {
             free += 2 + i64::from(itb);
         }
         if free < 0 {
@@ -1200,7 +1207,7 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         super::badblocks::mark(&mut pl, list)?;
     }
     // Tables.
-    if p.packed_meta_blocks && log_flex > 0 {
+    if packed {
         packed_allocate_tables(&mut pl)?;
     } else {
         for g in 0..groups {
