@@ -135,7 +135,7 @@ const CASES: &[Case] = &[
         "-E quotatype without a value",
         &["-t", "ext4", "-O", "quota", "-E", "quotatype", T],
     ),
-    bad("-b 3000", &["-t", "ext4", "-b", "3000", T]),
+    bad("-b 70000", &["-t", "ext4", "-b", "70000", T]),
     bad("-b 128", &["-t", "ext4", "-b", "128", T]),
     bad("-I 100", &["-t", "ext4", "-I", "100", T]),
     bad(

@@ -164,6 +164,13 @@ const CASES: &[Case] = &[
     case(GIB, &["-b", "2048"]),
     case(GIB, &["-b", "4096"]),
     case(16 * MIB, &["-b", "4096"]),
+    // Not a power of two: mke2fs takes the one below (2048 here), but the
+    // number as given floors the default inode ratio (5000 > the small
+    // type's 4096: fewer inodes than with -b 4096).
+    case(GIB, &["-b", "3000"]),
+    case(300 * MIB, &["-b", "5000"]),
+    case(2 * MIB, &["-b", "-3000"]),
+    case(GIB, &["-b", "2500", "-b", "-1024"]),
     // Features.
     case(GIB, &["-O", "^has_journal"]),
     case(GIB, &["-O", "^metadata_csum"]),

@@ -185,7 +185,8 @@ pub fn parse_num_blocks(arg: &str, log_block_size: u32) -> Option<u64> {
 
 /// `-b`: `parse_num_blocks2(arg, -1)`, in bytes with an optional suffix
 /// (`4k`); negative means "at least". The range (1024..=65536 in
-/// magnitude, a power of two) is checked by [`resolve`].
+/// magnitude, any number: mke2fs rounds it down to a power of two) is
+/// checked by [`resolve`].
 pub fn parse_block_size_arg(arg: &str) -> Result<i64, String> {
     let (neg, v) =
         num_blocks_magnitude(arg, None).ok_or_else(|| format!("invalid block size - {arg}"))?;
@@ -761,10 +762,10 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     // -b
     let mut blocksize: i64 = 0;
     if let Some(b) = opts.block_size {
-        let a = b.unsigned_abs();
-        // mke2fs takes a size that is not a power of two (as the power of
-        // two below it, with quirks); ext4kit refuses it.
-        if !(1024..=65536).contains(&a) || !a.is_power_of_two() {
+        // Any size in range: mke2fs uses the power of two below it
+        // (int_log2) for the block size, but the number as given in a few
+        // places (see `raw_bs` below).
+        if !(1024..=65536).contains(&b.unsigned_abs()) {
             return err(format!("invalid block size - {b}"));
         }
         blocksize = b;
@@ -948,7 +949,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         if blocksize < 0 && use_bsize < -blocksize {
             use_bsize = -blocksize;
         }
-        if !(1024..=65536).contains(&use_bsize) || (use_bsize as u64).count_ones() != 1 {
+        if !(1024..=65536).contains(&use_bsize) {
             return err(if lsector != 0 && use_bsize == i64::from(lsector) {
                 format!("invalid block size {use_bsize} (the device's sector size)")
             } else {
@@ -966,7 +967,13 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
             "specified blocksize {blocksize} is less than device physical sectorsize {psector}"
         ));
     }
-    let bs = blocksize as u32;
+    // mke2fs's `blocksize` keeps the number as given (3000 with `-b 3000`)
+    // until it is set to EXT2_BLOCK_SIZE after the device geometry: the
+    // sector size checks above, the default inode ratio's floor and the
+    // stride from the device's I/O hints below use it; everything else
+    // uses the block size, the power of two at or below it.
+    let raw_bs = blocksize as u32;
+    let bs = 1024u32 << (raw_bs / 1024).ilog2();
     if bs > env.page_size {
         warnings.push(format!(
             "{bs}-byte blocks too big for system (max {})",
@@ -1053,7 +1060,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         }
         None => {
             let r = profile.get_int(&fs_types, "inode_ratio", 8192).max(0) as u64;
-            r.max(u64::from(bs)).max(ratio_cluster)
+            r.max(u64::from(raw_bs)).max(ratio_cluster)
         }
     };
     if inode_ratio == 0 {
@@ -1075,20 +1082,20 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     if let Some(h) = env.io_hints {
         let mut min_io = h.min_io;
         let mut opt_io = h.opt_io;
-        if min_io == 0 && psector > bs {
+        if min_io == 0 && psector > raw_bs {
             min_io = psector;
         }
         if opt_io == 0 && min_io > 0 {
             opt_io = min_io;
         }
-        if opt_io == 0 && psector > bs {
+        if opt_io == 0 && psector > raw_bs {
             opt_io = psector;
         }
-        if min_io > bs {
-            stride = min_io / bs;
+        if min_io > raw_bs {
+            stride = min_io / raw_bs;
         }
-        if opt_io > bs {
-            stripe_width = opt_io / bs;
+        if opt_io > raw_bs {
+            stripe_width = opt_io / raw_bs;
         }
         if h.alignment_offset != 0 {
             warnings.push(format!(
@@ -2099,6 +2106,14 @@ mod tests {
         });
         let r = resolve(&opts("ext4"), &p, &e).unwrap();
         assert_eq!((r.params.stride, r.settings.raid_stripe_width), (16, 64));
+        // `-b 5000`: 4 KiB blocks, but mke2fs divides the hints by 5000.
+        let b5000 = MkfsOptions {
+            block_size: Some(5000),
+            ..opts("ext4")
+        };
+        let r = resolve(&b5000, &p, &e).unwrap();
+        assert_eq!(r.params.block_size, 4096);
+        assert_eq!((r.params.stride, r.settings.raid_stripe_width), (13, 52));
         let o = MkfsOptions {
             extended: vec!["stride=8".into()],
             ..opts("ext4")
