@@ -923,6 +923,140 @@ fn kernel_hugefiles() {
     .run();
 }
 
+const CAP_SYS_RESOURCE: u32 = 24;
+
+/// Is capability number `cap` in this process's effective set (from
+/// /proc/self/status)?
+fn has_capability(cap: u32) -> bool {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let hex = s
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))?
+                .trim()
+                .to_string();
+            u64::from_str_radix(&hex, 16).ok()
+        })
+        .is_some_and(|set| set >> cap & 1 == 1)
+}
+
+/// The block count in an ext2/3/4 superblock (64-bit aware).
+fn fs_block_count(img: &Path) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let f = fs::File::open(img).ok()?;
+    let mut sb = [0u8; 1024];
+    f.read_exact_at(&mut sb, 1024).ok()?;
+    let le32 = |o: usize| u64::from(u32::from_le_bytes([sb[o], sb[o + 1], sb[o + 2], sb[o + 3]]));
+    let incompat_64bit = le32(0x60) & 0x80 != 0;
+    let hi = if incompat_64bit { le32(0x150) } else { 0 };
+    Some(hi << 32 | le32(4))
+}
+
+/// Online growth: the kernel mounts the filesystem ext4kit made, takes
+/// the workload, and grows it from `size` to `grown` bytes while mounted
+/// (resize2fs on a mounted filesystem only asks the kernel, which uses
+/// the reserved descriptor blocks, or meta_bg); then a second workload in
+/// the grown filesystem, e2fsck clean, and both read back.
+fn online_resize_case(name: &str, size: u64, grown: u64, opts: &[&str]) {
+    let test = format!("mkfs_kernel online resize {name}");
+    if let Err(why) = kernel_ready() {
+        return skip(&test, &why);
+    }
+    if !have("resize2fs") {
+        return skip(&test, "resize2fs not found");
+    }
+    // The kernel's resize ioctls need CAP_SYS_RESOURCE, which a root in
+    // a container may lack.
+    if !has_capability(CAP_SYS_RESOURCE) {
+        return skip(
+            &test,
+            "no CAP_SYS_RESOURCE (the kernel refuses online resizing)",
+        );
+    }
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    fs::write(&conf, DEBIAN_CONF).unwrap();
+    let img = dir.path().join("grow.img");
+    sparse_file(&img, size).unwrap();
+    run_ok(
+        ext4kit_mkfs(["-q", "-t", "ext4"])
+            .args(opts)
+            .arg(&img)
+            .env("MKE2FS_CONFIG", &conf),
+    )
+    .unwrap();
+    e2fsck_clean(&img).unwrap_or_else(|e| panic!("{test}: fresh image: {e}"));
+    let bs = fs_block_size(&img).unwrap();
+    let (first, second) = {
+        let lo = LoopDev::attach(&img).unwrap();
+        let mnt = Mount::new(lo.path(), "ext4", None)
+            .unwrap_or_else(|e| panic!("{test}: the kernel refuses to mount it: {e}"));
+        let first = populate(mnt.path()).unwrap_or_else(|e| panic!("{test}: writing: {e}"));
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&img)
+            .and_then(|f| f.set_len(grown))
+            .unwrap();
+        run_ok(tool("losetup").arg("-c").arg(lo.path())).unwrap();
+        run_ok(tool("resize2fs").arg(lo.path()))
+            .unwrap_or_else(|e| panic!("{test}: the kernel does not grow it: {e}"));
+        let root2 = mnt.path().join("after-growth");
+        fs::create_dir(&root2).unwrap();
+        let second =
+            populate(&root2).unwrap_or_else(|e| panic!("{test}: writing after growth: {e}"));
+        run_ok(tool("sync").arg("-f").arg(mnt.path())).unwrap();
+        mnt.unmount().unwrap();
+        (first, second)
+    };
+    let summary =
+        e2fsck_clean(&img).unwrap_or_else(|e| panic!("{test}: after the kernel grew it: {e}"));
+    assert_eq!(
+        fs_block_count(&img),
+        Some(grown / bs),
+        "{test}: block count after growth"
+    );
+    let lo = LoopDev::attach(&img).unwrap();
+    let mnt = Mount::new(lo.path(), "ext4", Some("ro")).unwrap();
+    verify(mnt.path(), &first).unwrap_or_else(|e| panic!("{test}: {e}"));
+    verify(&mnt.path().join("after-growth"), &second).unwrap_or_else(|e| panic!("{test}: {e}"));
+    eprintln!(
+        "ok     {test}: grown to {} blocks, {} files ({summary})",
+        grown / bs,
+        first.len() + second.len()
+    );
+}
+
+/// The reserved descriptor blocks (resize_inode) ext4kit sets aside:
+/// from 4 groups to 128 (two descriptor blocks).
+#[test]
+fn kernel_online_resize() {
+    online_resize_case("(resize_inode, 4k)", 512 * MIB, 16 * GIB, &["-b", "4096"]);
+}
+
+/// Up to the `-E resize=` limit exactly: 1 KiB blocks, from 16 groups
+/// (one descriptor block) to 128 (eight).
+#[test]
+fn kernel_online_resize_to_limit() {
+    online_resize_case(
+        "(-b 1024 -E resize=1048576, to the limit)",
+        128 * MIB,
+        GIB,
+        &["-b", "1024", "-E", "resize=1048576"],
+    );
+}
+
+/// meta_bg: the kernel adds descriptor blocks in the new groups.
+#[test]
+fn kernel_online_resize_meta_bg() {
+    online_resize_case(
+        "(-O meta_bg,^resize_inode, 4k)",
+        512 * MIB,
+        16 * GIB,
+        &["-b", "4096", "-O", "meta_bg,^resize_inode"],
+    );
+}
+
 /// On a block device (a loop device over a sparse file) ext4kit writes the
 /// same bytes as mke2fs does on a twin device, but allocates far less in
 /// the backing file: where mke2fs writes zeros (journal), ext4kit punches.
