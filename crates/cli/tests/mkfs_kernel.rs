@@ -192,6 +192,9 @@ struct Case<'a> {
     offset: u64,
     /// The size argument after the device, if any.
     fs_size: Option<&'a str>,
+    /// The logical sector size of a loop device that mkfs formats (and
+    /// everything else goes through) instead of the image file; 0: none.
+    sector_size: u64,
     /// Run on the image file before mkfs.
     before: Option<Check<'a>>,
     mounted: Option<Check<'a>>,
@@ -208,6 +211,7 @@ impl<'a> Case<'a> {
             fs_type: "ext4",
             offset: 0,
             fs_size: None,
+            sector_size: 0,
             before: None,
             mounted: None,
             offline: None,
@@ -222,6 +226,13 @@ impl<'a> Case<'a> {
         Case {
             offset,
             fs_size: Some(fs_size),
+            ..self
+        }
+    }
+
+    fn on_loop_device(self, sector_size: u64) -> Self {
+        Case {
+            sector_size,
             ..self
         }
     }
@@ -247,30 +258,46 @@ impl<'a> Case<'a> {
         }
     }
 
-    /// A loop device over the filesystem (at its offset in the image).
+    /// A loop device over the filesystem (at its offset in the image, with
+    /// the case's sector size).
     fn attach(&self, img: &Path) -> Result<LoopDev, String> {
-        if self.offset == 0 {
-            return LoopDev::attach(img);
+        let (off, sector) = (self.offset.to_string(), self.sector_size.to_string());
+        let mut opts = Vec::new();
+        if self.offset != 0 {
+            opts.extend(["-o", off.as_str()]);
         }
-        let off = self.offset.to_string();
-        LoopDev::attach_with(img, &["-o", &off])
+        if self.sector_size != 0 {
+            opts.extend(["--sector-size", sector.as_str()]);
+        }
+        LoopDev::attach_with(img, &opts)
+    }
+
+    /// Is the filesystem only reachable through a loop device?
+    fn needs_loop(&self) -> bool {
+        self.offset != 0 || self.sector_size != 0
     }
 
     /// `e2fsck_clean` on the filesystem (through a loop device when it
-    /// starts at an offset).
+    /// starts at an offset or lives on a device with larger sectors).
     fn fsck(&self, img: &Path) -> Result<String, String> {
-        if self.offset == 0 {
+        if !self.needs_loop() {
             return e2fsck_clean(img);
         }
         let lo = self.attach(img)?;
         e2fsck_clean(lo.path())
     }
 
-    /// Format `img` with `cmd` (ext4kit's mkfs or mke2fs) as this case says.
+    /// Format `img` with `cmd` (ext4kit's mkfs or mke2fs) as this case
+    /// says: the file itself, or a loop device over it with the case's
+    /// sector size.
     fn format(&self, mut cmd: Command, img: &Path, conf: &Path) -> Result<(), String> {
+        let lo = match self.sector_size {
+            0 => None,
+            _ => Some(self.attach(img)?),
+        };
         cmd.args(["-q", "-t", self.fs_type])
             .args(self.opts)
-            .arg(img)
+            .arg(lo.as_ref().map_or(img, |l| l.path()))
             .args(self.fs_size)
             .env("MKE2FS_CONFIG", conf);
         run_ok(&mut cmd).map(drop)
@@ -503,8 +530,12 @@ fn kernel_quota_and_project() {
         sparse_file(&img, 64 * MIB).map_err(|e| e.to_string())?;
         run_ok(mke2fs(["-F", "-q", "-t", "ext4", "-O", "quota,project"]).arg(&img))?;
         let lo = LoopDev::attach(&img).map_err(|e| e.to_string())?;
-        let mnt = Mount::new(lo.path(), "ext4", None)
-            .map_err(|_| "the kernel does not mount mke2fs's quota images (no CONFIG_QUOTA?)")?;
+        let mnt = Mount::new(lo.path(), "ext4", None).map_err(|_| {
+            // The kernel says why (e.g. built without CONFIG_QFMT_V2).
+            let log = kernel_log(lo.path());
+            let why = log.lines().last().unwrap_or("no CONFIG_QUOTA?");
+            format!("the kernel does not mount mke2fs's quota images ({why})")
+        })?;
         mnt.unmount()
     })();
     if let Err(why) = probe {
@@ -763,6 +794,81 @@ fn kernel_orphan_file_1k_blocks() {
         UPSTREAM_CONF,
         256 * MIB,
         &["-b", "1024"],
+    );
+}
+
+/// mkfs on a loop device with 4096-byte logical sectors: the sector size
+/// raises the (1 KiB "small") block size to 4096, and discard works on a
+/// loop device.
+#[test]
+fn kernel_4k_sector_device() {
+    Case::new(
+        "loop device with 4k sectors",
+        DEBIAN_CONF,
+        256 * MIB,
+        &["-E", "discard"],
+    )
+    .on_loop_device(4096)
+    .offline(&|img| match fs_block_size(img) {
+        Some(4096) => Ok(()),
+        other => Err(format!("block size {other:?}, not 4096")),
+    })
+    .run();
+}
+
+/// Linear directories without file types in the entries.
+#[test]
+fn kernel_no_dir_index_no_filetype() {
+    kernel_case(
+        "-O ^dir_index,^filetype",
+        DEBIAN_CONF,
+        256 * MIB,
+        &["-O", "^dir_index,^filetype"],
+    );
+}
+
+/// ext4 with the optional inode features off.
+#[test]
+fn kernel_minimal_ext4() {
+    kernel_case(
+        "-O ^huge_file,^dir_nlink,^extra_isize,^resize_inode",
+        DEBIAN_CONF,
+        512 * MIB,
+        &["-O", "^huge_file,^dir_nlink,^extra_isize,^resize_inode"],
+    );
+}
+
+/// sparse_super2 without any backup superblock.
+#[test]
+fn kernel_sparse_super2_no_backups() {
+    kernel_case(
+        "-O sparse_super2 -E num_backup_sb=0",
+        DEBIAN_CONF,
+        256 * MIB,
+        &["-O", "sparse_super2", "-E", "num_backup_sb=0"],
+    );
+}
+
+/// Neither the journal nor the inode tables zeroed (the storage is said
+/// to read as zeros): the kernel's lazy init thread and journal cope.
+#[test]
+fn kernel_lazy_journal_prezeroed() {
+    kernel_case(
+        "-E lazy_journal_init=1,assume_storage_prezeroed=1",
+        DEBIAN_CONF,
+        512 * MIB,
+        &["-E", "lazy_journal_init=1,assume_storage_prezeroed=1"],
+    );
+}
+
+/// As many inodes as 1 KiB blocks allow with 128-byte inodes.
+#[test]
+fn kernel_dense_inodes() {
+    kernel_case(
+        "-b 1024 -i 1024 -I 128",
+        DEBIAN_CONF,
+        128 * MIB,
+        &["-b", "1024", "-i", "1024", "-I", "128"],
     );
 }
 
