@@ -339,6 +339,16 @@ impl<'a> Case<'a> {
         if let Some(prepare) = self.before {
             prepare(&img).unwrap_or_else(|e| panic!("{test}: preparing the image: {e}"));
         }
+        if self.sector_size != 0 {
+            // An old losetup (or loop driver) has no --sector-size.
+            if let Err(e) = self.attach(&img) {
+                let why = format!(
+                    "cannot attach a loop device with {}-byte sectors: {e}",
+                    self.sector_size
+                );
+                return skip(&test, &why);
+            }
+        }
         self.format(ext4kit_mkfs::<_, &str>([]), &img, &conf_path)
             .unwrap_or_else(|e| panic!("{test}: mkfs: {e}"));
         self.fsck(&img)
