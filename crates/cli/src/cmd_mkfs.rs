@@ -244,10 +244,9 @@ fn now_from_env() -> Result<u32> {
             }
         }
     }
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    // The coarse clock, as mke2fs's time(2): the fine one can stamp a
+    // second that an e2fsck started just after still calls the future.
+    let secs = ext4kit_device::host::realtime_coarse_secs();
     Ok(secs.min(u64::from(u32::MAX)) as u32)
 }
 
@@ -1091,10 +1090,7 @@ fn mmp_host(device: &Path) -> mkfs::mmp::MmpHost {
     let nodename = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim_end_matches('\n').as_bytes().to_vec())
         .unwrap_or_default();
-    let time = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let time = ext4kit_device::host::realtime_coarse_secs();
     use std::os::unix::ffi::OsStrExt;
     mkfs::mmp::MmpHost {
         nodename,
