@@ -709,3 +709,104 @@ fn version_like_mke2fs() {
     }
     assert_eq!(file_hash(&img).unwrap(), before, "the target was MODIFIED");
 }
+
+/// `-m` is read with strtod, as in mke2fs: hex floats, leading blanks,
+/// exponents and an empty value (0) make the same image as mke2fs; what
+/// strtod stops in, or out of range (inf), is refused as mke2fs does. A
+/// NaN passes mke2fs's range check to an undefined cast (with 64bit,
+/// mke2fs then fails "while setting up superblock"): refused before
+/// anything is written, with the message of the other bad values.
+#[test]
+fn reserved_ratio_read_with_strtod() {
+    const TEST: &str = "reserved_ratio_read_with_strtod";
+    if !need(TEST, &["mke2fs", "e2fsck"]) {
+        return;
+    }
+    let dir = image_dir();
+    let conf = conf_file(dir.path(), "debian.conf", DEBIAN_CONF);
+    let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+    let mut failures = Vec::new();
+    for m in ["0x1.8p1", "0X.8P+3", " 1e1", ".5e1", "2.", "", "-0"] {
+        let label = format!("-m {m:?}");
+        let res = (|| -> Result<(), String> {
+            for p in [&a, &b] {
+                let _ = std::fs::remove_file(p);
+                sparse_file(p, 64 * MIB).map_err(|e| e.to_string())?;
+            }
+            let args = |img: &Path| -> Vec<String> {
+                [
+                    "-F",
+                    "-q",
+                    "-t",
+                    "ext4",
+                    "-U",
+                    UUID,
+                    "-E",
+                    &format!("hash_seed={SEED}"),
+                    "-m",
+                    m,
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .chain([img.display().to_string()])
+                .collect()
+            };
+            run_ok(same_env(&mut mke2fs(args(&a)), &conf))?;
+            run_ok(same_env(&mut ext4kit_mkfs(args(&b)), &conf))?;
+            sparse_equal(&a, &b)?;
+            e2fsck_clean(&b).map(drop)
+        })();
+        report_case(&label, res, &mut failures);
+    }
+    let img = dir.path().join("t.img");
+    pattern_file(&img, 8 * MIB, 0x5eed).unwrap();
+    let before = file_hash(&img).unwrap();
+    for m in ["inf", "0x1p6", "0x", "1e", "0x1p", " ", "nan(", "3 ", "nan"] {
+        let label = format!("-m {m:?}");
+        let args = [
+            "-F",
+            "-q",
+            "-t",
+            "ext4",
+            "-m",
+            m,
+            &img.display().to_string(),
+        ]
+        .map(str::to_string);
+        let res = (|| -> Result<(), String> {
+            let want = run(same_env(&mut mke2fs(&args), &conf))?;
+            let got = run(same_env(&mut ext4kit_mkfs(&args), &conf))?;
+            if want.status.success() || got.status.success() {
+                return Err(format!(
+                    "accepted: mke2fs {}, ext4kit {}",
+                    want.status, got.status
+                ));
+            }
+            let msg = format!("invalid reserved blocks percent - {m}");
+            let real_ok = stderr_of(&want).contains(&msg)
+                || (m == "nan" && stderr_of(&want).contains("while setting up superblock"));
+            if !real_ok || !stderr_of(&got).contains(&msg) {
+                return Err(format!(
+                    "messages: mke2fs {:?}, ext4kit {:?}",
+                    stderr_of(&want),
+                    stderr_of(&got)
+                ));
+            }
+            Ok(())
+        })();
+        report_case(&label, res, &mut failures);
+    }
+    assert_eq!(file_hash(&img).unwrap(), before, "the target was MODIFIED");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// "ok" or "FAIL" for one case on stderr, the failure collected.
+fn report_case(label: &str, res: Result<(), String>, failures: &mut Vec<String>) {
+    match res {
+        Ok(()) => eprintln!("ok     {label}"),
+        Err(e) => {
+            eprintln!("FAIL   {label}: {e}");
+            failures.push(format!("{label}: {e}"));
+        }
+    }
+}

@@ -263,14 +263,161 @@ fn c_strtoul_prefix(arg: &str) -> (u64, &str) {
     (v, rest)
 }
 
-/// `strtod` with `*end` checked: the whole argument, after C white
-/// space (`inf`, `nan` and exponents as Rust reads them).
+/// `strtod` with `*end` checked: the whole argument must be the number.
+/// As glibc's strtod in the C locale: C white space first, a sign, then
+/// a decimal number with an optional exponent, a hexadecimal float
+/// (`0x1.8p3`, the exponent optional), `inf`/`infinity` or `nan` with an
+/// optional `(chars)`. An empty argument is 0 (strtod stops at once and
+/// `*end` is the terminating NUL), only blanks are not.
 fn c_strtod_whole(arg: &str) -> Option<f64> {
-    let t = arg.trim_start_matches(is_c_space);
-    if t.is_empty() {
+    if arg.is_empty() {
+        return Some(0.0);
+    }
+    let (v, rest) = c_strtod(arg);
+    rest.is_empty().then_some(v)
+}
+
+/// `strtod(s, &end)`: the value and the unparsed rest (all of `s`, and
+/// 0, when no number starts it).
+fn c_strtod(s: &str) -> (f64, &str) {
+    let t = s.trim_start_matches(is_c_space);
+    let (neg, body) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    let sign = |v: f64| if neg { -v } else { v };
+    let lower = body.get(..8).unwrap_or(body).to_ascii_lowercase();
+    if lower.starts_with("infinity") {
+        return (sign(f64::INFINITY), &body[8..]);
+    }
+    if lower.starts_with("inf") {
+        return (sign(f64::INFINITY), &body[3..]);
+    }
+    if lower.starts_with("nan") {
+        let mut rest = &body[3..];
+        // nan(n-char-sequence): letters, digits and '_' in parentheses.
+        if let Some(inner) = rest.strip_prefix('(')
+            && let Some(close) = inner.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            && inner[close..].starts_with(')')
+        {
+            rest = &inner[close + 1..];
+        }
+        return (sign(f64::NAN), rest);
+    }
+    let hex = body.get(..2).is_some_and(|p| p.eq_ignore_ascii_case("0x"));
+    if hex && let Some((v, rest)) = hex_float(&body[2..]) {
+        return (sign(v), rest);
+    }
+    // Decimal: digits, an optional fraction, at least one digit in all,
+    // then an exponent only if it has digits.
+    let b = body.as_bytes();
+    let digits = |from: usize| b[from..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let int = digits(0);
+    let mut end = int;
+    let mut frac = 0;
+    if b.get(end) == Some(&b'.') {
+        frac = digits(end + 1);
+        end += 1 + frac;
+    }
+    if int + frac == 0 {
+        return (0.0, s);
+    }
+    if matches!(b.get(end), Some(b'e' | b'E')) {
+        let mut e = end + 1;
+        if matches!(b.get(e), Some(b'+' | b'-')) {
+            e += 1;
+        }
+        let n = digits(e);
+        if n > 0 {
+            end = e + n;
+        }
+    }
+    // Rust reads this subset of strtod's syntax, correctly rounded.
+    let v = body[..end].parse::<f64>().unwrap_or(0.0);
+    (sign(v), &body[end..])
+}
+
+/// The part of a hexadecimal float after `0x`: hex digits with an
+/// optional `.` (at least one digit), then an optional binary exponent
+/// `p[+-]digits`. `None` when no digit follows (strtod then reads the
+/// `0` alone).
+fn hex_float(s: &str) -> Option<(f64, &str)> {
+    let b = s.as_bytes();
+    // The first 15 significant digits (60 bits) are kept; any nonzero
+    // digit after them only sets the lowest bit, so that the conversion
+    // to 53 bits still rounds as if all were there.
+    let mut mant: u64 = 0;
+    let mut kept = 0u32;
+    let mut sticky = false;
+    let mut exp: i64 = 0;
+    let mut any = false;
+    let mut i = 0;
+    let mut seen_dot = false;
+    while i < b.len() {
+        let c = b[i];
+        if c == b'.' && !seen_dot {
+            seen_dot = true;
+            i += 1;
+            continue;
+        }
+        let Some(d) = (c as char).to_digit(16) else {
+            break;
+        };
+        any = true;
+        if mant == 0 && d == 0 {
+            // Leading zeros carry no bits.
+            if seen_dot {
+                exp -= 4;
+            }
+        } else if kept < 15 {
+            mant = mant << 4 | u64::from(d);
+            kept += 1;
+            if seen_dot {
+                exp -= 4;
+            }
+        } else {
+            sticky |= d != 0;
+            if !seen_dot {
+                exp += 4;
+            }
+        }
+        i += 1;
+    }
+    if !any {
         return None;
     }
-    t.parse::<f64>().ok()
+    if matches!(b.get(i), Some(b'p' | b'P')) {
+        let mut e = i + 1;
+        let neg = match b.get(e) {
+            Some(b'-') => {
+                e += 1;
+                true
+            }
+            Some(b'+') => {
+                e += 1;
+                false
+            }
+            _ => false,
+        };
+        let n = b[e..].iter().take_while(|c| c.is_ascii_digit()).count();
+        if n > 0 {
+            // Saturate: a huge exponent is inf or 0 anyway.
+            let p = s[e..e + n].parse::<i64>().unwrap_or(i64::MAX).min(1 << 20);
+            exp += if neg { -p } else { p };
+            i = e + n;
+        }
+    }
+    let m = (mant | u64::from(sticky)) as f64;
+    // Scale in steps that stay within f64's exponent range.
+    let mut v = m;
+    let mut e = exp;
+    while e != 0 && v != 0.0 && v.is_finite() {
+        let step = e.clamp(-1000, 1000);
+        v *= 2f64.powi(step as i32);
+        e -= step;
+    }
+    Some((v, &s[i..]))
 }
 
 /// What mke2fs's getopt loop takes from the options it checks while
@@ -363,7 +510,12 @@ pub fn getopt_check(args: &[(char, String)]) -> Result<Getopt, OptionError> {
             'j' if g.journal_size == 0 => g.journal_size = -1,
             'J' => parse_journal_opts(arg, &mut g)?,
             'm' => match c_strtod_whole(arg) {
-                // (mke2fs lets a NaN through, to an undefined cast later.)
+                // A NaN passes mke2fs's `> 50 || < 0` check, but its
+                // reserved block count is then the NaN's cast to an
+                // integer, undefined in C (2^63 on x86-64: refused with
+                // 64bit, "Invalid argument passed to ext2 library", and
+                // truncated to 0 without): refused here with the message
+                // of the other values out of range.
                 Some(r) if (0.0..=50.0).contains(&r) => g.reserved_ratio = Some(r),
                 _ => return err(format!("invalid reserved blocks percent - {arg}")),
             },
@@ -1002,9 +1154,11 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         Some(r) => r,
         None => profile.get_double(&fs_types, "reserved_ratio", 5.0),
     };
-    if !(0.0..=50.0).contains(&reserved_ratio) || reserved_ratio.is_nan() {
+    // mke2fs's check, printed with "%lf"; a NaN is refused too (see
+    // getopt_check).
+    if !(0.0..=50.0).contains(&reserved_ratio) {
         return err(format!(
-            "invalid reserved blocks percent - {reserved_ratio}"
+            "invalid reserved blocks percent - {reserved_ratio:.6}"
         ));
     }
     if journal_dev {
@@ -2355,6 +2509,54 @@ mod tests {
 
     /// mke2fs's getopt loop: the first bad option in command-line order,
     /// with mke2fs's message; strtoul base 0 (hex, octal, empty = 0).
+    /// `-m` is strtod's: what glibc accepts (checked against mke2fs
+    /// 1.47.0: `mke2fs -m ARG -n`), and where it stops.
+    #[test]
+    fn strtod_like_glibc() {
+        let ok = |s: &str| c_strtod_whole(s);
+        assert_eq!(ok("0x1p2"), Some(4.0));
+        assert_eq!(ok("0x1.8p1"), Some(3.0));
+        assert_eq!(ok("0X.8P+3"), Some(4.0));
+        assert_eq!(ok("0x10"), Some(16.0));
+        assert_eq!(ok("0x0.0001p16"), Some(1.0));
+        assert_eq!(ok("-0x1p-1"), Some(-0.5));
+        assert_eq!(ok(" 3"), Some(3.0));
+        assert_eq!(ok("\t+2.5"), Some(2.5));
+        assert_eq!(ok("1e1"), Some(10.0));
+        assert_eq!(ok(".5e1"), Some(5.0));
+        assert_eq!(ok("5."), Some(5.0));
+        assert_eq!(ok("1e-400"), Some(0.0));
+        assert_eq!(ok(""), Some(0.0));
+        assert_eq!(ok("inf"), Some(f64::INFINITY));
+        assert_eq!(ok("-Infinity"), Some(f64::NEG_INFINITY));
+        assert!(ok("nan").is_some_and(f64::is_nan));
+        assert!(ok("-NaN").is_some_and(f64::is_nan));
+        assert!(ok("nan(abc_1)").is_some_and(f64::is_nan));
+        for bad in [
+            " ", "0x", "0xp1", "0x1p", "1e", "1e+", ".", "nan(", "infin", "3 ", "5%", "1_0",
+        ] {
+            assert_eq!(ok(bad), None, "{bad:?}");
+        }
+        assert_eq!(c_strtod("0xg"), (0.0, "xg"));
+        assert_eq!(c_strtod("1e+"), (1.0, "e+"));
+        // Many digits round as a whole.
+        assert_eq!(ok("0x1.00000000000008p0"), Some(1.0));
+        assert_eq!(ok("0x1.000000000000080001p0"), Some(1.0 + f64::EPSILON));
+        let a = |v: &[(char, &str)]| -> Vec<(char, String)> {
+            v.iter().map(|(c, s)| (*c, s.to_string())).collect()
+        };
+        assert_eq!(
+            getopt_check(&a(&[('m', "0x1p2")])).unwrap().reserved_ratio,
+            Some(4.0)
+        );
+        for bad in ["inf", "0x1p6", "-1e-300", "nan", "-nan(1)"] {
+            assert_eq!(
+                getopt_check(&a(&[('m', bad)])).unwrap_err().0,
+                format!("invalid reserved blocks percent - {bad}")
+            );
+        }
+    }
+
     #[test]
     fn getopt_checks_like_mke2fs() {
         let a = |v: &[(char, &str)]| -> Vec<(char, String)> {
