@@ -84,6 +84,10 @@ pub struct Resolved {
     pub discard: bool,
     /// The user promised the storage reads as zero.
     pub assume_prezeroed: bool,
+    /// lazy_itable_init as mke2fs.conf and `-E lazy_itable_init=` set
+    /// it, before `assume_storage_prezeroed` turns it on: what mke2fs's
+    /// should_do_undo looks at (it runs before that).
+    pub lazy_itable_init_asked: bool,
     /// `-E offset=`: the filesystem starts this many bytes into the target.
     pub offset: u64,
     pub warnings: Vec<String>,
@@ -1872,6 +1876,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     } else {
         (0xFFFF, 0)
     };
+    let lazy_itable_init_asked = lazy_itable_init;
     if assume_prezeroed {
         lazy_itable_init = true;
         lazy_journal_init = true;
@@ -1981,6 +1986,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         fs_types,
         discard,
         assume_prezeroed,
+        lazy_itable_init_asked,
         offset,
         warnings,
     })
