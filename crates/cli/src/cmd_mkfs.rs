@@ -535,30 +535,17 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     // mke2fs's getopt loop: each option checked as it is read, so a bad
     // one is refused even with -V, which prints the version after it.
     let order = a.getopt_args();
-    let g = mkfs::options::getopt_check(&order)?;
-    let add_journal = journal_asked(&order, who);
-    if a.opt_cap_v > 0 {
-        print_version(who);
-        return Ok(0);
-    }
-    if let Some(msg) = unsupported(a) {
-        bail!("{msg}");
-    }
-    let Some(device) = a.device.as_deref() else {
-        bail!(
-            "missing DEVICE (usage: {} [options] DEVICE [FS-SIZE]; see --help)",
-            who.program()
-        );
+    // mke2fs looks each -J device= up (a NAME=value tag with libblkid) as
+    // its loop reads it; a path is taken as it is, and opened later.
+    let mut find_journal = |spec: &str| {
+        crate::jdev::resolve_spec(spec)
+            .ok()
+            .map(|p| p.display().to_string())
     };
-    if a.fs_type.len() > 1 {
-        bail!("The -t option may only be used once");
-    }
-    if a.usage_types.len() > 1 {
-        bail!("The -T option may only be used once");
-    }
-    let quiet = a.quiet > 0;
-    let verbose = a.verbose > 0;
-    let dry_run = a.dry_run > 0;
+    let g = mkfs::options::getopt_check_with(&order, &mut find_journal)?;
+    let add_journal = journal_asked(&order, who);
+    // What mke2fs's loop prints as it reads the options, before its
+    // version line (also with -V).
     if !a.extended_deprecated.is_empty() {
         eprintln!("{}: '-R' is deprecated, use '-E' instead", who.program());
     }
@@ -571,11 +558,52 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             "Warning: -K option is deprecated and should not be used anymore. Use '-E nodiscard' extended option instead!"
         );
     }
+    let early_label_warning = mkfs::options::label_warning(a.label.as_deref());
+    if let Some(w) = &early_label_warning {
+        print_warning(w, a.json);
+    }
+    if a.opt_cap_v > 0 {
+        print_version(who);
+        return Ok(0);
+    }
+    let Some(device) = a.device.as_deref() else {
+        bail!(
+            "missing DEVICE (usage: {} [options] DEVICE [FS-SIZE]; see --help)",
+            who.program()
+        );
+    };
+    // What ext4kit lacks, before mke2fs's version line: one line.
+    if let Some(msg) = unsupported(a) {
+        bail!("{msg}");
+    }
+    let quiet = a.quiet > 0;
+    let verbose = a.verbose > 0;
+    let dry_run = a.dry_run > 0;
+    let mke2fs = *who != Personality::Ext4kit;
+    if mke2fs && !quiet {
+        // mke2fs's version line, once the options are read.
+        eprintln!("mke2fs {MKE2FS_VERSION} ({MKE2FS_DATE})");
+    }
+    // -J device=PATH: mke2fs opens it now for its block size, unless -b
+    // gave one (then only when it adds the journal).
+    let jdev_early = g.block_sizes.last().is_none_or(|&b| b <= 0);
+    let mut jdev = match &g.journal_device {
+        Some(p) if jdev_early => Some(crate::jdev::find_path(Path::new(p))?),
+        _ => None,
+    };
     let (profile, _source) = Profile::load().context("reading mke2fs.conf")?;
     let dev_name = device.display().to_string();
     let exists = device.exists();
     if !exists && a.fs_size.is_none() {
-        // mke2fs's message, which names the file.
+        let msg = format!(
+            "The file {} does not exist and no size was specified.",
+            device.display()
+        );
+        if mke2fs {
+            // mke2fs's line, as it prints it (no program name).
+            eprintln!("{msg}");
+            return Ok(1);
+        }
         bail!(
             "the file {} does not exist and no size was specified",
             device.display()
@@ -615,6 +643,18 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             extended.push("nodiscard".into());
         }
     }
+    // Installed as mke2fs: a -U that is no UUID is refused as mke2fs
+    // does, once the options and the layout are settled (after their
+    // warnings), with the device as com_err's program name; mke2fs has
+    // written by then, ext4kit has not. (`ext4kit mkfs` refuses it with
+    // its other option errors.)
+    let bad_uuid = a.uuid.as_deref().filter(|u| {
+        mke2fs
+            && !["null", "clear", "time", "random"]
+                .iter()
+                .any(|w| u.eq_ignore_ascii_case(w))
+            && mkfs::options::parse_uuid(u).is_none()
+    });
     let usage_types = a.usage_types.first().cloned().or_else(|| {
         profile
             .get_value(&["devices", &dev_name, "usage_types"])
@@ -630,7 +670,11 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         inode_size: g.inode_size,
         reserved_ratio: g.reserved_ratio,
         label: a.label.clone(),
-        uuid: a.uuid.clone(),
+        uuid: if bad_uuid.is_some() {
+            None
+        } else {
+            a.uuid.clone()
+        },
         features: a.features.clone(),
         extended,
         journal: a.journal.clone(),
@@ -658,12 +702,11 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             _ => None,
         },
     };
-    // -J device=: find and read the journal device first (mke2fs opens it
-    // while parsing the options, for its block size).
-    let jdev = match mkfs::options::journal_device_spec(&a.journal)? {
-        Some(spec) => Some(crate::jdev::find(&spec)?),
-        None => None,
-    };
+    // -J device= with -b: read the journal device now, still before
+    // anything is written.
+    if let (Some(p), None) = (&g.journal_device, &jdev) {
+        jdev = Some(crate::jdev::find_path(Path::new(p))?);
+    }
     let opts = MkfsOptions {
         external_journal: jdev.as_ref().map(|j| j.external.clone()),
         ..opts
@@ -726,6 +769,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         .warnings
         .iter()
         .filter(|w| Some(*w) != too_big.as_ref())
+        .filter(|w| Some(*w) != early_label_warning.as_ref())
         .filter(|w| !(quiet && w.as_str() == mkfs::options::BIGALLOC_EXPERIMENTAL))
         .partition(|w| w.starts_with("128-byte inodes") || w.starts_with("Your mke2fs.conf"));
     for w in to_stderr {
@@ -748,6 +792,11 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     }
     for w in to_stdout {
         print_warning(w, a.json);
+    }
+    if let Some(u) = bad_uuid {
+        // (mke2fs's message ends in an extra newline: one line here.)
+        eprintln!("{dev_name}: could not parse UUID: {u}");
+        return Ok(1);
     }
     // Overwrite protection, as mke2fs's check_plausibility(): only when
     // stdin and stdout are terminals; the question only without -F.
@@ -804,7 +853,10 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     if dry_run {
         // As mke2fs -n (also with -q): the summary, nothing written.
         if a.json {
-            outln!("{}", json_report(device, &prepared, None, None, start));
+            outln!(
+                "{}",
+                json_report(device, &prepared, None, None, undo.as_ref(), start)
+            );
         } else {
             print_summary(a, &prepared);
         }
@@ -875,7 +927,15 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         print_summary(a, &prepared);
     }
     if mkfs::journal_dev::is_journal_dev(&prepared.layout) {
-        let r = write_journal_device(a, dev.as_ref(), &prepared, discarded, device, start)?;
+        let r = write_journal_device(
+            a,
+            dev.as_ref(),
+            &prepared,
+            discarded,
+            device,
+            undo.as_ref(),
+            start,
+        )?;
         crate::undo::finish(&undo_dev)?;
         return Ok(r);
     }
@@ -995,6 +1055,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             &prepared,
             Some(&report),
             Some(dev.allocated_bytes()),
+            undo.as_ref(),
             start,
         );
         if let (Some((j, _)), Some(obj)) = (&journal, v.as_object_mut()) {
@@ -1014,6 +1075,7 @@ fn write_journal_device(
     prepared: &mkfs::Prepared,
     discarded: bool,
     device: &Path,
+    undo: Option<&crate::undo::Choice>,
     start: Instant,
 ) -> Result<i32> {
     let l = &prepared.layout;
@@ -1034,6 +1096,7 @@ fn write_journal_device(
             prepared,
             Some(&report),
             Some(dev.allocated_bytes()),
+            undo,
             start,
         );
         outln!("{v}");
@@ -1169,12 +1232,15 @@ fn interactive() -> bool {
 }
 
 /// The `--json` report: the plan, and what the run did (`report` is `None`
-/// for `-n`, which writes nothing: `"dry_run": true`).
+/// for `-n`, which writes nothing: `"dry_run": true`). `undo_file` is the
+/// undo file (`-z`, or mke2fs's automatic one) the run writes, or with
+/// `-n` would write; `null` for none.
 fn json_report(
     device: &Path,
     p: &mkfs::Prepared,
     report: Option<&mkfs::Report>,
     allocated_bytes: Option<Option<u64>>,
+    undo: Option<&crate::undo::Choice>,
     start: Instant,
 ) -> serde_json::Value {
     let l = &p.layout;
@@ -1193,6 +1259,7 @@ fn json_report(
         "uuid": uuid::Uuid::from_bytes(p.settings.uuid).to_string(),
         "itable_zeroed": p.settings.itable_zeroed,
         "warnings": p.resolved.warnings,
+        "undo_file": undo.map(|u| &u.path),
     });
     if let (Some(r), Some(obj)) = (report, v.as_object_mut()) {
         obj.insert("itable_zeroed".into(), r.itable_zeroed.into());

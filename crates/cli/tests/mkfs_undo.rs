@@ -712,3 +712,53 @@ fn automatic_undo_and_assume_storage_prezeroed() {
         eprintln!("ok     {ext}");
     }
 }
+
+/// `--json` names the undo file: `undo_file` is the -z path or the
+/// automatic one (with -n the one that would be made, and none is), null
+/// without one; and the automatic one is made where it says.
+#[test]
+fn json_names_the_undo_file() {
+    const TEST: &str = "json_names_the_undo_file";
+    if let Err(e) = tools() {
+        return skip(TEST, &e);
+    }
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, DEBIAN_CONF).unwrap();
+    let udir = dir.path().join("undo");
+    std::fs::create_dir(&udir).unwrap();
+    let img = mkimg(dir.path(), "j.img", "16M", &[]);
+    let z = dir.path().join("z.e2undo");
+    let auto = udir.join("mke2fs-j.img.e2undo");
+    let json = |args: &[&str], undo_dir: &Path| -> serde_json::Value {
+        let mut c = ext4kit_mkfs(["--json", "-F", "-t", "ext4"]);
+        c.args(args)
+            .arg(&img)
+            .env("E2FSPROGS_UNDO_DIR", undo_dir)
+            .env("MKE2FS_CONFIG", &conf);
+        let out = run_ok(&mut c).unwrap();
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", stdout(&out)))
+    };
+    let path = |p: &Path| serde_json::Value::from(p.display().to_string());
+    let none = Path::new("none");
+    // -n: the file that would be made; none is.
+    let v = json(&["-n", "-z", z.to_str().unwrap()], none);
+    assert_eq!(v["undo_file"], path(&z));
+    assert_eq!(v["dry_run"], true);
+    let v = json(&["-n"], &udir);
+    assert_eq!(v["undo_file"], path(&auto));
+    assert!(!z.exists() && !auto.exists());
+    // Formats: -z, then the automatic one, then none.
+    let v = json(&["-z", z.to_str().unwrap()], none);
+    assert_eq!(v["undo_file"], path(&z));
+    assert!(z.exists());
+    let v = json(&[], &udir);
+    assert_eq!(v["undo_file"], path(&auto));
+    assert!(auto.exists());
+    let v = json(&[], none);
+    assert_eq!(v["undo_file"], serde_json::Value::Null);
+    let v = json(&["-n", "-O", "^metadata_csum,^uninit_bg"], &udir);
+    assert_eq!(v["undo_file"], serde_json::Value::Null);
+    e2fsck_clean(&img).unwrap();
+}

@@ -443,14 +443,30 @@ pub struct Getopt {
     /// read in order: 0 = no journal asked for, < 0 = the default size,
     /// else MiB.
     pub journal_size: i32,
+    /// The last `-J device=`, as the lookup given to
+    /// [`getopt_check_with`] found it (mke2fs's `journal_device`).
+    pub journal_device: Option<String>,
 }
 
 /// mke2fs's `PRS()` getopt loop: each option checked as it is read, in
 /// command-line order (`(option letter, value)`, `-j` with an empty
 /// value), so the first bad one is the error, with mke2fs's message, and
 /// it comes before `-V` prints the version. Later checks stay in
-/// [`resolve`].
+/// [`resolve`]. A `-J device=` is taken as found, as given (see
+/// [`getopt_check_with`]).
 pub fn getopt_check(args: &[(char, String)]) -> Result<Getopt, OptionError> {
+    getopt_check_with(args, &mut |spec| Some(spec.to_string()))
+}
+
+/// [`getopt_check`] with mke2fs's lookup of each `-J device=SPEC` as it
+/// is read (`get_devname`: a `NAME=value` tag or a path): `find_journal`
+/// returns the device's path, or `None` for a tag that names nothing,
+/// mke2fs's "Could not find journal device matching SPEC" (before `-V`
+/// prints anything, like the other errors of the loop).
+pub fn getopt_check_with(
+    args: &[(char, String)],
+    find_journal: &mut dyn FnMut(&str) -> Option<String>,
+) -> Result<Getopt, OptionError> {
     let mut g = Getopt::default();
     let (mut fs_type_seen, mut usage_seen) = (false, false);
     for (c, arg) in args {
@@ -512,7 +528,7 @@ pub fn getopt_check(args: &[(char, String)]) -> Result<Getopt, OptionError> {
                 g.inode_size = Some(v as u32);
             }
             'j' if g.journal_size == 0 => g.journal_size = -1,
-            'J' => parse_journal_opts(arg, &mut g)?,
+            'J' => parse_journal_opts(arg, &mut g, find_journal)?,
             'm' => match c_strtod_whole(arg) {
                 // A NaN passes mke2fs's `> 50 || < 0` check, but its
                 // reserved block count is then the NaN's cast to an
@@ -560,9 +576,13 @@ pub fn getopt_check(args: &[(char, String)]) -> Result<Getopt, OptionError> {
 /// `parse_journal_opts` (misc/util.c): `size=` and `fast_commit_size=`
 /// are `strtoul(arg, &p, 0)` into an int (hex and octal too; `size=0`
 /// asks for no journal size, a negative one for the default), `device=`
-/// (looked up by the caller), `location=`, `v1_superblock`; anything else
+/// (looked up at once with `find_journal`), `location=`, `v1_superblock`; anything else
 /// is mke2fs's "Bad journal options specified".
-fn parse_journal_opts(opts: &str, g: &mut Getopt) -> Result<(), OptionError> {
+fn parse_journal_opts(
+    opts: &str,
+    g: &mut Getopt,
+    find_journal: &mut dyn FnMut(&str) -> Option<String>,
+) -> Result<(), OptionError> {
     let bad = |why: String| OptionError(format!("Bad journal options specified: {why}"));
     for tok in opts.split(',').filter(|t| !t.is_empty()) {
         let (k, v) = match tok.split_once('=') {
@@ -582,13 +602,31 @@ fn parse_journal_opts(opts: &str, g: &mut Getopt) -> Result<(), OptionError> {
                 c_strtoul_whole(v)
                     .ok_or_else(|| bad(format!("invalid fast commit size: '{v}'")))?;
             }
-            ("device" | "location", Some(_)) => {}
+            ("device", Some(v)) => {
+                let dev = find_journal(v).ok_or_else(|| {
+                    OptionError(format!("Could not find journal device matching {v}"))
+                })?;
+                g.journal_device = Some(dev);
+            }
+            ("location", Some(_)) => {}
             // Refused by resolve (see there).
             ("v1_superblock", _) => {}
             _ => return Err(bad(format!("bad journal option: '{k}'"))),
         }
     }
     Ok(())
+}
+
+/// mke2fs's warning for a `-L` of more than 16 bytes (its getopt loop
+/// prints it as it reads the option; [`resolve`] lists it in its
+/// warnings too).
+pub fn label_warning(label: Option<&str>) -> Option<String> {
+    let l = label.filter(|l| l.len() > 16)?;
+    // mke2fs's wording (and its blank line after).
+    let cut = String::from_utf8_lossy(&l.as_bytes()[..16]).into_owned();
+    Some(format!(
+        "Warning: label too long; will be truncated to '{cut}'\n"
+    ))
 }
 
 /// Parse a UUID in the usual 8-4-4-4-12 form.
@@ -1823,13 +1861,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     }
     let mut label = [0u8; 16];
     if let Some(l) = &opts.label {
-        if l.len() > 16 {
-            // mke2fs's wording (and its blank line after).
-            let cut = String::from_utf8_lossy(&l.as_bytes()[..16]).into_owned();
-            warnings.push(format!(
-                "Warning: label too long; will be truncated to '{cut}'\n"
-            ));
-        }
+        warnings.extend(label_warning(Some(l)));
         let n = l.len().min(16);
         label[..n].copy_from_slice(&l.as_bytes()[..n]);
     }
@@ -2614,6 +2646,31 @@ mod tests {
         assert_eq!(g.reserved_ratio, Some(2.5));
         assert_eq!(g.journal_size, 16);
         // -j turns journal_size 0 into -1; a later size=0 takes it back.
+        // -J device= is looked up as it is read: the first not found is
+        // the error, even before a later bad option; the last found wins.
+        let mut asked = Vec::new();
+        let mut find = |s: &str| {
+            asked.push(s.to_string());
+            (!s.starts_with("UUID=")).then(|| format!("/dev/{s}"))
+        };
+        let r = getopt_check_with(
+            &a(&[('J', "device=sda"), ('J', "device=sdb"), ('b', "4096")]),
+            &mut find,
+        );
+        assert_eq!(r.unwrap().journal_device.as_deref(), Some("/dev/sdb"));
+        let r = getopt_check_with(
+            &a(&[
+                ('J', "size=4,device=UUID=x"),
+                ('b', "100"),
+                ('J', "device=sdc"),
+            ]),
+            &mut find,
+        );
+        assert_eq!(
+            r.unwrap_err().0,
+            "Could not find journal device matching UUID=x"
+        );
+        assert_eq!(asked, ["sda", "sdb", "UUID=x"]);
         let js = |v: &[(char, &str)]| getopt_check(&a(v)).unwrap().journal_size;
         assert_eq!(js(&[('J', "size=0"), ('j', "")]), -1);
         assert_eq!(js(&[('j', ""), ('J', "size=0")]), 0);
