@@ -70,8 +70,8 @@ pub struct MkfsArgs {
     )]
     reserved_ratio: Vec<String>,
     /// Volume label (at most 16 bytes).
-    #[arg(short = 'L', overrides_with = "label", value_name = "LABEL")]
-    label: Option<String>,
+    #[arg(short = 'L', action = clap::ArgAction::Append, value_name = "LABEL")]
+    label: Vec<String>,
     /// Filesystem UUID (or null, clear, random, time).
     #[arg(short = 'U', overrides_with = "uuid", value_name = "UUID")]
     uuid: Option<String>,
@@ -277,7 +277,7 @@ impl MkfsArgs {
             let Some(idx) = m.indices_of(id) else {
                 continue;
             };
-            if c == 'j' {
+            if c == 'j' || c == 'K' {
                 order.extend(idx.map(|i| (i, c, String::new())));
             } else if let Some(vals) = m.get_many::<String>(id) {
                 order.extend(idx.zip(vals.cloned()).map(|(i, v)| (i, c, v)));
@@ -294,8 +294,10 @@ impl MkfsArgs {
             return o.clone();
         }
         let mut v: Vec<(char, String)> = Vec::new();
-        let lists: [(char, &Vec<String>); 13] = [
+        let lists: [(char, &Vec<String>); 15] = [
             ('b', &self.block_size),
+            ('L', &self.label),
+            ('R', &self.extended_deprecated),
             ('C', &self.opt_cap_c),
             ('e', &self.errors),
             ('g', &self.blocks_per_group),
@@ -315,13 +317,17 @@ impl MkfsArgs {
         if self.add_journal {
             v.push(('j', String::new()));
         }
+        v.extend((0..self.keep).map(|_| ('K', String::new())));
         v
     }
 }
 
 /// The arguments [`ext4kit::mkfs::options::getopt_check`] looks at.
-const GETOPT_IDS: [(&str, char); 14] = [
+const GETOPT_IDS: [(&str, char); 17] = [
     ("block_size", 'b'),
+    ("keep", 'K'),
+    ("label", 'L'),
+    ("extended_deprecated", 'R'),
     ("opt_cap_c", 'C'),
     ("errors", 'e'),
     ("blocks_per_group", 'g'),
@@ -513,6 +519,25 @@ fn print_warning(w: &str, json: bool) {
     }
 }
 
+/// What mke2fs's getopt loop printed, on stderr.
+fn print_loop_notes(notes: &[mkfs::options::LoopNote], who: &Personality, json: bool) {
+    use mkfs::options::LoopNote;
+    for n in notes {
+        match n {
+            LoopNote::RDeprecated => {
+                eprintln!("{}: '-R' is deprecated, use '-E' instead", who.program())
+            }
+            LoopNote::KDeprecated => eprintln!(
+                "Warning: -K option is deprecated and should not be used anymore. Use '-E nodiscard' extended option instead!"
+            ),
+            LoopNote::BlockSizeUnusable(b) => {
+                eprintln!("Warning: blocksize {b} not usable on most systems.")
+            }
+            LoopNote::LabelTooLong(w) => print_warning(w, json),
+        }
+    }
+}
+
 /// `-V`: the version, then exit 0 (mke2fs prints it after parsing the
 /// command line, before looking at the device). As `mke2fs`/`mkfs.extN`,
 /// mke2fs's own first line, on stderr, so that scripts testing the mke2fs
@@ -542,26 +567,21 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             .ok()
             .map(|p| p.display().to_string())
     };
-    let g = mkfs::options::getopt_check_with(&order, &mut find_journal)?;
+    // What mke2fs's loop prints as it reads the options comes before its
+    // version line (also with -V) and before the error of a later option.
+    let g = match mkfs::options::getopt_check_with(&order, &mut find_journal) {
+        Ok(g) => {
+            print_loop_notes(&g.notes, who, a.json);
+            g
+        }
+        Err(f) => {
+            print_loop_notes(&f.notes, who, a.json);
+            return Err(f.error.into());
+        }
+    };
     let add_journal = journal_asked(&order, who);
-    // What mke2fs's loop prints as it reads the options, before its
-    // version line (also with -V).
-    if !a.extended_deprecated.is_empty() {
-        eprintln!("{}: '-R' is deprecated, use '-E' instead", who.program());
-    }
-    // mke2fs warns while it parses each -b.
-    for &b in g.block_sizes.iter().filter(|&&b| b > 4096 && b <= 65536) {
-        eprintln!("Warning: blocksize {b} not usable on most systems.");
-    }
-    if a.keep > 0 {
-        eprintln!(
-            "Warning: -K option is deprecated and should not be used anymore. Use '-E nodiscard' extended option instead!"
-        );
-    }
-    let early_label_warning = mkfs::options::label_warning(a.label.as_deref());
-    if let Some(w) = &early_label_warning {
-        print_warning(w, a.json);
-    }
+    // (resolve lists the last -L's warning too: printed here already.)
+    let early_label_warning = mkfs::options::label_warning(a.label.last().map(String::as_str));
     if a.opt_cap_v > 0 {
         print_version(who);
         return Ok(0);
@@ -669,7 +689,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         inode_ratio: g.inode_ratio,
         inode_size: g.inode_size,
         reserved_ratio: g.reserved_ratio,
-        label: a.label.clone(),
+        label: a.label.last().cloned(),
         uuid: if bad_uuid.is_some() {
             None
         } else {

@@ -813,7 +813,8 @@ fn report_case(label: &str, res: Result<(), String>, failures: &mut Vec<String>)
 
 /// Installed as mke2fs, stderr is mke2fs's: its version line (unless -q)
 /// once the getopt loop has read the options, so after what the loop
-/// prints (-R, -K, -b, -L warnings) and not at all when an option fails
+/// prints (-R, -K, -b, -L warnings, in command-line order, also before
+/// an option it refuses) and not at all when an option fails
 /// there (a `-J device=` tag that names nothing too), but before the
 /// later errors: a file that does not exist, a bad -U (named by the
 /// device, as mke2fs's com_err does; one line without its extra newline),
@@ -862,10 +863,13 @@ fn stderr_as_mke2fs_with_its_version_line() {
         ("-t ext4 -F -L 12345678901234567890 t.img", true),
         ("-t ext4 -F -K t.img", true),
         ("-t ext4 -F -R stride=4 t.img", true),
+        ("-t ext4 -F -K -b 8192 -R stride=2 t.img", true),
         ("-t ext4 -F -T nosuch t.img", true),
         ("-t ext4 -F -m 0x1p2 t.img", true),
         ("-t ext4 -t ext3 t.img", false),
         ("-m 60 t.img", false),
+        ("-L 12345678901234567890 -b 100 t.img", false),
+        ("-K -b 8192 -I 12x t.img", false),
         ("-n nosuch.img", false),
         ("-q -n nosuch.img", false),
         ("-U bad -n t.img", false),

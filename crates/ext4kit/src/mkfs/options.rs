@@ -446,6 +446,32 @@ pub struct Getopt {
     /// The last `-J device=`, as the lookup given to
     /// [`getopt_check_with`] found it (mke2fs's `journal_device`).
     pub journal_device: Option<String>,
+    /// What the loop prints as it reads the options, in order.
+    pub notes: Vec<LoopNote>,
+}
+
+/// A message mke2fs's getopt loop prints on stderr while it reads the
+/// options (before its version line, and before the error of a later
+/// option).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoopNote {
+    /// `-R`: "PROGRAM: '-R' is deprecated, use '-E' instead".
+    RDeprecated,
+    /// `-K`: deprecated, use `-E nodiscard`.
+    KDeprecated,
+    /// A `-b` over 4096 bytes: "Warning: blocksize N not usable on most
+    /// systems."
+    BlockSizeUnusable(i64),
+    /// A `-L` over 16 bytes: [`label_warning`]'s text.
+    LabelTooLong(String),
+}
+
+/// [`getopt_check_with`]'s error: the option refused, and what the loop
+/// printed before it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GetoptFailure {
+    pub notes: Vec<LoopNote>,
+    pub error: OptionError,
 }
 
 /// mke2fs's `PRS()` getopt loop: each option checked as it is read, in
@@ -455,7 +481,7 @@ pub struct Getopt {
 /// [`resolve`]. A `-J device=` is taken as found, as given (see
 /// [`getopt_check_with`]).
 pub fn getopt_check(args: &[(char, String)]) -> Result<Getopt, OptionError> {
-    getopt_check_with(args, &mut |spec| Some(spec.to_string()))
+    getopt_check_with(args, &mut |spec| Some(spec.to_string())).map_err(|f| f.error)
 }
 
 /// [`getopt_check`] with mke2fs's lookup of each `-J device=SPEC` as it
@@ -463,11 +489,28 @@ pub fn getopt_check(args: &[(char, String)]) -> Result<Getopt, OptionError> {
 /// returns the device's path, or `None` for a tag that names nothing,
 /// mke2fs's "Could not find journal device matching SPEC" (before `-V`
 /// prints anything, like the other errors of the loop).
+///
+/// `-R`, `-K` (with an empty value) and `-L` are listed too, for the
+/// [`LoopNote`]s they print.
 pub fn getopt_check_with(
     args: &[(char, String)],
     find_journal: &mut dyn FnMut(&str) -> Option<String>,
-) -> Result<Getopt, OptionError> {
+) -> Result<Getopt, GetoptFailure> {
     let mut g = Getopt::default();
+    match getopt_loop(args, find_journal, &mut g) {
+        Ok(()) => Ok(g),
+        Err(error) => Err(GetoptFailure {
+            notes: g.notes,
+            error,
+        }),
+    }
+}
+
+fn getopt_loop(
+    args: &[(char, String)],
+    find_journal: &mut dyn FnMut(&str) -> Option<String>,
+    g: &mut Getopt,
+) -> Result<(), OptionError> {
     let (mut fs_type_seen, mut usage_seen) = (false, false);
     for (c, arg) in args {
         let arg = arg.as_str();
@@ -528,7 +571,7 @@ pub fn getopt_check_with(
                 g.inode_size = Some(v as u32);
             }
             'j' if g.journal_size == 0 => g.journal_size = -1,
-            'J' => parse_journal_opts(arg, &mut g, find_journal)?,
+            'J' => parse_journal_opts(arg, g, find_journal)?,
             'm' => match c_strtod_whole(arg) {
                 // A NaN passes mke2fs's `> 50 || < 0` check, but its
                 // reserved block count is then the NaN's cast to an
@@ -567,10 +610,22 @@ pub fn getopt_check_with(
                 }
                 usage_seen = true;
             }
+            'R' => g.notes.push(LoopNote::RDeprecated),
+            'K' => g.notes.push(LoopNote::KDeprecated),
+            'L' => g
+                .notes
+                .extend(label_warning(Some(arg)).map(LoopNote::LabelTooLong)),
             _ => {}
         }
+        // mke2fs warns as it reads a -b it took.
+        if *c == 'b'
+            && let Some(&b) = g.block_sizes.last()
+            && b > 4096
+        {
+            g.notes.push(LoopNote::BlockSizeUnusable(b));
+        }
     }
-    Ok(g)
+    Ok(())
 }
 
 /// `parse_journal_opts` (misc/util.c): `size=` and `fast_commit_size=`
@@ -2667,10 +2722,38 @@ mod tests {
             &mut find,
         );
         assert_eq!(
-            r.unwrap_err().0,
+            r.unwrap_err().error.0,
             "Could not find journal device matching UUID=x"
         );
         assert_eq!(asked, ["sda", "sdb", "UUID=x"]);
+        // What the loop prints, in order, also before a refused option.
+        let long = "12345678901234567890";
+        let g = getopt_check(&a(&[
+            ('K', ""),
+            ('b', "8192"),
+            ('R', "x"),
+            ('L', long),
+            ('b', "-8192"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            g.notes,
+            [
+                LoopNote::KDeprecated,
+                LoopNote::BlockSizeUnusable(8192),
+                LoopNote::RDeprecated,
+                LoopNote::LabelTooLong(label_warning(Some(long)).unwrap()),
+            ]
+        );
+        let f = getopt_check_with(&a(&[('L', long), ('b', "100"), ('K', "")]), &mut |s| {
+            Some(s.into())
+        })
+        .unwrap_err();
+        assert_eq!(f.error.0, "invalid block size - 100");
+        assert_eq!(
+            f.notes,
+            [LoopNote::LabelTooLong(label_warning(Some(long)).unwrap())]
+        );
         let js = |v: &[(char, &str)]| getopt_check(&a(v)).unwrap().journal_size;
         assert_eq!(js(&[('J', "size=0"), ('j', "")]), -1);
         assert_eq!(js(&[('j', ""), ('J', "size=0")]), 0);
