@@ -665,9 +665,9 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     }
     // Installed as mke2fs: a -U that is no UUID is refused as mke2fs
     // does, once the options and the layout are settled (after their
-    // warnings), with the device as com_err's program name; mke2fs has
-    // written by then, ext4kit has not. (`ext4kit mkfs` refuses it with
-    // its other option errors.)
+    // warnings and errors), with the device as com_err's program name;
+    // mke2fs has written by then, ext4kit has not. (`ext4kit mkfs`
+    // refuses it with its other option errors.)
     let bad_uuid = a.uuid.as_deref().filter(|u| {
         mke2fs
             && !["null", "clear", "time", "random"]
@@ -813,11 +813,6 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     for w in to_stdout {
         print_warning(w, a.json);
     }
-    if let Some(u) = bad_uuid {
-        // (mke2fs's message ends in an extra newline: one line here.)
-        eprintln!("{dev_name}: could not parse UUID: {u}");
-        return Ok(1);
-    }
     // Overwrite protection, as mke2fs's check_plausibility(): only when
     // stdin and stdout are terminals; the question only without -F.
     // As mke2fs: no look at what the target holds with -E offset=.
@@ -869,6 +864,13 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     }
     if show && verbose && prepared.resolved.assume_prezeroed {
         outln!("Assuming the storage device is prezeroed - skipping inode table and journal wipe");
+    }
+    if let Some(u) = bad_uuid {
+        // Where mke2fs parses it: after the layout and its messages (and
+        // its discard: nothing is written here). Its message ends in an
+        // extra newline: one line here.
+        eprintln!("{dev_name}: could not parse UUID: {u}");
+        return Ok(1);
     }
     if dry_run {
         // As mke2fs -n (also with -q): the summary, nothing written.

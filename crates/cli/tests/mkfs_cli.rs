@@ -875,6 +875,8 @@ fn stderr_as_mke2fs_with_its_version_line() {
         ("-U bad -n t.img", false),
         ("-t ext4 -U bad -F t.img", false),
         ("-q -U 1234 -F t.img", false),
+        // After the layout's own warning.
+        ("-t ext4 -U bad -F -j t.img 1M", false),
         ("-J device=NOSUCH -n t.img", false),
         ("-F t.img 10x", false),
     ];
