@@ -557,6 +557,14 @@ const MKE2FS_DATE: &str = "5-Feb-2023";
 
 pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     let start = Instant::now();
+    let mke2fs = *who != Personality::Ext4kit;
+    // mke2fs reads mke2fs.conf before its options: installed as mke2fs,
+    // a broken one fails first (also -V, and without the version line).
+    let early_profile = if mke2fs {
+        Some(Profile::load().context("reading mke2fs.conf")?)
+    } else {
+        None
+    };
     // mke2fs's getopt loop: each option checked as it is read, so a bad
     // one is refused even with -V, which prints the version after it.
     let order = a.getopt_args();
@@ -599,7 +607,6 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     let quiet = a.quiet > 0;
     let verbose = a.verbose > 0;
     let dry_run = a.dry_run > 0;
-    let mke2fs = *who != Personality::Ext4kit;
     if mke2fs && !quiet {
         // mke2fs's version line, once the options are read.
         eprintln!("mke2fs {MKE2FS_VERSION} ({MKE2FS_DATE})");
@@ -611,7 +618,10 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         Some(p) if jdev_early => Some(crate::jdev::find_path(Path::new(p))?),
         _ => None,
     };
-    let (profile, _source) = Profile::load().context("reading mke2fs.conf")?;
+    let (profile, _source) = match early_profile {
+        Some(p) => p,
+        None => Profile::load().context("reading mke2fs.conf")?,
+    };
     let dev_name = device.display().to_string();
     let exists = device.exists();
     if !exists && a.fs_size.is_none() {

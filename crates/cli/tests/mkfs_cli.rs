@@ -967,6 +967,29 @@ fn stderr_as_mke2fs_with_its_version_line() {
         };
         report_case(opts, res, &mut failures);
     }
+    // mke2fs reads mke2fs.conf before its options: a broken one fails
+    // without the version line, -V too.
+    let broken = conf_file(dir.path(), "broken.conf", "[defaults\n\tx = 1\n");
+    for opts in ["-V", "-n t.img"] {
+        let m =
+            run(same_env(&mut mke2fs(split_args(opts)), &broken).current_dir(&sides[0])).unwrap();
+        let k = run(same_env(&mut via(&link, &split_args(opts)), &broken).current_dir(&sides[1]))
+            .unwrap();
+        let (me, ke) = (
+            String::from_utf8_lossy(&m.stderr).into_owned(),
+            String::from_utf8_lossy(&k.stderr).into_owned(),
+        );
+        let res = if m.status.code() != k.status.code() {
+            Err(format!("exit {:?} vs mke2fs {:?}", k.status, m.status))
+        } else if ke.contains("mke2fs 1.47") || me.contains("mke2fs 1.47") {
+            Err(format!("version line: {ke:?}, mke2fs {me:?}"))
+        } else if !ke.contains("Syntax error in mke2fs config file") {
+            Err(format!("stderr {ke:?}"))
+        } else {
+            Ok(())
+        };
+        report_case(&format!("broken mke2fs.conf, {opts}"), res, &mut failures);
+    }
     assert_eq!(file_hash(&img).unwrap(), before, "the target was MODIFIED");
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
