@@ -283,7 +283,7 @@ fn c_strtod_whole(arg: &str) -> Option<f64> {
 
 /// `strtod(s, &end)`: the value and the unparsed rest (all of `s`, and
 /// 0, when no number starts it).
-fn c_strtod(s: &str) -> (f64, &str) {
+pub(crate) fn c_strtod(s: &str) -> (f64, &str) {
     let t = s.trim_start_matches(is_c_space);
     let (neg, body) = match t.as_bytes().first() {
         Some(b'-') => (true, &t[1..]),
