@@ -1254,9 +1254,13 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     // mke2fs's check, printed with "%lf"; a NaN is refused too (see
     // getopt_check).
     if !(0.0..=50.0).contains(&reserved_ratio) {
-        return err(format!(
-            "invalid reserved blocks percent - {reserved_ratio:.6}"
-        ));
+        // (C's "%lf" of a NaN is "nan", Rust's "NaN".)
+        let shown = if reserved_ratio.is_nan() {
+            "nan".to_string()
+        } else {
+            format!("{reserved_ratio:.6}")
+        };
+        return err(format!("invalid reserved blocks percent - {shown}"));
     }
     if journal_dev {
         reserved_ratio = 0.0;
@@ -2381,6 +2385,33 @@ mod tests {
         assert_eq!(e.0, "invalid errors behavior in mke2fs.conf: broken");
         let p = Profile::parse("[defaults]\n\terrors = continue\n").unwrap();
         assert_eq!(resolve(&o, &p, &env(1 << 30)).unwrap().settings.errors, 3);
+    }
+
+    /// mke2fs.conf's reserved_ratio: strtod's syntax, mke2fs's range check
+    /// and its "%lf" in the message (checked against mke2fs 1.47.0).
+    #[test]
+    fn profile_reserved_ratio_like_mke2fs() {
+        let r = |v: &str| {
+            let p = Profile::parse(&format!("[defaults]\n\treserved_ratio = {v}\n")).unwrap();
+            resolve(&opts("ext2"), &p, &env(1 << 30)).map(|r| r.params.r_blocks_count)
+        };
+        assert_eq!(r("0x1.8p1"), r("3"));
+        assert_eq!(
+            r("60").unwrap_err().0,
+            "invalid reserved blocks percent - 60.000000"
+        );
+        assert_eq!(
+            r("-0x1p0").unwrap_err().0,
+            "invalid reserved blocks percent - -1.000000"
+        );
+        assert_eq!(
+            r("nan").unwrap_err().0,
+            "invalid reserved blocks percent - nan"
+        );
+        assert_eq!(
+            r("inf").unwrap_err().0,
+            "invalid reserved blocks percent - inf"
+        );
     }
 
     /// The creator OS comes from -o, else `[defaults] creator_os`, and may
