@@ -70,8 +70,8 @@ pub struct MkfsArgs {
     )]
     reserved_ratio: Vec<String>,
     /// Volume label (at most 16 bytes).
-    #[arg(short = 'L', overrides_with = "label", value_name = "LABEL")]
-    label: Option<String>,
+    #[arg(short = 'L', action = clap::ArgAction::Append, value_name = "LABEL")]
+    label: Vec<String>,
     /// Filesystem UUID (or null, clear, random, time).
     #[arg(short = 'U', overrides_with = "uuid", value_name = "UUID")]
     uuid: Option<String>,
@@ -276,7 +276,7 @@ impl MkfsArgs {
             let Some(idx) = m.indices_of(id) else {
                 continue;
             };
-            if c == 'j' {
+            if c == 'j' || c == 'K' {
                 order.extend(idx.map(|i| (i, c, String::new())));
             } else if let Some(vals) = m.get_many::<String>(id) {
                 order.extend(idx.zip(vals.cloned()).map(|(i, v)| (i, c, v)));
@@ -293,8 +293,10 @@ impl MkfsArgs {
             return o.clone();
         }
         let mut v: Vec<(char, String)> = Vec::new();
-        let lists: [(char, &Vec<String>); 13] = [
+        let lists: [(char, &Vec<String>); 15] = [
             ('b', &self.block_size),
+            ('L', &self.label),
+            ('R', &self.extended_deprecated),
             ('C', &self.opt_cap_c),
             ('e', &self.errors),
             ('g', &self.blocks_per_group),
@@ -314,13 +316,17 @@ impl MkfsArgs {
         if self.add_journal {
             v.push(('j', String::new()));
         }
+        v.extend((0..self.keep).map(|_| ('K', String::new())));
         v
     }
 }
 
 /// The arguments [`ext4kit::mkfs::options::getopt_check`] looks at.
-const GETOPT_IDS: [(&str, char); 14] = [
+const GETOPT_IDS: [(&str, char); 17] = [
     ("block_size", 'b'),
+    ("keep", 'K'),
+    ("label", 'L'),
+    ("extended_deprecated", 'R'),
     ("opt_cap_c", 'C'),
     ("errors", 'e'),
     ("blocks_per_group", 'g'),
@@ -512,6 +518,25 @@ fn print_warning(w: &str, json: bool) {
     }
 }
 
+/// What mke2fs's getopt loop printed, on stderr.
+fn print_loop_notes(notes: &[mkfs::options::LoopNote], who: &Personality, json: bool) {
+    use mkfs::options::LoopNote;
+    for n in notes {
+        match n {
+            LoopNote::RDeprecated => {
+                eprintln!("{}: '-R' is deprecated, use '-E' instead", who.program())
+            }
+            LoopNote::KDeprecated => eprintln!(
+                "Warning: -K option is deprecated and should not be used anymore. Use '-E nodiscard' extended option instead!"
+            ),
+            LoopNote::BlockSizeUnusable(b) => {
+                eprintln!("Warning: blocksize {b} not usable on most systems.")
+            }
+            LoopNote::LabelTooLong(w) => print_warning(w, json),
+        }
+    }
+}
+
 /// `-V`: the version, then exit 0 (mke2fs prints it after parsing the
 /// command line, before looking at the device). As `mke2fs`/`mkfs.extN`,
 /// mke2fs's own first line, on stderr, so that scripts testing the mke2fs
@@ -531,17 +556,42 @@ const MKE2FS_DATE: &str = "5-Feb-2023";
 
 pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     let start = Instant::now();
+    let mke2fs = *who != Personality::Ext4kit;
+    // mke2fs reads mke2fs.conf before its options: installed as mke2fs,
+    // a broken one fails first (also -V, and without the version line).
+    let early_profile = if mke2fs {
+        Some(Profile::load().context("reading mke2fs.conf")?)
+    } else {
+        None
+    };
     // mke2fs's getopt loop: each option checked as it is read, so a bad
     // one is refused even with -V, which prints the version after it.
     let order = a.getopt_args();
-    let g = mkfs::options::getopt_check(&order)?;
+    // mke2fs looks each -J device= up (a NAME=value tag with libblkid) as
+    // its loop reads it; a path is taken as it is, and opened later.
+    let mut find_journal = |spec: &str| {
+        crate::jdev::resolve_spec(spec)
+            .ok()
+            .map(|p| p.display().to_string())
+    };
+    // What mke2fs's loop prints as it reads the options comes before its
+    // version line (also with -V) and before the error of a later option.
+    let g = match mkfs::options::getopt_check_with(&order, &mut find_journal) {
+        Ok(g) => {
+            print_loop_notes(&g.notes, who, a.json);
+            g
+        }
+        Err(f) => {
+            print_loop_notes(&f.notes, who, a.json);
+            return Err(f.error.into());
+        }
+    };
     let add_journal = journal_asked(&order, who);
+    // (resolve lists the last -L's warning too: printed here already.)
+    let early_label_warning = mkfs::options::label_warning(a.label.last().map(String::as_str));
     if a.opt_cap_v > 0 {
         print_version(who);
         return Ok(0);
-    }
-    if let Some(msg) = unsupported(a) {
-        bail!("{msg}");
     }
     let Some(device) = a.device.as_deref() else {
         bail!(
@@ -549,32 +599,40 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             who.program()
         );
     };
-    if a.fs_type.len() > 1 {
-        bail!("The -t option may only be used once");
-    }
-    if a.usage_types.len() > 1 {
-        bail!("The -T option may only be used once");
+    // What ext4kit lacks, before mke2fs's version line: one line.
+    if let Some(msg) = unsupported(a) {
+        bail!("{msg}");
     }
     let quiet = a.quiet > 0;
     let verbose = a.verbose > 0;
     let dry_run = a.dry_run > 0;
-    if !a.extended_deprecated.is_empty() {
-        eprintln!("{}: '-R' is deprecated, use '-E' instead", who.program());
+    if mke2fs && !quiet {
+        // mke2fs's version line, once the options are read.
+        eprintln!("mke2fs {MKE2FS_VERSION} ({MKE2FS_DATE})");
     }
-    // mke2fs warns while it parses each -b.
-    for &b in g.block_sizes.iter().filter(|&&b| b > 4096 && b <= 65536) {
-        eprintln!("Warning: blocksize {b} not usable on most systems.");
-    }
-    if a.keep > 0 {
-        eprintln!(
-            "Warning: -K option is deprecated and should not be used anymore. Use '-E nodiscard' extended option instead!"
-        );
-    }
-    let (profile, _source) = Profile::load().context("reading mke2fs.conf")?;
+    // -J device=PATH: mke2fs opens it now for its block size, unless -b
+    // gave one (then only when it adds the journal).
+    let jdev_early = g.block_sizes.last().is_none_or(|&b| b <= 0);
+    let mut jdev = match &g.journal_device {
+        Some(p) if jdev_early => Some(crate::jdev::find_path(Path::new(p))?),
+        _ => None,
+    };
+    let (profile, _source) = match early_profile {
+        Some(p) => p,
+        None => Profile::load().context("reading mke2fs.conf")?,
+    };
     let dev_name = device.display().to_string();
     let exists = device.exists();
     if !exists && a.fs_size.is_none() {
-        // mke2fs's message, which names the file.
+        let msg = format!(
+            "The file {} does not exist and no size was specified.",
+            device.display()
+        );
+        if mke2fs {
+            // mke2fs's line, as it prints it (no program name).
+            eprintln!("{msg}");
+            return Ok(1);
+        }
         bail!(
             "the file {} does not exist and no size was specified",
             device.display()
@@ -614,6 +672,18 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             extended.push("nodiscard".into());
         }
     }
+    // Installed as mke2fs: a -U that is no UUID is refused as mke2fs
+    // does, once the options and the layout are settled (after their
+    // warnings and errors), with the device as com_err's program name;
+    // mke2fs has written by then, ext4kit has not. (`ext4kit mkfs`
+    // refuses it with its other option errors.)
+    let bad_uuid = a.uuid.as_deref().filter(|u| {
+        mke2fs
+            && !["null", "clear", "time", "random"]
+                .iter()
+                .any(|w| u.eq_ignore_ascii_case(w))
+            && mkfs::options::parse_uuid(u).is_none()
+    });
     let usage_types = a.usage_types.first().cloned().or_else(|| {
         profile
             .get_value(&["devices", &dev_name, "usage_types"])
@@ -628,8 +698,12 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         inode_ratio: g.inode_ratio,
         inode_size: g.inode_size,
         reserved_ratio: g.reserved_ratio,
-        label: a.label.clone(),
-        uuid: a.uuid.clone(),
+        label: a.label.last().cloned(),
+        uuid: if bad_uuid.is_some() {
+            None
+        } else {
+            a.uuid.clone()
+        },
         features: a.features.clone(),
         extended,
         journal: a.journal.clone(),
@@ -657,12 +731,11 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             _ => None,
         },
     };
-    // -J device=: find and read the journal device first (mke2fs opens it
-    // while parsing the options, for its block size).
-    let jdev = match mkfs::options::journal_device_spec(&a.journal)? {
-        Some(spec) => Some(crate::jdev::find(&spec)?),
-        None => None,
-    };
+    // -J device= with -b: read the journal device now, still before
+    // anything is written.
+    if let (Some(p), None) = (&g.journal_device, &jdev) {
+        jdev = Some(crate::jdev::find_path(Path::new(p))?);
+    }
     let opts = MkfsOptions {
         external_journal: jdev.as_ref().map(|j| j.external.clone()),
         ..opts
@@ -725,6 +798,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         .warnings
         .iter()
         .filter(|w| Some(*w) != too_big.as_ref())
+        .filter(|w| Some(*w) != early_label_warning.as_ref())
         .filter(|w| !(quiet && w.as_str() == mkfs::options::BIGALLOC_EXPERIMENTAL))
         .partition(|w| w.starts_with("128-byte inodes") || w.starts_with("Your mke2fs.conf"));
     for w in to_stderr {
@@ -800,10 +874,20 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     if show && verbose && prepared.resolved.assume_prezeroed {
         outln!("Assuming the storage device is prezeroed - skipping inode table and journal wipe");
     }
+    if let Some(u) = bad_uuid {
+        // Where mke2fs parses it: after the layout and its messages (and
+        // its discard: nothing is written here). Its message ends in an
+        // extra newline: one line here.
+        eprintln!("{dev_name}: could not parse UUID: {u}");
+        return Ok(1);
+    }
     if dry_run {
         // As mke2fs -n (also with -q): the summary, nothing written.
         if a.json {
-            outln!("{}", json_report(device, &prepared, None, None, start));
+            outln!(
+                "{}",
+                json_report(device, &prepared, None, None, undo.as_ref(), start)
+            );
         } else {
             print_summary(a, &prepared);
         }
@@ -874,7 +958,15 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         print_summary(a, &prepared);
     }
     if mkfs::journal_dev::is_journal_dev(&prepared.layout) {
-        let r = write_journal_device(a, dev.as_ref(), &prepared, discarded, device, start)?;
+        let r = write_journal_device(
+            a,
+            dev.as_ref(),
+            &prepared,
+            discarded,
+            device,
+            undo.as_ref(),
+            start,
+        )?;
         crate::undo::finish(&undo_dev)?;
         return Ok(r);
     }
@@ -994,6 +1086,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             &prepared,
             Some(&report),
             Some(dev.allocated_bytes()),
+            undo.as_ref(),
             start,
         );
         if let (Some((j, _)), Some(obj)) = (&journal, v.as_object_mut()) {
@@ -1013,6 +1106,7 @@ fn write_journal_device(
     prepared: &mkfs::Prepared,
     discarded: bool,
     device: &Path,
+    undo: Option<&crate::undo::Choice>,
     start: Instant,
 ) -> Result<i32> {
     let l = &prepared.layout;
@@ -1033,6 +1127,7 @@ fn write_journal_device(
             prepared,
             Some(&report),
             Some(dev.allocated_bytes()),
+            undo,
             start,
         );
         outln!("{v}");
@@ -1165,12 +1260,15 @@ fn interactive() -> bool {
 }
 
 /// The `--json` report: the plan, and what the run did (`report` is `None`
-/// for `-n`, which writes nothing: `"dry_run": true`).
+/// for `-n`, which writes nothing: `"dry_run": true`). `undo_file` is the
+/// undo file (`-z`, or mke2fs's automatic one) the run writes, or with
+/// `-n` would write; `null` for none.
 fn json_report(
     device: &Path,
     p: &mkfs::Prepared,
     report: Option<&mkfs::Report>,
     allocated_bytes: Option<Option<u64>>,
+    undo: Option<&crate::undo::Choice>,
     start: Instant,
 ) -> serde_json::Value {
     let l = &p.layout;
@@ -1189,6 +1287,7 @@ fn json_report(
         "uuid": uuid::Uuid::from_bytes(p.settings.uuid).to_string(),
         "itable_zeroed": p.settings.itable_zeroed,
         "warnings": p.resolved.warnings,
+        "undo_file": undo.map(|u| &u.path),
     });
     if let (Some(r), Some(obj)) = (report, v.as_object_mut()) {
         obj.insert("itable_zeroed".into(), r.itable_zeroed.into());

@@ -12,7 +12,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use ext4kit::mkfs::journal_dev::{self, ExternalJournal, JournalDevice};
 use ext4kit_device::{Device, OpenOptions, open_device};
 
@@ -23,12 +23,21 @@ pub struct Found {
     pub external: ExternalJournal,
 }
 
-/// Find the device `spec` names and check it as mke2fs does before it
-/// adds a journal device (nothing is written).
-pub fn find(spec: &str) -> Result<Found> {
-    let path = resolve_spec(spec)?;
-    let md =
-        std::fs::metadata(&path).with_context(|| format!("journal device {}", path.display()))?;
+/// Check the journal device at `path` (looked up from `-J device=` by
+/// [`resolve_spec`] while the options were read, as mke2fs's
+/// `journal_device`) as mke2fs does before it adds a journal device
+/// (nothing is written).
+pub fn find_path(path: &Path) -> Result<Found> {
+    let path = path.to_path_buf();
+    // mke2fs's ext2fs_open failure, as com_err says it.
+    let md = std::fs::metadata(&path).map_err(|e| {
+        let text = e.to_string();
+        let text = text.rfind(" (os error ").map_or(&*text, |i| &text[..i]);
+        anyhow::anyhow!(
+            "{text} while trying to open journal device {}",
+            path.display()
+        )
+    })?;
     if !md.file_type().is_block_device() {
         // mke2fs asks, then fails in ext2fs_add_journal_device after the
         // filesystem was written.

@@ -55,11 +55,15 @@ pub fn choose(
 
 /// mke2fs's `should_do_undo`: group checksums and lazy inode tables (or
 /// `force_undo`), and an ext2/3/4 magic at byte 1024 of the target (of
-/// the device, not of `-E offset=`, as mke2fs reads it).
+/// the device, not of `-E offset=`, as mke2fs reads it). The lazy inode
+/// tables are those asked for: `-E assume_storage_prezeroed=1` turns
+/// them on only after this (so with `lazy_itable_init=0` no undo file).
 fn should_do_undo(device: &Path, resolved: &Resolved, profile: &Profile) -> bool {
     let csum = resolved.params.features.has_group_csum();
     let force = profile.get_int(&resolved.fs_types, "force_undo", 0) != 0;
-    if !force && (!csum || !resolved.params.lazy_itable_init) {
+    // lazy_itable_init before assume_storage_prezeroed sets it: mke2fs
+    // decides on the undo file first.
+    if !force && (!csum || !resolved.lazy_itable_init_asked) {
         return false;
     }
     let Ok(f) = std::fs::File::open(device) else {

@@ -709,3 +709,287 @@ fn version_like_mke2fs() {
     }
     assert_eq!(file_hash(&img).unwrap(), before, "the target was MODIFIED");
 }
+
+/// `-m` is read with strtod, as in mke2fs: hex floats, leading blanks,
+/// exponents and an empty value (0) make the same image as mke2fs; what
+/// strtod stops in, or out of range (inf), is refused as mke2fs does. A
+/// NaN passes mke2fs's range check to an undefined cast (with 64bit,
+/// mke2fs then fails "while setting up superblock"): refused before
+/// anything is written, with the message of the other bad values.
+#[test]
+fn reserved_ratio_read_with_strtod() {
+    const TEST: &str = "reserved_ratio_read_with_strtod";
+    if !need(TEST, &["mke2fs", "e2fsck"]) {
+        return;
+    }
+    let dir = image_dir();
+    let conf = conf_file(dir.path(), "debian.conf", DEBIAN_CONF);
+    let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+    let mut failures = Vec::new();
+    for m in ["0x1.8p1", "0X.8P+3", " 1e1", ".5e1", "2.", "", "-0"] {
+        let label = format!("-m {m:?}");
+        let res = (|| -> Result<(), String> {
+            for p in [&a, &b] {
+                let _ = std::fs::remove_file(p);
+                sparse_file(p, 64 * MIB).map_err(|e| e.to_string())?;
+            }
+            let args = |img: &Path| -> Vec<String> {
+                [
+                    "-F",
+                    "-q",
+                    "-t",
+                    "ext4",
+                    "-U",
+                    UUID,
+                    "-E",
+                    &format!("hash_seed={SEED}"),
+                    "-m",
+                    m,
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .chain([img.display().to_string()])
+                .collect()
+            };
+            run_ok(same_env(&mut mke2fs(args(&a)), &conf))?;
+            run_ok(same_env(&mut ext4kit_mkfs(args(&b)), &conf))?;
+            sparse_equal(&a, &b)?;
+            e2fsck_clean(&b).map(drop)
+        })();
+        report_case(&label, res, &mut failures);
+    }
+    let img = dir.path().join("t.img");
+    pattern_file(&img, 8 * MIB, 0x5eed).unwrap();
+    let before = file_hash(&img).unwrap();
+    for m in ["inf", "0x1p6", "0x", "1e", "0x1p", " ", "nan(", "3 ", "nan"] {
+        let label = format!("-m {m:?}");
+        let args = [
+            "-F",
+            "-q",
+            "-t",
+            "ext4",
+            "-m",
+            m,
+            &img.display().to_string(),
+        ]
+        .map(str::to_string);
+        let res = (|| -> Result<(), String> {
+            let want = run(same_env(&mut mke2fs(&args), &conf))?;
+            let got = run(same_env(&mut ext4kit_mkfs(&args), &conf))?;
+            if want.status.success() || got.status.success() {
+                return Err(format!(
+                    "accepted: mke2fs {}, ext4kit {}",
+                    want.status, got.status
+                ));
+            }
+            let msg = format!("invalid reserved blocks percent - {m}");
+            let real_ok = stderr_of(&want).contains(&msg)
+                || (m == "nan" && stderr_of(&want).contains("while setting up superblock"));
+            if !real_ok || !stderr_of(&got).contains(&msg) {
+                return Err(format!(
+                    "messages: mke2fs {:?}, ext4kit {:?}",
+                    stderr_of(&want),
+                    stderr_of(&got)
+                ));
+            }
+            Ok(())
+        })();
+        report_case(&label, res, &mut failures);
+    }
+    assert_eq!(file_hash(&img).unwrap(), before, "the target was MODIFIED");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// "ok" or "FAIL" for one case on stderr, the failure collected.
+fn report_case(label: &str, res: Result<(), String>, failures: &mut Vec<String>) {
+    match res {
+        Ok(()) => eprintln!("ok     {label}"),
+        Err(e) => {
+            eprintln!("FAIL   {label}: {e}");
+            failures.push(format!("{label}: {e}"));
+        }
+    }
+}
+
+/// Installed as mke2fs, stderr is mke2fs's: its version line (unless -q)
+/// once the getopt loop has read the options, so after what the loop
+/// prints (-R, -K, -b, -L warnings, in command-line order, also before
+/// an option it refuses) and not at all when an option fails
+/// there (a `-J device=` tag that names nothing too), but before the
+/// later errors: a file that does not exist, a bad -U (named by the
+/// device, as mke2fs's com_err does; one line without its extra newline),
+/// a journal device path that is not there. Failures leave the target
+/// as it was.
+#[test]
+fn stderr_as_mke2fs_with_its_version_line() {
+    const TEST: &str = "stderr_as_mke2fs_with_its_version_line";
+    if !need(TEST, &["mke2fs", "e2fsck"]) {
+        return;
+    }
+    let dir = image_dir();
+    let conf = conf_file(dir.path(), "debian.conf", DEBIAN_CONF);
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let link = bin.join("mke2fs");
+    std::os::unix::fs::symlink(ext4kit_path(), &link).unwrap();
+    let sides = [dir.path().join("real"), dir.path().join("ours")];
+    for s in &sides {
+        std::fs::create_dir(s).unwrap();
+    }
+    // com_err's messages given with a trailing "\n" end in an empty line.
+    let normal = |o: &Output| -> String {
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        let mut out = Vec::new();
+        let mut after_extra = false;
+        for l in err.lines() {
+            if !(after_extra && l.is_empty()) {
+                out.push(l);
+            }
+            after_extra = l.contains(": could not parse UUID: ")
+                || l.contains(" while trying to open journal device ");
+        }
+        out.join("\n")
+    };
+    // (options, succeeds); the successful runs get a fixed UUID and hash
+    // seed. (The usage text mke2fs prints after some errors of its loop
+    // is one line in ext4kit: those are compared by their first line, in
+    // `usage_errors_are_one_line` and `version_like_mke2fs`.)
+    let cases: &[(&str, bool)] = &[
+        ("-F t.img", true),
+        ("-q -F t.img", true),
+        ("-n t.img", true),
+        ("-t ext4 -v -F t.img", true),
+        ("-t ext4 -F -b 8192 t.img", true),
+        ("-t ext4 -F -L 12345678901234567890 t.img", true),
+        ("-t ext4 -F -K t.img", true),
+        ("-t ext4 -F -R stride=4 t.img", true),
+        ("-t ext4 -F -K -b 8192 -R stride=2 t.img", true),
+        ("-t ext4 -F -T nosuch t.img", true),
+        ("-t ext4 -F -m 0x1p2 t.img", true),
+        ("-t ext4 -t ext3 t.img", false),
+        ("-m 60 t.img", false),
+        ("-L 12345678901234567890 -b 100 t.img", false),
+        ("-K -b 8192 -I 12x t.img", false),
+        ("-n nosuch.img", false),
+        ("-q -n nosuch.img", false),
+        ("-U bad -n t.img", false),
+        ("-t ext4 -U bad -F t.img", false),
+        ("-q -U 1234 -F t.img", false),
+        // After the layout's own warning.
+        ("-t ext4 -U bad -F -j t.img 1M", false),
+        ("-J device=NOSUCH -n t.img", false),
+        ("-F t.img 10x", false),
+    ];
+    let mut failures = Vec::new();
+    for &(opts, ok) in cases {
+        let mut outs = Vec::new();
+        let mut hashes = Vec::new();
+        for (i, s) in sides.iter().enumerate() {
+            let img = s.join("t.img");
+            let _ = std::fs::remove_file(&img);
+            if ok {
+                sparse_file(&img, 64 * MIB).unwrap();
+            } else {
+                pattern_file(&img, 8 * MIB, 0x5eed).unwrap();
+            }
+            let before = file_hash(&img).unwrap();
+            let mut args = split_args(opts);
+            if ok {
+                let pos = args.len() - 1;
+                args.splice(
+                    pos..pos,
+                    [
+                        "-U".into(),
+                        UUID.into(),
+                        "-E".into(),
+                        format!("hash_seed={SEED}"),
+                    ],
+                );
+            }
+            let mut c = if i == 0 {
+                mke2fs(&args)
+            } else {
+                via(&link, &args)
+            };
+            same_env(&mut c, &conf)
+                .current_dir(s)
+                .env("E2FSPROGS_SKIP_PROGRESS", "1")
+                .env("E2FSPROGS_UNDO_DIR", "none");
+            outs.push(run(&mut c).unwrap());
+            hashes.push((before, file_hash(&img).unwrap()));
+        }
+        let (m, k) = (&outs[0], &outs[1]);
+        let res = if m.status.code() != k.status.code() || m.status.success() != ok {
+            Err(format!("exit {:?} vs mke2fs {:?}", k.status, m.status))
+        } else if normal(m) != normal(k) {
+            Err(format!(
+                "stderr differs:\n--- mke2fs\n{}\n--- ext4kit\n{}",
+                normal(m),
+                normal(k)
+            ))
+        } else if ok && m.stdout != k.stdout {
+            Err("stdout differs".into())
+        } else if !ok && hashes[1].0 != hashes[1].1 {
+            Err("ext4kit WROTE to the target".into())
+        } else if ok && !opts.contains("-n") {
+            sparse_equal(&sides[0].join("t.img"), &sides[1].join("t.img"))
+                .and_then(|()| e2fsck_clean(&sides[1].join("t.img")).map(drop))
+        } else {
+            Ok(())
+        };
+        report_case(opts, res, &mut failures);
+    }
+    // A -J device= tag that names nothing fails in the loop, before -V
+    // and the version line: mke2fs's "Could not find" line (then its
+    // journal options help; one line in ext4kit).
+    let img = sides[1].join("t.img");
+    let before = file_hash(&img).unwrap();
+    for opts in [
+        "-V -J device=UUID=0b7e3c52-0000-4a6e-9c2b-5d4f3e2a1b99",
+        "-J device=LABEL=ext4kit-no-such-label -e broken t.img",
+    ] {
+        let m = run(same_env(&mut mke2fs(split_args(opts)), &conf).current_dir(&sides[0])).unwrap();
+        let k = run(same_env(&mut via(&link, &split_args(opts)), &conf).current_dir(&sides[1]))
+            .unwrap();
+        let want = "Could not find journal device matching ";
+        let (me, ke) = (
+            stderr_of(&m),
+            String::from_utf8_lossy(&k.stderr).into_owned(),
+        );
+        let res = if m.status.code() != k.status.code() {
+            Err(format!("exit {:?} vs mke2fs {:?}", k.status, m.status))
+        } else if !me.contains(want) || ke.lines().count() != 1 || !ke.contains(want) {
+            Err(format!("stderr {ke:?}, mke2fs {me:?}"))
+        } else if me != String::from_utf8_lossy(&m.stderr) {
+            Err("mke2fs printed its version line: test broken".into())
+        } else {
+            Ok(())
+        };
+        report_case(opts, res, &mut failures);
+    }
+    // mke2fs reads mke2fs.conf before its options: a broken one fails
+    // without the version line, -V too.
+    let broken = conf_file(dir.path(), "broken.conf", "[defaults\n\tx = 1\n");
+    for opts in ["-V", "-n t.img"] {
+        let m =
+            run(same_env(&mut mke2fs(split_args(opts)), &broken).current_dir(&sides[0])).unwrap();
+        let k = run(same_env(&mut via(&link, &split_args(opts)), &broken).current_dir(&sides[1]))
+            .unwrap();
+        let (me, ke) = (
+            String::from_utf8_lossy(&m.stderr).into_owned(),
+            String::from_utf8_lossy(&k.stderr).into_owned(),
+        );
+        let res = if m.status.code() != k.status.code() {
+            Err(format!("exit {:?} vs mke2fs {:?}", k.status, m.status))
+        } else if ke.contains("mke2fs 1.47") || me.contains("mke2fs 1.47") {
+            Err(format!("version line: {ke:?}, mke2fs {me:?}"))
+        } else if !ke.contains("Syntax error in mke2fs config file") {
+            Err(format!("stderr {ke:?}"))
+        } else {
+            Ok(())
+        };
+        report_case(&format!("broken mke2fs.conf, {opts}"), res, &mut failures);
+    }
+    assert_eq!(file_hash(&img).unwrap(), before, "the target was MODIFIED");
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

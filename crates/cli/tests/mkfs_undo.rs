@@ -634,3 +634,131 @@ fn undo_file_is_appended_to() {
     sparse_equal(&img, &orig).unwrap();
     check_files(&img);
 }
+
+/// mke2fs decides on the automatic undo file before
+/// `-E assume_storage_prezeroed=1` turns lazy inode tables on: with it
+/// alone an undo file, with `lazy_itable_init=0` too (in either order)
+/// none. The same decision and output as mke2fs 1.47.0 (and images,
+/// where the storage is not claimed zeroed), each side in its own
+/// directory with the same relative names; the undo file restores.
+#[test]
+fn automatic_undo_and_assume_storage_prezeroed() {
+    const TEST: &str = "automatic_undo_and_assume_storage_prezeroed";
+    if let Err(e) = tools() {
+        return skip(TEST, &e);
+    }
+    let dir = image_dir();
+    let old = old_image(dir.path(), "old.img", "32M", &[]);
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, DEBIAN_CONF).unwrap();
+    let sides = [dir.path().join("real"), dir.path().join("ours")];
+    for s in &sides {
+        std::fs::create_dir_all(s.join("undo")).unwrap();
+    }
+    for (ext, made) in [
+        ("assume_storage_prezeroed=1", true),
+        ("assume_storage_prezeroed=1,lazy_itable_init=0", false),
+        ("lazy_itable_init=0,assume_storage_prezeroed=1", false),
+        ("lazy_itable_init=1", true),
+        ("lazy_itable_init=0", false),
+    ] {
+        let mut outs = Vec::new();
+        for (i, s) in sides.iter().enumerate() {
+            let img = s.join("p.img");
+            let _ = std::fs::remove_file(&img);
+            sparse_copy(&old, &img);
+            let _ = std::fs::remove_file(s.join("undo/mke2fs-p.img.e2undo"));
+            let args = [
+                "-q",
+                "-F",
+                "-t",
+                "ext4",
+                "-U",
+                UUID,
+                "-E",
+                &format!("{ext},hash_seed={SEED}"),
+                "p.img",
+            ];
+            let mut c = if i == 0 {
+                mke2fs(args)
+            } else {
+                ext4kit_mkfs(args)
+            };
+            c.current_dir(s)
+                .env("E2FSPROGS_UNDO_DIR", "undo")
+                .env("E2FSPROGS_FAKE_TIME", FAKE_TIME)
+                .env("MKE2FS_CONFIG", &conf);
+            outs.push(stdout(&run_ok(&mut c).unwrap()));
+            assert_eq!(
+                s.join("undo/mke2fs-p.img.e2undo").exists(),
+                made,
+                "{ext}: {}",
+                s.display()
+            );
+        }
+        assert_eq!(outs[0], outs[1], "{ext}");
+        let (a, b) = (sides[0].join("p.img"), sides[1].join("p.img"));
+        if !ext.contains("prezeroed") {
+            // (Over storage that is not zeroed, a broken promise, mke2fs
+            // keeps the old bytes that share an inode table block with
+            // the reserved inodes, which ext4kit writes whole.)
+            sparse_equal(&a, &b).unwrap_or_else(|e| panic!("{ext}: {e}"));
+        }
+        e2fsck_clean(&b).unwrap();
+        if made {
+            e2undo(&sides[1].join("undo/mke2fs-p.img.e2undo"), &b);
+            sparse_equal(&b, &old).unwrap_or_else(|e| panic!("{ext}: undone: {e}"));
+        }
+        eprintln!("ok     {ext}");
+    }
+}
+
+/// `--json` names the undo file: `undo_file` is the -z path or the
+/// automatic one (with -n the one that would be made, and none is), null
+/// without one; and the automatic one is made where it says.
+#[test]
+fn json_names_the_undo_file() {
+    const TEST: &str = "json_names_the_undo_file";
+    if let Err(e) = tools() {
+        return skip(TEST, &e);
+    }
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, DEBIAN_CONF).unwrap();
+    let udir = dir.path().join("undo");
+    std::fs::create_dir(&udir).unwrap();
+    let img = mkimg(dir.path(), "j.img", "16M", &[]);
+    let z = dir.path().join("z.e2undo");
+    let auto = udir.join("mke2fs-j.img.e2undo");
+    let json = |args: &[&str], undo_dir: &Path| -> serde_json::Value {
+        let mut c = ext4kit_mkfs(["--json", "-F", "-t", "ext4"]);
+        c.args(args)
+            .arg(&img)
+            .env("E2FSPROGS_UNDO_DIR", undo_dir)
+            .env("MKE2FS_CONFIG", &conf);
+        let out = run_ok(&mut c).unwrap();
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", stdout(&out)))
+    };
+    let path = |p: &Path| serde_json::Value::from(p.display().to_string());
+    let none = Path::new("none");
+    // -n: the file that would be made; none is.
+    let v = json(&["-n", "-z", z.to_str().unwrap()], none);
+    assert_eq!(v["undo_file"], path(&z));
+    assert_eq!(v["dry_run"], true);
+    let v = json(&["-n"], &udir);
+    assert_eq!(v["undo_file"], path(&auto));
+    assert!(!z.exists() && !auto.exists());
+    // Formats: -z, then the automatic one, then none.
+    let v = json(&["-z", z.to_str().unwrap()], none);
+    assert_eq!(v["undo_file"], path(&z));
+    assert!(z.exists());
+    let v = json(&[], &udir);
+    assert_eq!(v["undo_file"], path(&auto));
+    assert!(auto.exists());
+    let v = json(&[], none);
+    assert_eq!(v["undo_file"], serde_json::Value::Null);
+    let v = json(&["-n", "-O", "^metadata_csum,^uninit_bg"], &udir);
+    assert_eq!(v["undo_file"], serde_json::Value::Null);
+    e2fsck_clean(&img).unwrap();
+}

@@ -760,16 +760,19 @@ fn parse_profile_uint(s: &str) -> Option<u32> {
     u32::try_from(v).ok()
 }
 
-/// `profile_get_double()` value parsing (`strtod`, C locale). Overflow and
-/// underflow (ERANGE) are rejected. Hexadecimal floats and `nan(...)` are
-/// not supported (treated as invalid).
+/// `profile_get_double()` value parsing (`strtod`, C locale, as `-m`
+/// reads it: hex floats, `inf`, `nan(...)` too). Overflow and underflow
+/// (ERANGE) are rejected, as is anything after the number.
 fn parse_profile_double(s: &str) -> Option<f64> {
     if s.is_empty() {
         return None;
     }
+    let (v, rest) = crate::mkfs::options::c_strtod(s);
+    if !rest.is_empty() {
+        return None;
+    }
     let t = std::str::from_utf8(skip_blanks(s.as_bytes())).ok()?;
-    let v: f64 = t.parse().ok()?;
-    let body = t.trim_start_matches(['+', '-']);
+    let body = t.strip_prefix(['+', '-']).unwrap_or(t);
     let literal_special = body
         .get(..3)
         .is_some_and(|p| p.eq_ignore_ascii_case("inf") || p.eq_ignore_ascii_case("nan"));
@@ -779,10 +782,16 @@ fn parse_profile_double(s: &str) -> Option<f64> {
     if v.is_infinite() {
         return None;
     }
-    let mantissa_nonzero = body
-        .bytes()
-        .take_while(|&c| c != b'e' && c != b'E')
-        .any(|c| (b'1'..=b'9').contains(&c));
+    let mantissa_nonzero = match body.get(..2) {
+        Some(p) if p.eq_ignore_ascii_case("0x") => body[2..]
+            .bytes()
+            .take_while(|&c| c != b'p' && c != b'P')
+            .any(|c| c.is_ascii_hexdigit() && c != b'0'),
+        _ => body
+            .bytes()
+            .take_while(|&c| c != b'e' && c != b'E')
+            .any(|c| (b'1'..=b'9').contains(&c)),
+    };
     if (v == 0.0 && mantissa_nonzero) || (v != 0.0 && v.abs() < f64::MIN_POSITIVE) {
         return None;
     }
@@ -1639,6 +1648,13 @@ mod tests {
         assert_eq!(parse_profile_double("INF"), Some(f64::INFINITY));
         assert_eq!(parse_profile_double("5%"), None);
         assert_eq!(parse_profile_double(""), None);
+        assert_eq!(parse_profile_double("0x1.8p1"), Some(3.0));
+        assert_eq!(parse_profile_double("0xep0"), Some(14.0));
+        assert_eq!(parse_profile_double("0x1p-99999"), None);
+        assert_eq!(parse_profile_double("0x1p99999"), None);
+        assert_eq!(parse_profile_double("0x0p-99999"), Some(0.0));
+        assert_eq!(parse_profile_double("0x"), None);
+        assert!(parse_profile_double("nan(x)").is_some_and(f64::is_nan));
         for y in ["y", "YES", "true", "T", "1", "On"] {
             assert_eq!(parse_bool(y), Some(true), "{y}");
         }

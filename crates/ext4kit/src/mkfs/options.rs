@@ -84,6 +84,10 @@ pub struct Resolved {
     pub discard: bool,
     /// The user promised the storage reads as zero.
     pub assume_prezeroed: bool,
+    /// lazy_itable_init as mke2fs.conf and `-E lazy_itable_init=` set
+    /// it, before `assume_storage_prezeroed` turns it on: what mke2fs's
+    /// should_do_undo looks at (it runs before that).
+    pub lazy_itable_init_asked: bool,
     /// `-E offset=`: the filesystem starts this many bytes into the target.
     pub offset: u64,
     pub warnings: Vec<String>,
@@ -264,14 +268,161 @@ fn c_strtoul_prefix(arg: &str) -> (u64, &str) {
     (v, rest)
 }
 
-/// `strtod` with `*end` checked: the whole argument, after C white
-/// space (`inf`, `nan` and exponents as Rust reads them).
+/// `strtod` with `*end` checked: the whole argument must be the number.
+/// As glibc's strtod in the C locale: C white space first, a sign, then
+/// a decimal number with an optional exponent, a hexadecimal float
+/// (`0x1.8p3`, the exponent optional), `inf`/`infinity` or `nan` with an
+/// optional `(chars)`. An empty argument is 0 (strtod stops at once and
+/// `*end` is the terminating NUL), only blanks are not.
 fn c_strtod_whole(arg: &str) -> Option<f64> {
-    let t = arg.trim_start_matches(is_c_space);
-    if t.is_empty() {
+    if arg.is_empty() {
+        return Some(0.0);
+    }
+    let (v, rest) = c_strtod(arg);
+    rest.is_empty().then_some(v)
+}
+
+/// `strtod(s, &end)`: the value and the unparsed rest (all of `s`, and
+/// 0, when no number starts it).
+pub(crate) fn c_strtod(s: &str) -> (f64, &str) {
+    let t = s.trim_start_matches(is_c_space);
+    let (neg, body) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    let sign = |v: f64| if neg { -v } else { v };
+    let lower = body.get(..8).unwrap_or(body).to_ascii_lowercase();
+    if lower.starts_with("infinity") {
+        return (sign(f64::INFINITY), &body[8..]);
+    }
+    if lower.starts_with("inf") {
+        return (sign(f64::INFINITY), &body[3..]);
+    }
+    if lower.starts_with("nan") {
+        let mut rest = &body[3..];
+        // nan(n-char-sequence): letters, digits and '_' in parentheses.
+        if let Some(inner) = rest.strip_prefix('(')
+            && let Some(close) = inner.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            && inner[close..].starts_with(')')
+        {
+            rest = &inner[close + 1..];
+        }
+        return (sign(f64::NAN), rest);
+    }
+    let hex = body.get(..2).is_some_and(|p| p.eq_ignore_ascii_case("0x"));
+    if hex && let Some((v, rest)) = hex_float(&body[2..]) {
+        return (sign(v), rest);
+    }
+    // Decimal: digits, an optional fraction, at least one digit in all,
+    // then an exponent only if it has digits.
+    let b = body.as_bytes();
+    let digits = |from: usize| b[from..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let int = digits(0);
+    let mut end = int;
+    let mut frac = 0;
+    if b.get(end) == Some(&b'.') {
+        frac = digits(end + 1);
+        end += 1 + frac;
+    }
+    if int + frac == 0 {
+        return (0.0, s);
+    }
+    if matches!(b.get(end), Some(b'e' | b'E')) {
+        let mut e = end + 1;
+        if matches!(b.get(e), Some(b'+' | b'-')) {
+            e += 1;
+        }
+        let n = digits(e);
+        if n > 0 {
+            end = e + n;
+        }
+    }
+    // Rust reads this subset of strtod's syntax, correctly rounded.
+    let v = body[..end].parse::<f64>().unwrap_or(0.0);
+    (sign(v), &body[end..])
+}
+
+/// The part of a hexadecimal float after `0x`: hex digits with an
+/// optional `.` (at least one digit), then an optional binary exponent
+/// `p[+-]digits`. `None` when no digit follows (strtod then reads the
+/// `0` alone).
+fn hex_float(s: &str) -> Option<(f64, &str)> {
+    let b = s.as_bytes();
+    // The first 15 significant digits (60 bits) are kept; any nonzero
+    // digit after them only sets the lowest bit, so that the conversion
+    // to 53 bits still rounds as if all were there.
+    let mut mant: u64 = 0;
+    let mut kept = 0u32;
+    let mut sticky = false;
+    let mut exp: i64 = 0;
+    let mut any = false;
+    let mut i = 0;
+    let mut seen_dot = false;
+    while i < b.len() {
+        let c = b[i];
+        if c == b'.' && !seen_dot {
+            seen_dot = true;
+            i += 1;
+            continue;
+        }
+        let Some(d) = (c as char).to_digit(16) else {
+            break;
+        };
+        any = true;
+        if mant == 0 && d == 0 {
+            // Leading zeros carry no bits.
+            if seen_dot {
+                exp -= 4;
+            }
+        } else if kept < 15 {
+            mant = mant << 4 | u64::from(d);
+            kept += 1;
+            if seen_dot {
+                exp -= 4;
+            }
+        } else {
+            sticky |= d != 0;
+            if !seen_dot {
+                exp += 4;
+            }
+        }
+        i += 1;
+    }
+    if !any {
         return None;
     }
-    t.parse::<f64>().ok()
+    if matches!(b.get(i), Some(b'p' | b'P')) {
+        let mut e = i + 1;
+        let neg = match b.get(e) {
+            Some(b'-') => {
+                e += 1;
+                true
+            }
+            Some(b'+') => {
+                e += 1;
+                false
+            }
+            _ => false,
+        };
+        let n = b[e..].iter().take_while(|c| c.is_ascii_digit()).count();
+        if n > 0 {
+            // Saturate: a huge exponent is inf or 0 anyway.
+            let p = s[e..e + n].parse::<i64>().unwrap_or(i64::MAX).min(1 << 20);
+            exp += if neg { -p } else { p };
+            i = e + n;
+        }
+    }
+    let m = (mant | u64::from(sticky)) as f64;
+    // Scale in steps that stay within f64's exponent range.
+    let mut v = m;
+    let mut e = exp;
+    while e != 0 && v != 0.0 && v.is_finite() {
+        let step = e.clamp(-1000, 1000);
+        v *= 2f64.powi(step as i32);
+        e -= step;
+    }
+    Some((v, &s[i..]))
 }
 
 /// What mke2fs's getopt loop takes from the options it checks while
@@ -293,15 +444,74 @@ pub struct Getopt {
     /// read in order: 0 = no journal asked for, < 0 = the default size,
     /// else MiB.
     pub journal_size: i32,
+    /// The last `-J device=`, as the lookup given to
+    /// [`getopt_check_with`] found it (mke2fs's `journal_device`).
+    pub journal_device: Option<String>,
+    /// What the loop prints as it reads the options, in order.
+    pub notes: Vec<LoopNote>,
+}
+
+/// A message mke2fs's getopt loop prints on stderr while it reads the
+/// options (before its version line, and before the error of a later
+/// option).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoopNote {
+    /// `-R`: "PROGRAM: '-R' is deprecated, use '-E' instead".
+    RDeprecated,
+    /// `-K`: deprecated, use `-E nodiscard`.
+    KDeprecated,
+    /// A `-b` over 4096 bytes: "Warning: blocksize N not usable on most
+    /// systems."
+    BlockSizeUnusable(i64),
+    /// A `-L` over 16 bytes: [`label_warning`]'s text.
+    LabelTooLong(String),
+}
+
+/// [`getopt_check_with`]'s error: the option refused, and what the loop
+/// printed before it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GetoptFailure {
+    pub notes: Vec<LoopNote>,
+    pub error: OptionError,
 }
 
 /// mke2fs's `PRS()` getopt loop: each option checked as it is read, in
 /// command-line order (`(option letter, value)`, `-j` with an empty
 /// value), so the first bad one is the error, with mke2fs's message, and
 /// it comes before `-V` prints the version. Later checks stay in
-/// [`resolve`].
+/// [`resolve`]. A `-J device=` is taken as found, as given (see
+/// [`getopt_check_with`]).
 pub fn getopt_check(args: &[(char, String)]) -> Result<Getopt, OptionError> {
+    getopt_check_with(args, &mut |spec| Some(spec.to_string())).map_err(|f| f.error)
+}
+
+/// [`getopt_check`] with mke2fs's lookup of each `-J device=SPEC` as it
+/// is read (`get_devname`: a `NAME=value` tag or a path): `find_journal`
+/// returns the device's path, or `None` for a tag that names nothing,
+/// mke2fs's "Could not find journal device matching SPEC" (before `-V`
+/// prints anything, like the other errors of the loop).
+///
+/// `-R`, `-K` (with an empty value) and `-L` are listed too, for the
+/// [`LoopNote`]s they print.
+pub fn getopt_check_with(
+    args: &[(char, String)],
+    find_journal: &mut dyn FnMut(&str) -> Option<String>,
+) -> Result<Getopt, GetoptFailure> {
     let mut g = Getopt::default();
+    match getopt_loop(args, find_journal, &mut g) {
+        Ok(()) => Ok(g),
+        Err(error) => Err(GetoptFailure {
+            notes: g.notes,
+            error,
+        }),
+    }
+}
+
+fn getopt_loop(
+    args: &[(char, String)],
+    find_journal: &mut dyn FnMut(&str) -> Option<String>,
+    g: &mut Getopt,
+) -> Result<(), OptionError> {
     let (mut fs_type_seen, mut usage_seen) = (false, false);
     for (c, arg) in args {
         let arg = arg.as_str();
@@ -362,9 +572,14 @@ pub fn getopt_check(args: &[(char, String)]) -> Result<Getopt, OptionError> {
                 g.inode_size = Some(v as u32);
             }
             'j' if g.journal_size == 0 => g.journal_size = -1,
-            'J' => parse_journal_opts(arg, &mut g)?,
+            'J' => parse_journal_opts(arg, g, find_journal)?,
             'm' => match c_strtod_whole(arg) {
-                // (mke2fs lets a NaN through, to an undefined cast later.)
+                // A NaN passes mke2fs's `> 50 || < 0` check, but its
+                // reserved block count is then the NaN's cast to an
+                // integer, undefined in C (2^63 on x86-64: refused with
+                // 64bit, "Invalid argument passed to ext2 library", and
+                // truncated to 0 without): refused here with the message
+                // of the other values out of range.
                 Some(r) if (0.0..=50.0).contains(&r) => g.reserved_ratio = Some(r),
                 _ => return err(format!("invalid reserved blocks percent - {arg}")),
             },
@@ -396,18 +611,34 @@ pub fn getopt_check(args: &[(char, String)]) -> Result<Getopt, OptionError> {
                 }
                 usage_seen = true;
             }
+            'R' => g.notes.push(LoopNote::RDeprecated),
+            'K' => g.notes.push(LoopNote::KDeprecated),
+            'L' => g
+                .notes
+                .extend(label_warning(Some(arg)).map(LoopNote::LabelTooLong)),
             _ => {}
         }
+        // mke2fs warns as it reads a -b it took.
+        if *c == 'b'
+            && let Some(&b) = g.block_sizes.last()
+            && b > 4096
+        {
+            g.notes.push(LoopNote::BlockSizeUnusable(b));
+        }
     }
-    Ok(g)
+    Ok(())
 }
 
 /// `parse_journal_opts` (misc/util.c): `size=` and `fast_commit_size=`
 /// are `strtoul(arg, &p, 0)` into an int (hex and octal too; `size=0`
 /// asks for no journal size, a negative one for the default), `device=`
-/// (looked up by the caller), `location=`, `v1_superblock`; anything else
+/// (looked up at once with `find_journal`), `location=`, `v1_superblock`; anything else
 /// is mke2fs's "Bad journal options specified".
-fn parse_journal_opts(opts: &str, g: &mut Getopt) -> Result<(), OptionError> {
+fn parse_journal_opts(
+    opts: &str,
+    g: &mut Getopt,
+    find_journal: &mut dyn FnMut(&str) -> Option<String>,
+) -> Result<(), OptionError> {
     let bad = |why: String| OptionError(format!("Bad journal options specified: {why}"));
     for tok in opts.split(',').filter(|t| !t.is_empty()) {
         let (k, v) = match tok.split_once('=') {
@@ -427,13 +658,31 @@ fn parse_journal_opts(opts: &str, g: &mut Getopt) -> Result<(), OptionError> {
                 c_strtoul_whole(v)
                     .ok_or_else(|| bad(format!("invalid fast commit size: '{v}'")))?;
             }
-            ("device" | "location", Some(_)) => {}
+            ("device", Some(v)) => {
+                let dev = find_journal(v).ok_or_else(|| {
+                    OptionError(format!("Could not find journal device matching {v}"))
+                })?;
+                g.journal_device = Some(dev);
+            }
+            ("location", Some(_)) => {}
             // Refused by resolve (see there).
             ("v1_superblock", _) => {}
             _ => return Err(bad(format!("bad journal option: '{k}'"))),
         }
     }
     Ok(())
+}
+
+/// mke2fs's warning for a `-L` of more than 16 bytes (its getopt loop
+/// prints it as it reads the option; [`resolve`] lists it in its
+/// warnings too).
+pub fn label_warning(label: Option<&str>) -> Option<String> {
+    let l = label.filter(|l| l.len() > 16)?;
+    // mke2fs's wording (and its blank line after).
+    let cut = String::from_utf8_lossy(&l.as_bytes()[..16]).into_owned();
+    Some(format!(
+        "Warning: label too long; will be truncated to '{cut}'\n"
+    ))
 }
 
 /// Parse a UUID in the usual 8-4-4-4-12 form.
@@ -1009,10 +1258,16 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         Some(r) => r,
         None => profile.get_double(&fs_types, "reserved_ratio", 5.0),
     };
-    if !(0.0..=50.0).contains(&reserved_ratio) || reserved_ratio.is_nan() {
-        return err(format!(
-            "invalid reserved blocks percent - {reserved_ratio}"
-        ));
+    // mke2fs's check, printed with "%lf"; a NaN is refused too (see
+    // getopt_check).
+    if !(0.0..=50.0).contains(&reserved_ratio) {
+        // (C's "%lf" of a NaN is "nan", Rust's "NaN".)
+        let shown = if reserved_ratio.is_nan() {
+            "nan".to_string()
+        } else {
+            format!("{reserved_ratio:.6}")
+        };
+        return err(format!("invalid reserved blocks percent - {shown}"));
     }
     if journal_dev {
         reserved_ratio = 0.0;
@@ -1672,13 +1927,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     }
     let mut label = [0u8; 16];
     if let Some(l) = &opts.label {
-        if l.len() > 16 {
-            // mke2fs's wording (and its blank line after).
-            let cut = String::from_utf8_lossy(&l.as_bytes()[..16]).into_owned();
-            warnings.push(format!(
-                "Warning: label too long; will be truncated to '{cut}'\n"
-            ));
-        }
+        warnings.extend(label_warning(Some(l)));
         let n = l.len().min(16);
         label[..n].copy_from_slice(&l.as_bytes()[..n]);
     }
@@ -1725,6 +1974,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     } else {
         (0xFFFF, 0)
     };
+    let lazy_itable_init_asked = lazy_itable_init;
     if assume_prezeroed {
         lazy_itable_init = true;
         lazy_journal_init = true;
@@ -1834,6 +2084,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         fs_types,
         discard,
         assume_prezeroed,
+        lazy_itable_init_asked,
         offset,
         warnings,
     })
@@ -2151,6 +2402,33 @@ mod tests {
         assert_eq!(resolve(&o, &p, &env(1 << 30)).unwrap().settings.errors, 3);
     }
 
+    /// mke2fs.conf's reserved_ratio: strtod's syntax, mke2fs's range check
+    /// and its "%lf" in the message (checked against mke2fs 1.47.0).
+    #[test]
+    fn profile_reserved_ratio_like_mke2fs() {
+        let r = |v: &str| {
+            let p = Profile::parse(&format!("[defaults]\n\treserved_ratio = {v}\n")).unwrap();
+            resolve(&opts("ext2"), &p, &env(1 << 30)).map(|r| r.params.r_blocks_count)
+        };
+        assert_eq!(r("0x1.8p1"), r("3"));
+        assert_eq!(
+            r("60").unwrap_err().0,
+            "invalid reserved blocks percent - 60.000000"
+        );
+        assert_eq!(
+            r("-0x1p0").unwrap_err().0,
+            "invalid reserved blocks percent - -1.000000"
+        );
+        assert_eq!(
+            r("nan").unwrap_err().0,
+            "invalid reserved blocks percent - nan"
+        );
+        assert_eq!(
+            r("inf").unwrap_err().0,
+            "invalid reserved blocks percent - inf"
+        );
+    }
+
     /// The creator OS comes from -o, else `[defaults] creator_os`, and may
     /// be a number, as in mke2fs's set_os().
     #[test]
@@ -2370,6 +2648,54 @@ mod tests {
 
     /// mke2fs's getopt loop: the first bad option in command-line order,
     /// with mke2fs's message; strtoul base 0 (hex, octal, empty = 0).
+    /// `-m` is strtod's: what glibc accepts (checked against mke2fs
+    /// 1.47.0: `mke2fs -m ARG -n`), and where it stops.
+    #[test]
+    fn strtod_like_glibc() {
+        let ok = |s: &str| c_strtod_whole(s);
+        assert_eq!(ok("0x1p2"), Some(4.0));
+        assert_eq!(ok("0x1.8p1"), Some(3.0));
+        assert_eq!(ok("0X.8P+3"), Some(4.0));
+        assert_eq!(ok("0x10"), Some(16.0));
+        assert_eq!(ok("0x0.0001p16"), Some(1.0));
+        assert_eq!(ok("-0x1p-1"), Some(-0.5));
+        assert_eq!(ok(" 3"), Some(3.0));
+        assert_eq!(ok("\t+2.5"), Some(2.5));
+        assert_eq!(ok("1e1"), Some(10.0));
+        assert_eq!(ok(".5e1"), Some(5.0));
+        assert_eq!(ok("5."), Some(5.0));
+        assert_eq!(ok("1e-400"), Some(0.0));
+        assert_eq!(ok(""), Some(0.0));
+        assert_eq!(ok("inf"), Some(f64::INFINITY));
+        assert_eq!(ok("-Infinity"), Some(f64::NEG_INFINITY));
+        assert!(ok("nan").is_some_and(f64::is_nan));
+        assert!(ok("-NaN").is_some_and(f64::is_nan));
+        assert!(ok("nan(abc_1)").is_some_and(f64::is_nan));
+        for bad in [
+            " ", "0x", "0xp1", "0x1p", "1e", "1e+", ".", "nan(", "infin", "3 ", "5%", "1_0",
+        ] {
+            assert_eq!(ok(bad), None, "{bad:?}");
+        }
+        assert_eq!(c_strtod("0xg"), (0.0, "xg"));
+        assert_eq!(c_strtod("1e+"), (1.0, "e+"));
+        // Many digits round as a whole.
+        assert_eq!(ok("0x1.00000000000008p0"), Some(1.0));
+        assert_eq!(ok("0x1.000000000000080001p0"), Some(1.0 + f64::EPSILON));
+        let a = |v: &[(char, &str)]| -> Vec<(char, String)> {
+            v.iter().map(|(c, s)| (*c, s.to_string())).collect()
+        };
+        assert_eq!(
+            getopt_check(&a(&[('m', "0x1p2")])).unwrap().reserved_ratio,
+            Some(4.0)
+        );
+        for bad in ["inf", "0x1p6", "-1e-300", "nan", "-nan(1)"] {
+            assert_eq!(
+                getopt_check(&a(&[('m', bad)])).unwrap_err().0,
+                format!("invalid reserved blocks percent - {bad}")
+            );
+        }
+    }
+
     #[test]
     fn getopt_checks_like_mke2fs() {
         let a = |v: &[(char, &str)]| -> Vec<(char, String)> {
@@ -2421,6 +2747,59 @@ mod tests {
         assert_eq!(g.reserved_ratio, Some(2.5));
         assert_eq!(g.journal_size, 16);
         // -j turns journal_size 0 into -1; a later size=0 takes it back.
+        // -J device= is looked up as it is read: the first not found is
+        // the error, even before a later bad option; the last found wins.
+        let mut asked = Vec::new();
+        let mut find = |s: &str| {
+            asked.push(s.to_string());
+            (!s.starts_with("UUID=")).then(|| format!("/dev/{s}"))
+        };
+        let r = getopt_check_with(
+            &a(&[('J', "device=sda"), ('J', "device=sdb"), ('b', "4096")]),
+            &mut find,
+        );
+        assert_eq!(r.unwrap().journal_device.as_deref(), Some("/dev/sdb"));
+        let r = getopt_check_with(
+            &a(&[
+                ('J', "size=4,device=UUID=x"),
+                ('b', "100"),
+                ('J', "device=sdc"),
+            ]),
+            &mut find,
+        );
+        assert_eq!(
+            r.unwrap_err().error.0,
+            "Could not find journal device matching UUID=x"
+        );
+        assert_eq!(asked, ["sda", "sdb", "UUID=x"]);
+        // What the loop prints, in order, also before a refused option.
+        let long = "12345678901234567890";
+        let g = getopt_check(&a(&[
+            ('K', ""),
+            ('b', "8192"),
+            ('R', "x"),
+            ('L', long),
+            ('b', "-8192"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            g.notes,
+            [
+                LoopNote::KDeprecated,
+                LoopNote::BlockSizeUnusable(8192),
+                LoopNote::RDeprecated,
+                LoopNote::LabelTooLong(label_warning(Some(long)).unwrap()),
+            ]
+        );
+        let f = getopt_check_with(&a(&[('L', long), ('b', "100"), ('K', "")]), &mut |s| {
+            Some(s.into())
+        })
+        .unwrap_err();
+        assert_eq!(f.error.0, "invalid block size - 100");
+        assert_eq!(
+            f.notes,
+            [LoopNote::LabelTooLong(label_warning(Some(long)).unwrap())]
+        );
         let js = |v: &[(char, &str)]| getopt_check(&a(v)).unwrap().journal_size;
         assert_eq!(js(&[('J', "size=0"), ('j', "")]), -1);
         assert_eq!(js(&[('j', ""), ('J', "size=0")]), 0);
