@@ -2689,6 +2689,164 @@ fn hugefiles_are_readable() {
     assert!(n >= 20, "{n} files in /store");
 }
 
+/// 60 files of 100 KiB where 52 inodes are left: mke2fs makes 52,
+/// reports the 53rd's `ext2fs_new_inode` failure (twice) and exits 0.
+const HUGE_OUT_OF_INODES: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\tnum_hugefiles = 60
+\t\thugefiles_size = 100K
+\t\thugefiles_slack = 0
+\t}
+";
+/// A hugefiles_dir deeper than the free inodes: create_directory fails
+/// after the directories that fit, no file is made.
+const HUGE_DIRS_OUT_OF_INODES: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\thugefiles_dir = /a/b/c/d/e/f/g
+\t\thugefiles_slack = 0
+\t}
+";
+/// Ten 10 MiB files on 64 MiB: the sixth does not fit, and mke2fs leaves
+/// it allocated, unlinked and sizeless (e2fsck rejects the filesystem).
+const HUGE_OVERFULL: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\tnum_hugefiles = 10
+\t\thugefiles_size = 10M
+\t\thugefiles_slack = 0
+\t}
+";
+
+/// mk_hugefiles running out of inodes, for files and for directories:
+/// mke2fs reports it and carries on; ext4kit makes the same bytes, prints
+/// the same stdout (the progress line without its "done") and stderr
+/// (the program name aside) and exits 0 as it does; e2fsck clean.
+#[test]
+fn hugefiles_out_of_inodes() {
+    let test = "mkfs_parity::hugefiles_out_of_inodes";
+    for t in ["mke2fs", "e2fsck"] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found (install e2fsprogs)"));
+        }
+    }
+    let dir = shm_dir().unwrap_or_else(image_dir);
+    let conf_path = dir.path().join("mke2fs.conf");
+    let mut failures = Vec::new();
+    for (conf, stanza, size, opts, want_err) in [
+        (
+            UPSTREAM_CONF,
+            HUGE_OUT_OF_INODES,
+            64 * MIB,
+            &["-b", "1024", "-N", "16"][..],
+            "while creating huge file 52",
+        ),
+        (
+            DEBIAN_CONF,
+            HUGE_OUT_OF_INODES,
+            64 * MIB,
+            &["-b", "1024", "-N", "16", "-O", "^flex_bg"][..],
+            "while creating huge file 53",
+        ),
+        (
+            UPSTREAM_CONF,
+            HUGE_DIRS_OUT_OF_INODES,
+            8 * MIB,
+            &["-b", "1024", "-N", "16"][..],
+            "Could not allocate inode in ext2 filesystem while creating huge files",
+        ),
+    ] {
+        std::fs::write(&conf_path, MConf::WithStanza(conf, stanza).text()).unwrap();
+        let label = format!(
+            "{} {opts:?} {}",
+            human(size),
+            stanza.lines().nth(2).unwrap_or("").trim()
+        );
+        let res = (|| -> Result<(), String> {
+            let mut outs = Vec::new();
+            for name in ["ref.img", "ours.img"] {
+                let img = dir.path().join(name);
+                sparse_file(&img, size).map_err(|e| e.to_string())?;
+                let mut v: Vec<String> = ["-F", "-t", "ext4", "-T", "huge", "-U", UUID]
+                    .iter()
+                    .chain(opts)
+                    .map(|s| s.to_string())
+                    .collect();
+                v.extend(["-E".to_string(), seed_ext(None), img.display().to_string()]);
+                let mut c = if name == "ours.img" {
+                    ext4kit_mkfs(v)
+                } else {
+                    mke2fs(v)
+                };
+                let out = run(c
+                    .env("MKE2FS_CONFIG", &conf_path)
+                    .env("E2FSPROGS_FAKE_TIME", FAKE_TIME))?;
+                let norm = |b: &[u8]| {
+                    String::from_utf8_lossy(b)
+                        .replace(&img.display().to_string(), "IMG")
+                        .replace("ext4kit mkfs:", "mke2fs:")
+                        .lines()
+                        .filter(|l| !l.starts_with("mke2fs 1.47.0 ("))
+                        .map(|l| format!("{l}\n"))
+                        .collect::<String>()
+                };
+                outs.push((out.status.code(), norm(&out.stdout), norm(&out.stderr)));
+            }
+            let (r, o) = (&outs[0], &outs[1]);
+            if r.0 != Some(0) || !r.2.contains(want_err) {
+                return Err(format!("mke2fs did not behave as expected: {r:?}"));
+            }
+            if r != o {
+                return Err(format!("mke2fs {r:?}\next4kit {o:?}"));
+            }
+            let (refimg, ours) = (dir.path().join("ref.img"), dir.path().join("ours.img"));
+            sparse_equal(&refimg, &ours)?;
+            e2fsck_clean(&ours).map(|_| ())
+        })();
+        report(&label, res, &mut failures);
+    }
+    for name in ["ref.img", "ours.img"] {
+        let _ = std::fs::remove_file(dir.path().join(name));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Where mke2fs's huge files leave a filesystem e2fsck rejects (a file
+/// that does not fit) or write over what must be kept (-S), ext4kit
+/// refuses in one line and writes nothing.
+#[test]
+fn hugefiles_refusals() {
+    let dir = image_dir();
+    let conf_path = dir.path().join("mke2fs.conf");
+    let img = dir.path().join("t.img");
+    let mut failures = Vec::new();
+    for (stanza, opts, want) in [
+        (
+            HUGE_OVERFULL,
+            &[][..],
+            "huge file 5 does not fit in the free space",
+        ),
+        (
+            HUGE_FILL_10M,
+            &["-S", "-O", "^orphan_file"][..],
+            "-S with make_hugefiles would write huge files over the data",
+        ),
+    ] {
+        std::fs::write(&conf_path, MConf::WithStanza(UPSTREAM_CONF, stanza).text()).unwrap();
+        std::fs::write(&img, vec![0x5au8; (64 * MIB) as usize]).unwrap();
+        let mut v: Vec<&str> = vec!["-F", "-q", "-t", "ext4", "-T", "huge"];
+        v.extend(opts);
+        v.push(img.to_str().unwrap());
+        let out = run(ext4kit_mkfs(v).env("MKE2FS_CONFIG", &conf_path)).unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || err.lines().count() != 1 || !err.contains(want) {
+            failures.push(format!("{opts:?}: not refused in one line: {err}"));
+        }
+        if std::fs::read(&img).unwrap().iter().any(|&b| b != 0x5a) {
+            failures.push(format!("{opts:?}: the refused run wrote to the target"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// Without -F, a type the configuration does not define stops mke2fs
 /// (exit 1, "Aborting..."); ext4kit refuses it too, in one line, and
 /// writes nothing.

@@ -99,8 +99,9 @@ pub struct HugePlan {
     /// mke2fs's progress line (`Creating N huge file(s) ...: `), when it
     /// got that far.
     pub progress: Option<String>,
-    /// A `com_err` message (without the program name), printed to stderr;
-    /// mke2fs goes on after it.
+    /// `com_err` messages (one a line, without the program name), printed
+    /// to stderr; mke2fs goes on after them. With `progress` set, the
+    /// progress line ends without its "done".
     pub error: Option<String>,
     /// Cache accesses (block, write) in libext2fs's order.
     pub trace: Vec<(u64, bool)>,
@@ -365,17 +366,21 @@ fn round_up_align(b: u64, align: u64, part_offset: u64) -> u64 {
 }
 
 /// `ext2fs_new_inode`: inodes 1..=`last` are the only ones in use.
-fn new_inode(pl: &Planner, last: u32, start: u32) -> Result<u32, GeometryError> {
+/// `Ok(None)` is its `EXT2_ET_INODE_ALLOC_FAIL`: every inode is taken.
+fn new_inode(pl: &Planner, last: u32, start: u32) -> Result<Option<u32>, GeometryError> {
     let start = start.max(pl.first_ino);
-    let ino = if start <= last + 1 { last + 1 } else { start };
+    // mk_hugefiles searches from the parent's group, and the parent is
+    // always the newest inode (or the root), so the search never starts
+    // past the first free inode; the model relies on that.
     if start > last + 1 {
         return Err(unsupported("a directory in a group of its own"));
     }
-    if ino > pl.inodes_count {
-        return Err(unsupported("running out of inodes"));
-    }
-    Ok(ino)
+    let ino = last + 1;
+    Ok((ino <= pl.inodes_count).then_some(ino))
 }
+
+/// libext2fs's message for `EXT2_ET_INODE_ALLOC_FAIL`.
+const INODE_ALLOC_FAIL: &str = "Could not allocate inode in ext2 filesystem";
 
 /// Planning state of mk_hugefiles.
 struct Hp<'a> {
@@ -578,13 +583,24 @@ pub(super) fn plan_hugefiles(
         zero: hp.zero.unwrap_or(!storage_zeroed),
         ..HugePlan::default()
     };
+    let finish = |h: Hp<'_>, mut plan: HugePlan| {
+        plan.dirs = h.dirs;
+        plan.trace = h.io.trace;
+        h.pl.l.hugefiles = Some(plan);
+    };
     // create_directory: every non-empty component, a new directory.
     let mut dir = 2u32;
     for comp in hp.dir.split('/').filter(|c| !c.is_empty()) {
         let parent = dir;
         let (pgroup, _) = h.pl.inode_loc(parent);
         let start = pgroup * h.pl.inodes_per_group + 1;
-        let ino = new_inode(h.pl, h.last_ino, start)?;
+        let Some(ino) = new_inode(h.pl, h.last_ino, start)? else {
+            // create_directory fails; mk_hugefiles returns its error and
+            // the directories made so far stay.
+            plan.error = Some(format!("{INODE_ALLOC_FAIL} while creating huge files"));
+            finish(h, plan);
+            return Ok(());
+        };
         h.pl.new_inode_scan(start, ino);
         let goal = h.pl.inode_goal(ino);
         let blk = h.pl.alloc_block(goal, "hugefiles directory")?;
@@ -660,11 +676,6 @@ pub(super) fn plan_hugefiles(
     let mut num_blocks = hp.num_blocks;
     let mut num_slack = hp.slack;
     let align = hp.align;
-    let finish = |h: Hp<'_>, mut plan: HugePlan| {
-        plan.dirs = h.dirs;
-        plan.trace = h.io.trace;
-        h.pl.l.hugefiles = Some(plan);
-    };
     if fs_blocks < num_slack.wrapping_add(align) {
         plan.error = Some("No space left on device while creating huge files".into());
         finish(h, plan);
@@ -698,9 +709,6 @@ pub(super) fn plan_hugefiles(
     };
     num_slack = num_slack.wrapping_add(calc_overhead(bs, each).wrapping_mul(num_files));
     num_slack = num_slack.wrapping_add(num_files / 16 + 1);
-    if num_files > u64::from(h.pl.inodes_count) {
-        return Err(unsupported("more huge files than inodes"));
-    }
     let blocks = h.pl.blocks_count;
     // get_start_block: leave `num_slack` free blocks at the start.
     let last_blk = blocks - 1;
@@ -734,7 +742,16 @@ pub(super) fn plan_hugefiles(
     progress.push_str(": ");
     plan.progress = Some(progress);
     for idx in 0..num_files {
-        let ino = new_inode(h.pl, h.last_ino, 0)?;
+        let Some(ino) = new_inode(h.pl, h.last_ino, 0)? else {
+            // mk_hugefile fails before it writes anything: the files made
+            // so far stay, the progress line gets no "done", and mke2fs
+            // reports the error twice (mk_hugefiles, then main) and goes on.
+            plan.error = Some(format!(
+                "{INODE_ALLOC_FAIL} while creating huge file {idx}\n\
+                 {INODE_ALLOC_FAIL} while creating huge files"
+            ));
+            break;
+        };
         h.pl.new_inode_scan(0, ino);
         let fi = h.iblk(ino);
         h.io.write_inode(fi);
@@ -748,9 +765,12 @@ pub(super) fn plan_hugefiles(
         while left > 0 {
             let end = h.pl.used.next_free(goal);
             if goal > last_blk || end > last_blk {
-                return Err(unsupported(
-                    "running out of space while creating a huge file",
-                ));
+                // mke2fs leaves this file allocated but unlinked, with
+                // neither size nor i_blocks: e2fsck rejects the result.
+                return Err(GeometryError::Invalid(format!(
+                    "mke2fs.conf hugefiles: huge file {idx} does not fit in the free space \
+                     (mke2fs would leave it half-made and the filesystem inconsistent)"
+                )));
             }
             goal = end;
             let bend = match h.pl.used.next_used(goal) {
