@@ -105,6 +105,10 @@ pub struct HugePlan {
     pub error: Option<String>,
     /// Cache accesses (block, write) in libext2fs's order.
     pub trace: Vec<(u64, bool)>,
+    /// The data runs `ext2fs_zero_blocks2` zeroes (when `zero`): (where
+    /// in `trace` it happens, first block, blocks). Its zeroout bypasses
+    /// the cache, but under `-z` undo_io first saves the old contents.
+    pub zeroed: Vec<(usize, u64, u64)>,
 }
 
 impl HugePlan {
@@ -794,6 +798,9 @@ pub(super) fn plan_hugefiles(
             goal += n;
             count += n;
             h.pl.take(pblk, n);
+            if plan.zero {
+                plan.zeroed.push((h.io.trace.len(), pblk, n));
+            }
             let mut rem = n;
             while rem > 0 {
                 let l = rem.min(u64::from(EXT_INIT_MAX_LEN));
