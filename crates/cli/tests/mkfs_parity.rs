@@ -1109,6 +1109,26 @@ const M_CASES: &[MCase] = &[
     )
     .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_ONE_ALIGNED))
     .no_os(),
+    // inline_data: the root is no inline directory, the files in it are
+    // made as without the feature.
+    m(
+        "hugefiles: inline_data, files in / (upstream)",
+        "ext4",
+        &["-T", "huge", "-O", "inline_data"],
+        "1G",
+        GIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_THREE_OWNED))
+    .no_os(),
+    m(
+        "hugefiles: inline_data, 1k blocks, files in / (Debian)",
+        "ext4",
+        &["-T", "huge", "-O", "inline_data", "-b", "1024", "-N", "256"],
+        "256M",
+        256 * MIB,
+    )
+    .conf(MConf::WithStanza(DEBIAN_CONF, HUGE_OUT_OF_INODES))
+    .no_os(),
     // No extents: mke2fs says so and makes the filesystem without them.
     m(
         "hugefiles: ext3 (no extents)",
@@ -2895,6 +2915,11 @@ fn hugefiles_refusals() {
             HUGE_FILL_10M,
             &["-S", "-O", "^orphan_file"][..],
             "-S with make_hugefiles would write huge files over the data",
+        ),
+        (
+            HUGE_FILL_10M,
+            &["-O", "inline_data"][..],
+            "a hugefiles_dir other than / with inline_data is not supported",
         ),
     ] {
         std::fs::write(&conf_path, MConf::WithStanza(UPSTREAM_CONF, stanza).text()).unwrap();

@@ -386,6 +386,10 @@ fn new_inode(pl: &Planner, last: u32, start: u32) -> Result<Option<u32>, Geometr
 /// libext2fs's message for `EXT2_ET_INODE_ALLOC_FAIL`.
 const INODE_ALLOC_FAIL: &str = "Could not allocate inode in ext2 filesystem";
 
+fn pl_inline(pl: &Planner) -> bool {
+    pl.features.incompat.contains(Incompat::INLINE_DATA)
+}
+
 /// Planning state of mk_hugefiles.
 struct Hp<'a> {
     pl: &'a mut Planner,
@@ -592,6 +596,11 @@ pub(super) fn plan_hugefiles(
         plan.trace = h.io.trace;
         h.pl.l.hugefiles = Some(plan);
     };
+    // With inline_data ext2fs_mkdir makes inline directories (the root is
+    // not one, so files in it are made as without the feature).
+    if pl_inline(h.pl) && hp.dir.split('/').any(|c| !c.is_empty()) {
+        return Err(unsupported("a hugefiles_dir other than / with inline_data"));
+    }
     // create_directory: every non-empty component, a new directory.
     let mut dir = 2u32;
     for comp in hp.dir.split('/').filter(|c| !c.is_empty()) {

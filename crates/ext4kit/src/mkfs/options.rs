@@ -1364,13 +1364,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 "mke2fs.conf: hugefiles_digits = {digits} is not supported by ext4kit"
             ));
         }
-        for (on, what) in [
-            (f.ro_compat.contains(RoCompat::BIGALLOC), "with bigalloc"),
-            (
-                f.incompat.contains(Incompat::INLINE_DATA),
-                "with inline_data",
-            ),
-        ] {
+        for (on, what) in [(f.ro_compat.contains(RoCompat::BIGALLOC), "with bigalloc")] {
             if on {
                 return err(format!(
                     "mke2fs.conf: make_hugefiles {what} is not supported by ext4kit yet"
