@@ -1129,6 +1129,45 @@ const M_CASES: &[MCase] = &[
     )
     .conf(MConf::WithStanza(DEBIAN_CONF, HUGE_OUT_OF_INODES))
     .no_os(),
+    // inline_data in a hugefiles_dir: ext2fs_mkdir makes inline
+    // directories; /a and /a/b stay inline, /a/b/c and /store are expanded
+    // into a block (ext2fs_inline_data_expand) once full.
+    m(
+        "hugefiles: inline_data, /a/b/c (upstream)",
+        "ext4",
+        &["-T", "huge", "-O", "inline_data"],
+        "1G",
+        GIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_ONE_ALIGNED))
+    .no_os(),
+    m(
+        "hugefiles: inline_data, /store, 1k blocks (Debian)",
+        "ext4",
+        &["-T", "huge", "-O", "inline_data", "-b", "1024"],
+        "256M",
+        256 * MIB,
+    )
+    .conf(MConf::WithStanza(DEBIAN_CONF, HUGE_FILL_10M))
+    .no_os(),
+    m(
+        "hugefiles: inline_data, /store, no metadata_csum (upstream)",
+        "ext4",
+        &["-T", "huge", "-O", "inline_data,^metadata_csum"],
+        "512M",
+        512 * MIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_FILL_10M))
+    .no_os(),
+    m(
+        "hugefiles: inline_data, /a/b/c out of inodes (upstream)",
+        "ext4",
+        &["-T", "huge", "-O", "inline_data", "-b", "1024", "-N", "16"],
+        "8M",
+        8 * MIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_DIRS_OUT_OF_INODES))
+    .no_os(),
     // No extents: mke2fs says so and makes the filesystem without them.
     m(
         "hugefiles: ext3 (no extents)",
@@ -2865,6 +2904,12 @@ fn hugefiles_undo_parity() {
             128 * MIB,
             &["-b", "2048", "-N", "64", "-O", "^metadata_csum,uninit_bg"][..],
         ),
+        (
+            UPSTREAM_CONF,
+            HUGE_FILL_10M,
+            128 * MIB,
+            &["-b", "1024", "-O", "inline_data"][..],
+        ),
     ] {
         std::fs::write(&conf_path, MConf::WithStanza(conf, stanza).text()).unwrap();
         let label = format!(
@@ -2915,11 +2960,6 @@ fn hugefiles_refusals() {
             HUGE_FILL_10M,
             &["-S", "-O", "^orphan_file"][..],
             "-S with make_hugefiles would write huge files over the data",
-        ),
-        (
-            HUGE_FILL_10M,
-            &["-O", "inline_data"][..],
-            "a hugefiles_dir other than / with inline_data is not supported",
         ),
     ] {
         std::fs::write(&conf_path, MConf::WithStanza(UPSTREAM_CONF, stanza).text()).unwrap();

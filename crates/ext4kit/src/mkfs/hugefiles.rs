@@ -70,7 +70,18 @@ pub struct HugeDir {
     pub map: FileMap,
     /// Entries of each block, in logical order.
     pub blocks: Vec<Vec<Dirent>>,
+    /// The parent directory (`..`).
+    pub parent: u32,
+    /// With inline_data, while the directory is still inline: the entries
+    /// of its 56 bytes in `i_block` after the parent's number (its
+    /// `system.data` attribute stays empty).
+    pub inline: Option<Vec<Dirent>>,
+    /// Made inline (its emptied in-inode attribute area keeps the magic).
+    pub was_inline: bool,
 }
+
+/// Bytes of `i_block` an inline directory's entries have (after `..`).
+pub const INLINE_DIR_AREA: u32 = 56;
 
 /// One huge file.
 #[derive(Clone, Debug)]
@@ -347,6 +358,61 @@ impl Tree {
     }
 }
 
+/// link_proc over one directory block's entries (or an inline
+/// directory's area): `(changed, done)`. A free entry after the current
+/// one is absorbed when it starts before `absorb_before`.
+fn link_entries(
+    ents: &mut Vec<Dirent>,
+    need: u32,
+    name: &[u8],
+    ino: u32,
+    ft: u8,
+    absorb_before: u32,
+) -> (bool, bool) {
+    let mut changed = false;
+    let mut i = 0;
+    let mut offset = 0u32;
+    while i < ents.len() {
+        let next_at = offset + ents[i].rec_len;
+        if i + 1 < ents.len() && ents[i + 1].ino == 0 && next_at < absorb_before {
+            let add = ents[i + 1].rec_len;
+            ents[i].rec_len += add;
+            ents.remove(i + 1);
+            changed = true;
+        }
+        let e = &mut ents[i];
+        if e.ino != 0 {
+            let min = dir::rec_len(e.name.len()) as u32;
+            if e.rec_len >= min + need {
+                let rest = e.rec_len - min;
+                e.rec_len = min;
+                ents.insert(
+                    i + 1,
+                    Dirent {
+                        ino: 0,
+                        name: Vec::new(),
+                        ft: 0,
+                        rec_len: rest,
+                    },
+                );
+                changed = true;
+            }
+            offset += ents[i].rec_len;
+            i += 1;
+            continue;
+        }
+        if e.rec_len >= need {
+            e.ino = ino;
+            e.name = name.to_vec();
+            e.ft = ft;
+            return (true, true);
+        }
+        offset += e.rec_len;
+        i += 1;
+    }
+    (changed, false)
+}
+
 /// `calc_overhead`: extent blocks a file of `num` blocks may need.
 fn calc_overhead(bs: u32, num: u64) -> u64 {
     let extents = num.div_ceil(u64::from(EXT_INIT_MAX_LEN));
@@ -420,50 +486,23 @@ impl Hp<'_> {
             self.io.read_inode(dir, di);
         }
         let need = dir::rec_len(name.len()) as u32;
+        if let Some(ents) = self.dirs[d].inline.as_mut() {
+            // ext2fs_inline_data_dir_iterate: the area after `..` is one
+            // "block" of 56 bytes; link_proc absorbs a free next entry only
+            // when it starts 8 bytes (and a tail's size) before its end.
+            let tail = if self.csum { dir::TAIL_SIZE as u32 } else { 0 };
+            let before = INLINE_DIR_AREA.saturating_sub(8 + tail);
+            let (changed, done) = link_entries(ents, need, name, ino, ft, before);
+            if changed {
+                self.io.write_inode(di);
+            }
+            return done;
+        }
         for lb in 0..self.dirs[d].blocks.len() {
             let pblk = self.dirs[d].map.pblk(lb as u32).unwrap_or(0);
             self.io.access(pblk, false);
             let ents = &mut self.dirs[d].blocks[lb];
-            let mut changed = false;
-            let mut done = false;
-            let mut i = 0;
-            while i < ents.len() {
-                if i + 1 < ents.len() && ents[i + 1].ino == 0 {
-                    let add = ents[i + 1].rec_len;
-                    ents[i].rec_len += add;
-                    ents.remove(i + 1);
-                    changed = true;
-                }
-                let e = &mut ents[i];
-                if e.ino != 0 {
-                    let min = dir::rec_len(e.name.len()) as u32;
-                    if e.rec_len >= min + need {
-                        let rest = e.rec_len - min;
-                        e.rec_len = min;
-                        ents.insert(
-                            i + 1,
-                            Dirent {
-                                ino: 0,
-                                name: Vec::new(),
-                                ft: 0,
-                                rec_len: rest,
-                            },
-                        );
-                        changed = true;
-                    }
-                    i += 1;
-                    continue;
-                }
-                if e.rec_len >= need {
-                    e.ino = ino;
-                    e.name = name.to_vec();
-                    e.ft = ft;
-                    changed = true;
-                    done = true;
-                    break;
-                }
-                i += 1;
-            }
+            let (changed, done) = link_entries(ents, need, name, ino, ft, u32::MAX);
             if changed {
                 self.io.access(pblk, true);
             }
@@ -473,6 +512,60 @@ impl Hp<'_> {
         }
         false
     }
+    /// `ext2fs_inline_data_expand` of an inline directory that is full:
+    /// its entries move into a new block (the first free one), after `.`
+    /// and `..`, the last one stretched to the block's end.
+    fn expand_inline(&mut self, d: usize, ents: Vec<Dirent>) -> Result<(), GeometryError> {
+        let dir = self.dirs[d].ino;
+        let di = self.iblk(dir);
+        // ext2fs_inline_data_expand's read and ea_get; i_block cleared and
+        // written; ext2fs_inline_data_ea_remove (xattrs_read, then
+        // xattrs_write); the inode read again.
+        for _ in 0..2 {
+            self.io.read_inode(dir, di);
+        }
+        self.io.write_inode(di);
+        self.io.read_inode(dir, di);
+        self.io.write_inode(di);
+        self.io.read_inode(dir, di);
+        // ext2fs_inline_data_dir_expand: ext2fs_new_block2 with goal 0,
+        // the block written, ext2fs_bmap2(BMAP_SET) (the extent insert
+        // writes the inode twice), ext2fs_write_inode.
+        let b = self.pl.alloc_block(0, "hugefiles directory")?;
+        self.io.access(b, true);
+        self.io.write_inode(di);
+        self.io.write_inode(di);
+        self.io.write_inode(di);
+        let limit = self.limit();
+        let parent = self.dirs[d].parent;
+        let mut block = vec![
+            Dirent {
+                ino: dir,
+                name: b".".to_vec(),
+                ft: dir::FT_DIR,
+                rec_len: 12,
+            },
+            Dirent {
+                ino: parent,
+                name: b"..".to_vec(),
+                ft: dir::FT_DIR,
+                rec_len: 12,
+            },
+        ];
+        block.extend(ents);
+        let used: u32 = block.iter().map(|e| e.rec_len).sum();
+        if let Some(last) = block.last_mut() {
+            last.rec_len += limit - used;
+        }
+        let hd = &mut self.dirs[d];
+        hd.map.runs = vec![Run {
+            lblk: 0,
+            pblk: b,
+            len: 1,
+        }];
+        hd.blocks = vec![block];
+        Ok(())
+    }
     /// `ext2fs_expand_dir`: one empty block at the first free block after
     /// the directory's last one.
     fn expand(&mut self, dir: u32) -> Result<(), GeometryError> {
@@ -480,6 +573,11 @@ impl Hp<'_> {
         let di = self.iblk(dir);
         for _ in 0..3 {
             self.io.read_inode(dir, di);
+        }
+        // block_iterate3 cannot iterate an inline directory: the inline
+        // data is expanded instead.
+        if let Some(ents) = self.dirs[d].inline.take() {
+            return self.expand_inline(d, ents);
         }
         let n = self.dirs[d].blocks.len() as u32;
         let goal = self.dirs[d].map.pblk(n - 1).unwrap_or(0);
@@ -553,6 +651,9 @@ pub(super) fn plan_hugefiles(
         gid: 0,
         links: 3,
         map: pl.root.clone(),
+        parent: 2,
+        inline: None,
+        was_inline: false,
         blocks: vec![vec![
             Dirent {
                 ino: 2,
@@ -596,11 +697,9 @@ pub(super) fn plan_hugefiles(
         plan.trace = h.io.trace;
         h.pl.l.hugefiles = Some(plan);
     };
-    // With inline_data ext2fs_mkdir makes inline directories (the root is
-    // not one, so files in it are made as without the feature).
-    if pl_inline(h.pl) && hp.dir.split('/').any(|c| !c.is_empty()) {
-        return Err(unsupported("a hugefiles_dir other than / with inline_data"));
-    }
+    // With inline_data ext2fs_mkdir makes inline directories: no block
+    // until the first ext2fs_expand_dir (the root is no inline directory).
+    let inline = pl_inline(h.pl);
     // create_directory: every non-empty component, a new directory.
     let mut dir = 2u32;
     for comp in hp.dir.split('/').filter(|c| !c.is_empty()) {
@@ -615,32 +714,48 @@ pub(super) fn plan_hugefiles(
             return Ok(());
         };
         h.pl.new_inode_scan(start, ino);
-        let goal = h.pl.inode_goal(ino);
-        let blk = h.pl.alloc_block(goal, "hugefiles directory")?;
         let pi = h.iblk(parent);
         let di = h.iblk(ino);
-        h.io.read_inode(parent, pi);
-        h.io.write_inode(di);
-        h.io.access(blk, true);
-        h.io.write_inode(di);
-        h.io.write_inode(di);
-        h.pl.use_inode(ino, true);
-        h.last_ino = ino;
-        h.dirs.push(HugeDir {
+        let mut new_dir = HugeDir {
             ino,
             mode: 0o040000 | (0o777 & !hp.umask) as u16,
             uid: hp.uid,
             gid: hp.gid,
             links: 2,
-            map: FileMap {
-                runs: vec![Run {
-                    lblk: 0,
-                    pblk: blk,
-                    len: 1,
-                }],
-                ..FileMap::default()
-            },
-            blocks: vec![vec![
+            map: FileMap::default(),
+            blocks: Vec::new(),
+            parent,
+            inline: None,
+            was_inline: inline,
+        };
+        if inline {
+            // ext2fs_new_dir_inline_data: one empty entry over the area.
+            new_dir.inline = Some(vec![Dirent {
+                ino: 0,
+                name: Vec::new(),
+                ft: 0,
+                rec_len: INLINE_DIR_AREA,
+            }]);
+            h.io.read_inode(parent, pi);
+            h.io.write_inode(di);
+            // ext2fs_inline_data_init: the empty system.data attribute
+            // (ext2fs_xattrs_read, then xattr_set's ext2fs_xattrs_write).
+            h.io.read_inode(ino, di);
+            h.io.write_inode(di);
+        } else {
+            let goal = h.pl.inode_goal(ino);
+            let blk = h.pl.alloc_block(goal, "hugefiles directory")?;
+            h.io.read_inode(parent, pi);
+            h.io.write_inode(di);
+            h.io.access(blk, true);
+            h.io.write_inode(di);
+            h.io.write_inode(di);
+            new_dir.map.runs.push(Run {
+                lblk: 0,
+                pblk: blk,
+                len: 1,
+            });
+            new_dir.blocks.push(vec![
                 Dirent {
                     ino,
                     name: b".".to_vec(),
@@ -653,8 +768,11 @@ pub(super) fn plan_hugefiles(
                     ft: dir::FT_DIR,
                     rec_len: limit - 12,
                 },
-            ]],
-        });
+            ]);
+        }
+        h.pl.use_inode(ino, true);
+        h.last_ino = ino;
+        h.dirs.push(new_dir);
         // ext2fs_lookup: every block of the parent read.
         for _ in 0..2 {
             h.io.read_inode(parent, pi);
@@ -668,6 +786,7 @@ pub(super) fn plan_hugefiles(
             .blocks
             .iter()
             .flatten()
+            .chain(h.dirs[pd].inline.iter().flatten())
             .any(|e| e.ino != 0 && e.name == comp.as_bytes())
         {
             return Err(unsupported(&format!(
