@@ -939,6 +939,17 @@ const HUGE_TOO_BIG: &str = "\thuge = {
 \t}
 ";
 
+/// Files of 512 KiB in /a/b aligned to 16 KiB: with bigalloc and
+/// clusters of 16 KiB (or less) every file starts and ends on a cluster.
+const HUGE_CLUSTER_ALIGNED: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\thugefiles_dir = /a/b
+\t\thugefiles_size = 512K
+\t\thugefiles_align = 16K
+\t\thugefiles_slack = 1M
+\t}
+";
+
 const SECT2048: &[(&str, &str)] = &[("MKE2FS_DEVICE_SECTSIZE", "2048")];
 
 /// The m_* cases: e2fsprogs' own invocations (tests/m_*/script), under
@@ -1167,6 +1178,44 @@ const M_CASES: &[MCase] = &[
         8 * MIB,
     )
     .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_DIRS_OUT_OF_INODES))
+    .no_os(),
+    // bigalloc: files aligned to clusters (mke2fs's result is e2fsck-clean
+    // only then); the directory grows inside its cluster first.
+    m(
+        "hugefiles: bigalloc, one aligned file, /a/b/c (upstream)",
+        "ext4",
+        &["-T", "huge", "-O", "bigalloc"],
+        "1G",
+        GIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_ONE_ALIGNED))
+    .no_os(),
+    m(
+        "hugefiles: bigalloc 16k clusters, 1k blocks, many files (Debian)",
+        "ext4",
+        &["-T", "huge", "-O", "bigalloc", "-b", "1024", "-C", "16384"],
+        "256M",
+        256 * MIB,
+    )
+    .conf(MConf::WithStanza(DEBIAN_CONF, HUGE_CLUSTER_ALIGNED))
+    .no_os(),
+    m(
+        "hugefiles: bigalloc 4k clusters, no metadata_csum (upstream)",
+        "ext4",
+        &[
+            "-T",
+            "huge",
+            "-O",
+            "bigalloc,^metadata_csum",
+            "-b",
+            "1024",
+            "-C",
+            "4096",
+        ],
+        "128M",
+        128 * MIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_CLUSTER_ALIGNED))
     .no_os(),
     // No extents: mke2fs says so and makes the filesystem without them.
     m(
@@ -2910,6 +2959,12 @@ fn hugefiles_undo_parity() {
             128 * MIB,
             &["-b", "1024", "-O", "inline_data"][..],
         ),
+        (
+            UPSTREAM_CONF,
+            HUGE_CLUSTER_ALIGNED,
+            256 * MIB,
+            &["-b", "1024", "-C", "16384", "-O", "bigalloc"][..],
+        ),
     ] {
         std::fs::write(&conf_path, MConf::WithStanza(conf, stanza).text()).unwrap();
         let label = format!(
@@ -2942,8 +2997,9 @@ fn hugefiles_undo_parity() {
 }
 
 /// Where mke2fs's huge files leave a filesystem e2fsck rejects (a file
-/// that does not fit) or write over what must be kept (-S), ext4kit
-/// refuses in one line and writes nothing.
+/// that does not fit, files off their clusters with bigalloc) or write
+/// over what must be kept (-S), ext4kit refuses in one line and writes
+/// nothing.
 #[test]
 fn hugefiles_refusals() {
     let dir = image_dir();
@@ -2955,6 +3011,11 @@ fn hugefiles_refusals() {
             HUGE_OVERFULL,
             &[][..],
             "huge file 5 does not fit in the free space",
+        ),
+        (
+            HUGE_FILL_10M,
+            &["-O", "bigalloc"][..],
+            "huge file 0 would not be cluster-aligned (e2fsck rejects what mke2fs makes)",
         ),
         (
             HUGE_FILL_10M,

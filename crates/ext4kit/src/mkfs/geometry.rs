@@ -1374,8 +1374,12 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         pl.l.orphan = Some((ino, fm));
         note_file_size(&mut pl.l, u64::from(n) * u64::from(bs));
     }
-    // mk_hugefiles, last.
+    // mk_hugefiles, last (after fix_cluster_bg_counts: it starts from the
+    // recounted free blocks).
     if let Some(hp) = &p.hugefiles {
+        if cluster_bits > 0 {
+            fix_cluster_counts(&mut pl.l);
+        }
         super::hugefiles::plan_hugefiles(&mut pl, hp, p.itable_zeroed)?;
     }
     if cluster_bits > 0 {

@@ -12,7 +12,13 @@
 //! file move one entry into the new node (`no_balance`), the root's split
 //! moves them all, and the entries a split copies away stay behind as
 //! stale bytes past `eh_entries`. The I/O libext2fs does meanwhile is
-//! recorded (through its 4-inode cache) for `s_kbytes_written`.
+//! recorded (through its 4-inode cache) for `s_kbytes_written`, and so
+//! are the runs it zeroes (for undo_io under `-z`).
+//!
+//! With inline_data the directories ext2fs_mkdir makes are inline until
+//! a link finds no room and `ext2fs_inline_data_expand` gives them a
+//! block; with bigalloc allocations take clusters, and a plan whose files
+//! are off their clusters (which e2fsck rejects) is refused.
 
 use ext4kit_format::dir;
 use ext4kit_format::extent::{self, EXT_INIT_MAX_LEN, Extent, ExtentHeader, ExtentIndex};
@@ -581,7 +587,14 @@ impl Hp<'_> {
         }
         let n = self.dirs[d].blocks.len() as u32;
         let goal = self.dirs[d].map.pblk(n - 1).unwrap_or(0);
-        let b = self.pl.alloc_block(goal, "hugefiles directory")?;
+        let ratio = self.pl.cluster_ratio();
+        // bigalloc: expand_dir_proc takes the next block of the last
+        // block's cluster without an allocation.
+        let b = if ratio > 1 && (goal + 1) / ratio == goal / ratio {
+            goal + 1
+        } else {
+            self.pl.alloc_block(goal, "hugefiles directory")?
+        };
         self.io.access(b, true);
         let map = &mut self.dirs[d].map;
         match map.runs.last_mut() {
@@ -804,6 +817,9 @@ pub(super) fn plan_hugefiles(
         dir = ino;
     }
     let fs_blocks = h.pl.free_blocks;
+    // bigalloc: calc_overhead counts clusters of extent blocks.
+    let ratio = h.pl.cluster_ratio();
+    let overhead = |num: u64| calc_overhead(bs, num).wrapping_mul(ratio);
     let mut num_files = hp.num_files;
     let mut num_blocks = hp.num_blocks;
     let mut num_slack = hp.slack;
@@ -825,13 +841,13 @@ pub(super) fn plan_hugefiles(
     if num_files == 0 && num_blocks != 0 {
         num_files = fs_blocks / num_blocks;
         fs_blocks = fs_blocks.wrapping_sub(num_files / 16 + 1);
-        fs_blocks = fs_blocks.wrapping_sub(calc_overhead(bs, num_blocks).wrapping_mul(num_files));
+        fs_blocks = fs_blocks.wrapping_sub(overhead(num_blocks).wrapping_mul(num_files));
         num_files = fs_blocks / num_blocks;
     }
     if num_blocks == 0 && num_files > 1 {
         num_blocks = fs_blocks / num_files;
         fs_blocks = fs_blocks.wrapping_sub(num_files / 16 + 1);
-        fs_blocks = fs_blocks.wrapping_sub(calc_overhead(bs, num_blocks).wrapping_mul(num_files));
+        fs_blocks = fs_blocks.wrapping_sub(overhead(num_blocks).wrapping_mul(num_files));
         num_blocks = fs_blocks / num_files;
     }
     let each = if num_blocks != 0 {
@@ -839,7 +855,7 @@ pub(super) fn plan_hugefiles(
     } else {
         fs_blocks
     };
-    num_slack = num_slack.wrapping_add(calc_overhead(bs, each).wrapping_mul(num_files));
+    num_slack = num_slack.wrapping_add(overhead(each).wrapping_mul(num_files));
     num_slack = num_slack.wrapping_add(num_files / 16 + 1);
     let blocks = h.pl.blocks_count;
     // get_start_block: leave `num_slack` free blocks at the start.
@@ -925,6 +941,16 @@ pub(super) fn plan_hugefiles(
             }
             goal += n;
             count += n;
+            if ratio > 1 && (!pblk.is_multiple_of(ratio) || !n.is_multiple_of(ratio)) {
+                // Blocks mapped off their cluster's offset or a file ending
+                // inside a cluster: e2fsck rejects what mke2fs makes.
+                return Err(GeometryError::Invalid(format!(
+                    "mke2fs.conf hugefiles with bigalloc: huge file {idx} would not be \
+                     cluster-aligned (e2fsck rejects what mke2fs makes); set hugefiles_align \
+                     and hugefiles_size to multiples of the cluster size ({} KiB)",
+                    ratio * u64::from(bs) / 1024
+                )));
+            }
             h.pl.take(pblk, n);
             if plan.zero {
                 plan.zeroed.push((h.io.trace.len(), pblk, n));
@@ -987,7 +1013,9 @@ pub(super) fn plan_hugefiles(
             uid: hp.uid,
             gid: hp.gid,
             size,
-            counted_blocks: count + tree.splits,
+            // ext2fs_iblk_add_blocks counts whole clusters: the data's
+            // (rounded down) and one for each extent block.
+            counted_blocks: (count / ratio + tree.splits) * ratio,
             i_block,
             nodes,
             data,

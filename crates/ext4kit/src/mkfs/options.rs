@@ -1364,13 +1364,6 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 "mke2fs.conf: hugefiles_digits = {digits} is not supported by ext4kit"
             ));
         }
-        for (on, what) in [(f.ro_compat.contains(RoCompat::BIGALLOC), "with bigalloc")] {
-            if on {
-                return err(format!(
-                    "mke2fs.conf: make_hugefiles {what} is not supported by ext4kit yet"
-                ));
-            }
-        }
         if opts.super_only {
             // mke2fs 1.47.0 runs mk_hugefiles after -S too: a directory
             // and files allocated from the bitmaps -S rebuilt, i.e. over
