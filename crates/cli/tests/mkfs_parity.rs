@@ -2824,6 +2824,14 @@ const HUGE_OVERFULL: &str = "\thuge = {
 \t}
 ";
 
+/// A hugefiles_dir through lost+found: ext2fs_mkdir's EXT2_ET_DIR_EXISTS,
+/// after it wrote the new directory's inode (e2fsck rejects the result).
+const HUGE_DIR_EXISTS: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\thugefiles_dir = /lost+found/x
+\t}
+";
+
 /// mk_hugefiles running out of inodes, for files and for directories:
 /// mke2fs reports it and carries on; ext4kit makes the same bytes, prints
 /// the same stdout (the progress line without its "done") and stderr
@@ -3016,6 +3024,11 @@ fn hugefiles_refusals() {
             HUGE_FILL_10M,
             &["-O", "bigalloc"][..],
             "huge file 0 would not be cluster-aligned (e2fsck rejects what mke2fs makes)",
+        ),
+        (
+            HUGE_DIR_EXISTS,
+            &[][..],
+            "'lost+found' exists already (mke2fs would stop",
         ),
         (
             HUGE_FILL_10M,

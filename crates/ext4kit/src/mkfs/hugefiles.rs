@@ -802,8 +802,11 @@ pub(super) fn plan_hugefiles(
             .chain(h.dirs[pd].inline.iter().flatten())
             .any(|e| e.ino != 0 && e.name == comp.as_bytes())
         {
-            return Err(unsupported(&format!(
-                "hugefiles_dir component '{comp}' that already exists"
+            // ext2fs_mkdir fails with EXT2_ET_DIR_EXISTS after writing the
+            // new inode and freeing it again, which e2fsck rejects.
+            return Err(GeometryError::Invalid(format!(
+                "mke2fs.conf hugefiles_dir: '{comp}' exists already (mke2fs would stop \
+                 there and leave the filesystem inconsistent)"
             )));
         }
         if !h.link(parent, comp.as_bytes(), ino, dir::FT_DIR) {
