@@ -1217,6 +1217,34 @@ const M_CASES: &[MCase] = &[
     )
     .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_CLUSTER_ALIGNED))
     .no_os(),
+    // bigalloc with inline_data: lost+found's blocks after its inline
+    // expansion fill that block's cluster first, the huge files' inline
+    // directories are expanded into a cluster.
+    m(
+        "bigalloc + inline_data, 1k blocks, 16k clusters (no hugefiles)",
+        "ext4",
+        &["-O", "bigalloc,inline_data", "-b", "1024", "-C", "16384"],
+        "65536",
+        64 * MIB,
+    ),
+    m(
+        "hugefiles: bigalloc + inline_data, /a/b (upstream)",
+        "ext4",
+        &[
+            "-T",
+            "huge",
+            "-O",
+            "bigalloc,inline_data",
+            "-b",
+            "1024",
+            "-C",
+            "16384",
+        ],
+        "256M",
+        256 * MIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_CLUSTER_ALIGNED))
+    .no_os(),
     // No extents: mke2fs says so and makes the filesystem without them.
     m(
         "hugefiles: ext3 (no extents)",
