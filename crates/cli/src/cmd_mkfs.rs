@@ -1064,13 +1064,20 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     if let Some(h) = &l.hugefiles {
         // mk_hugefiles' lines; its errors are reported and mke2fs goes on.
         if let Some(e) = &h.error {
-            eprintln!("{}: {e}", who.program());
+            for line in e.lines() {
+                eprintln!("{}: {line}", who.program());
+            }
         }
         if show && let Some(p) = &h.progress {
             if verbose && h.zero {
                 outln!("Huge files will be zero'ed");
             }
-            outln!("{p}done");
+            if h.error.is_some() {
+                // Stopped part way: no "done", the next line follows on.
+                crate::out::write_fmt(format_args!("{p}"));
+            } else {
+                outln!("{p}done");
+            }
         }
     }
     if show {

@@ -946,6 +946,17 @@ const HUGE_TOO_BIG: &str = "\thuge = {
 \t}
 ";
 
+/// Files of 512 KiB in /a/b aligned to 16 KiB: with bigalloc and
+/// clusters of 16 KiB (or less) every file starts and ends on a cluster.
+const HUGE_CLUSTER_ALIGNED: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\thugefiles_dir = /a/b
+\t\thugefiles_size = 512K
+\t\thugefiles_align = 16K
+\t\thugefiles_slack = 1M
+\t}
+";
+
 const SECT2048: &[(&str, &str)] = &[("MKE2FS_DEVICE_SECTSIZE", "2048")];
 
 /// The m_* cases: e2fsprogs' own invocations (tests/m_*/script), under
@@ -1115,6 +1126,131 @@ const M_CASES: &[MCase] = &[
         256 * MIB,
     )
     .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_ONE_ALIGNED))
+    .no_os(),
+    // inline_data: the root is no inline directory, the files in it are
+    // made as without the feature.
+    m(
+        "hugefiles: inline_data, files in / (upstream)",
+        "ext4",
+        &["-T", "huge", "-O", "inline_data"],
+        "1G",
+        GIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_THREE_OWNED))
+    .no_os(),
+    m(
+        "hugefiles: inline_data, 1k blocks, files in / (Debian)",
+        "ext4",
+        &["-T", "huge", "-O", "inline_data", "-b", "1024", "-N", "256"],
+        "256M",
+        256 * MIB,
+    )
+    .conf(MConf::WithStanza(DEBIAN_CONF, HUGE_OUT_OF_INODES))
+    .no_os(),
+    // inline_data in a hugefiles_dir: ext2fs_mkdir makes inline
+    // directories; /a and /a/b stay inline, /a/b/c and /store are expanded
+    // into a block (ext2fs_inline_data_expand) once full.
+    m(
+        "hugefiles: inline_data, /a/b/c (upstream)",
+        "ext4",
+        &["-T", "huge", "-O", "inline_data"],
+        "1G",
+        GIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_ONE_ALIGNED))
+    .no_os(),
+    m(
+        "hugefiles: inline_data, /store, 1k blocks (Debian)",
+        "ext4",
+        &["-T", "huge", "-O", "inline_data", "-b", "1024"],
+        "256M",
+        256 * MIB,
+    )
+    .conf(MConf::WithStanza(DEBIAN_CONF, HUGE_FILL_10M))
+    .no_os(),
+    m(
+        "hugefiles: inline_data, /store, no metadata_csum (upstream)",
+        "ext4",
+        &["-T", "huge", "-O", "inline_data,^metadata_csum"],
+        "512M",
+        512 * MIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_FILL_10M))
+    .no_os(),
+    m(
+        "hugefiles: inline_data, /a/b/c out of inodes (upstream)",
+        "ext4",
+        &["-T", "huge", "-O", "inline_data", "-b", "1024", "-N", "16"],
+        "8M",
+        8 * MIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_DIRS_OUT_OF_INODES))
+    .no_os(),
+    // bigalloc: files aligned to clusters (mke2fs's result is e2fsck-clean
+    // only then); the directory grows inside its cluster first.
+    m(
+        "hugefiles: bigalloc, one aligned file, /a/b/c (upstream)",
+        "ext4",
+        &["-T", "huge", "-O", "bigalloc"],
+        "1G",
+        GIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_ONE_ALIGNED))
+    .no_os(),
+    m(
+        "hugefiles: bigalloc 16k clusters, 1k blocks, many files (Debian)",
+        "ext4",
+        &["-T", "huge", "-O", "bigalloc", "-b", "1024", "-C", "16384"],
+        "256M",
+        256 * MIB,
+    )
+    .conf(MConf::WithStanza(DEBIAN_CONF, HUGE_CLUSTER_ALIGNED))
+    .no_os(),
+    m(
+        "hugefiles: bigalloc 4k clusters, no metadata_csum (upstream)",
+        "ext4",
+        &[
+            "-T",
+            "huge",
+            "-O",
+            "bigalloc,^metadata_csum",
+            "-b",
+            "1024",
+            "-C",
+            "4096",
+        ],
+        "128M",
+        128 * MIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_CLUSTER_ALIGNED))
+    .no_os(),
+    // bigalloc with inline_data: lost+found's blocks after its inline
+    // expansion fill that block's cluster first, the huge files' inline
+    // directories are expanded into a cluster.
+    m(
+        "bigalloc + inline_data, 1k blocks, 16k clusters (no hugefiles)",
+        "ext4",
+        &["-O", "bigalloc,inline_data", "-b", "1024", "-C", "16384"],
+        "65536",
+        64 * MIB,
+    ),
+    m(
+        "hugefiles: bigalloc + inline_data, /a/b (upstream)",
+        "ext4",
+        &[
+            "-T",
+            "huge",
+            "-O",
+            "bigalloc,inline_data",
+            "-b",
+            "1024",
+            "-C",
+            "16384",
+        ],
+        "256M",
+        256 * MIB,
+    )
+    .conf(MConf::WithStanza(UPSTREAM_CONF, HUGE_CLUSTER_ALIGNED))
     .no_os(),
     // No extents: mke2fs says so and makes the filesystem without them.
     m(
@@ -2694,6 +2830,262 @@ fn hugefiles_are_readable() {
         .filter(|w| w.starts_with("hugefile"))
         .count();
     assert!(n >= 20, "{n} files in /store");
+}
+
+/// 60 files of 100 KiB where 52 inodes are left: mke2fs makes 52,
+/// reports the 53rd's `ext2fs_new_inode` failure (twice) and exits 0.
+const HUGE_OUT_OF_INODES: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\tnum_hugefiles = 60
+\t\thugefiles_size = 100K
+\t\thugefiles_slack = 0
+\t}
+";
+/// A hugefiles_dir deeper than the free inodes: create_directory fails
+/// after the directories that fit, no file is made.
+const HUGE_DIRS_OUT_OF_INODES: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\thugefiles_dir = /a/b/c/d/e/f/g
+\t\thugefiles_slack = 0
+\t}
+";
+/// Ten 10 MiB files on 64 MiB: the sixth does not fit, and mke2fs leaves
+/// it allocated, unlinked and sizeless (e2fsck rejects the filesystem).
+const HUGE_OVERFULL: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\tnum_hugefiles = 10
+\t\thugefiles_size = 10M
+\t\thugefiles_slack = 0
+\t}
+";
+
+/// A hugefiles_dir through lost+found: ext2fs_mkdir's EXT2_ET_DIR_EXISTS,
+/// after it wrote the new directory's inode (e2fsck rejects the result).
+const HUGE_DIR_EXISTS: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\thugefiles_dir = /lost+found/x
+\t}
+";
+
+/// mk_hugefiles running out of inodes, for files and for directories:
+/// mke2fs reports it and carries on; ext4kit makes the same bytes, prints
+/// the same stdout (the progress line without its "done") and stderr
+/// (the program name aside) and exits 0 as it does; e2fsck clean.
+#[test]
+fn hugefiles_out_of_inodes() {
+    let test = "mkfs_parity::hugefiles_out_of_inodes";
+    for t in ["mke2fs", "e2fsck"] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found (install e2fsprogs)"));
+        }
+    }
+    let dir = shm_dir().unwrap_or_else(image_dir);
+    let conf_path = dir.path().join("mke2fs.conf");
+    let mut failures = Vec::new();
+    for (conf, stanza, size, opts, want_err) in [
+        (
+            UPSTREAM_CONF,
+            HUGE_OUT_OF_INODES,
+            64 * MIB,
+            &["-b", "1024", "-N", "16"][..],
+            "while creating huge file 52",
+        ),
+        (
+            DEBIAN_CONF,
+            HUGE_OUT_OF_INODES,
+            64 * MIB,
+            &["-b", "1024", "-N", "16", "-O", "^flex_bg"][..],
+            "while creating huge file 53",
+        ),
+        (
+            UPSTREAM_CONF,
+            HUGE_DIRS_OUT_OF_INODES,
+            8 * MIB,
+            &["-b", "1024", "-N", "16"][..],
+            "Could not allocate inode in ext2 filesystem while creating huge files",
+        ),
+    ] {
+        std::fs::write(&conf_path, MConf::WithStanza(conf, stanza).text()).unwrap();
+        let label = format!(
+            "{} {opts:?} {}",
+            human(size),
+            stanza.lines().nth(2).unwrap_or("").trim()
+        );
+        let res = (|| -> Result<(), String> {
+            let mut outs = Vec::new();
+            for name in ["ref.img", "ours.img"] {
+                let img = dir.path().join(name);
+                sparse_file(&img, size).map_err(|e| e.to_string())?;
+                let mut v: Vec<String> = ["-F", "-t", "ext4", "-T", "huge", "-U", UUID]
+                    .iter()
+                    .chain(opts)
+                    .map(|s| s.to_string())
+                    .collect();
+                v.extend(["-E".to_string(), seed_ext(None), img.display().to_string()]);
+                let mut c = if name == "ours.img" {
+                    ext4kit_mkfs(v)
+                } else {
+                    mke2fs(v)
+                };
+                let out = run(c
+                    .env("MKE2FS_CONFIG", &conf_path)
+                    .env("E2FSPROGS_FAKE_TIME", FAKE_TIME))?;
+                let norm = |b: &[u8]| {
+                    String::from_utf8_lossy(b)
+                        .replace(&img.display().to_string(), "IMG")
+                        .replace("ext4kit mkfs:", "mke2fs:")
+                        .lines()
+                        .filter(|l| !l.starts_with("mke2fs 1.47.0 ("))
+                        .map(|l| format!("{l}\n"))
+                        .collect::<String>()
+                };
+                outs.push((out.status.code(), norm(&out.stdout), norm(&out.stderr)));
+            }
+            let (r, o) = (&outs[0], &outs[1]);
+            if r.0 != Some(0) || !r.2.contains(want_err) {
+                return Err(format!("mke2fs did not behave as expected: {r:?}"));
+            }
+            if r != o {
+                return Err(format!("mke2fs {r:?}\next4kit {o:?}"));
+            }
+            let (refimg, ours) = (dir.path().join("ref.img"), dir.path().join("ours.img"));
+            sparse_equal(&refimg, &ours)?;
+            e2fsck_clean(&ours).map(|_| ())
+        })();
+        report(&label, res, &mut failures);
+    }
+    for name in ["ref.img", "ours.img"] {
+        let _ = std::fs::remove_file(dir.path().join(name));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `mke2fs -z UNDO` with huge files that are zeroed: undo_io saves each
+/// zeroed run first, and its read of the old contents flushes the write
+/// cache, which moves `s_kbytes_written`; the inode tables it zeroes are
+/// those in use before the first inode is made. Byte for byte (fresh
+/// sparse files, so the undo files' 3 KiB zap quirk does not show).
+#[test]
+fn hugefiles_undo_parity() {
+    let test = "mkfs_parity::hugefiles_undo_parity";
+    for t in ["mke2fs", "e2fsck"] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found (install e2fsprogs)"));
+        }
+    }
+    let dir = shm_dir().unwrap_or_else(image_dir);
+    let conf_path = dir.path().join("mke2fs.conf");
+    let mut failures = Vec::new();
+    for (conf, stanza, size, opts) in [
+        (
+            UPSTREAM_CONF,
+            HUGE_OUT_OF_INODES,
+            64 * MIB,
+            &["-b", "1024", "-N", "16"][..],
+        ),
+        (UPSTREAM_CONF, HUGE_THREE_OWNED, 256 * MIB, &[][..]),
+        (
+            DEBIAN_CONF,
+            HUGE_FILL_10M,
+            256 * MIB,
+            &["-b", "1024", "-O", "^flex_bg"][..],
+        ),
+        (
+            UPSTREAM_CONF,
+            HUGE_FILL_10M,
+            128 * MIB,
+            &["-b", "2048", "-N", "64", "-O", "^metadata_csum,uninit_bg"][..],
+        ),
+        (
+            UPSTREAM_CONF,
+            HUGE_FILL_10M,
+            128 * MIB,
+            &["-b", "1024", "-O", "inline_data"][..],
+        ),
+        (
+            UPSTREAM_CONF,
+            HUGE_CLUSTER_ALIGNED,
+            256 * MIB,
+            &["-b", "1024", "-C", "16384", "-O", "bigalloc"][..],
+        ),
+    ] {
+        std::fs::write(&conf_path, MConf::WithStanza(conf, stanza).text()).unwrap();
+        let label = format!(
+            "{} {opts:?} -z {}",
+            human(size),
+            stanza.lines().nth(2).unwrap_or("").trim()
+        );
+        let outcome = compare(dir.path(), &conf_path, size, &[], &|img| {
+            let undo = img.with_extension("e2undo");
+            let _ = std::fs::remove_file(&undo);
+            let mut v: Vec<String> = ["-F", "-q", "-t", "ext4", "-T", "huge", "-U", UUID]
+                .iter()
+                .chain(opts)
+                .map(|s| s.to_string())
+                .collect();
+            v.extend(["-z".to_string(), undo.display().to_string()]);
+            v.extend(["-E".to_string(), seed_ext(None), img.display().to_string()]);
+            v
+        });
+        let res = match outcome {
+            Outcome::Pass => Ok(()),
+            Outcome::Skip(why) | Outcome::Fail(why) => Err(why),
+        };
+        report(&label, res, &mut failures);
+    }
+    for name in ["ref.e2undo", "ours.e2undo"] {
+        let _ = std::fs::remove_file(dir.path().join(name));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Where mke2fs's huge files leave a filesystem e2fsck rejects (a file
+/// that does not fit, files off their clusters with bigalloc) or write
+/// over what must be kept (-S), ext4kit refuses in one line and writes
+/// nothing.
+#[test]
+fn hugefiles_refusals() {
+    let dir = image_dir();
+    let conf_path = dir.path().join("mke2fs.conf");
+    let img = dir.path().join("t.img");
+    let mut failures = Vec::new();
+    for (stanza, opts, want) in [
+        (
+            HUGE_OVERFULL,
+            &[][..],
+            "huge file 5 does not fit in the free space",
+        ),
+        (
+            HUGE_FILL_10M,
+            &["-O", "bigalloc"][..],
+            "huge file 0 would not be cluster-aligned (e2fsck rejects what mke2fs makes)",
+        ),
+        (
+            HUGE_DIR_EXISTS,
+            &[][..],
+            "'lost+found' exists already (mke2fs would stop",
+        ),
+        (
+            HUGE_FILL_10M,
+            &["-S", "-O", "^orphan_file"][..],
+            "-S with make_hugefiles would write huge files over the data",
+        ),
+    ] {
+        std::fs::write(&conf_path, MConf::WithStanza(UPSTREAM_CONF, stanza).text()).unwrap();
+        std::fs::write(&img, vec![0x5au8; (64 * MIB) as usize]).unwrap();
+        let mut v: Vec<&str> = vec!["-F", "-q", "-t", "ext4", "-T", "huge"];
+        v.extend(opts);
+        v.push(img.to_str().unwrap());
+        let out = run(ext4kit_mkfs(v).env("MKE2FS_CONFIG", &conf_path)).unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || err.lines().count() != 1 || !err.contains(want) {
+            failures.push(format!("{opts:?}: not refused in one line: {err}"));
+        }
+        if std::fs::read(&img).unwrap().iter().any(|&b| b != 0x5a) {
+            failures.push(format!("{opts:?}: the refused run wrote to the target"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// Without -F, a type the configuration does not define stops mke2fs

@@ -677,11 +677,24 @@ impl Planner {
         n: u32,
         what: &'static str,
     ) -> Result<FileMap, GeometryError> {
+        self.alloc_sequential_after(goal, n, what, false)
+    }
+
+    /// [`Self::alloc_sequential`]; `continues`: the file's block before
+    /// `goal` is already mapped, so with bigalloc `goal` itself may be the
+    /// next block of that block's cluster.
+    pub(super) fn alloc_sequential_after(
+        &mut self,
+        goal: u64,
+        n: u32,
+        what: &'static str,
+        continues: bool,
+    ) -> Result<FileMap, GeometryError> {
         let mut fm = FileMap::default();
         let mut g = goal;
         let mask = self.l.cluster_ratio() - 1;
         for i in 0..n {
-            let b = if self.clustered && i > 0 && g & mask != 0 {
+            let b = if self.clustered && (i > 0 || continues) && g & mask != 0 {
                 g
             } else {
                 self.alloc_block(g, what)?
@@ -1263,7 +1276,8 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         // first data block (ext2fs_new_block2 with goal 0), the others
         // follow it: one block fewer than without inline_data.
         let first = pl.alloc_block(0, "lost+found")?;
-        let mut fm = pl.alloc_sequential(first + 1, lpf_blocks - 2, "lost+found")?;
+        // (With bigalloc the next ones fill the first one's cluster.)
+        let mut fm = pl.alloc_sequential_after(first + 1, lpf_blocks - 2, "lost+found", true)?;
         match fm.runs.first_mut() {
             Some(r) if r.pblk == first + 1 => {
                 r.pblk = first;
@@ -1381,8 +1395,12 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         pl.l.orphan = Some((ino, fm));
         note_file_size(&mut pl.l, u64::from(n) * u64::from(bs));
     }
-    // mk_hugefiles, last.
+    // mk_hugefiles, last (after fix_cluster_bg_counts: it starts from the
+    // recounted free blocks).
     if let Some(hp) = &p.hugefiles {
+        if cluster_bits > 0 {
+            fix_cluster_counts(&mut pl.l);
+        }
         super::hugefiles::plan_hugefiles(&mut pl, hp, p.itable_zeroed)?;
     }
     if cluster_bits > 0 {

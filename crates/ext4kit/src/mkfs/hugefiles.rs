@@ -12,7 +12,13 @@
 //! file move one entry into the new node (`no_balance`), the root's split
 //! moves them all, and the entries a split copies away stay behind as
 //! stale bytes past `eh_entries`. The I/O libext2fs does meanwhile is
-//! recorded (through its 4-inode cache) for `s_kbytes_written`.
+//! recorded (through its 4-inode cache) for `s_kbytes_written`, and so
+//! are the runs it zeroes (for undo_io under `-z`).
+//!
+//! With inline_data the directories ext2fs_mkdir makes are inline until
+//! a link finds no room and `ext2fs_inline_data_expand` gives them a
+//! block; with bigalloc allocations take clusters, and a plan whose files
+//! are off their clusters (which e2fsck rejects) is refused.
 
 use ext4kit_format::dir;
 use ext4kit_format::extent::{self, EXT_INIT_MAX_LEN, Extent, ExtentHeader, ExtentIndex};
@@ -70,7 +76,18 @@ pub struct HugeDir {
     pub map: FileMap,
     /// Entries of each block, in logical order.
     pub blocks: Vec<Vec<Dirent>>,
+    /// The parent directory (`..`).
+    pub parent: u32,
+    /// With inline_data, while the directory is still inline: the entries
+    /// of its 56 bytes in `i_block` after the parent's number (its
+    /// `system.data` attribute stays empty).
+    pub inline: Option<Vec<Dirent>>,
+    /// Made inline (its emptied in-inode attribute area keeps the magic).
+    pub was_inline: bool,
 }
+
+/// Bytes of `i_block` an inline directory's entries have (after `..`).
+pub const INLINE_DIR_AREA: u32 = 56;
 
 /// One huge file.
 #[derive(Clone, Debug)]
@@ -99,11 +116,16 @@ pub struct HugePlan {
     /// mke2fs's progress line (`Creating N huge file(s) ...: `), when it
     /// got that far.
     pub progress: Option<String>,
-    /// A `com_err` message (without the program name), printed to stderr;
-    /// mke2fs goes on after it.
+    /// `com_err` messages (one a line, without the program name), printed
+    /// to stderr; mke2fs goes on after them. With `progress` set, the
+    /// progress line ends without its "done".
     pub error: Option<String>,
     /// Cache accesses (block, write) in libext2fs's order.
     pub trace: Vec<(u64, bool)>,
+    /// The data runs `ext2fs_zero_blocks2` zeroes (when `zero`): (where
+    /// in `trace` it happens, first block, blocks). Its zeroout bypasses
+    /// the cache, but under `-z` undo_io first saves the old contents.
+    pub zeroed: Vec<(usize, u64, u64)>,
 }
 
 impl HugePlan {
@@ -342,6 +364,61 @@ impl Tree {
     }
 }
 
+/// link_proc over one directory block's entries (or an inline
+/// directory's area): `(changed, done)`. A free entry after the current
+/// one is absorbed when it starts before `absorb_before`.
+fn link_entries(
+    ents: &mut Vec<Dirent>,
+    need: u32,
+    name: &[u8],
+    ino: u32,
+    ft: u8,
+    absorb_before: u32,
+) -> (bool, bool) {
+    let mut changed = false;
+    let mut i = 0;
+    let mut offset = 0u32;
+    while i < ents.len() {
+        let next_at = offset + ents[i].rec_len;
+        if i + 1 < ents.len() && ents[i + 1].ino == 0 && next_at < absorb_before {
+            let add = ents[i + 1].rec_len;
+            ents[i].rec_len += add;
+            ents.remove(i + 1);
+            changed = true;
+        }
+        let e = &mut ents[i];
+        if e.ino != 0 {
+            let min = dir::rec_len(e.name.len()) as u32;
+            if e.rec_len >= min + need {
+                let rest = e.rec_len - min;
+                e.rec_len = min;
+                ents.insert(
+                    i + 1,
+                    Dirent {
+                        ino: 0,
+                        name: Vec::new(),
+                        ft: 0,
+                        rec_len: rest,
+                    },
+                );
+                changed = true;
+            }
+            offset += ents[i].rec_len;
+            i += 1;
+            continue;
+        }
+        if e.rec_len >= need {
+            e.ino = ino;
+            e.name = name.to_vec();
+            e.ft = ft;
+            return (true, true);
+        }
+        offset += e.rec_len;
+        i += 1;
+    }
+    (changed, false)
+}
+
 /// `calc_overhead`: extent blocks a file of `num` blocks may need.
 fn calc_overhead(bs: u32, num: u64) -> u64 {
     let extents = num.div_ceil(u64::from(EXT_INIT_MAX_LEN));
@@ -365,16 +442,24 @@ fn round_up_align(b: u64, align: u64, part_offset: u64) -> u64 {
 }
 
 /// `ext2fs_new_inode`: inodes 1..=`last` are the only ones in use.
-fn new_inode(pl: &Planner, last: u32, start: u32) -> Result<u32, GeometryError> {
+/// `Ok(None)` is its `EXT2_ET_INODE_ALLOC_FAIL`: every inode is taken.
+fn new_inode(pl: &Planner, last: u32, start: u32) -> Result<Option<u32>, GeometryError> {
     let start = start.max(pl.first_ino);
-    let ino = if start <= last + 1 { last + 1 } else { start };
+    // mk_hugefiles searches from the parent's group, and the parent is
+    // always the newest inode (or the root), so the search never starts
+    // past the first free inode; the model relies on that.
     if start > last + 1 {
         return Err(unsupported("a directory in a group of its own"));
     }
-    if ino > pl.inodes_count {
-        return Err(unsupported("running out of inodes"));
-    }
-    Ok(ino)
+    let ino = last + 1;
+    Ok((ino <= pl.inodes_count).then_some(ino))
+}
+
+/// libext2fs's message for `EXT2_ET_INODE_ALLOC_FAIL`.
+const INODE_ALLOC_FAIL: &str = "Could not allocate inode in ext2 filesystem";
+
+fn pl_inline(pl: &Planner) -> bool {
+    pl.features.incompat.contains(Incompat::INLINE_DATA)
 }
 
 /// Planning state of mk_hugefiles.
@@ -407,50 +492,23 @@ impl Hp<'_> {
             self.io.read_inode(dir, di);
         }
         let need = dir::rec_len(name.len()) as u32;
+        if let Some(ents) = self.dirs[d].inline.as_mut() {
+            // ext2fs_inline_data_dir_iterate: the area after `..` is one
+            // "block" of 56 bytes; link_proc absorbs a free next entry only
+            // when it starts 8 bytes (and a tail's size) before its end.
+            let tail = if self.csum { dir::TAIL_SIZE as u32 } else { 0 };
+            let before = INLINE_DIR_AREA.saturating_sub(8 + tail);
+            let (changed, done) = link_entries(ents, need, name, ino, ft, before);
+            if changed {
+                self.io.write_inode(di);
+            }
+            return done;
+        }
         for lb in 0..self.dirs[d].blocks.len() {
             let pblk = self.dirs[d].map.pblk(lb as u32).unwrap_or(0);
             self.io.access(pblk, false);
             let ents = &mut self.dirs[d].blocks[lb];
-            let mut changed = false;
-            let mut done = false;
-            let mut i = 0;
-            while i < ents.len() {
-                if i + 1 < ents.len() && ents[i + 1].ino == 0 {
-                    let add = ents[i + 1].rec_len;
-                    ents[i].rec_len += add;
-                    ents.remove(i + 1);
-                    changed = true;
-                }
-                let e = &mut ents[i];
-                if e.ino != 0 {
-                    let min = dir::rec_len(e.name.len()) as u32;
-                    if e.rec_len >= min + need {
-                        let rest = e.rec_len - min;
-                        e.rec_len = min;
-                        ents.insert(
-                            i + 1,
-                            Dirent {
-                                ino: 0,
-                                name: Vec::new(),
-                                ft: 0,
-                                rec_len: rest,
-                            },
-                        );
-                        changed = true;
-                    }
-                    i += 1;
-                    continue;
-                }
-                if e.rec_len >= need {
-                    e.ino = ino;
-                    e.name = name.to_vec();
-                    e.ft = ft;
-                    changed = true;
-                    done = true;
-                    break;
-                }
-                i += 1;
-            }
+            let (changed, done) = link_entries(ents, need, name, ino, ft, u32::MAX);
             if changed {
                 self.io.access(pblk, true);
             }
@@ -460,6 +518,60 @@ impl Hp<'_> {
         }
         false
     }
+    /// `ext2fs_inline_data_expand` of an inline directory that is full:
+    /// its entries move into a new block (the first free one), after `.`
+    /// and `..`, the last one stretched to the block's end.
+    fn expand_inline(&mut self, d: usize, ents: Vec<Dirent>) -> Result<(), GeometryError> {
+        let dir = self.dirs[d].ino;
+        let di = self.iblk(dir);
+        // ext2fs_inline_data_expand's read and ea_get; i_block cleared and
+        // written; ext2fs_inline_data_ea_remove (xattrs_read, then
+        // xattrs_write); the inode read again.
+        for _ in 0..2 {
+            self.io.read_inode(dir, di);
+        }
+        self.io.write_inode(di);
+        self.io.read_inode(dir, di);
+        self.io.write_inode(di);
+        self.io.read_inode(dir, di);
+        // ext2fs_inline_data_dir_expand: ext2fs_new_block2 with goal 0,
+        // the block written, ext2fs_bmap2(BMAP_SET) (the extent insert
+        // writes the inode twice), ext2fs_write_inode.
+        let b = self.pl.alloc_block(0, "hugefiles directory")?;
+        self.io.access(b, true);
+        self.io.write_inode(di);
+        self.io.write_inode(di);
+        self.io.write_inode(di);
+        let limit = self.limit();
+        let parent = self.dirs[d].parent;
+        let mut block = vec![
+            Dirent {
+                ino: dir,
+                name: b".".to_vec(),
+                ft: dir::FT_DIR,
+                rec_len: 12,
+            },
+            Dirent {
+                ino: parent,
+                name: b"..".to_vec(),
+                ft: dir::FT_DIR,
+                rec_len: 12,
+            },
+        ];
+        block.extend(ents);
+        let used: u32 = block.iter().map(|e| e.rec_len).sum();
+        if let Some(last) = block.last_mut() {
+            last.rec_len += limit - used;
+        }
+        let hd = &mut self.dirs[d];
+        hd.map.runs = vec![Run {
+            lblk: 0,
+            pblk: b,
+            len: 1,
+        }];
+        hd.blocks = vec![block];
+        Ok(())
+    }
     /// `ext2fs_expand_dir`: one empty block at the first free block after
     /// the directory's last one.
     fn expand(&mut self, dir: u32) -> Result<(), GeometryError> {
@@ -468,9 +580,21 @@ impl Hp<'_> {
         for _ in 0..3 {
             self.io.read_inode(dir, di);
         }
+        // block_iterate3 cannot iterate an inline directory: the inline
+        // data is expanded instead.
+        if let Some(ents) = self.dirs[d].inline.take() {
+            return self.expand_inline(d, ents);
+        }
         let n = self.dirs[d].blocks.len() as u32;
         let goal = self.dirs[d].map.pblk(n - 1).unwrap_or(0);
-        let b = self.pl.alloc_block(goal, "hugefiles directory")?;
+        let ratio = self.pl.cluster_ratio();
+        // bigalloc: expand_dir_proc takes the next block of the last
+        // block's cluster without an allocation.
+        let b = if ratio > 1 && (goal + 1) / ratio == goal / ratio {
+            goal + 1
+        } else {
+            self.pl.alloc_block(goal, "hugefiles directory")?
+        };
         self.io.access(b, true);
         let map = &mut self.dirs[d].map;
         match map.runs.last_mut() {
@@ -540,6 +664,9 @@ pub(super) fn plan_hugefiles(
         gid: 0,
         links: 3,
         map: pl.root.clone(),
+        parent: 2,
+        inline: None,
+        was_inline: false,
         blocks: vec![vec![
             Dirent {
                 ino: 2,
@@ -578,40 +705,70 @@ pub(super) fn plan_hugefiles(
         zero: hp.zero.unwrap_or(!storage_zeroed),
         ..HugePlan::default()
     };
+    let finish = |h: Hp<'_>, mut plan: HugePlan| {
+        plan.dirs = h.dirs;
+        plan.trace = h.io.trace;
+        h.pl.l.hugefiles = Some(plan);
+    };
+    // With inline_data ext2fs_mkdir makes inline directories: no block
+    // until the first ext2fs_expand_dir (the root is no inline directory).
+    let inline = pl_inline(h.pl);
     // create_directory: every non-empty component, a new directory.
     let mut dir = 2u32;
     for comp in hp.dir.split('/').filter(|c| !c.is_empty()) {
         let parent = dir;
         let (pgroup, _) = h.pl.inode_loc(parent);
         let start = pgroup * h.pl.inodes_per_group + 1;
-        let ino = new_inode(h.pl, h.last_ino, start)?;
+        let Some(ino) = new_inode(h.pl, h.last_ino, start)? else {
+            // create_directory fails; mk_hugefiles returns its error and
+            // the directories made so far stay.
+            plan.error = Some(format!("{INODE_ALLOC_FAIL} while creating huge files"));
+            finish(h, plan);
+            return Ok(());
+        };
         h.pl.new_inode_scan(start, ino);
-        let goal = h.pl.inode_goal(ino);
-        let blk = h.pl.alloc_block(goal, "hugefiles directory")?;
         let pi = h.iblk(parent);
         let di = h.iblk(ino);
-        h.io.read_inode(parent, pi);
-        h.io.write_inode(di);
-        h.io.access(blk, true);
-        h.io.write_inode(di);
-        h.io.write_inode(di);
-        h.pl.use_inode(ino, true);
-        h.last_ino = ino;
-        h.dirs.push(HugeDir {
+        let mut new_dir = HugeDir {
             ino,
             mode: 0o040000 | (0o777 & !hp.umask) as u16,
             uid: hp.uid,
             gid: hp.gid,
             links: 2,
-            map: FileMap {
-                runs: vec![Run {
-                    lblk: 0,
-                    pblk: blk,
-                    len: 1,
-                }],
-                ..FileMap::default()
-            },
-            blocks: vec![vec![
+            map: FileMap::default(),
+            blocks: Vec::new(),
+            parent,
+            inline: None,
+            was_inline: inline,
+        };
+        if inline {
+            // ext2fs_new_dir_inline_data: one empty entry over the area.
+            new_dir.inline = Some(vec![Dirent {
+                ino: 0,
+                name: Vec::new(),
+                ft: 0,
+                rec_len: INLINE_DIR_AREA,
+            }]);
+            h.io.read_inode(parent, pi);
+            h.io.write_inode(di);
+            // ext2fs_inline_data_init: the empty system.data attribute
+            // (ext2fs_xattrs_read, then xattr_set's ext2fs_xattrs_write).
+            h.io.read_inode(ino, di);
+            h.io.write_inode(di);
+        } else {
+            let goal = h.pl.inode_goal(ino);
+            let blk = h.pl.alloc_block(goal, "hugefiles directory")?;
+            h.io.read_inode(parent, pi);
+            h.io.write_inode(di);
+            h.io.access(blk, true);
+            h.io.write_inode(di);
+            h.io.write_inode(di);
+            new_dir.map.runs.push(Run {
+                lblk: 0,
+                pblk: blk,
+                len: 1,
+            });
+            new_dir.blocks.push(vec![
                 Dirent {
                     ino,
                     name: b".".to_vec(),
@@ -624,8 +781,11 @@ pub(super) fn plan_hugefiles(
                     ft: dir::FT_DIR,
                     rec_len: limit - 12,
                 },
-            ]],
-        });
+            ]);
+        }
+        h.pl.use_inode(ino, true);
+        h.last_ino = ino;
+        h.dirs.push(new_dir);
         // ext2fs_lookup: every block of the parent read.
         for _ in 0..2 {
             h.io.read_inode(parent, pi);
@@ -639,10 +799,14 @@ pub(super) fn plan_hugefiles(
             .blocks
             .iter()
             .flatten()
+            .chain(h.dirs[pd].inline.iter().flatten())
             .any(|e| e.ino != 0 && e.name == comp.as_bytes())
         {
-            return Err(unsupported(&format!(
-                "hugefiles_dir component '{comp}' that already exists"
+            // ext2fs_mkdir fails with EXT2_ET_DIR_EXISTS after writing the
+            // new inode and freeing it again, which e2fsck rejects.
+            return Err(GeometryError::Invalid(format!(
+                "mke2fs.conf hugefiles_dir: '{comp}' exists already (mke2fs would stop \
+                 there and leave the filesystem inconsistent)"
             )));
         }
         if !h.link(parent, comp.as_bytes(), ino, dir::FT_DIR) {
@@ -656,15 +820,13 @@ pub(super) fn plan_hugefiles(
         dir = ino;
     }
     let fs_blocks = h.pl.free_blocks;
+    // bigalloc: calc_overhead counts clusters of extent blocks.
+    let ratio = h.pl.cluster_ratio();
+    let overhead = |num: u64| calc_overhead(bs, num).wrapping_mul(ratio);
     let mut num_files = hp.num_files;
     let mut num_blocks = hp.num_blocks;
     let mut num_slack = hp.slack;
     let align = hp.align;
-    let finish = |h: Hp<'_>, mut plan: HugePlan| {
-        plan.dirs = h.dirs;
-        plan.trace = h.io.trace;
-        h.pl.l.hugefiles = Some(plan);
-    };
     if fs_blocks < num_slack.wrapping_add(align) {
         plan.error = Some("No space left on device while creating huge files".into());
         finish(h, plan);
@@ -682,13 +844,13 @@ pub(super) fn plan_hugefiles(
     if num_files == 0 && num_blocks != 0 {
         num_files = fs_blocks / num_blocks;
         fs_blocks = fs_blocks.wrapping_sub(num_files / 16 + 1);
-        fs_blocks = fs_blocks.wrapping_sub(calc_overhead(bs, num_blocks).wrapping_mul(num_files));
+        fs_blocks = fs_blocks.wrapping_sub(overhead(num_blocks).wrapping_mul(num_files));
         num_files = fs_blocks / num_blocks;
     }
     if num_blocks == 0 && num_files > 1 {
         num_blocks = fs_blocks / num_files;
         fs_blocks = fs_blocks.wrapping_sub(num_files / 16 + 1);
-        fs_blocks = fs_blocks.wrapping_sub(calc_overhead(bs, num_blocks).wrapping_mul(num_files));
+        fs_blocks = fs_blocks.wrapping_sub(overhead(num_blocks).wrapping_mul(num_files));
         num_blocks = fs_blocks / num_files;
     }
     let each = if num_blocks != 0 {
@@ -696,11 +858,8 @@ pub(super) fn plan_hugefiles(
     } else {
         fs_blocks
     };
-    num_slack = num_slack.wrapping_add(calc_overhead(bs, each).wrapping_mul(num_files));
+    num_slack = num_slack.wrapping_add(overhead(each).wrapping_mul(num_files));
     num_slack = num_slack.wrapping_add(num_files / 16 + 1);
-    if num_files > u64::from(h.pl.inodes_count) {
-        return Err(unsupported("more huge files than inodes"));
-    }
     let blocks = h.pl.blocks_count;
     // get_start_block: leave `num_slack` free blocks at the start.
     let last_blk = blocks - 1;
@@ -734,7 +893,16 @@ pub(super) fn plan_hugefiles(
     progress.push_str(": ");
     plan.progress = Some(progress);
     for idx in 0..num_files {
-        let ino = new_inode(h.pl, h.last_ino, 0)?;
+        let Some(ino) = new_inode(h.pl, h.last_ino, 0)? else {
+            // mk_hugefile fails before it writes anything: the files made
+            // so far stay, the progress line gets no "done", and mke2fs
+            // reports the error twice (mk_hugefiles, then main) and goes on.
+            plan.error = Some(format!(
+                "{INODE_ALLOC_FAIL} while creating huge file {idx}\n\
+                 {INODE_ALLOC_FAIL} while creating huge files"
+            ));
+            break;
+        };
         h.pl.new_inode_scan(0, ino);
         let fi = h.iblk(ino);
         h.io.write_inode(fi);
@@ -748,9 +916,12 @@ pub(super) fn plan_hugefiles(
         while left > 0 {
             let end = h.pl.used.next_free(goal);
             if goal > last_blk || end > last_blk {
-                return Err(unsupported(
-                    "running out of space while creating a huge file",
-                ));
+                // mke2fs leaves this file allocated but unlinked, with
+                // neither size nor i_blocks: e2fsck rejects the result.
+                return Err(GeometryError::Invalid(format!(
+                    "mke2fs.conf hugefiles: huge file {idx} does not fit in the free space \
+                     (mke2fs would leave it half-made and the filesystem inconsistent)"
+                )));
             }
             goal = end;
             let bend = match h.pl.used.next_used(goal) {
@@ -773,7 +944,20 @@ pub(super) fn plan_hugefiles(
             }
             goal += n;
             count += n;
+            if ratio > 1 && (!pblk.is_multiple_of(ratio) || !n.is_multiple_of(ratio)) {
+                // Blocks mapped off their cluster's offset or a file ending
+                // inside a cluster: e2fsck rejects what mke2fs makes.
+                return Err(GeometryError::Invalid(format!(
+                    "mke2fs.conf hugefiles with bigalloc: huge file {idx} would not be \
+                     cluster-aligned (e2fsck rejects what mke2fs makes); set hugefiles_align \
+                     and hugefiles_size to multiples of the cluster size ({} KiB)",
+                    ratio * u64::from(bs) / 1024
+                )));
+            }
             h.pl.take(pblk, n);
+            if plan.zero {
+                plan.zeroed.push((h.io.trace.len(), pblk, n));
+            }
             let mut rem = n;
             while rem > 0 {
                 let l = rem.min(u64::from(EXT_INIT_MAX_LEN));
@@ -832,7 +1016,9 @@ pub(super) fn plan_hugefiles(
             uid: hp.uid,
             gid: hp.gid,
             size,
-            counted_blocks: count + tree.splits,
+            // ext2fs_iblk_add_blocks counts whole clusters: the data's
+            // (rounded down) and one for each extent block.
+            counted_blocks: (count / ratio + tree.splits) * ratio,
             i_block,
             nodes,
             data,

@@ -128,8 +128,8 @@ pub fn mke2fs_kbytes_written(l: &Layout) -> u64 {
 /// each undo block flushes the write cache (its read of the old content),
 /// so dirty blocks go out earlier and some are written twice. The zeroing
 /// before the cached writes (old superblock, device tail, inode tables)
-/// and the journal's (after each extent insert) come in mke2fs's order.
-/// Not modelled: the zeroing of huge files.
+/// and the journal's (after each extent insert) and the huge files' (each
+/// data run before its extents) come in mke2fs's order.
 pub fn mke2fs_kbytes_written_undo(
     l: &Layout,
     s: &super::SuperSettings,
@@ -191,9 +191,23 @@ fn kbytes_written(l: &Layout, undo: Option<UndoModel>) -> u64 {
             c.undo_touch(start, l.blocks_count - start);
         }
         if u.itables {
-            for gp in &l.groups {
+            // write_inode_tables runs before any inode is made: with group
+            // checksums each group's itable_unused is still
+            // ext2fs_initialize's, which counts inodes 1..=s_first_ino
+            // as used (the final one also counts lost+found, the orphan
+            // file, huge files...).
+            let ipg = u64::from(l.inodes_per_group);
+            let csum = f.has_group_csum();
+            for (g, gp) in l.groups.iter().enumerate() {
+                let used = if csum {
+                    u64::from(l.first_ino)
+                        .saturating_sub(g as u64 * ipg)
+                        .min(ipg)
+                } else {
+                    ipg
+                };
                 let n = if u.lazy_itable_init {
-                    (u64::from(l.inodes_per_group - gp.itable_unused) * isz).div_ceil(bs)
+                    (used * isz).div_ceil(bs)
                 } else {
                     u64::from(l.inode_blocks_per_group)
                 };
@@ -425,9 +439,17 @@ fn kbytes_written(l: &Layout, undo: Option<UndoModel>) -> u64 {
     }
     // mk_hugefiles: its directory and inode writes, extent blocks and
     // directory scans, as the planner recorded them.
+    // Under -z each zeroed data run is saved to the undo file first.
     if let Some(h) = &l.hugefiles {
-        for &(b, w) in &h.trace {
+        let mut zeroed = h.zeroed.iter().peekable();
+        for (k, &(b, w)) in h.trace.iter().enumerate() {
+            while let Some(&(_, first, n)) = zeroed.next_if(|z| z.0 <= k) {
+                c.undo_touch(first, n);
+            }
             c.access(b, w);
+        }
+        for &(_, first, n) in zeroed {
+            c.undo_touch(first, n);
         }
     }
     // write_bitmaps at close.

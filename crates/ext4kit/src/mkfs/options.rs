@@ -1626,19 +1626,13 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 "mke2fs.conf: hugefiles_digits = {digits} is not supported by ext4kit"
             ));
         }
-        for (on, what) in [
-            (f.ro_compat.contains(RoCompat::BIGALLOC), "with bigalloc"),
-            (
-                f.incompat.contains(Incompat::INLINE_DATA),
-                "with inline_data",
-            ),
-            (opts.super_only, "with -S"),
-        ] {
-            if on {
-                return err(format!(
-                    "mke2fs.conf: make_hugefiles {what} is not supported by ext4kit yet"
-                ));
-            }
+        if opts.super_only {
+            // mke2fs 1.47.0 runs mk_hugefiles after -S too: a directory
+            // and files allocated from the bitmaps -S rebuilt, i.e. over
+            // the data blocks it is meant to recover.
+            return err(
+                "-S with make_hugefiles would write huge files over the data -S is meant to recover (as mke2fs 1.47.0 does); use a usage type (-T) without make_hugefiles",
+            );
         }
         let align = blocks_of("hugefiles_align", "0");
         let part_offset = if profile.get_bool(&fs_types, "hugefiles_align_disk", false) {

@@ -489,9 +489,27 @@ impl Writer<'_> {
             for d in h.dirs.iter().filter(|d| d.ino != 2) {
                 let mut i = self.base_inode(d.mode, d.links);
                 owner(&mut i, d.uid, d.gid);
-                i.set_size(bs * d.map.blocks());
-                self.map_file(&mut i, &d.map);
+                if let Some(ents) = &d.inline {
+                    // Still inline: `..` and the entries in i_block.
+                    i.set_size(60);
+                    i.i_flags.set(i.i_flags.get() | inode::EXT4_INLINE_DATA_FL);
+                    let area = i.i_block_bytes_mut();
+                    area[..4].copy_from_slice(&d.parent.to_le_bytes());
+                    let filetype = l.features.incompat.contains(Incompat::FILETYPE);
+                    let mut off = 4;
+                    for e in ents {
+                        let ft = if filetype { e.ft } else { 0 };
+                        dir::put_entry(area, off, e.ino, e.rec_len as u16, &e.name, ft);
+                        off += e.rec_len as usize;
+                    }
+                } else {
+                    i.set_size(bs * d.map.blocks());
+                    self.map_file(&mut i, &d.map);
+                }
                 put(d.ino, &i, &mut out);
+                if d.was_inline {
+                    self.inline_dir_xattr(out.last_mut(), d.ino, d.inline.is_some(), csum);
+                }
             }
             for f in &h.files {
                 let mut i = self.base_inode(f.mode, 1);
@@ -552,6 +570,39 @@ impl Writer<'_> {
         }
         out.sort_by_key(|(i, _)| *i);
         out
+    }
+
+    /// The in-inode attribute area of a directory ext2fs_mkdir made
+    /// inline: the empty `system.data` attribute while it is inline, only
+    /// the header magic once ext2fs_inline_data_ea_remove has run.
+    fn inline_dir_xattr(
+        &self,
+        slot: Option<&mut (u32, Vec<u8>)>,
+        ino: u32,
+        inline: bool,
+        csum: &Csum,
+    ) {
+        let Some((_, slot)) = slot else {
+            return;
+        };
+        let at = 128 + usize::from(EXTRA_ISIZE);
+        if slot.len() < at + 4 + 24 {
+            return;
+        }
+        slot[at..at + 4].copy_from_slice(&XATTR_MAGIC.to_le_bytes());
+        if inline {
+            // e_name_len, e_name_index (system), e_value_offs (an empty
+            // value at the end of the area), inum, size and hash 0, "data".
+            let e = at + 4;
+            let room = slot.len() - e;
+            slot[e] = 4;
+            slot[e + 1] = 7;
+            slot[e + 2..e + 4].copy_from_slice(&(room as u16).to_le_bytes());
+            slot[e + 16..e + 20].copy_from_slice(b"data");
+        }
+        if csum.metadata {
+            inode::set_checksum(slot, ino, csum);
+        }
     }
 
     fn backup_group_list(&self) -> Vec<u32> {
