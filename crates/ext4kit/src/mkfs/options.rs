@@ -976,11 +976,11 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         fs_blocks_count /= blocksize as u64 / 1024;
     } else if (blocksize as u32) < lsector {
         return err(format!(
-            "block size {blocksize} too small for device (logical sector size {lsector})"
+            "Invalid argument while setting blocksize; too small for device (logical sector size {lsector})"
         ));
     } else if (blocksize as u32) < psector && psector <= env.page_size {
         warnings.push(format!(
-            "specified blocksize {blocksize} is less than device physical sectorsize {psector}"
+            "Warning: specified blocksize {blocksize} is less than device physical sectorsize {psector}"
         ));
     }
     let bs = blocksize as u32;
@@ -2083,7 +2083,7 @@ mod tests {
             r.warnings
                 .iter()
                 .any(|w| w
-                    == "specified blocksize 1024 is less than device physical sectorsize 4096"),
+                    == "Warning: specified blocksize 1024 is less than device physical sectorsize 4096"),
             "{:?}",
             r.warnings
         );
