@@ -263,6 +263,13 @@ const CASES: &[Case] = &[
     bad("-E direct_io", &["-t", "ext4", "-E", "direct_io", T]).expect(Expect::OneLineErrorWith(
         "Bad option(s) specified: direct_io",
     )),
+    // More than 2^32 blocks without 64bit (and without mke2fs.conf's
+    // auto_64-bit_support).
+    bad("-O ^64bit, 17T", &["-t", "ext4", "-O", "^64bit", T, "17T"]).expect(
+        Expect::OneLineErrorWith(
+            "Size of device (0x110000000 blocks) too big to be expressed in 32 bits",
+        ),
+    ),
     // Features outside mke2fs's ok_features may be neither set nor
     // cleared, named or as FEATURE_<word><bit>: mke2fs names the whole
     // -O string.

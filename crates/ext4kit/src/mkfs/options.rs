@@ -1006,7 +1006,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     }
     if fs_blocks_count > MAX_32 && !f.incompat.contains(Incompat::BIT64) {
         return err(format!(
-            "size of device ({fs_blocks_count} blocks) too big to be expressed in 32 bits using a blocksize of {bs}"
+            // mke2fs's words, less the device name it puts after the count.
+            "Size of device ({fs_blocks_count:#x} blocks) too big to be expressed in 32 bits using a blocksize of {bs}."
         ));
     }
     let log_bs = (bs / 1024).trailing_zeros();
