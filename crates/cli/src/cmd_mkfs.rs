@@ -508,7 +508,16 @@ fn progress_from(label: &str, first: u64, max: u64, done: &str) {
 /// type notices on stdout (mke2fs uses printf), the rest on stderr.
 fn print_warning(w: &str, json: bool) {
     let on_stdout = w.starts_with("128-byte inodes") || w.starts_with("Your mke2fs.conf");
-    if on_stdout && !json {
+    if w.starts_with("Your mke2fs.conf") && !json {
+        // mke2fs's blank lines: one before, and one after the advice to
+        // update the file (ext3/ext4 only).
+        let after = if w.contains("You probably need") {
+            "\n"
+        } else {
+            ""
+        };
+        outln!("\n{w}{after}");
+    } else if on_stdout && !json {
         outln!("{w}");
     } else if w.starts_with("Warning: the fs_type") {
         // mke2fs sets this one off with blank lines.
@@ -871,7 +880,8 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             eprintln!("\nFilesystem too small for a journal");
         }
     }
-    if show && verbose && prepared.resolved.assume_prezeroed {
+    // mke2fs prints its verbose lines under -v whatever -q says.
+    if verbose && !a.json && prepared.resolved.assume_prezeroed {
         outln!("Assuming the storage device is prezeroed - skipping inode table and journal wipe");
     }
     if let Some(u) = bad_uuid {
@@ -946,9 +956,10 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
                 prepared.layout.blocks_count,
                 "done                            \n",
             );
-            if verbose && discard_zeroes {
-                outln!("Discard succeeded and will return 0s - skipping inode table wipe");
-            }
+        }
+        // Not under show: mke2fs prints this with -v even when -q.
+        if discarded && verbose && !a.json && discard_zeroes {
+            outln!("Discard succeeded and will return 0s - skipping inode table wipe");
         }
     }
     if prepared.layout.mmp_block.is_some() {

@@ -258,10 +258,41 @@ const CASES: &[Case] = &[
     )),
     // Newer than mke2fs 1.47.0, which calls them bad options.
     bad("-E nodirect_io", &["-t", "ext4", "-E", "nodirect_io", T]).expect(
-        Expect::OneLineErrorWith("bad extended option: 'nodirect_io'"),
+        Expect::OneLineErrorWith("Bad option(s) specified: nodirect_io"),
     ),
-    bad("-E direct_io", &["-t", "ext4", "-E", "direct_io", T])
-        .expect(Expect::OneLineErrorWith("bad extended option: 'direct_io'")),
+    bad("-E direct_io", &["-t", "ext4", "-E", "direct_io", T]).expect(Expect::OneLineErrorWith(
+        "Bad option(s) specified: direct_io",
+    )),
+    // More than 2^32 blocks without 64bit (and without mke2fs.conf's
+    // auto_64-bit_support).
+    bad("-O ^64bit, 17T", &["-t", "ext4", "-O", "^64bit", T, "17T"]).expect(
+        Expect::OneLineErrorWith(
+            "Size of device (0x110000000 blocks) too big to be expressed in 32 bits",
+        ),
+    ),
+    // Features outside mke2fs's ok_features may be neither set nor
+    // cleared, named or as FEATURE_<word><bit>: mke2fs names the whole
+    // -O string.
+    bad(
+        "-O ^lazy_bg",
+        &["-t", "ext4", "-O", "has_journal,^lazy_bg", T],
+    )
+    .expect(Expect::OneLineErrorWith(
+        "Invalid filesystem option set: has_journal,^lazy_bg",
+    )),
+    bad("-O compression", &["-t", "ext4", "-O", "compression", T]).expect(
+        Expect::OneLineErrorWith("Invalid filesystem option set: compression"),
+    ),
+    bad("-O FEATURE_C20", &["-t", "ext4", "-O", "FEATURE_C20", T]).expect(
+        Expect::OneLineErrorWith("Invalid filesystem option set: FEATURE_C20"),
+    ),
+    bad(
+        "-O ^needs_recovery",
+        &["-t", "ext4", "-O", "^needs_recovery", T],
+    )
+    .expect(Expect::OneLineErrorWith(
+        "Invalid filesystem option set: ^needs_recovery",
+    )),
     // mke2fs 1.47.0 -S creates the orphan file over lost+found and data
     // blocks (or fails after zeroing the primary superblock).
     bad(

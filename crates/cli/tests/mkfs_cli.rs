@@ -113,6 +113,9 @@ fn output_matches_mke2fs() {
             1,
         ),
     );
+    // Without [fs_types], ext4 is undefined: mke2fs's warning with -F,
+    // set off by blank lines.
+    let empty = conf_file(dir.path(), "empty.conf", "");
     let (da, db) = (dir.path().join("a"), dir.path().join("b"));
     std::fs::create_dir(&da).unwrap();
     std::fs::create_dir(&db).unwrap();
@@ -139,6 +142,17 @@ fn output_matches_mke2fs() {
         (
             Some(GIB),
             "-t ext4 -v -E assume_storage_prezeroed=1",
+            &debian,
+        ),
+        (Some(64 * MIB), "-t ext4 -F", &empty),
+        (Some(64 * MIB), "-q -t ext4 -F", &empty),
+        (Some(64 * MIB), "-t xfs -F", &debian),
+        // -v's lines about discard and prezeroed storage are printed
+        // under -q too, as mke2fs prints them.
+        (Some(64 * MIB), "-q -v -t ext4", &debian),
+        (
+            Some(64 * MIB),
+            "-q -v -t ext4 -E assume_storage_prezeroed=1",
             &debian,
         ),
         (Some(GIB), "-t ext4 -T huge", &huge),

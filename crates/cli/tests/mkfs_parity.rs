@@ -297,6 +297,8 @@ const CASES: &[Case] = &[
     case(GIB, &["-o", "hurd"]),
     case(GIB, &["-o", "GNU", "-O", "^filetype,^resize_inode"]).t("ext2"),
     case(100 * MIB, &["-o", "1", "-b", "1024"]).t("ext3"),
+    // e2p's other spellings: FEATURE_<word><bit>, aliases.
+    case(GIB, &["-O", "FEATURE_R0,fname_encoding,^uninit_groups"]),
     // Feature flags that are superblock bits and small fields.
     case(GIB, &["-O", "large_dir"]),
     case(GIB, &["-O", "ea_inode"]),
@@ -3128,6 +3130,71 @@ fn undefined_fs_type_needs_force() {
     let out = run(ext4kit_mkfs(args("ext2")).env("MKE2FS_CONFIG", &conf)).unwrap();
     assert!(out.status.success(), "{}", last_line(&out));
     e2fsck_clean(&img).unwrap();
+}
+
+/// mke2fs.conf tags whose values mke2fs takes without checking them the
+/// way -O/-G would: the upstream configuration with one ext4 relation
+/// added (or a feature list edited), then the same image as mke2fs.
+#[test]
+fn parity_profile_tags() {
+    let test = "parity_profile_tags";
+    for t in ["mke2fs", "e2fsck"] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found (install e2fsprogs)"));
+        }
+    }
+    let in_ext4 =
+        |rel: &str| UPSTREAM_CONF.replacen("\text4 = {\n", &format!("\text4 = {{\n\t\t{rel}\n"), 1);
+    let no_64bit = UPSTREAM_CONF.replacen("metadata_csum_seed,64bit,", "metadata_csum_seed,", 1);
+    let cases: Vec<(String, String, u64)> = vec![
+        // flex_bg_size is rounded down to a power of two (int_log2), not
+        // refused as -G 3 is; 0 means no flex groups.
+        ("flex_bg_size = 3".into(), in_ext4("flex_bg_size = 3"), GIB),
+        ("flex_bg_size = 0".into(), in_ext4("flex_bg_size = 0"), GIB),
+        (
+            "flex_bg_size = 100".into(),
+            in_ext4("flex_bg_size = 100"),
+            GIB,
+        ),
+        // auto_64-bit_support turns 64bit on (resize_inode off) for a
+        // filesystem of more than 2^32 blocks, instead of refusing it.
+        (
+            "auto_64-bit_support = 1, 17T without 64bit".into(),
+            no_64bit.replacen(
+                "\text4 = {\n",
+                "\text4 = {\n\t\tauto_64-bit_support = 1\n",
+                1,
+            ),
+            17 * TIB,
+        ),
+        (
+            "auto_64-bit_support = 1, 1G without 64bit".into(),
+            no_64bit.replacen(
+                "\text4 = {\n",
+                "\text4 = {\n\t\tauto_64-bit_support = 1\n",
+                1,
+            ),
+            GIB,
+        ),
+    ];
+    let dir = shm_dir().unwrap_or_else(image_dir);
+    let conf_path = dir.path().join("mke2fs.conf");
+    let mut failures = Vec::new();
+    for (label, conf, size) in &cases {
+        std::fs::write(&conf_path, conf).expect("writing mke2fs.conf");
+        let c = case(*size, &[]);
+        let res = match compare(dir.path(), &conf_path, *size, &[], &|img| c.args(img)) {
+            Outcome::Pass => Ok(()),
+            Outcome::Skip(why) | Outcome::Fail(why) => Err(why),
+        };
+        report(label, res, &mut failures);
+    }
+    assert!(
+        failures.is_empty(),
+        "{} case(s) differ from mke2fs:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// A real device's logical sector size steers the block size as in mke2fs

@@ -693,34 +693,51 @@ pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
         .map(|u| *u.as_bytes())
 }
 
-/// Features ext4kit can format today.
-fn unsupported_features(f: &Features) -> Vec<String> {
-    let bad_compat = Compat::LAZY_BG.bits()
-        | Compat::EXCLUDE_BITMAP.bits()
-        | Compat::DIR_PREALLOC.bits()
-        | Compat::IMAGIC_INODES.bits();
-    let bad_incompat =
-        Incompat::COMPRESSION.bits() | Incompat::RECOVER.bits() | Incompat::DIRDATA.bits();
-    let bad_ro = RoCompat::REPLICA.bits()
-        | RoCompat::READONLY.bits()
-        | RoCompat::SHARED_BLOCKS.bits()
-        | RoCompat::ORPHAN_PRESENT.bits()
-        | RoCompat::BTREE_DIR.bits()
-        | RoCompat::HAS_SNAPSHOT.bits();
-    let mut out = Vec::new();
-    for (word, bad) in [
-        (Word::Compat, bad_compat),
-        (Word::Incompat, bad_incompat),
-        (Word::RoCompat, bad_ro),
-    ] {
-        let w = f.word(word) & bad;
-        for bit in 0..32 {
-            if w & (1 << bit) != 0 {
-                out.push(Features::name_of(word, 1 << bit));
-            }
+/// mke2fs's `ok_features`: what `-O` and mke2fs.conf may set or clear.
+/// Any other feature, named or `FEATURE_<C|I|R><bit>`, is refused both
+/// ways ("^lazy_bg" too), as mke2fs 1.47.0 refuses it.
+fn ok_to_edit(word: Word, bit: u32) -> bool {
+    let ok = match word {
+        Word::Compat => {
+            Compat::HAS_JOURNAL.bits()
+                | Compat::RESIZE_INODE.bits()
+                | Compat::DIR_INDEX.bits()
+                | Compat::EXT_ATTR.bits()
+                | Compat::SPARSE_SUPER2.bits()
+                | Compat::FAST_COMMIT.bits()
+                | Compat::STABLE_INODES.bits()
+                | Compat::ORPHAN_FILE.bits()
         }
-    }
-    out
+        Word::Incompat => {
+            Incompat::FILETYPE.bits()
+                | Incompat::EXTENTS.bits()
+                | Incompat::JOURNAL_DEV.bits()
+                | Incompat::META_BG.bits()
+                | Incompat::FLEX_BG.bits()
+                | Incompat::EA_INODE.bits()
+                | Incompat::MMP.bits()
+                | Incompat::BIT64.bits()
+                | Incompat::INLINE_DATA.bits()
+                | Incompat::ENCRYPT.bits()
+                | Incompat::CASEFOLD.bits()
+                | Incompat::CSUM_SEED.bits()
+                | Incompat::LARGEDIR.bits()
+        }
+        Word::RoCompat => {
+            RoCompat::LARGE_FILE.bits()
+                | RoCompat::HUGE_FILE.bits()
+                | RoCompat::DIR_NLINK.bits()
+                | RoCompat::EXTRA_ISIZE.bits()
+                | RoCompat::SPARSE_SUPER.bits()
+                | RoCompat::GDT_CSUM.bits()
+                | RoCompat::BIGALLOC.bits()
+                | RoCompat::QUOTA.bits()
+                | RoCompat::METADATA_CSUM.bits()
+                | RoCompat::PROJECT.bits()
+                | RoCompat::VERITY.bits()
+        }
+    };
+    ok & bit == bit
 }
 
 /// Apply an e2p feature edit string ("feat,^feat,...").
@@ -734,12 +751,12 @@ pub fn edit_features(f: &mut Features, s: &str) -> Result<(), OptionError> {
             *f = Features::default();
             continue;
         }
-        let Some((word, bit)) = Features::lookup(name) else {
-            return err(format!(
-                "invalid filesystem option set: unknown feature '{name}'"
-            ));
-        };
-        f.set(word, bit, on);
+        // mke2fs names the whole string it was given, whatever word in it
+        // is unknown or not allowed.
+        match Features::lookup(name) {
+            Some((word, bit)) if ok_to_edit(word, bit) => f.set(word, bit, on),
+            _ => return err(format!("Invalid filesystem option set: {s}")),
+        }
     }
     Ok(())
 }
@@ -1209,11 +1226,11 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         fs_blocks_count /= blocksize as u64 / 1024;
     } else if (blocksize as u32) < lsector {
         return err(format!(
-            "block size {blocksize} too small for device (logical sector size {lsector})"
+            "Invalid argument while setting blocksize; too small for device (logical sector size {lsector})"
         ));
     } else if (blocksize as u32) < psector && psector <= env.page_size {
         warnings.push(format!(
-            "specified blocksize {blocksize} is less than device physical sectorsize {psector}"
+            "Warning: specified blocksize {blocksize} is less than device physical sectorsize {psector}"
         ));
     }
     // mke2fs's `blocksize` keeps the number as given (3000 with `-b 3000`)
@@ -1233,9 +1250,20 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     if fs_blocks_count > MAX_32 && f.incompat.contains(Incompat::BIT64) {
         f.compat.remove(Compat::RESIZE_INODE);
     }
+    // mke2fs.conf's auto_64-bit_support: a filesystem too big for 32-bit
+    // block numbers gets 64bit (and so no resize inode) instead of an
+    // error.
+    if fs_blocks_count > MAX_32
+        && !f.incompat.contains(Incompat::BIT64)
+        && profile.get_bool(&fs_types, "auto_64-bit_support", false)
+    {
+        f.incompat.insert(Incompat::BIT64);
+        f.compat.remove(Compat::RESIZE_INODE);
+    }
     if fs_blocks_count > MAX_32 && !f.incompat.contains(Incompat::BIT64) {
         return err(format!(
-            "size of device ({fs_blocks_count} blocks) too big to be expressed in 32 bits using a blocksize of {bs}"
+            // mke2fs's words, less the device name it puts after the count.
+            "Size of device ({fs_blocks_count:#x} blocks) too big to be expressed in 32 bits using a blocksize of {bs}."
         ));
     }
     let log_bs = (bs / 1024).trailing_zeros();
@@ -1273,7 +1301,9 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         reserved_ratio = 0.0;
     }
     if f.incompat.contains(Incompat::BIT64) && !f.incompat.contains(Incompat::EXTENTS) {
-        return err("extents must be enabled for a 64-bit filesystem (pass -O extents)");
+        return err(
+            "Extents MUST be enabled for a 64-bit filesystem.  Pass -O extents to rectify.",
+        );
     }
     // -C / cluster_size: s_log_cluster_size as int_log2 of the KiB (0
     // leaves libext2fs's default of 16 blocks).
@@ -1406,8 +1436,9 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                 None => (tok, None),
             };
             let need = |v: Option<&str>| -> Result<String, OptionError> {
-                v.map(str::to_string)
-                    .ok_or_else(|| OptionError(format!("extended option '{k}' needs a value")))
+                v.map(str::to_string).ok_or_else(|| {
+                    OptionError(format!("Bad option(s) specified: {k} (it needs a value)"))
+                })
             };
             // strtoul(arg, &p, 0) with `*p` checked: hex and octal too,
             // an empty value is 0.
@@ -1553,7 +1584,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                     let s = need(v)?;
                     quota_types = super::quota::parse_quota_types(&s, 0).map_err(|tok| {
                         OptionError(format!(
-                            "Failed to parse quota type at {tok} (bad extended option: quotatype)"
+                            "Failed to parse quota type at {tok} (Bad option(s) specified: quotatype)"
                         ))
                     })?;
                 }
@@ -1562,7 +1593,8 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
                         "extended option '{k}' is not supported by ext4kit yet"
                     ));
                 }
-                _ => return err(format!("bad extended option: '{k}'")),
+                // mke2fs's words (without the usage text it adds).
+                _ => return err(format!("Bad option(s) specified: {k}")),
             }
         }
         // The end of parse_extended_opts: with casefold the flags start
@@ -1712,13 +1744,6 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     if f.compat.contains(Compat::ORPHAN_FILE) && !f.compat.contains(Compat::HAS_JOURNAL) {
         return err("cannot set orphan_file feature without a journal");
     }
-    let bad = unsupported_features(&f);
-    if !bad.is_empty() {
-        return err(format!(
-            "feature(s) not supported by ext4kit yet: {}",
-            bad.join(", ")
-        ));
-    }
     if let Some(g) = opts.blocks_per_group {
         if g < 256 || g > 8 * bs {
             return err("blocks per group count out of range");
@@ -1784,9 +1809,11 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         }
         log_flex = g.trailing_zeros() as u8;
     } else if f.incompat.contains(Incompat::FLEX_BG) {
+        // mke2fs does not check mke2fs.conf's value: its int_log2 rounds
+        // down (3 gives groups of 2), and 0 means no flex groups.
         let g = profile.get_uint(&fs_types, "flex_bg_size", 16) as u32;
-        if g > 0 && g.is_power_of_two() {
-            log_flex = g.trailing_zeros() as u8;
+        if g > 0 {
+            log_flex = g.ilog2() as u8;
         }
     }
     // Inode count.
@@ -1917,7 +1944,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
     if !rev0 {
         let mntopts = profile.default_mntopts(&mntopt_types);
         edit_mntopts(&mut default_mount_opts, &mntopts)
-            .map_err(|_| OptionError(format!("invalid mount option set: {mntopts}")))?;
+            .map_err(|_| OptionError(format!("Invalid mount option set: {mntopts}")))?;
     }
     let mut label = [0u8; 16];
     if let Some(l) = &opts.label {
@@ -1952,7 +1979,7 @@ pub fn resolve(opts: &MkfsOptions, profile: &Profile, env: &Env) -> Result<Resol
         Some("continue") => 1,
         Some("remount-ro") => 2,
         Some("panic") => 3,
-        Some(o) => return err(format!("invalid errors behavior in mke2fs.conf: {o}")),
+        Some(o) => return err(format!("bad error behavior in profile - {o}")),
     };
     let errors = match opts.errors.as_deref() {
         None => profile_errors,
@@ -2196,7 +2223,7 @@ mod tests {
         let conf = conf.replace("acl,^acl,user_xattr", "acl,,user_xattr");
         let p = Profile::parse(&conf).unwrap();
         let e = resolve(&opts("ext4"), &p, &env(1 << 30)).unwrap_err();
-        assert_eq!(e.0, "invalid mount option set: acl,,user_xattr");
+        assert_eq!(e.0, "Invalid mount option set: acl,,user_xattr");
     }
 
     #[test]
@@ -2307,7 +2334,7 @@ mod tests {
             r.warnings
                 .iter()
                 .any(|w| w
-                    == "specified blocksize 1024 is less than device physical sectorsize 4096"),
+                    == "Warning: specified blocksize 1024 is less than device physical sectorsize 4096"),
             "{:?}",
             r.warnings
         );
@@ -2391,7 +2418,7 @@ mod tests {
             ..opts("ext2")
         };
         let e = resolve(&o, &p, &env(1 << 30)).unwrap_err();
-        assert_eq!(e.0, "invalid errors behavior in mke2fs.conf: broken");
+        assert_eq!(e.0, "bad error behavior in profile - broken");
         let p = Profile::parse("[defaults]\n\terrors = continue\n").unwrap();
         assert_eq!(resolve(&o, &p, &env(1 << 30)).unwrap().settings.errors, 3);
     }
