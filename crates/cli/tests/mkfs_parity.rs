@@ -2877,6 +2877,17 @@ const HUGE_DIR_NO_ROOM: &str = "\thuge = {
 \t}
 ";
 
+/// A hugefiles_name of 256 bytes: ext2fs_link keeps only the low 8 bits
+/// of its length.
+const HUGE_LONG_NAME: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\thugefiles_size = 1M
+\t\tnum_hugefiles = 2
+\t\thugefiles_digits = 0
+\t\thugefiles_name = NNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNN
+\t}
+";
+
 /// One huge file of `hugefiles_size` blocks (or filling the filesystem),
 /// not zeroed, for the 2^32-block limit on 17 TiB of 4 KiB blocks.
 fn huge_one_file(size: Option<&str>) -> &'static str {
@@ -3085,6 +3096,11 @@ fn hugefiles_refusals() {
             HUGE_DIR_EXISTS,
             &[][..],
             "'lost+found' exists already (mke2fs would stop",
+        ),
+        (
+            HUGE_LONG_NAME,
+            &[][..],
+            "is longer than 255 bytes (mke2fs would store it truncated)",
         ),
         (
             HUGE_DIR_NO_ROOM,

@@ -455,6 +455,24 @@ fn new_inode(pl: &Planner, last: u32, start: u32) -> Result<Option<u32>, Geometr
     Ok((ino <= pl.inodes_count).then_some(ino))
 }
 
+/// The longest name a directory entry holds (`EXT2_NAME_LEN`).
+const NAME_LEN: usize = 255;
+
+/// ext2fs_link stores only the low 8 bits of a longer name's length (the
+/// whole name still written, `rec_len` sized for it), so mke2fs names the
+/// entry by a truncated prefix (e2fsck then finds the huge files'
+/// duplicates): such a name is refused, as a user would expect.
+fn check_name_len(name: &[u8]) -> Result<(), GeometryError> {
+    if name.len() > NAME_LEN {
+        return Err(GeometryError::Invalid(format!(
+            "mke2fs.conf hugefiles: the name '{}' is longer than {NAME_LEN} bytes \
+             (mke2fs would store it truncated)",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    Ok(())
+}
+
 /// libext2fs's message for `EXT2_ET_INODE_ALLOC_FAIL`.
 const INODE_ALLOC_FAIL: &str = "Could not allocate inode in ext2 filesystem";
 
@@ -732,6 +750,7 @@ pub(super) fn plan_hugefiles(
             finish(h, plan);
             return Ok(());
         };
+        check_name_len(comp.as_bytes())?;
         h.pl.new_inode_scan(start, ino);
         let pi = h.iblk(parent);
         let di = h.iblk(ino);
@@ -1022,6 +1041,7 @@ pub(super) fn plan_hugefiles(
             }
             s.into_bytes()
         };
+        check_name_len(&name)?;
         let size = count * u64::from(bs);
         if size >= 0x8000_0000 {
             h.pl.l.features.ro_compat.insert(RoCompat::LARGE_FILE);
