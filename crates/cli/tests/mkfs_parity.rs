@@ -2869,6 +2869,38 @@ const HUGE_DIR_EXISTS: &str = "\thuge = {
 \t}
 ";
 
+/// With inline_data the second directory is inline: a 49-byte name does
+/// not fit in the first one's 56 bytes, ext2fs_mkdir fails with
+/// EXT2_ET_DIR_NO_SPACE after writing the new inode (e2fsck rejects it).
+const HUGE_DIR_NO_ROOM: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\thugefiles_dir = /a/bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb/c
+\t\thugefiles_size = 1M
+\t}
+";
+
+/// A hugefiles_name of 256 bytes: ext2fs_link keeps only the low 8 bits
+/// of its length.
+const HUGE_LONG_NAME: &str = "\thuge = {
+\t\tmake_hugefiles = 1
+\t\thugefiles_size = 1M
+\t\tnum_hugefiles = 2
+\t\thugefiles_digits = 0
+\t\thugefiles_name = NNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNNN
+\t}
+";
+
+/// One huge file of `hugefiles_size` blocks (or filling the filesystem),
+/// not zeroed, for the 2^32-block limit on 17 TiB of 4 KiB blocks.
+fn huge_one_file(size: Option<&str>) -> &'static str {
+    let size = size.map_or(String::new(), |s| format!("\t\thugefiles_size = {s}\n"));
+    let text = format!(
+        "\thuge = {{\n\t\tmake_hugefiles = 1\n\t\tnum_hugefiles = 1\n\
+         \t\tzero_hugefiles = false\n{size}\t}}\n"
+    );
+    Box::leak(text.into_boxed_str())
+}
+
 /// mk_hugefiles running out of inodes, for files and for directories:
 /// mke2fs reports it and carries on; ext4kit makes the same bytes, prints
 /// the same stdout (the progress line without its "done") and stderr
@@ -3068,6 +3100,16 @@ fn hugefiles_refusals() {
             "'lost+found' exists already (mke2fs would stop",
         ),
         (
+            HUGE_LONG_NAME,
+            &[][..],
+            "is longer than 255 bytes (mke2fs would store it truncated)",
+        ),
+        (
+            HUGE_DIR_NO_ROOM,
+            &["-O", "inline_data"][..],
+            "does not fit in its parent directory (mke2fs would stop",
+        ),
+        (
             HUGE_FILL_10M,
             &["-S", "-O", "^orphan_file"][..],
             "-S with make_hugefiles would write huge files over the data",
@@ -3086,6 +3128,79 @@ fn hugefiles_refusals() {
         if std::fs::read(&img).unwrap().iter().any(|&b| b != 0x5a) {
             failures.push(format!("{opts:?}: the refused run wrote to the target"));
         }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The extent format maps at most 2^32 - 1 blocks of a file: a huge file
+/// of exactly that many is made byte for byte as mke2fs makes it
+/// (e2fsck clean); one of 2^32 blocks (an i_size past the limit) or one
+/// filling 17 TiB (mke2fs wraps the 32-bit logical block numbers) is what
+/// e2fsck rejects in mke2fs's image, and ext4kit refuses it in one line
+/// without writing. 17 TiB sparse images in /dev/shm (more than an ext4
+/// file may be); about 730 MiB of data each, a few seconds.
+#[test]
+fn hugefiles_past_2_32_blocks() {
+    let test = "mkfs_parity::hugefiles_past_2_32_blocks";
+    for t in ["mke2fs", "e2fsck"] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found (install e2fsprogs)"));
+        }
+    }
+    let Some(dir) = shm_dir() else {
+        return skip(test, "no /dev/shm for 17 TiB sparse images");
+    };
+    let size = 17 * TIB;
+    let conf_path = dir.path().join("mke2fs.conf");
+    let args = |img: &Path| -> Vec<String> {
+        [
+            "-F", "-q", "-t", "ext4", "-T", "huge", "-N", "1024", "-U", UUID, "-E",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([seed_ext(None), img.display().to_string()])
+        .collect()
+    };
+    let mut failures = Vec::new();
+    let stanza = huge_one_file(Some("4294967295"));
+    std::fs::write(&conf_path, MConf::WithStanza(UPSTREAM_CONF, stanza).text()).unwrap();
+    let res = match compare(dir.path(), &conf_path, size, &[], &args) {
+        Outcome::Pass => Ok(()),
+        Outcome::Skip(why) | Outcome::Fail(why) => Err(why),
+    };
+    report("2^32 - 1 blocks", res, &mut failures);
+    for (what, stanza) in [
+        ("2^32 blocks", huge_one_file(Some("4294967296"))),
+        ("filling 17 TiB", huge_one_file(None)),
+    ] {
+        std::fs::write(&conf_path, MConf::WithStanza(UPSTREAM_CONF, stanza).text()).unwrap();
+        let img = dir.path().join("t.img");
+        let res = (|| -> Result<(), String> {
+            sparse_file(&img, size).map_err(|e| e.to_string())?;
+            let out = run(mke2fs(args(&img)).env("MKE2FS_CONFIG", &conf_path))?;
+            if !out.status.success() || e2fsck_clean(&img).is_ok() {
+                return Err(format!(
+                    "mke2fs's image was expected to fail e2fsck: {}",
+                    last_line(&out)
+                ));
+            }
+            sparse_file(&img, size).map_err(|e| e.to_string())?;
+            let out = run(ext4kit_mkfs(args(&img)).env("MKE2FS_CONFIG", &conf_path))?;
+            let err = String::from_utf8_lossy(&out.stderr);
+            if out.status.success()
+                || err.lines().count() != 1
+                || !err.contains("huge file 0 would have 2^32 blocks or more")
+            {
+                return Err(format!("not refused in one line: {err}"));
+            }
+            let written = std::fs::metadata(&img).map_err(|e| e.to_string())?;
+            if std::os::unix::fs::MetadataExt::blocks(&written) != 0 {
+                return Err("the refused run wrote to the target".into());
+            }
+            Ok(())
+        })();
+        let _ = std::fs::remove_file(&img);
+        report(what, res, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -455,6 +455,24 @@ fn new_inode(pl: &Planner, last: u32, start: u32) -> Result<Option<u32>, Geometr
     Ok((ino <= pl.inodes_count).then_some(ino))
 }
 
+/// The longest name a directory entry holds (`EXT2_NAME_LEN`).
+const NAME_LEN: usize = 255;
+
+/// ext2fs_link stores only the low 8 bits of a longer name's length (the
+/// whole name still written, `rec_len` sized for it), so mke2fs names the
+/// entry by a truncated prefix (e2fsck then finds the huge files'
+/// duplicates): such a name is refused, as a user would expect.
+fn check_name_len(name: &[u8]) -> Result<(), GeometryError> {
+    if name.len() > NAME_LEN {
+        return Err(GeometryError::Invalid(format!(
+            "mke2fs.conf hugefiles: the name '{}' is longer than {NAME_LEN} bytes \
+             (mke2fs would store it truncated)",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    Ok(())
+}
+
 /// libext2fs's message for `EXT2_ET_INODE_ALLOC_FAIL`.
 const INODE_ALLOC_FAIL: &str = "Could not allocate inode in ext2 filesystem";
 
@@ -653,6 +671,12 @@ pub(super) fn plan_hugefiles(
     let root_blocks: Vec<u64> = (0..pl.root.blocks() as u32)
         .filter_map(|l| pl.root.pblk(l))
         .collect();
+    // Unreachable from mke2fs's order: mk_hugefiles runs right after
+    // create_root_dir and create_lost_and_found (populate_fs for -d comes
+    // later), so the root holds only `.`, `..` and `lost+found`, in the one
+    // block ext2fs_mkdir gave it (it is never inline: ext2fs_mkdir makes
+    // inline directories only from the first non-reserved inode on). Kept
+    // as a guard for the model's assumption.
     if root_blocks.len() != 1 {
         return Err(unsupported("a root directory of more than one block"));
     }
@@ -726,6 +750,7 @@ pub(super) fn plan_hugefiles(
             finish(h, plan);
             return Ok(());
         };
+        check_name_len(comp.as_bytes())?;
         h.pl.new_inode_scan(start, ino);
         let pi = h.iblk(parent);
         let di = h.iblk(ino);
@@ -810,7 +835,17 @@ pub(super) fn plan_hugefiles(
             )));
         }
         if !h.link(parent, comp.as_bytes(), ino, dir::FT_DIR) {
-            return Err(unsupported("a full parent directory"));
+            // ext2fs_link does not expand the directory and ext2fs_mkdir
+            // gives up with EXT2_ET_DIR_NO_SPACE, freeing the inode it has
+            // written already, which e2fsck rejects. Reached with
+            // inline_data: a name of 49 bytes or more does not fit in the
+            // 56 bytes of the parent's i_block (the root, with a block of
+            // its own, always has room for a name of up to 255 bytes).
+            return Err(GeometryError::Invalid(format!(
+                "mke2fs.conf hugefiles_dir: '{comp}' does not fit in its parent directory \
+                 (mke2fs would stop there with \"No free space in the directory\" and leave \
+                 the filesystem inconsistent)"
+            )));
         }
         h.io.read_inode(parent, pi);
         h.io.write_inode(pi);
@@ -962,7 +997,17 @@ pub(super) fn plan_hugefiles(
             while rem > 0 {
                 let l = rem.min(u64::from(EXT_INIT_MAX_LEN));
                 if lblk + l > u64::from(u32::MAX) {
-                    return Err(unsupported("a huge file past 2^32 blocks"));
+                    // ee_block has 32 bits and ext2fs_extent_insert does not
+                    // check it: mke2fs wraps the logical block numbers past
+                    // 2^32 (and a file of exactly 2^32 blocks has an i_size
+                    // past the extent format's limit); e2fsck rejects both.
+                    return Err(GeometryError::Invalid(format!(
+                        "mke2fs.conf hugefiles: huge file {idx} would have 2^32 blocks or more, \
+                         past what an extent-mapped file can map (mke2fs makes it and e2fsck \
+                         rejects the result); set hugefiles_size to at most {} blocks \
+                         or num_hugefiles higher",
+                        u32::MAX
+                    )));
                 }
                 match data.last_mut() {
                     Some(r)
@@ -996,6 +1041,7 @@ pub(super) fn plan_hugefiles(
             }
             s.into_bytes()
         };
+        check_name_len(&name)?;
         let size = count * u64::from(bs);
         if size >= 0x8000_0000 {
             h.pl.l.features.ro_compat.insert(RoCompat::LARGE_FILE);
