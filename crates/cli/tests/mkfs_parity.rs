@@ -2403,6 +2403,62 @@ fn e2fsprogs_m_offset() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// `-E assume_storage_prezeroed=1,nodiscard` over an old filesystem with
+/// files: the promise is wrong, and mke2fs writes each new inode through
+/// its cache, so the inode table block that holds the reserved inodes
+/// keeps the old inodes 12 and up. ext4kit keeps them too: the same bytes
+/// (and e2fsck still clean: the group checksums mark them unused).
+#[test]
+fn prezeroed_over_old_files_keeps_what_mke2fs_keeps() {
+    const TEST: &str = "prezeroed_over_old_files_keeps_what_mke2fs_keeps";
+    if !have("mke2fs") || !have("debugfs") || !have("e2fsck") {
+        return skip(TEST, "needs mke2fs, debugfs and e2fsck");
+    }
+    let dir = image_dir();
+    let conf = dir.path().join("mke2fs.conf");
+    std::fs::write(&conf, DEBIAN_CONF).unwrap();
+    let old = dir.path().join("old.img");
+    sparse_file(&old, 256 * MIB).unwrap();
+    run_ok(
+        mke2fs(["-F", "-q", "-t", "ext4", "-E", "nodiscard"])
+            .arg(&old)
+            .env("MKE2FS_CONFIG", &conf),
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    std::fs::write(&data, b"old contents\n").unwrap();
+    let script: String = (0..30)
+        .map(|i| format!("write {} f{i}\n", data.display()))
+        .collect();
+    let script_path = dir.path().join("script");
+    std::fs::write(&script_path, script).unwrap();
+    run_ok(
+        tool("debugfs")
+            .arg("-w")
+            .arg("-f")
+            .arg(&script_path)
+            .arg(&old),
+    )
+    .unwrap();
+    let ext = seed_ext(Some("assume_storage_prezeroed=1,nodiscard"));
+    let args = ["-F", "-q", "-t", "ext4", "-U", UUID, "-E", &ext];
+    let (refimg, ours) = (dir.path().join("ref.img"), dir.path().join("ours.img"));
+    sparse_copy(&old, &refimg);
+    sparse_copy(&old, &ours);
+    let undo_dir = dir.path().join("no-undo-here");
+    for (mut cmd, img) in [(mke2fs(args), &refimg), (ext4kit_mkfs(args), &ours)] {
+        run_ok(
+            cmd.arg(img)
+                .env("MKE2FS_CONFIG", &conf)
+                .env("E2FSPROGS_FAKE_TIME", FAKE_TIME)
+                .env("E2FSPROGS_UNDO_DIR", &undo_dir),
+        )
+        .unwrap();
+    }
+    e2fsck_clean(&ours).unwrap();
+    sparse_equal(&refimg, &ours).unwrap();
+}
+
 /// `tests/m_assume_storage_prezeroed` (root, loop devices with 4 KiB
 /// sectors): `mke2fs -o Linux -t ext4` of a 16 MiB device, then with `-E
 /// assume_storage_prezeroed=1` (no table or journal zeroing); the backing

@@ -729,14 +729,21 @@ impl Writer<'_> {
             let (_, last_slot) = l.inode_loc(specials[end - 1].0);
             let nblocks = (u64::from(last_slot + 1) * isz).div_ceil(bs);
             let mut table = vec![0u8; (nblocks * bs) as usize];
-            // Whole blocks are written: the slots between the special
-            // inodes are zero, as mke2fs leaves them (its table blocks were
-            // zeroed or proven zero first).
+            let start = l.groups[g as usize].inode_table;
+            // Whole blocks are written. mke2fs writes each inode through
+            // its cache (read, change the slot, write back), so the slots
+            // between them keep what the table held: zeros once step 3
+            // zeroed it; with the tables taken as zero (discarded, or
+            // assume_storage_prezeroed) whatever the device holds, which
+            // is zero unless that promise was wrong.
+            if s.itable_zeroed {
+                dev.read_at(&mut table, start * bs)?;
+            }
             for (ino, bytes) in &specials[k..end] {
                 let off = (u64::from(l.inode_loc(*ino).1) * isz) as usize;
                 table[off..off + bytes.len()].copy_from_slice(bytes);
             }
-            out.block(l.groups[g as usize].inode_table, &table)?;
+            out.block(start, &table)?;
             k = end;
         }
         // 5. Directories.
