@@ -3050,6 +3050,121 @@ fn hugefiles_out_of_inodes() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// A hugefiles stanza of `n` one-block files named by 200 bytes and five
+/// digits in `dir`: four entries a directory block, so the directory grows
+/// fast, and once the slack's free runs are used up each new directory
+/// block sits after the files made since, an extent of its own.
+fn huge_dir_stanza(n: u32, dir: &str) -> &'static str {
+    format!(
+        "\thuge = {{\n\t\tmake_hugefiles = 1\n\t\tnum_hugefiles = {n}\n\
+         \t\thugefiles_size = 1K\n\t\thugefiles_slack = 0\n\
+         \t\thugefiles_dir = {dir}\n\t\thugefiles_name = {}\n\t}}\n",
+        "n".repeat(200)
+    )
+    .leak()
+}
+
+/// A hugefiles directory grown past the 4 extents of its inode: libext2fs
+/// splits the root into an index and one leaf block (at the first free
+/// block from the one before the directory's first), and the later
+/// extents go into the leaf. Byte for byte with mke2fs (the leaf, its
+/// checksum, `s_kbytes_written` through the leaf's reads and writes), up to
+/// the 84 extents a 1 KiB leaf holds; one more (a second leaf) is refused.
+#[test]
+fn hugefiles_dir_extent_leaf() {
+    let test = "mkfs_parity::hugefiles_dir_extent_leaf";
+    for t in ["mke2fs", "e2fsck"] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found (install e2fsprogs)"));
+        }
+    }
+    let dir = shm_dir().unwrap_or_else(image_dir);
+    let conf_path = dir.path().join("mke2fs.conf");
+    let geo = ["-b", "1024", "-g", "256", "-N", "8192"];
+    let mut failures = Vec::new();
+    for (conf, n, hdir, features, refused) in [
+        // 78 extents in the leaf, in the root directory.
+        (UPSTREAM_CONF, 420, "/", "^flex_bg,^resize_inode", false),
+        // The leaf full: 84 extents.
+        (UPSTREAM_CONF, 436, "/", "^flex_bg,^resize_inode", false),
+        // A directory of its own, without checksums.
+        (
+            UPSTREAM_CONF,
+            420,
+            "/h",
+            "^flex_bg,^resize_inode,^metadata_csum",
+            false,
+        ),
+        // No orphan file.
+        (DEBIAN_CONF, 420, "/", "^flex_bg,^resize_inode", false),
+        // 85 extents: the leaf would split.
+        (UPSTREAM_CONF, 445, "/", "^flex_bg,^resize_inode", true),
+    ] {
+        let stanza = huge_dir_stanza(n, hdir);
+        std::fs::write(&conf_path, MConf::WithStanza(conf, stanza).text()).unwrap();
+        let which = if conf == DEBIAN_CONF {
+            "debian"
+        } else {
+            "upstream"
+        };
+        let label = format!("{which}: {n} files in {hdir} -O {features}");
+        let res = (|| -> Result<(), String> {
+            let mut outs = Vec::new();
+            for name in ["ref.img", "ours.img"] {
+                let img = dir.path().join(name);
+                sparse_file(&img, 64 * MIB).map_err(|e| e.to_string())?;
+                let mut v: Vec<String> = ["-F", "-t", "ext4", "-T", "huge", "-U", UUID]
+                    .iter()
+                    .chain(&geo)
+                    .chain(&["-O", features])
+                    .map(|s| s.to_string())
+                    .collect();
+                v.extend(["-E".to_string(), seed_ext(None), img.display().to_string()]);
+                let mut c = if name == "ours.img" {
+                    ext4kit_mkfs(v)
+                } else {
+                    mke2fs(v)
+                };
+                let out = run(c
+                    .env("MKE2FS_CONFIG", &conf_path)
+                    .env("E2FSPROGS_FAKE_TIME", FAKE_TIME))?;
+                let norm = |b: &[u8]| {
+                    String::from_utf8_lossy(b)
+                        .replace(&img.display().to_string(), "IMG")
+                        .replace("ext4kit mkfs:", "mke2fs:")
+                        .lines()
+                        .filter(|l| !l.starts_with("mke2fs 1.47.0 ("))
+                        .map(|l| format!("{l}\n"))
+                        .collect::<String>()
+                };
+                outs.push((out.status.code(), norm(&out.stdout), norm(&out.stderr)));
+            }
+            let (r, o) = (&outs[0], &outs[1]);
+            if r.0 != Some(0) {
+                return Err(format!("mke2fs failed: {r:?}"));
+            }
+            let (refimg, ours) = (dir.path().join("ref.img"), dir.path().join("ours.img"));
+            if refused {
+                if o.0 == Some(0) || !o.2.contains("a directory of more than 84 extents") {
+                    return Err(format!("ext4kit did not refuse: {o:?}"));
+                }
+                return Ok(());
+            }
+            if r != o {
+                return Err(format!("mke2fs {r:?}\next4kit {o:?}"));
+            }
+            e2fsck_clean(&refimg)?;
+            sparse_equal(&refimg, &ours)?;
+            e2fsck_clean(&ours).map(|_| ())
+        })();
+        report(&label, res, &mut failures);
+    }
+    for name in ["ref.img", "ours.img"] {
+        let _ = std::fs::remove_file(dir.path().join(name));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// `mke2fs -z UNDO` with huge files that are zeroed: undo_io saves each
 /// zeroed run first, and its read of the old contents flushes the write
 /// cache, which moves `s_kbytes_written`; the inode tables it zeroes are

@@ -7,7 +7,9 @@
 //! of free chunks from a moving goal after the slack, appended extent by
 //! extent with `ext2fs_extent_insert`), their names linked as
 //! `ext2fs_link` links them (first fit over the directory's blocks, a new
-//! block by `ext2fs_expand_dir` when none has room). The extent tree is
+//! block by `ext2fs_expand_dir` when none has room; a directory's fifth
+//! extent splits its root into one leaf block, and the directory's later
+//! extents go there, up to the leaf's capacity). The extent tree is
 //! modelled slot by slot as libext2fs leaves it: splits at the end of the
 //! file move one entry into the new node (`no_balance`), the root's split
 //! moves them all, and the entries a split copies away stay behind as
@@ -522,6 +524,10 @@ impl Hp<'_> {
             }
             return done;
         }
+        if let Some(l) = self.dirs[d].map.leaf {
+            // block_iterate3 goes down to the leaf before the first block.
+            self.io.access(l, false);
+        }
         for lb in 0..self.dirs[d].blocks.len() {
             let pblk = self.dirs[d].map.pblk(lb as u32).unwrap_or(0);
             self.io.access(pblk, false);
@@ -590,6 +596,39 @@ impl Hp<'_> {
         hd.blocks = vec![block];
         Ok(())
     }
+    /// `extent_node_split` of a directory's full in-inode root (the fifth
+    /// extent's insert): one leaf block, at the first free block from the
+    /// one before the first extent's, gets the four extents; the root keeps
+    /// one index to it (and stale copies of extents 1..3, as the writer
+    /// renders a `FileMap` with a leaf).
+    fn split_dir_root(&mut self, d: usize) -> Result<(), GeometryError> {
+        if self.pl.cluster_ratio() > 1 {
+            return Err(unsupported(
+                "a directory of more than 4 extents with bigalloc",
+            ));
+        }
+        let di = self.iblk(self.dirs[d].ino);
+        let first = self.dirs[d].map.runs.first().map_or(0, |r| r.pblk);
+        let mut goal = first.wrapping_sub(1);
+        if goal == 0 {
+            goal = self.pl.inode_goal(self.dirs[d].ino);
+        }
+        let l = self
+            .pl
+            .alloc_block(goal, "hugefiles directory extent block")?;
+        // ext2fs_alloc_block3 writes the zeroed block, then the split
+        // writes the node; the root is written (ext2fs_write_inode after
+        // its update_path), the handle goes back down to the leaf, and the
+        // inode is written with the new block counted.
+        self.io.access(l, true);
+        self.io.access(l, true);
+        self.io.write_inode(di);
+        self.io.write_inode(di);
+        self.io.access(l, false);
+        self.io.write_inode(di);
+        self.dirs[d].map.leaf = Some(l);
+        Ok(())
+    }
     /// `ext2fs_expand_dir`: one empty block at the first free block after
     /// the directory's last one.
     fn expand(&mut self, dir: u32) -> Result<(), GeometryError> {
@@ -603,6 +642,11 @@ impl Hp<'_> {
         if let Some(ents) = self.dirs[d].inline.take() {
             return self.expand_inline(d, ents);
         }
+        let leaf = self.dirs[d].map.leaf;
+        if let Some(l) = leaf {
+            // ext2fs_find_inode_goal and block_iterate3 go down to the leaf.
+            self.io.access(l, false);
+        }
         let n = self.dirs[d].blocks.len() as u32;
         let goal = self.dirs[d].map.pblk(n - 1).unwrap_or(0);
         let ratio = self.pl.cluster_ratio();
@@ -614,23 +658,61 @@ impl Hp<'_> {
             self.pl.alloc_block(goal, "hugefiles directory")?
         };
         self.io.access(b, true);
-        let map = &mut self.dirs[d].map;
-        match map.runs.last_mut() {
-            Some(r) if r.pblk + u64::from(r.len) == b && r.len < EXT_INIT_MAX_LEN - 1 => {
+        if let Some(l) = leaf {
+            // ext2fs_extent_set_bmap's gotos (and its look at the next and
+            // previous leaf extents) read the leaf again.
+            self.io.access(l, false);
+        }
+        let contiguous = matches!(self.dirs[d].map.runs.last(),
+            Some(r) if r.pblk + u64::from(r.len) == b && r.len < EXT_INIT_MAX_LEN - 1);
+        if contiguous {
+            if let Some(r) = self.dirs[d].map.runs.last_mut() {
                 r.len += 1;
-                self.io.write_inode(di);
             }
-            _ => {
-                if map.runs.len() >= 4 {
-                    return Err(unsupported("a directory of more than 4 extents"));
+            // ext2fs_extent_replace: update_path writes the node.
+            match leaf {
+                Some(l) => self.io.access(l, true),
+                None => self.io.write_inode(di),
+            }
+        } else {
+            let runs = self.dirs[d].map.runs.len();
+            let per_leaf = usize::from(extent::entries_per_block(self.pl.block_size));
+            match leaf {
+                None if runs >= usize::from(extent::ENTRIES_IN_INODE) => {
+                    self.split_dir_root(d)?;
                 }
-                map.runs.push(Run {
-                    lblk: n,
-                    pblk: b,
-                    len: 1,
-                });
-                self.io.write_inode(di);
-                self.io.write_inode(di);
+                Some(_) if runs >= per_leaf => {
+                    return Err(unsupported(&format!(
+                        "a directory of more than {per_leaf} extents"
+                    )));
+                }
+                _ => {}
+            }
+            self.dirs[d].map.runs.push(Run {
+                lblk: n,
+                pblk: b,
+                len: 1,
+            });
+            // ext2fs_extent_insert: its extent_replace and its own
+            // update_path each write the node.
+            match self.dirs[d].map.leaf {
+                Some(l) => {
+                    self.io.access(l, true);
+                    self.io.access(l, true);
+                }
+                None => {
+                    self.io.write_inode(di);
+                    self.io.write_inode(di);
+                }
+            }
+        }
+        if let Some(l) = self.dirs[d].map.leaf {
+            // ext2fs_extent_fix_parents goes back down to the new extent
+            // (and, right after the root's split, set_bmap's final goto
+            // does too).
+            self.io.access(l, false);
+            if leaf.is_none() {
+                self.io.access(l, false);
             }
         }
         self.io.write_inode(di);

@@ -764,6 +764,10 @@ impl Writer<'_> {
                         out.block(p, &self.render_dir(ents, d.ino, &csum))?;
                     }
                 }
+                // A directory grown past the four extents of its inode.
+                if let Some(leaf) = d.map.leaf {
+                    out.block(leaf, &self.leaf_block(d.ino, &d.map, &csum))?;
+                }
             }
         }
         let lpf0 = if self.inline_data() {
