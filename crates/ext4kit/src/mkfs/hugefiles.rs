@@ -611,7 +611,8 @@ impl Hp<'_> {
         let first = self.dirs[d].map.runs.first().map_or(0, |r| r.pblk);
         let mut goal = first.wrapping_sub(1);
         if goal == 0 {
-            goal = self.pl.inode_goal(self.dirs[d].ino);
+            // ext2fs_find_inode_goal: where logical block 0 is mapped.
+            goal = first;
         }
         let l = self
             .pl
