@@ -819,17 +819,6 @@ fn reserved_ratio_read_with_strtod() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// "ok" or "FAIL" for one case on stderr, the failure collected.
-fn report_case(label: &str, res: Result<(), String>, failures: &mut Vec<String>) {
-    match res {
-        Ok(()) => eprintln!("ok     {label}"),
-        Err(e) => {
-            eprintln!("FAIL   {label}: {e}");
-            failures.push(format!("{label}: {e}"));
-        }
-    }
-}
-
 /// Installed as mke2fs, stderr is mke2fs's: its version line (unless -q)
 /// once the getopt loop has read the options, so after what the loop
 /// prints (-R, -K, -b, -L warnings, in command-line order, also before

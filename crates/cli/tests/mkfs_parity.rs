@@ -666,18 +666,6 @@ fn is_large(c: &Case) -> bool {
     c.size >= TIB
 }
 
-/// One case of a matrix: "ok" or "FAIL" on stderr, the failure collected
-/// for the test's final assertion.
-fn report(label: &str, res: Result<(), String>, failures: &mut Vec<String>) {
-    match res {
-        Ok(()) => eprintln!("ok     {label}"),
-        Err(e) => {
-            eprintln!("FAIL   {label}: {e}");
-            failures.push(format!("{label}: {e}"));
-        }
-    }
-}
-
 #[test]
 fn parity_debian_conf() {
     parity(Conf::Debian, |c| !is_large(c));
@@ -2319,12 +2307,7 @@ fn e2fsprogs_m_error_behavior() {
     let mut logs = [String::new(), String::new()];
     for (what, s) in &steps {
         let label = format!("{what}: {}", s.label());
-        if let Err(e) = replay.step(s) {
-            eprintln!("FAIL   {label}: {e}");
-            failures.push(format!("{label}: {e}"));
-        } else {
-            eprintln!("ok     {label}");
-        }
+        report_case(&label, replay.step(s).map(|_| ()), &mut failures);
         for (ours, log) in logs.iter_mut().enumerate() {
             log.push_str(what);
             log.push('\n');
@@ -2393,7 +2376,7 @@ fn e2fsprogs_m_offset() {
             }
             Ok(())
         });
-        report(&label, res, &mut failures);
+        report_case(&label, res, &mut failures);
     }
     if warnings != 1 {
         failures.push(format!(
@@ -3042,7 +3025,7 @@ fn hugefiles_out_of_inodes() {
             sparse_equal(&refimg, &ours)?;
             e2fsck_clean(&ours).map(|_| ())
         })();
-        report(&label, res, &mut failures);
+        report_case(&label, res, &mut failures);
     }
     for name in ["ref.img", "ours.img"] {
         let _ = std::fs::remove_file(dir.path().join(name));
@@ -3157,7 +3140,7 @@ fn hugefiles_dir_extent_leaf() {
             sparse_equal(&refimg, &ours)?;
             e2fsck_clean(&ours).map(|_| ())
         })();
-        report(&label, res, &mut failures);
+        report_case(&label, res, &mut failures);
     }
     for name in ["ref.img", "ours.img"] {
         let _ = std::fs::remove_file(dir.path().join(name));
@@ -3236,7 +3219,7 @@ fn hugefiles_undo_parity() {
             Outcome::Pass => Ok(()),
             Outcome::Skip(why) | Outcome::Fail(why) => Err(why),
         };
-        report(&label, res, &mut failures);
+        report_case(&label, res, &mut failures);
     }
     for name in ["ref.e2undo", "ours.e2undo"] {
         let _ = std::fs::remove_file(dir.path().join(name));
@@ -3339,7 +3322,7 @@ fn hugefiles_past_2_32_blocks() {
         Outcome::Pass => Ok(()),
         Outcome::Skip(why) | Outcome::Fail(why) => Err(why),
     };
-    report("2^32 - 1 blocks", res, &mut failures);
+    report_case("2^32 - 1 blocks", res, &mut failures);
     for (what, stanza) in [
         ("2^32 blocks", huge_one_file(Some("4294967296"))),
         ("filling 17 TiB", huge_one_file(None)),
@@ -3371,7 +3354,7 @@ fn hugefiles_past_2_32_blocks() {
             Ok(())
         })();
         let _ = std::fs::remove_file(&img);
-        report(what, res, &mut failures);
+        report_case(what, res, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -3473,7 +3456,7 @@ fn parity_profile_tags() {
             Outcome::Pass => Ok(()),
             Outcome::Skip(why) | Outcome::Fail(why) => Err(why),
         };
-        report(label, res, &mut failures);
+        report_case(label, res, &mut failures);
     }
     assert!(
         failures.is_empty(),
@@ -3726,7 +3709,7 @@ fn parity_offset() {
             e2fsck_clean(&fs)?;
             Ok(())
         })();
-        report(&label, res, &mut failures);
+        report_case(&label, res, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -3976,7 +3959,7 @@ fn parity_mmp() {
             sparse_equal(&refimg, &ours)?;
             Ok(())
         })();
-        report(&label, res, &mut failures);
+        report_case(&label, res, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -4070,7 +4053,7 @@ fn parity_super_only() {
             }
             sparse_equal(&refimg, &ours)
         })();
-        report(&label, res, &mut failures);
+        report_case(&label, res, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -4378,7 +4361,7 @@ fn feature_refusals_match_mke2fs() {
             }
             Ok(())
         })();
-        report(&label, res, &mut failures);
+        report_case(&label, res, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -4678,7 +4661,7 @@ fn parity_external_journal() {
             e2fsck_clean_with(&ours, &["-j", &lo.path().display().to_string()])?;
             Ok(())
         })();
-        report(&label, res, &mut failures);
+        report_case(&label, res, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -4920,7 +4903,7 @@ fn external_journal_refusals_match_mke2fs() {
             }
             Ok(())
         })();
-        report(&label, res, &mut failures);
+        report_case(&label, res, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -214,6 +214,18 @@ pub fn dumpe2fs_h(img: &Path) -> String {
         .unwrap_or_default()
 }
 
+/// One case of a matrix: "ok" or "FAIL" on stderr, the failure collected
+/// for the test's final assertion.
+pub fn report_case(label: &str, res: Result<(), String>, failures: &mut Vec<String>) {
+    match res {
+        Ok(()) => eprintln!("ok     {label}"),
+        Err(e) => {
+            eprintln!("FAIL   {label}: {e}");
+            failures.push(format!("{label}: {e}"));
+        }
+    }
+}
+
 /// Run a command and capture everything; a spawn failure is an `Err`.
 pub fn run(cmd: &mut Command) -> Result<Output, String> {
     cmd.output().map_err(|e| format!("cannot run {cmd:?}: {e}"))

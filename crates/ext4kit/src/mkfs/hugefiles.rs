@@ -67,6 +67,20 @@ pub struct Dirent {
     pub rec_len: u32,
 }
 
+impl Dirent {
+    /// A directory block's first two entries, `.` (12 bytes) and `..`
+    /// (`dotdot_rec_len` bytes: the rest of the block when it is the last).
+    fn dots(ino: u32, parent: u32, dotdot_rec_len: u32) -> Vec<Dirent> {
+        let entry = |ino, name: &[u8], rec_len| Dirent {
+            ino,
+            name: name.to_vec(),
+            ft: dir::FT_DIR,
+            rec_len,
+        };
+        vec![entry(ino, b".", 12), entry(parent, b"..", dotdot_rec_len)]
+    }
+}
+
 /// A directory the huge files touch (the root is always the first).
 #[derive(Clone, Debug)]
 pub struct HugeDir {
@@ -568,20 +582,7 @@ impl Hp<'_> {
         self.io.write_inode(di);
         let limit = self.limit();
         let parent = self.dirs[d].parent;
-        let mut block = vec![
-            Dirent {
-                ino: dir,
-                name: b".".to_vec(),
-                ft: dir::FT_DIR,
-                rec_len: 12,
-            },
-            Dirent {
-                ino: parent,
-                name: b"..".to_vec(),
-                ft: dir::FT_DIR,
-                rec_len: 12,
-            },
-        ];
+        let mut block = Dirent::dots(dir, parent, 12);
         block.extend(ents);
         let used: u32 = block.iter().map(|e| e.rec_len).sum();
         if let Some(last) = block.last_mut() {
@@ -774,26 +775,16 @@ pub(super) fn plan_hugefiles(
         parent: 2,
         inline: None,
         was_inline: false,
-        blocks: vec![vec![
-            Dirent {
-                ino: 2,
-                name: b".".to_vec(),
-                ft: dir::FT_DIR,
-                rec_len: 12,
-            },
-            Dirent {
-                ino: 2,
-                name: b"..".to_vec(),
-                ft: dir::FT_DIR,
-                rec_len: 12,
-            },
-            Dirent {
+        blocks: vec![{
+            let mut b = Dirent::dots(2, 2, 12);
+            b.push(Dirent {
                 ino: 11,
                 name: b"lost+found".to_vec(),
                 ft: dir::FT_DIR,
                 rec_len: limit - 24,
-            },
-        ]],
+            });
+            b
+        }],
     };
     let it0 = pl.groups[0].inode_table;
     let mut h = Hp {
@@ -876,20 +867,7 @@ pub(super) fn plan_hugefiles(
                 pblk: blk,
                 len: 1,
             });
-            new_dir.blocks.push(vec![
-                Dirent {
-                    ino,
-                    name: b".".to_vec(),
-                    ft: dir::FT_DIR,
-                    rec_len: 12,
-                },
-                Dirent {
-                    ino: parent,
-                    name: b"..".to_vec(),
-                    ft: dir::FT_DIR,
-                    rec_len: limit - 12,
-                },
-            ]);
+            new_dir.blocks.push(Dirent::dots(ino, parent, limit - 12));
         }
         h.pl.use_inode(ino, true);
         h.last_ino = ino;
