@@ -1,4 +1,4 @@
-# Helpers shared by scripts/bench-{engine,lazyinit,mount}.sh. Source it
+# Helpers shared by scripts/bench-{engine,lazyinit,mount,real}.sh. Source it
 # (after `set -euo pipefail`, with BENCH_NAME set to the script's name and
 # `sections` to " 1 2 ... ") and call bench_preflight. Loop devices
 # attached with `attach` are recorded in `loops` (the caller's cleanup
@@ -74,3 +74,73 @@ no_discard() {
     echo 0 >"/sys/block/$(basename "$1")/queue/discard_max_bytes"
     tainted+="$1 "
 }
+
+# The mount helpers of scripts/bench-{mount,real}.sh. They use the
+# caller's globals: $mnt (the mount point), $work (the temp dir, holding
+# daemon.log and fsck.out), $ext4kit and $base_bin (binaries), $threads
+# (ext4kit mount --threads, may be empty), and record what they start in
+# `mounts` and `pids` (the caller's cleanup undoes them); `up` sets
+# $cur_loop / $cur_pid for `down`.
+fsck_ok() {
+    if e2fsck -fn "$1" >"$work/fsck.out" 2>&1; then
+        echo clean
+    else
+        echo UNCLEAN
+        tail -20 "$work/fsck.out" >&2
+    fi
+}
+# wait_mounted NAME PID: until MNT is a FUSE mount (the daemon alive)
+wait_mounted() {
+    local i
+    for ((i = 0; i < 600; i++)); do
+        if [[ $(findmnt -no FSTYPE "$mnt" 2>/dev/null) == fuse* ]]; then return 0; fi
+        kill -0 "$2" 2>/dev/null || { cat "$work/daemon.log" >&2; die "the $1 daemon exited before the mount was live"; }
+        sleep 0.05
+    done
+    die "$1: not mounted after 30 s"
+}
+# up SYSTEM TARGET [OPTS]: mount TARGET (image or block device) on $mnt
+up() {
+    local sys=$1 target=$2 opts=${3:-}
+    case $sys in
+    kernel)
+        if [[ -b $target ]]; then
+            cur_loop=
+            mount -t ext4 ${opts:+-o "$opts"} "$target" "$mnt"
+        else
+            attach "$target"; cur_loop=$loop
+            mount -t ext4 ${opts:+-o "$opts"} "$cur_loop" "$mnt"
+        fi
+        mounts+=("$mnt")
+        ;;
+    ext4kit|ext4kit-wb|base|base-wb)
+        local args=(mount -f) bin=$ext4kit
+        [[ $sys == base* ]] && bin=$base_bin
+        [[ -n $threads ]] && args+=(--threads "$threads")
+        [[ -n $opts ]] && args+=(-o "$opts")
+        "$bin" "${args[@]}" "$target" "$mnt" >"$work/daemon.log" 2>&1 &
+        cur_pid=$!; pids+=("$cur_pid"); mounts+=("$mnt")
+        wait_mounted ext4kit "$cur_pid"
+        ;;
+    fuse2fs)
+        fuse2fs -f "$target" "$mnt" -o fakeroot${opts:+,$opts} >"$work/daemon.log" 2>&1 &
+        cur_pid=$!; pids+=("$cur_pid"); mounts+=("$mnt")
+        wait_mounted fuse2fs "$cur_pid"
+        ;;
+    esac
+}
+# down SYSTEM: unmount; for FUSE wait until the daemon closed the image
+down() {
+    local sys=$1 rc=0
+    umount "$mnt" || { sleep 1; umount "$mnt"; }
+    mounts=("${mounts[@]/$mnt/}")
+    case $sys in
+    kernel) [[ -z $cur_loop ]] || detach "$cur_loop" ;;
+    *)
+        wait "$cur_pid" || rc=$?
+        pids=("${pids[@]/$cur_pid/}")
+        [[ $rc -eq 0 ]] || { cat "$work/daemon.log" >&2; log "warning: $sys daemon exited $rc"; }
+        ;;
+    esac
+}
+
