@@ -5,10 +5,13 @@
 //!   (a dirty journal is replayed in memory). Regular files, and with `-r`
 //!   directories, symlinks (copied as symlinks inside a recursive copy or
 //!   with `-a`), fifos and device nodes. `-a` keeps mode, owner (when
-//!   allowed), times, xattrs (ACLs included, as the host accepts them),
-//!   hard links and holes.
-//! - Host to image (`HOST... IMG:DIR` or `HOST IMG:PATH`): files
-//!   (zeros stay holes), with `-r` directories, symlinks, fifos, sockets
+//!   allowed), times, xattrs (ACLs included, as the host accepts them)
+//!   and hard links. Holes and unwritten extents stay holes on the host
+//!   (with or without `-a`).
+//! - Host to image (`HOST... IMG:DIR` or `HOST IMG:PATH`): files (only
+//!   the source's data ranges by `SEEK_DATA`/`SEEK_HOLE` are read, and
+//!   of them only the filesystem blocks with a nonzero byte are written:
+//!   holes and zero blocks take no blocks; the size is kept), with `-r` directories, symlinks, fifos, sockets
 //!   and devices; an existing file is overwritten. `-a` keeps mode,
 //!   owner, times (ns), xattrs and hard links. One open and clean close
 //!   per command, each file's creation its own transaction.
@@ -16,7 +19,7 @@
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
@@ -39,7 +42,7 @@ pub struct CpArgs {
     /// Copy directories recursively.
     #[arg(short = 'r', short_alias = 'R', long = "recursive")]
     pub recursive: bool,
-    /// Archive: -r, and keep mode, owner, times, xattrs, hard links, holes.
+    /// Archive: -r, and keep mode, owner, times, xattrs, hard links.
     #[arg(short = 'a', long = "archive")]
     pub archive: bool,
     /// SRC... DST (IMG:PATH or host paths; one side must be an image).
@@ -198,8 +201,9 @@ impl Export<'_> {
             .with_context(|| format!("cannot create regular file '{}'", dst.display()))?;
         let werr = |e: std::io::Error| anyhow!("error writing '{}': {e}", dst.display());
         match fs.content(inode).map_err(err)? {
-            Content::Blocks(maps) if self.archive => {
-                // Holes (and unwritten extents) stay holes.
+            Content::Blocks(maps) => {
+                // Holes (and unwritten extents) stay holes, with or
+                // without -a (as coreutils cp keeps a sparse source's).
                 let bs = u64::from(fs.info.block_size);
                 let mut buf = vec![0u8; 1 << 20];
                 for m in maps.iter().filter(|m| !m.unwritten) {
@@ -492,28 +496,142 @@ impl Import<'_> {
         Ok(())
     }
 
+    /// The content of host file `src` into regular file `ino` (empty):
+    /// only the source's data ranges (`SEEK_DATA`/`SEEK_HOLE`; the whole
+    /// file where the source cannot tell) are read, and inside them only
+    /// the filesystem blocks holding a nonzero byte are written, so holes
+    /// and zero blocks stay holes and take no blocks. The size is the
+    /// source's, a trailing hole included.
     fn data(&self, src: &Path, ino: u32) -> anyhow::Result<()> {
         let e = |e: FsError| anyhow!("'{}': {e}", src.display());
-        let mut f = File::open(src)
+        let rerr = |e: std::io::Error| anyhow!("error reading '{}': {e}", src.display());
+        let f = File::open(src)
             .with_context(|| format!("cannot open '{}' for reading", src.display()))?;
+        let bs = u64::from(self.fs.rw().geometry().block_size);
+        // A whole number of blocks (at most 64 KiB each).
         let mut buf = vec![0u8; 1 << 20];
-        let mut off = 0u64;
-        loop {
-            let n = f
-                .read(&mut buf)
-                .with_context(|| format!("error reading '{}'", src.display()))?;
-            if n == 0 {
-                break;
+        // Bytes of the source seen so far, and whether its holes are known.
+        let mut seen = 0u64;
+        let mut seekable = true;
+        let mut pos = 0u64;
+        'ranges: loop {
+            let (start, stop) = if seekable {
+                match next_data(&f, pos) {
+                    DataRange::Data(s, h) => (s, Some(h)),
+                    DataRange::End => break,
+                    DataRange::Unknown => {
+                        seekable = false;
+                        (pos, None)
+                    }
+                }
+            } else {
+                (pos, None)
+            };
+            // Whole blocks of the image: from the block the range starts
+            // in (never before what was done) to the end of the block it
+            // ends in.
+            let mut off = (start / bs * bs).max(pos);
+            let stop = stop.map(|h| h.div_ceil(bs) * bs);
+            loop {
+                let want = match stop {
+                    Some(h) if h <= off => break,
+                    Some(h) => ((h - off) as usize).min(buf.len()),
+                    None => buf.len(),
+                };
+                let n = read_full_at(&f, &mut buf[..want], off).map_err(rerr)?;
+                seen = seen.max(off + n as u64);
+                self.write_nonzero_blocks(ino, off, &buf[..n], bs as usize)
+                    .map_err(e)?;
+                off += n as u64;
+                if n < want {
+                    // The end of the source.
+                    break 'ranges;
+                }
             }
-            // Zeros stay a hole (the size is set at the end).
-            if buf[..n].iter().any(|&b| b != 0) {
-                self.fs.write_at(ino, off, &buf[..n]).map_err(e)?;
-            }
-            off += n as u64;
+            pos = off;
         }
-        if self.fs.inode(ino).map_err(e)?.size < off {
-            self.fs.truncate(ino, off).map_err(e)?;
+        let size = if seekable {
+            seen.max(f.metadata().map_err(rerr)?.len())
+        } else {
+            seen
+        };
+        if self.fs.inode(ino).map_err(e)?.size < size {
+            self.fs.truncate(ino, size).map_err(e)?;
         }
         Ok(())
     }
+
+    /// Write the runs of `data` (read at byte `off`, a block boundary)
+    /// whose `bs`-byte blocks hold a nonzero byte; all-zero blocks stay
+    /// holes.
+    fn write_nonzero_blocks(
+        &self,
+        ino: u32,
+        off: u64,
+        data: &[u8],
+        bs: usize,
+    ) -> Result<(), FsError> {
+        let mut run: Option<usize> = None;
+        let mut at = 0;
+        while at < data.len() {
+            let end = (at + bs).min(data.len());
+            let zero = data[at..end].iter().all(|&b| b == 0);
+            match (zero, run) {
+                (false, None) => run = Some(at),
+                (true, Some(r)) => {
+                    self.fs.write_at(ino, off + r as u64, &data[r..at])?;
+                    run = None;
+                }
+                _ => {}
+            }
+            at = end;
+        }
+        if let Some(r) = run {
+            self.fs.write_at(ino, off + r as u64, &data[r..])?;
+        }
+        Ok(())
+    }
+}
+
+/// The next data range of a host file at or after `pos`.
+enum DataRange {
+    /// Data from the first offset up to the second (a hole or the end).
+    Data(u64, u64),
+    /// Only a hole from `pos` to the end of the file.
+    End,
+    /// The file cannot tell (no `SEEK_DATA`): read everything.
+    Unknown,
+}
+
+fn next_data(f: &File, pos: u64) -> DataRange {
+    let Ok(p) = i64::try_from(pos) else {
+        return DataRange::Unknown;
+    };
+    let data = match host::seek_data_hole(f, p, libc::SEEK_DATA) {
+        Ok(d) => d,
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => return DataRange::End,
+        Err(_) => return DataRange::Unknown,
+    };
+    let Ok(d) = i64::try_from(data) else {
+        return DataRange::Unknown;
+    };
+    match host::seek_data_hole(f, d, libc::SEEK_HOLE) {
+        Ok(h) if h > data => DataRange::Data(data, h),
+        _ => DataRange::Unknown,
+    }
+}
+
+/// `read_at` until `buf` is full or the end of the file: the bytes read.
+fn read_full_at(f: &File, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read_at(&mut buf[n..], off + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }

@@ -1,6 +1,8 @@
 //! `ext4kit status [--json] MOUNTPOINT`: what an `ext4kit mount` is doing
-//! in the background (online lazy init: groups left, rate, pace, ETA), read
-//! from the status file the mount rewrites every second
+//! in the background (online lazy init: groups left, rate, pace, ETA;
+//! with `-o discard` the discard queue and the reconciler that gives back
+//! what an earlier crash or kill left undiscarded), read from the status
+//! file the mount rewrites every second
 //! (`ext4kit_fuse::mount::status_path`).
 
 use std::path::PathBuf;
@@ -41,6 +43,10 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<i32> {
     match v["lazyinit"]["text"].as_str() {
         Some(t) => outln!("{t}"),
         None => outln!("lazy init: not running (noinit_itable or a read-only mount)"),
+    }
+    match v["discard"]["text"].as_str() {
+        Some(t) => outln!("{t}"),
+        None => outln!("discard: off (nodiscard or a read-only mount)"),
     }
     Ok(0)
 }

@@ -80,7 +80,7 @@ enum Cmd {
     Fallocate(cmd_attr::FallocateArgs),
     /// Discard the free space of an image, a device or a mounted filesystem (util-linux fstrim).
     Fstrim(cmd_fstrim::FstrimArgs),
-    /// Show what an `ext4kit mount` does in the background (online lazy init progress).
+    /// Show what an `ext4kit mount` does in the background (online lazy init, discard and its reconciler).
     Status(cmd_status::StatusArgs),
     /// Mount an ext4 image or device with FUSE (journaled read-write, or -o ro).
     #[command(long_about = cmd_mount::LONG_ABOUT)]

@@ -1926,3 +1926,64 @@ fn fallocate_creates_a_missing_file() {
     drop(lo);
     e2fsck_clean(&img).unwrap();
 }
+
+/// Issue 20, defect 1: `ext4kit cp` keeps a sparse source sparse. A
+/// 63 MiB file with 4 KiB of data at each MiB (a trailing hole after the
+/// last piece), a zero block written inside a data range, and a 1 KiB
+/// image block size: only the nonzero blocks are allocated (plus the
+/// extent leaf), the size is kept, the content reads back identical
+/// (debugfs) and e2fsck is clean. Back out to the host (with and without
+/// -a) the holes stay holes.
+#[test]
+fn cp_keeps_holes() {
+    if let Err(r) = e2fs_tools() {
+        return skip("cp_keeps_holes", &r);
+    }
+    let dir = image_dir();
+    let src = dir.path().join("sparse");
+    let mib = 1u64 << 20;
+    let mut want = vec![0u8; (63 * mib) as usize];
+    {
+        let f = fs::File::create(&src).unwrap();
+        f.set_len(63 * mib).unwrap();
+        for k in 0..63u64 {
+            // The last piece ends 12 KiB before the end: a trailing hole.
+            let at = k * mib + if k == 62 { 512 << 10 } else { 0 };
+            let d = pattern(4096, k + 1);
+            std::os::unix::fs::FileExt::write_at(&f, &d, at).unwrap();
+            want[at as usize..at as usize + 4096].copy_from_slice(&d);
+        }
+        // Written zeros (data to SEEK_DATA): two 4 KiB blocks, no holes.
+        std::os::unix::fs::FileExt::write_at(&f, &[0u8; 8192], 5 * mib + 4096).unwrap();
+    }
+    let host_blocks = fs::metadata(&src).unwrap().blocks();
+    for bs in ["1024", "4096"] {
+        let img = mkimg(dir.path(), &format!("holes-{bs}.img"), "128M", &["-b", bs]);
+        let at = format!("{}:/sparse", img.display());
+        run_ok(ext4kit().arg("cp").arg(&src).arg(&at)).unwrap();
+        e2fsck_clean(&img).unwrap_or_else(|e| panic!("bs {bs}: {e}"));
+        let o = run_ok(ext4kit().args(["stat", "--json"]).arg(&at)).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["size"].as_u64(), Some(63 * mib), "bs {bs}: {v}");
+        // 63 × 4 KiB of data and one extent leaf block.
+        let blocks = v["blocks"].as_u64().unwrap();
+        let leaf = bs.parse::<u64>().unwrap() / 512;
+        assert_eq!(blocks, 63 * 8 + leaf, "bs {bs}: 512-byte blocks");
+        assert!(
+            blocks <= host_blocks + leaf,
+            "bs {bs}: {blocks} > host {host_blocks}"
+        );
+        assert_eq!(debugfs(&img, false, "cat /sparse"), want, "bs {bs}");
+        // Back to the host: holes stay holes, plain and with -a.
+        for flags in [&[][..], &["-a"][..]] {
+            let out = dir.path().join(format!("back-{bs}-{}", flags.len()));
+            run_ok(ext4kit().arg("cp").args(flags).arg(&at).arg(&out)).unwrap();
+            assert_eq!(fs::read(&out).unwrap(), want, "bs {bs} {flags:?}");
+            let b = fs::metadata(&out).unwrap().blocks();
+            assert!(
+                b <= 63 * 8 + 64,
+                "bs {bs} {flags:?}: {b} blocks on the host"
+            );
+        }
+    }
+}

@@ -226,3 +226,34 @@ fn license_files_match_the_declared_license() {
     assert!(apache.contains("Apache License") && apache.contains("Version 2.0, January 2004"));
     assert!(apache.contains("END OF TERMS AND CONDITIONS"));
 }
+
+/// Issue 20, defect 3: `generate --help` names exactly the files that
+/// `generate man` and `generate completions` write (on main it listed
+/// four man pages of twenty).
+#[test]
+fn generate_help_lists_the_files_written() {
+    let out = run_ok(ext4kit().args(["generate", "--help"])).unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    // The names in the help: words ending in .1, and the completion files.
+    let words: Vec<String> = help
+        .split(|c: char| c.is_whitespace() || c == ',' || c == '(' || c == ')')
+        .map(|w| w.trim_end_matches('.').to_string())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let mut listed_man: Vec<String> = words
+        .iter()
+        .filter(|w| w.ends_with(".1"))
+        .cloned()
+        .collect();
+    listed_man.sort();
+    listed_man.dedup();
+    let dir = tempfile::tempdir().unwrap();
+    let man = names(&generate("man", &dir.path().join("man")));
+    assert_eq!(listed_man, man, "man pages in --help vs written:\n{help}");
+    for f in names(&generate("completions", &dir.path().join("c"))) {
+        assert!(
+            words.contains(&f),
+            "completion file {f} not in --help:\n{help}"
+        );
+    }
+}

@@ -455,6 +455,92 @@ pub fn status_path(mountpoint: &Path) -> PathBuf {
     dir.join(format!("mount-{h:016x}.json"))
 }
 
+/// `1.5 GiB` (binary units, one decimal, as `ext4kit fstrim -v`).
+fn human(b: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        let s = format!("{v:.1}");
+        format!("{} {}", s.strip_suffix(".0").unwrap_or(&s), UNITS[u])
+    }
+}
+
+/// The discard pool's and the reconciler's state for the status file:
+/// `None` without `-o discard` (or on a read-only mount). `text` is the
+/// line `ext4kit status` prints; `reconcile.state` is `reconciling`,
+/// `done`, `off` (a device that cannot report its allocation, with
+/// `Reconcile::Auto`) or `stopped` (an error, in `reconcile.error`).
+pub fn discard_status(fs: &Filesystem) -> Option<serde_json::Value> {
+    use ext4kit_fs::discard::Reconcile;
+    let d = fs.discard_stats()?;
+    let r = fs.reconcile_stats()?;
+    let mode = match r.mode {
+        Reconcile::Off => "off",
+        Reconcile::Auto => "auto",
+        Reconcile::Full => "full",
+    };
+    let state = if r.error.is_some() {
+        "stopped"
+    } else if r.mode == Reconcile::Off {
+        "off"
+    } else if r.finished {
+        "done"
+    } else {
+        "reconciling"
+    };
+    let rec = match state {
+        "reconciling" => format!(
+            "reconciling, {}/{} groups, {} given back so far",
+            r.groups_done,
+            r.groups,
+            human(r.bytes)
+        ),
+        "done" => format!("done, {} groups, {} given back", r.groups, human(r.bytes)),
+        "stopped" => format!(
+            "stopped at group {}/{}: {}",
+            r.groups_done,
+            r.groups,
+            r.error.as_deref().unwrap_or("?")
+        ),
+        _ => "off (the device cannot tell which free blocks it still holds)".to_string(),
+    };
+    let mut text = format!(
+        "discard: on, {} requests done ({}), {} pending; reconciler: {rec}",
+        d.completed,
+        human(d.bytes),
+        d.pending
+    );
+    if d.unsupported {
+        text.push_str("; the device does not support discard");
+    }
+    Some(serde_json::json!({
+        "text": text,
+        "queued": d.queued,
+        "completed": d.completed,
+        "pending": d.pending,
+        "in_flight": d.in_flight,
+        "bytes": d.bytes,
+        "failed": d.failed,
+        "unsupported": d.unsupported,
+        "reconcile": {
+            "state": state,
+            "mode": mode,
+            "groups": r.groups,
+            "groups_done": r.groups_done,
+            "bytes": r.bytes,
+            "finished": r.finished,
+            "error": r.error,
+        },
+    }))
+}
+
 /// Write the status file of a mount (atomically: a temporary file
 /// renamed over it). Failures are not the mount's: ignored.
 fn publish_status(
@@ -462,19 +548,23 @@ fn publish_status(
     mnt: &Path,
     device: &Path,
     lazy: Option<&StatusSource>,
-    requests: &crate::shared::RequestCounts,
-    wbuf: &crate::wbuf::WriteBuffer,
+    shared: &Shared,
 ) {
     let lazy = lazy.map(|s| {
         let st = s.get();
         serde_json::json!({ "text": st.to_string(), "status": st })
     });
+    let discard = match &shared.backend {
+        Backend::Rw(fs) => discard_status(fs),
+        Backend::Ro(_) => None,
+    };
     let v = serde_json::json!({
         "mountpoint": mnt.display().to_string(),
         "device": device.display().to_string(),
         "pid": std::process::id(),
         "lazyinit": lazy,
-        "requests": requests.to_json(wbuf),
+        "discard": discard,
+        "requests": shared.requests.to_json(&shared.wbuf),
     });
     let Some(dir) = path.parent() else { return };
     if std::fs::create_dir_all(dir).is_err() {
@@ -564,28 +654,14 @@ pub fn serve_wrapped(
     let lazy = start_lazyinit(&shared, req);
     let status_file = status_path(&mnt);
     let source = lazy.as_ref().map(LazyInitHandle::status_source);
-    publish_status(
-        &status_file,
-        &mnt,
-        &req.device,
-        source.as_ref(),
-        &shared.requests,
-        &shared.wbuf,
-    );
+    publish_status(&status_file, &mnt, &req.device, source.as_ref(), &shared);
     let stop = Arc::new(Stop::default());
     let timer = {
         let (stop, shared) = (stop.clone(), shared.clone());
         let (status_file, mnt, device) = (status_file.clone(), mnt.clone(), req.device.clone());
         thread::spawn(move || {
             while !stop.wait(Duration::from_secs(1)) {
-                publish_status(
-                    &status_file,
-                    &mnt,
-                    &device,
-                    source.as_ref(),
-                    &shared.requests,
-                    &shared.wbuf,
-                );
+                publish_status(&status_file, &mnt, &device, source.as_ref(), &shared);
                 let Backend::Rw(fs) = &shared.backend else {
                     continue;
                 };
