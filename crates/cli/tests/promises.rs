@@ -2,7 +2,8 @@
 //! each checked side by side with the kernel's ext4 on a loop mount of
 //! the same image where the test can loop-mount (else against the values
 //! the kernel gives, written down here): times past the inode's range
-//! clamp instead of wrapping.
+//! clamp instead of wrapping; statfs's counts (f_bavail holds back the
+//! reserved-clusters pool) and the UUID's fsid.
 //!
 //! Every mount is made on a temporary directory and unmounted by a guard
 //! (also on failure); the tests need root and /dev/fuse and say `SKIP`
@@ -180,5 +181,105 @@ fn times_past_the_range_clamp_as_kernel_ext4() {
     }
     if !kernel_checked {
         eprintln!("note: {what}: checked against the kernel's values written in the test");
+    }
+}
+
+/// `stat -f` of `root`: blocks, free, available, inodes, free inodes,
+/// block size, name length, fsid (hex).
+fn statfs_line(root: &Path) -> String {
+    let out = run_ok(
+        tool("stat")
+            .args(["-f", "-c", "%b %f %a %c %d %S %s %l %i"])
+            .arg(root),
+    )
+    .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Everything but the fsid (the last field).
+fn counts(line: &str) -> String {
+    line.rsplit_once(' ')
+        .map(|(c, _)| c.to_string())
+        .unwrap_or_default()
+}
+
+/// Files on the filesystem at `root`: one of 10 MiB, 50 small ones and a
+/// directory, then `sync`.
+fn fill(root: &Path) {
+    fs::write(root.join("big"), pattern(10 << 20, 7)).unwrap();
+    fs::create_dir(root.join("d")).unwrap();
+    for i in 0..50 {
+        fs::write(
+            root.join("d").join(format!("f{i}")),
+            pattern(3000 + i * 100, i as u64),
+        )
+        .unwrap();
+    }
+    run_ok(&mut tool("sync")).unwrap();
+}
+
+/// statfs on the mount says what the kernel's ext4 says on the same
+/// image: f_bavail holds back the reserved-clusters pool too (it was
+/// 327 blocks high on 64 MiB and 4096 blocks, 16 MiB, on 1 GiB and
+/// more), fresh and after writing; the kernel's f_fsid is the one
+/// `ext4kit_fs::statfs::fsid` derives from the UUID (FUSE itself has no
+/// field for it: the kernel's FUSE reports 0).
+#[test]
+fn statfs_matches_kernel_ext4() {
+    let what = "statfs_matches_kernel_ext4";
+    if let Err(e) = fuse_available().and_then(|()| kernel_mount_available()) {
+        return skip(what, &e);
+    }
+    if !have("stat") || !have("sync") {
+        return skip(what, "stat or sync not found");
+    }
+    let uuid = uuid::Uuid::parse_str(UUID).unwrap();
+    let [lo32, hi32] = ext4kit_fs::statfs::fsid(uuid.as_bytes());
+    let want_fsid = format!("{:x}", (u64::from(lo32) << 32) | u64::from(hi32));
+    let dir = image_dir();
+    for size in ["64M", "1G"] {
+        let img = dir.path().join(format!("s{size}.img"));
+        run_ok(&mut ext4kit_mkfs([
+            "-q",
+            "-F",
+            "-b",
+            "4096",
+            "-U",
+            UUID,
+            "-E",
+            "nodiscard",
+            img.to_str().unwrap(),
+            size,
+        ]))
+        .unwrap();
+        let copy = dir.path().join(format!("k{size}.img"));
+        sparse_copy(&img, &copy);
+        let lo = LoopDev::attach(&copy).unwrap();
+        let km = Mount::new(lo.path(), "ext4", Some("noinit_itable")).unwrap();
+        let k_fresh = statfs_line(km.path());
+        fill(km.path());
+        let k_full = statfs_line(km.path());
+        km.unmount().unwrap();
+        drop(lo);
+        let fsid = k_fresh.rsplit(' ').next().unwrap_or_default().to_string();
+        assert_eq!(fsid, want_fsid, "{size}: the kernel's f_fsid");
+
+        let m = FuseMount::new(&img, &["noinit_itable"]).unwrap();
+        let o_fresh = statfs_line(m.path());
+        fill(m.path());
+        let o_full = statfs_line(m.path());
+        m.unmount().unwrap();
+        assert_eq!(
+            counts(&o_fresh),
+            counts(&k_fresh),
+            "{size}: fresh, ext4kit vs kernel"
+        );
+        assert_eq!(
+            counts(&o_full),
+            counts(&k_full),
+            "{size}: after writing, ext4kit vs kernel"
+        );
+        e2fsck_clean(&img).unwrap();
+        e2fsck_clean(&copy).unwrap();
     }
 }
