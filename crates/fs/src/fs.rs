@@ -135,10 +135,24 @@ pub fn now() -> Timestamp {
     }
 }
 
-/// `ext4_encode_extra_time`: (32-bit seconds, extra word).
+/// `ext4_encode_extra_time`: (32-bit seconds, extra word), the time
+/// first clamped to what an inode with the extra field holds
+/// ([`Timestamp::clamped`]): past 2446 or before 1901 it would wrap.
 pub fn encode_time(t: Timestamp) -> (u32, u32) {
+    encode_time_in(t, true)
+}
+
+/// [`encode_time`] for an inode that has the extra time field (`extra`)
+/// or not (then the seconds are clamped to the signed 32-bit range and
+/// the extra word, not stored, is 0), as the kernel's
+/// `EXT4_INODE_SET_XTIME` does.
+pub fn encode_time_in(t: Timestamp, extra: bool) -> (u32, u32) {
+    let t = t.clamped(extra);
+    if !extra {
+        return (t.sec as i32 as u32, 0);
+    }
     let epoch = ((t.sec - i64::from(t.sec as i32)) >> 32) as u32 & 3;
-    (t.sec as u32, epoch | (t.nsec.min(999_999_999) << 2))
+    (t.sec as u32, epoch | (t.nsec << 2))
 }
 
 /// What a new inode gets ([`Filesystem::create_inode`]).
@@ -746,7 +760,7 @@ impl Filesystem {
         node.i_links_count.set(spec.links);
         node.i_generation.set(self.next_generation());
         let t = spec.time.unwrap_or_else(now);
-        let (s, x) = encode_time(t);
+        let (s, x) = encode_time_in(t, isz > 128);
         node.i_atime.set(s);
         node.i_mtime.set(s);
         node.i_ctime.set(s);
@@ -2424,20 +2438,20 @@ fn inode_has_extra(n: &Inode) -> bool {
 
 fn set_node_times(n: &mut Inode, t: &Times, ctime: Timestamp) {
     let extra = inode_has_extra(n);
-    let (s, x) = encode_time(ctime);
+    let (s, x) = encode_time_in(ctime, extra);
     n.i_ctime.set(s);
     if extra {
         n.i_ctime_extra.set(x);
     }
     if let Some(a) = t.atime {
-        let (s, x) = encode_time(a);
+        let (s, x) = encode_time_in(a, extra);
         n.i_atime.set(s);
         if extra {
             n.i_atime_extra.set(x);
         }
     }
     if let Some(m) = t.mtime {
-        let (s, x) = encode_time(m);
+        let (s, x) = encode_time_in(m, extra);
         n.i_mtime.set(s);
         if extra {
             n.i_mtime_extra.set(x);

@@ -18,6 +18,39 @@ pub struct Timestamp {
     pub nsec: u32,
 }
 
+/// Earliest time an inode holds (`EXT4_TIMESTAMP_MIN`: the signed 32-bit
+/// seconds' minimum, 1901-12-13 20:45:52 UTC).
+pub const TIME_MIN: i64 = i32::MIN as i64;
+/// Latest time an inode without the extra time fields holds
+/// (`EXT4_NON_EXTRA_TIMESTAMP_MAX`, 2038-01-19 03:14:07 UTC).
+pub const TIME_MAX_NO_EXTRA: i64 = i32::MAX as i64;
+/// Latest time with the extra fields' two epoch bits
+/// (`EXT4_EXTRA_TIMESTAMP_MAX`, 2446-05-10 22:38:55 UTC).
+pub const TIME_MAX_EXTRA: i64 = (1i64 << 34) - 1 + TIME_MIN;
+
+impl Timestamp {
+    /// The time as the kernel's ext4 stores it (`timestamp_truncate` with
+    /// ext4's `s_time_min`/`s_time_max`, then `EXT4_INODE_SET_XTIME`):
+    /// seconds clamped to the range the field holds, which is
+    /// [`TIME_MIN`]..=[`TIME_MAX_EXTRA`] when the inode has the extra
+    /// field (`extra`) and the signed 32-bit range otherwise; a time
+    /// clamped to a bound, or without an extra field, has no nanoseconds.
+    pub fn clamped(self, extra: bool) -> Timestamp {
+        let max = if extra {
+            TIME_MAX_EXTRA
+        } else {
+            TIME_MAX_NO_EXTRA
+        };
+        let sec = self.sec.clamp(TIME_MIN, max);
+        let nsec = if !extra || sec == TIME_MIN || sec == max {
+            0
+        } else {
+            self.nsec.min(999_999_999)
+        };
+        Timestamp { sec, nsec }
+    }
+}
+
 /// File types (from `i_mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileType {

@@ -33,6 +33,7 @@ pub mod orphan_file;
 pub mod path;
 pub mod rw;
 pub mod sb;
+pub mod statfs;
 pub mod xattr;
 pub mod xattr_write;
 

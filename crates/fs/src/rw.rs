@@ -983,11 +983,14 @@ impl InodeAttrs {
             (self.atime, 0x08, 0x8C),
         ] {
             let Some((sec, nsec)) = t else { continue };
-            put32(slot, off, sec as u32);
-            if 128 + extra >= xoff + 4 && slot.len() >= xoff + 4 {
-                // ext4_encode_extra_time: epoch bits, then nanoseconds.
-                let epoch = ((sec - i64::from(sec as i32)) >> 32) as u32 & 3;
-                put32(slot, xoff, epoch | (nsec << 2));
+            let has_extra = 128 + extra >= xoff + 4 && slot.len() >= xoff + 4;
+            // Clamped to the field's range (as the kernel's
+            // EXT4_INODE_SET_XTIME), then ext4_encode_extra_time.
+            let (s, x) =
+                crate::fs::encode_time_in(crate::inode::Timestamp { sec, nsec }, has_extra);
+            put32(slot, off, s);
+            if has_extra {
+                put32(slot, xoff, x);
             }
         }
     }

@@ -674,7 +674,23 @@ impl FuseFs {
             .read(|f| u64::from(f.info.sb.s_overhead_clusters.get()));
         let total = blocks.saturating_sub(overhead);
         let bfree = bfree.min(total);
-        Ok([total, bfree, bfree.saturating_sub(reserved), files, ffree])
+        // As ext4_statfs: the reserved-clusters pool is held back too.
+        let resv = self.s.backend.read(|f| {
+            let sb = &f.info.sb;
+            let bits = sb
+                .s_log_cluster_size
+                .get()
+                .saturating_sub(sb.s_log_block_size.get())
+                .min(31);
+            let extents = f
+                .info
+                .features
+                .incompat
+                .contains(ext4kit_format::features::Incompat::EXTENTS);
+            ext4kit_fs::statfs::resv_clusters(sb.blocks_count(), bits, extents) << bits
+        });
+        let bavail = ext4kit_fs::statfs::bavail(bfree, reserved, resv);
+        Ok([total, bfree, bavail, files, ffree])
     }
 
     fn do_lseek(&self, ino: u32, offset: i64, whence: i32) -> R<i64> {

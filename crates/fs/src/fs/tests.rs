@@ -519,3 +519,111 @@ fn filling_the_space_never_fails_a_tree_split() {
     assert!(fs.rw().journal().aborted().is_none());
     fs.close().unwrap();
 }
+
+/// Times past what the inode holds are clamped as the kernel's ext4
+/// clamps them (2446-05-10 22:38:55 and 1901-12-13 20:45:52 UTC, no
+/// nanoseconds at a bound), never wrapped: through set_times, setattr,
+/// a new inode's given time and the slot-level InodeAttrs.
+#[test]
+fn times_past_the_range_are_clamped_not_wrapped() {
+    use crate::inode::{TIME_MAX_EXTRA, TIME_MIN};
+    let dev = Arc::new(image(8 << 20, &[]));
+    let fs = open(&dev);
+    let ino = new_file(&fs);
+    let y2500 = Timestamp {
+        sec: 16_725_225_600,
+        nsec: 7,
+    };
+    let y1800 = Timestamp {
+        sec: -5_364_662_400,
+        nsec: 9,
+    };
+    let max = Timestamp {
+        sec: TIME_MAX_EXTRA,
+        nsec: 0,
+    };
+    let min = Timestamp {
+        sec: TIME_MIN,
+        nsec: 0,
+    };
+    fs.set_times(
+        ino,
+        &Times {
+            atime: Some(y1800),
+            mtime: Some(y2500),
+            ..Times::default()
+        },
+    )
+    .unwrap();
+    let i = fs.inode(ino).unwrap();
+    assert_eq!((i.atime, i.mtime), (min, max));
+    // Inside the range nothing changes (nanoseconds kept).
+    let inside = Timestamp {
+        sec: TIME_MAX_EXTRA - 1,
+        nsec: 999_999_999,
+    };
+    let sa = SetAttr {
+        times: Some(Times {
+            atime: Some(inside),
+            mtime: Some(y1800),
+            ctime: Some(y2500),
+            crtime: None,
+        }),
+        ..SetAttr::default()
+    };
+    fs.setattr(ino, &sa).unwrap();
+    let i = fs.inode(ino).unwrap();
+    assert_eq!((i.atime, i.mtime, i.ctime), (inside, min, max));
+    // A new inode made with a given time (also its crtime).
+    let mut op = fs.begin(2, 2).unwrap();
+    let spec = NewInode {
+        time: Some(y2500),
+        ..NewInode::new(S_IFREG | 0o644, 0, 0)
+    };
+    let n = fs.create_inode(&mut op, 2, &spec).unwrap();
+    fs.finish(op).unwrap();
+    let n = fs.inode(n.ino).unwrap();
+    assert_eq!(
+        (n.atime, n.mtime, n.ctime, n.crtime),
+        (max, max, max, Some(max))
+    );
+    // The slot-level path (cp -p into an image, the mount's kill of
+    // suid bits).
+    let a = crate::rw::InodeAttrs {
+        mtime: Some((y1800.sec, y1800.nsec)),
+        atime: Some((y2500.sec, y2500.nsec)),
+        ..Default::default()
+    };
+    fs.set_inode_attrs(ino, &a).unwrap();
+    let i = fs.inode(ino).unwrap();
+    assert_eq!((i.atime, i.mtime), (max, min));
+    fs.close().unwrap();
+}
+
+#[test]
+fn time_encoding_with_and_without_the_extra_field() {
+    use crate::inode::{TIME_MAX_EXTRA, TIME_MAX_NO_EXTRA, TIME_MIN};
+    use ext4kit_format::inode::decode_time;
+    let t = |sec, nsec| Timestamp { sec, nsec };
+    // (time, extra) -> decoded back
+    for (tin, extra, want) in [
+        (t(0, 5), true, t(0, 5)),
+        (t(0, 5), false, t(0, 0)),
+        (t(16_725_225_600, 1), true, t(TIME_MAX_EXTRA, 0)),
+        (t(16_725_225_600, 1), false, t(TIME_MAX_NO_EXTRA, 0)),
+        (t(3_000_000_000, 1), true, t(3_000_000_000, 1)),
+        (t(3_000_000_000, 1), false, t(TIME_MAX_NO_EXTRA, 0)),
+        (t(i64::MIN, 3), true, t(TIME_MIN, 0)),
+        (t(-5_364_662_400, 3), false, t(TIME_MIN, 0)),
+        (t(-1, 500), true, t(-1, 500)),
+        (t(TIME_MAX_EXTRA, 999_999_999), true, t(TIME_MAX_EXTRA, 0)),
+        (t(i64::MAX, 0), true, t(TIME_MAX_EXTRA, 0)),
+    ] {
+        let (s, x) = encode_time_in(tin, extra);
+        let (sec, nsec) = decode_time(s, extra.then_some(x));
+        assert_eq!(t(sec, nsec), want, "{tin:?} extra={extra}");
+    }
+    // 2446-05-10 22:38:55 and 1901-12-13 20:45:52 UTC.
+    assert_eq!(TIME_MAX_EXTRA, 15_032_385_535);
+    assert_eq!(TIME_MIN, -2_147_483_648);
+}

@@ -1,0 +1,285 @@
+//! Promises of the kernel's ext4 that `ext4kit mount` keeps (issue 23),
+//! each checked side by side with the kernel's ext4 on a loop mount of
+//! the same image where the test can loop-mount (else against the values
+//! the kernel gives, written down here): times past the inode's range
+//! clamp instead of wrapping; statfs's counts (f_bavail holds back the
+//! reserved-clusters pool) and the UUID's fsid.
+//!
+//! Every mount is made on a temporary directory and unmounted by a guard
+//! (also on failure); the tests need root and /dev/fuse and say `SKIP`
+//! otherwise.
+
+mod common;
+
+use std::fs::{self, File};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use common::fuse::*;
+use common::*;
+
+/// A fresh `ext4kit mkfs` image with `inode_size`-byte inodes.
+fn mkfs_inodes(dir: &Path, name: &str, inode_size: u32) -> PathBuf {
+    let img = dir.join(name);
+    let _ = fs::remove_file(&img);
+    run_ok(&mut ext4kit_mkfs([
+        "-q",
+        "-F",
+        "-b",
+        "4096",
+        "-I",
+        &inode_size.to_string(),
+        "-U",
+        UUID,
+        "-E",
+        "nodiscard",
+        img.to_str().unwrap(),
+        "64M",
+    ]))
+    .unwrap();
+    img
+}
+
+/// A loop-mount of a copy of `img` by the kernel's ext4, or why not.
+fn kernel_copy(img: &Path, name: &str) -> Result<(PathBuf, LoopDev, Mount), String> {
+    kernel_mount_available()?;
+    let copy = img.with_file_name(name);
+    sparse_copy(img, &copy);
+    let lo = LoopDev::attach(&copy)?;
+    let m = Mount::new(lo.path(), "ext4", None)?;
+    Ok((copy, lo, m))
+}
+
+/// (atime, mtime) of `p` as (seconds, nanoseconds).
+fn am_times(p: &Path) -> ((i64, i64), (i64, i64)) {
+    let md = fs::metadata(p).unwrap();
+    ((md.atime(), md.atime_nsec()), (md.mtime(), md.mtime_nsec()))
+}
+
+/// `touch -d` times around the ends of ext4's range (UTC), each with
+/// what the kernel's ext4 stores for 256-byte and for 128-byte inodes.
+const TIMES: &[(&str, i64, i64, i64, i64)] = &[
+    ("2500-01-01", 15_032_385_535, 0, 2_147_483_647, 0),
+    ("2446-05-10 22:38:55.5", 15_032_385_535, 0, 2_147_483_647, 0),
+    (
+        "2446-05-10 22:38:54.25",
+        15_032_385_534,
+        250_000_000,
+        2_147_483_647,
+        0,
+    ),
+    (
+        "2038-01-19 03:14:08.5",
+        2_147_483_648,
+        500_000_000,
+        2_147_483_647,
+        0,
+    ),
+    (
+        "2200-01-01 12:00:00.123456789",
+        7_258_161_600,
+        123_456_789,
+        2_147_483_647,
+        0,
+    ),
+    ("1970-01-01 00:00:00.5", 0, 500_000_000, 0, 0),
+    ("1969-12-31 23:59:58.5", -2, 500_000_000, -2, 0),
+    (
+        "1901-12-13 20:45:52.5",
+        -2_147_483_648,
+        0,
+        -2_147_483_648,
+        0,
+    ),
+    ("1800-01-01", -2_147_483_648, 0, -2_147_483_648, 0),
+];
+
+/// `touch -d T` on one new file per time in [`TIMES`] under `root`; the
+/// (atime, mtime) each then has.
+fn touch_script(root: &Path) -> Vec<((i64, i64), (i64, i64))> {
+    TIMES
+        .iter()
+        .enumerate()
+        .map(|(i, (t, ..))| {
+            let p = root.join(format!("t{i}"));
+            File::create(&p).unwrap();
+            run_ok(tool("touch").arg("-d").arg(format!("{t} UTC")).arg(&p)).unwrap();
+            am_times(&p)
+        })
+        .collect()
+}
+
+fn read_times(root: &Path) -> Vec<((i64, i64), (i64, i64))> {
+    (0..TIMES.len())
+        .map(|i| am_times(&root.join(format!("t{i}"))))
+        .collect()
+}
+
+/// `touch -d 2500-01-01` gives 2446-05-10 22:38:55 as on the kernel's
+/// ext4 (it gave 1955: the seconds wrapped), `1800-01-01` gives
+/// 1901-12-13 20:45:52, and on 128-byte inodes the signed 32-bit range
+/// (2038-01-19 03:14:07) without nanoseconds; what the mount stored reads
+/// back the same on a kernel mount of the image, and e2fsck is clean.
+#[test]
+fn times_past_the_range_clamp_as_kernel_ext4() {
+    let what = "times_past_the_range_clamp_as_kernel_ext4";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    if !have("touch") {
+        return skip(what, "touch not found");
+    }
+    let dir = image_dir();
+    let mut kernel_checked = false;
+    for inode_size in [256u32, 128] {
+        let img = mkfs_inodes(dir.path(), &format!("i{inode_size}.img"), inode_size);
+        let want: Vec<_> = TIMES
+            .iter()
+            .map(|&(_, s, ns, s128, ns128)| {
+                let t = if inode_size == 128 {
+                    (s128, ns128)
+                } else {
+                    (s, ns)
+                };
+                (t, t)
+            })
+            .collect();
+        // The kernel's ext4 on a copy, where it can loop-mount.
+        match kernel_copy(&img, &format!("k{inode_size}.img")) {
+            Ok((copy, lo, km)) => {
+                let kernel = touch_script(km.path());
+                km.unmount().unwrap();
+                drop(lo);
+                e2fsck_clean(&copy).unwrap();
+                assert_eq!(kernel, want, "the kernel's ext4, {inode_size}-byte inodes");
+                kernel_checked = true;
+            }
+            Err(e) => eprintln!("note: {what}: no kernel comparison ({e})"),
+        }
+        let m = FuseMount::new(&img, &[]).unwrap();
+        let ours = touch_script(m.path());
+        m.unmount().unwrap();
+        assert_eq!(ours, want, "ext4kit mount, {inode_size}-byte inodes");
+        e2fsck_clean(&img).unwrap();
+        // Stored as shown: a new mount (and the kernel's) reads the same.
+        let m = FuseMount::new(&img, &["ro"]).unwrap();
+        assert_eq!(
+            read_times(m.path()),
+            want,
+            "remounted, {inode_size}-byte inodes"
+        );
+        m.unmount().unwrap();
+        if let Ok((_, lo, km)) = kernel_copy(&img, &format!("r{inode_size}.img")) {
+            assert_eq!(
+                read_times(km.path()),
+                want,
+                "kernel reading ext4kit's image"
+            );
+            km.unmount().unwrap();
+            drop(lo);
+        }
+    }
+    if !kernel_checked {
+        eprintln!("note: {what}: checked against the kernel's values written in the test");
+    }
+}
+
+/// `stat -f` of `root`: blocks, free, available, inodes, free inodes,
+/// block size, name length, fsid (hex).
+fn statfs_line(root: &Path) -> String {
+    let out = run_ok(
+        tool("stat")
+            .args(["-f", "-c", "%b %f %a %c %d %S %s %l %i"])
+            .arg(root),
+    )
+    .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Everything but the fsid (the last field).
+fn counts(line: &str) -> String {
+    line.rsplit_once(' ')
+        .map(|(c, _)| c.to_string())
+        .unwrap_or_default()
+}
+
+/// Files on the filesystem at `root`: one of 10 MiB, 50 small ones and a
+/// directory, then `sync`.
+fn fill(root: &Path) {
+    fs::write(root.join("big"), pattern(10 << 20, 7)).unwrap();
+    fs::create_dir(root.join("d")).unwrap();
+    for i in 0..50 {
+        fs::write(
+            root.join("d").join(format!("f{i}")),
+            pattern(3000 + i * 100, i as u64),
+        )
+        .unwrap();
+    }
+    run_ok(&mut tool("sync")).unwrap();
+}
+
+/// statfs on the mount says what the kernel's ext4 says on the same
+/// image: f_bavail holds back the reserved-clusters pool too (it was
+/// 327 blocks high on 64 MiB and 4096 blocks, 16 MiB, on 1 GiB and
+/// more), fresh and after writing; the kernel's f_fsid is the one
+/// `ext4kit_fs::statfs::fsid` derives from the UUID (FUSE itself has no
+/// field for it: the kernel's FUSE reports 0).
+#[test]
+fn statfs_matches_kernel_ext4() {
+    let what = "statfs_matches_kernel_ext4";
+    if let Err(e) = fuse_available().and_then(|()| kernel_mount_available()) {
+        return skip(what, &e);
+    }
+    if !have("stat") || !have("sync") {
+        return skip(what, "stat or sync not found");
+    }
+    let uuid = uuid::Uuid::parse_str(UUID).unwrap();
+    let [lo32, hi32] = ext4kit_fs::statfs::fsid(uuid.as_bytes());
+    let want_fsid = format!("{:x}", (u64::from(lo32) << 32) | u64::from(hi32));
+    let dir = image_dir();
+    for size in ["64M", "1G"] {
+        let img = dir.path().join(format!("s{size}.img"));
+        run_ok(&mut ext4kit_mkfs([
+            "-q",
+            "-F",
+            "-b",
+            "4096",
+            "-U",
+            UUID,
+            "-E",
+            "nodiscard",
+            img.to_str().unwrap(),
+            size,
+        ]))
+        .unwrap();
+        let copy = dir.path().join(format!("k{size}.img"));
+        sparse_copy(&img, &copy);
+        let lo = LoopDev::attach(&copy).unwrap();
+        let km = Mount::new(lo.path(), "ext4", Some("noinit_itable")).unwrap();
+        let k_fresh = statfs_line(km.path());
+        fill(km.path());
+        let k_full = statfs_line(km.path());
+        km.unmount().unwrap();
+        drop(lo);
+        let fsid = k_fresh.rsplit(' ').next().unwrap_or_default().to_string();
+        assert_eq!(fsid, want_fsid, "{size}: the kernel's f_fsid");
+
+        let m = FuseMount::new(&img, &["noinit_itable"]).unwrap();
+        let o_fresh = statfs_line(m.path());
+        fill(m.path());
+        let o_full = statfs_line(m.path());
+        m.unmount().unwrap();
+        assert_eq!(
+            counts(&o_fresh),
+            counts(&k_fresh),
+            "{size}: fresh, ext4kit vs kernel"
+        );
+        assert_eq!(
+            counts(&o_full),
+            counts(&k_full),
+            "{size}: after writing, ext4kit vs kernel"
+        );
+        e2fsck_clean(&img).unwrap();
+        e2fsck_clean(&copy).unwrap();
+    }
+}
