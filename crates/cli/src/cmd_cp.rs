@@ -16,7 +16,7 @@
 //!   owner, times (ns), xattrs and hard links. One open and clean close
 //!   per command, each file's creation its own transaction.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
 use std::io::{Seek, SeekFrom, Write};
@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, anyhow, bail};
 use ext4kit_device::host;
 use ext4kit_fs::FsError;
+use ext4kit_fs::dir::Entry;
 use ext4kit_fs::file::Content;
 use ext4kit_fs::inode::{FileType, InodeInfo, Timestamp};
 use ext4kit_fs::sb::Fs;
@@ -34,6 +35,7 @@ use ext4kit_fs::sb::Fs;
 use crate::cmd_attr::open_rw;
 use crate::cmd_ls::{Target, access_error, open_image, open_volume, parse_target};
 use crate::cmd_ns::{resolve_dir, split_last};
+use crate::walk::{Node, Step, Tree, show, walk};
 use ext4kit_fs::fs::{Filesystem, NewInode, SetAttr, Times};
 
 /// Copy files between images (IMG:PATH) and the host.
@@ -83,9 +85,12 @@ pub fn run(args: &CpArgs) -> anyhow::Result<i32> {
                     failed = true;
                     continue;
                 };
-                if let Err(e) = export(&t, &dst, into_dir, recursive, args.archive) {
-                    eprintln!("ext4kit: {}", crate::errmsg::one_line(&e));
-                    failed = true;
+                match export(&t, &dst, into_dir, recursive, args.archive) {
+                    Ok(all) => failed |= !all,
+                    Err(e) => {
+                        eprintln!("ext4kit: {}", crate::errmsg::one_line(&e));
+                        failed = true;
+                    }
                 }
             }
         }
@@ -115,7 +120,7 @@ fn export(
     into_dir: bool,
     recursive: bool,
     archive: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     let dev = open_image(t)?;
     let vol = open_volume(t, dev.as_ref())?;
     let fs = vol.fs();
@@ -127,7 +132,9 @@ fn export(
         .rsplit(|&c| c == b'/')
         .find(|c| !c.is_empty())
         .unwrap_or(b"/");
-    let target = if into_dir {
+    // The image's root copied into a directory fills that directory
+    // (joining "/" would name the host's root).
+    let target = if into_dir && ![&b"/"[..], b".", b".."].contains(&name) {
         dst.join(OsStr::from_bytes(name))
     } else {
         dst.to_path_buf()
@@ -144,9 +151,99 @@ fn export(
 }
 
 impl Export<'_> {
-    fn copy(&mut self, inode: &InodeInfo, spec: &str, dst: &Path) -> anyhow::Result<()> {
+    /// Copy `inode` (named `spec`) to `dst`; a directory with everything
+    /// below it, depth first without recursion. An entry that loops back
+    /// to a directory being copied is reported (one line) and not copied;
+    /// returns whether everything was copied.
+    fn copy(&mut self, inode: &InodeInfo, spec: &str, dst: &Path) -> anyhow::Result<bool> {
+        if !inode.is_dir() {
+            self.one(inode, spec, dst)?;
+            return Ok(true);
+        }
+        struct Src<'a, 'b> {
+            fs: Fs<'a>,
+            spec: &'b str,
+            /// An entry was skipped (reported).
+            skipped: bool,
+        }
+        impl Tree for Src<'_, '_> {
+            type Err = anyhow::Error;
+            fn entries(&mut self, path: &[Node]) -> anyhow::Result<Vec<Entry>> {
+                let d = path
+                    .last()
+                    .map(|n| &n.inode)
+                    .ok_or_else(|| anyhow!("empty path"))?;
+                self.fs
+                    .read_dir(d)
+                    .map_err(|e| anyhow!("'{}': {e}", show(self.spec, path, None)))
+            }
+            fn inode(&mut self, path: &[Node], e: &Entry) -> anyhow::Result<Option<InodeInfo>> {
+                // A damaged directory may hold any bytes as a name: never
+                // one that leaves the destination ("/etc", "a/../..").
+                if e.name.is_empty() || e.name.iter().any(|&c| c == b'/' || c == 0) {
+                    eprintln!(
+                        "ext4kit: '{}': not copying an entry with an invalid name (the directory is damaged)",
+                        show(self.spec, path, Some(&e.name))
+                    );
+                    self.skipped = true;
+                    return Ok(None);
+                }
+                self.fs
+                    .inode(e.ino)
+                    .map(Some)
+                    .map_err(|x| anyhow!("'{}': {x}", show(self.spec, path, Some(&e.name))))
+            }
+        }
+        let under = |path: &[Node]| -> PathBuf {
+            let mut p = dst.to_path_buf();
+            for n in path.iter().skip(1) {
+                p.push(OsStr::from_bytes(&n.name));
+            }
+            p
+        };
+        let mut all = true;
+        let mut src = Src {
+            fs: self.fs,
+            spec,
+            skipped: false,
+        };
+        walk(&mut src, inode.clone(), Vec::new(), &mut |s| {
+            match s {
+                Step::Enter(path) => {
+                    let d = under(path);
+                    if !d.is_dir() {
+                        fs::create_dir(&d).with_context(|| {
+                            format!("cannot create directory '{}'", d.display())
+                        })?;
+                    }
+                }
+                Step::Other(path, n) => {
+                    let d = under(path).join(OsStr::from_bytes(&n.name));
+                    self.one(&n.inode, &show(spec, path, Some(&n.name)), &d)?;
+                }
+                Step::Leave(path) => {
+                    if let Some(n) = path.last() {
+                        self.keep(&n.inode, &under(path))?;
+                    }
+                }
+                Step::Loop(path, n) => {
+                    eprintln!(
+                        "ext4kit: '{}': not copying a directory loop (inode {} is a directory it is inside)",
+                        show(spec, path, Some(&n.name)),
+                        n.inode.ino
+                    );
+                    all = false;
+                }
+            }
+            Ok(true)
+        })?;
+        Ok(all && !src.skipped)
+    }
+
+    /// Copy one non-directory.
+    fn one(&mut self, inode: &InodeInfo, spec: &str, dst: &Path) -> anyhow::Result<()> {
         let fs = self.fs;
-        if self.archive && !inode.is_dir() && inode.links > 1 {
+        if self.archive && inode.links > 1 {
             if let Some(first) = self.links.get(&inode.ino) {
                 let _ = fs::remove_file(dst);
                 fs::hard_link(first, dst)
@@ -157,20 +254,7 @@ impl Export<'_> {
         }
         let err = |e: FsError| anyhow!("'{spec}': {e}");
         match inode.file_type() {
-            FileType::Directory => {
-                if !dst.is_dir() {
-                    fs::create_dir(dst)
-                        .with_context(|| format!("cannot create directory '{}'", dst.display()))?;
-                }
-                for e in fs.read_dir(inode).map_err(err)? {
-                    if e.name == b"." || e.name == b".." {
-                        continue;
-                    }
-                    let child = fs.inode(e.ino).map_err(err)?;
-                    let cspec = format!("{}/{}", spec.trim_end_matches('/'), e.name_lossy());
-                    self.copy(&child, &cspec, &dst.join(OsStr::from_bytes(&e.name)))?;
-                }
-            }
+            FileType::Directory => bail!("'{spec}': a directory"),
             FileType::Regular => self.file(inode, spec, dst)?,
             FileType::Symlink => {
                 let target = fs.read_link(inode).map_err(err)?;
@@ -183,6 +267,11 @@ impl Export<'_> {
             }
             FileType::Unknown => bail!("'{spec}': unknown file type"),
         }
+        self.keep(inode, dst)
+    }
+
+    /// Mode (and with -a owner, xattrs, times) of a copied inode.
+    fn keep(&self, inode: &InodeInfo, dst: &Path) -> anyhow::Result<()> {
         if self.archive {
             self.attrs(inode, dst)?;
         } else if !inode.is_symlink() {
@@ -285,6 +374,10 @@ struct Import<'a> {
     gid: u32,
     /// (host dev, host ino) -> image inode (hard links with -a).
     links: HashMap<(u64, u64), u32>,
+    /// The host directories being copied (dev, ino): a bind mount can make
+    /// a host tree loop. The recursion is bounded as the host's paths are
+    /// (PATH_MAX: every source is opened by its whole path).
+    inside: HashSet<(u64, u64)>,
 }
 
 /// Host -> image: `srcs` into `t` (an existing directory, or a new or
@@ -331,6 +424,7 @@ fn import(srcs: &[OsString], t: &Target, recursive: bool, archive: bool) -> anyh
         uid,
         gid,
         links: HashMap::new(),
+        inside: HashSet::new(),
     };
     let res = (|| -> anyhow::Result<()> {
         let e = |e: FsError| anyhow!("'{}': {e}", t.spec);
@@ -398,6 +492,13 @@ impl Import<'_> {
                         .0
                 }
             };
+            let key = (md.dev(), md.ino());
+            if !self.inside.insert(key) {
+                bail!(
+                    "cannot copy '{}': a directory loop (it is a directory being copied)",
+                    src.display()
+                );
+            }
             let mut kids: Vec<_> = fs::read_dir(src)
                 .with_context(|| format!("cannot open directory '{}'", src.display()))?
                 .collect::<Result<_, _>>()
@@ -407,6 +508,7 @@ impl Import<'_> {
                 let kn = k.file_name();
                 self.copy_in(&k.path(), d.ino, kn.as_bytes())?;
             }
+            self.inside.remove(&key);
             d.ino
         } else if ft.is_symlink() {
             let target = fs::read_link(src)

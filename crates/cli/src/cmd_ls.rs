@@ -240,6 +240,9 @@ struct Ctx<'a, 'b> {
     ancestors: Vec<u32>,
 }
 
+/// `ls` of `inode` and, with -R, of the directories below it: depth
+/// first without recursion (a deep tree needs no stack), never entering a
+/// directory it is inside (a damaged image may loop).
 fn list(
     cx: &mut Ctx<'_, '_>,
     spec: &str,
@@ -247,13 +250,56 @@ fn list(
     shown_name: &[u8],
     header: bool,
 ) -> Result<(), FsError> {
+    let subdirs = list_one(cx, spec, inode, shown_name, header)?;
+    cx.ancestors.push(inode.ino);
+    // (spec, directory, depth: how many ancestors it has)
+    let mut todo: Vec<(String, InodeInfo, usize)> = Vec::new();
+    let push = |todo: &mut Vec<_>, spec: &str, subs: Vec<(Vec<u8>, InodeInfo)>, depth| {
+        for (name, child) in subs.into_iter().rev() {
+            let sub = format!("{}/{}", spec.trim_end_matches('/'), show(&name));
+            todo.push((sub, child, depth));
+        }
+    };
+    push(&mut todo, spec, subdirs, 1);
+    while let Some((sub, child, depth)) = todo.pop() {
+        cx.ancestors.truncate(depth);
+        outln!();
+        if cx.ancestors.contains(&child.ino) {
+            eprintln!("ext4kit: '{sub}': not listing already-listed directory (a loop)");
+            cx.failed = true;
+            continue;
+        }
+        match list_one(cx, &sub, &child, b"", true) {
+            Ok(subs) => {
+                cx.ancestors.push(child.ino);
+                push(&mut todo, &sub, subs, depth + 1);
+            }
+            Err(err) => {
+                eprintln!("ext4kit: cannot open directory '{sub}': {err}");
+                cx.failed = true;
+            }
+        }
+    }
+    cx.ancestors.clear();
+    Ok(())
+}
+
+/// List one directory (or show one non-directory); returns the
+/// subdirectories to list next with -R.
+fn list_one(
+    cx: &mut Ctx<'_, '_>,
+    spec: &str,
+    inode: &InodeInfo,
+    shown_name: &[u8],
+    header: bool,
+) -> Result<Vec<(Vec<u8>, InodeInfo)>, FsError> {
     if !inode.is_dir() {
         if cx.args.long {
             print_rows(&[row(cx.fs, inode, shown_name, cx.now)?]);
         } else {
             outln!("{}", show(shown_name));
         }
-        return Ok(());
+        return Ok(Vec::new());
     }
     let mut entries = cx.fs.read_dir(inode)?;
     entries.sort_by(|a, b| a.name.cmp(&b.name));
@@ -303,22 +349,7 @@ fn list(
         outln!("total {total}");
         print_rows(&rows);
     }
-    cx.ancestors.push(inode.ino);
-    for (name, child) in subdirs {
-        outln!();
-        let sub = format!("{}/{}", spec.trim_end_matches('/'), show(&name));
-        if cx.ancestors.contains(&child.ino) {
-            eprintln!("ext4kit: '{sub}': not listing already-listed directory (a loop)");
-            cx.failed = true;
-            continue;
-        }
-        if let Err(err) = list(cx, &sub, &child, &name, true) {
-            eprintln!("ext4kit: cannot open directory '{sub}': {err}");
-            cx.failed = true;
-        }
-    }
-    cx.ancestors.pop();
-    Ok(())
+    Ok(subdirs)
 }
 
 /// Run `ext4kit ls`.

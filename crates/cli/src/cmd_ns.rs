@@ -7,8 +7,13 @@ use std::ffi::OsString;
 use anyhow::{anyhow, bail};
 use ext4kit_format::inode::S_IFDIR;
 use ext4kit_fs::FsError;
+use ext4kit_fs::dir::Entry;
 use ext4kit_fs::fs::{Filesystem, NewInode};
 use ext4kit_fs::inode::InodeInfo;
+use ext4kit_fs::sb::Fs;
+use std::collections::HashMap;
+
+use crate::walk::{Node, Step, Tree, show, walk};
 
 use crate::cmd_attr::open_rw;
 use crate::cmd_ls::{Target, parse_target};
@@ -144,22 +149,105 @@ pub struct RmArgs {
     pub targets: Vec<OsString>,
 }
 
-/// Remove everything below directory `dir`, then nothing else.
-fn remove_tree(fs: &Filesystem, dir: &InodeInfo) -> Result<(), FsError> {
-    let entries = fs.read(|f| f.read_dir(dir))?;
-    for e in entries {
-        if e.name == b"." || e.name == b".." {
-            continue;
+/// The read-only check before `rm -r` writes: every directory below
+/// `dir` is readable, no entry loops back to a directory it is inside and
+/// no directory is reached twice, every inode is readable and every
+/// regular file's block map is sound. A tree that fails is not touched
+/// (the removal could not finish, and stopping half-way in a damaged tree
+/// would leave it worse than it was).
+fn check_tree(fs: &Fs<'_>, dir: InodeInfo, spec: &str) -> anyhow::Result<()> {
+    struct Check<'a, 'b> {
+        fs: &'b Fs<'a>,
+        spec: &'b str,
+    }
+    impl Tree for Check<'_, '_> {
+        type Err = anyhow::Error;
+        fn entries(&mut self, path: &[Node]) -> anyhow::Result<Vec<Entry>> {
+            let d = path
+                .last()
+                .map(|n| &n.inode)
+                .ok_or_else(|| anyhow!("empty path"))?;
+            self.fs
+                .read_dir(d)
+                .map_err(|e| anyhow!("cannot remove '{}': {e}", show(self.spec, path, None)))
         }
-        let i = fs.inode(e.ino)?;
-        if i.is_dir() {
-            remove_tree(fs, &i)?;
-            fs.rmdir(dir.ino, &e.name)?;
-        } else {
-            fs.unlink(dir.ino, &e.name)?;
+        fn inode(&mut self, path: &[Node], e: &Entry) -> anyhow::Result<Option<InodeInfo>> {
+            let err = |x: FsError| {
+                anyhow!(
+                    "cannot remove '{}': {x}",
+                    show(self.spec, path, Some(&e.name))
+                )
+            };
+            let i = self.fs.inode(e.ino).map_err(err)?;
+            if i.is_regular() {
+                self.fs.content(&i).map_err(err)?;
+            }
+            Ok(Some(i))
         }
     }
-    Ok(())
+    let mut seen: HashMap<u32, String> = HashMap::new();
+    walk(&mut Check { fs, spec }, dir, Vec::new(), &mut |s| match s {
+        Step::Loop(path, n) => bail!(
+            "cannot remove '{}': directory loop (inode {} is '{}', which contains it); the image needs e2fsck",
+            show(spec, path, Some(&n.name)),
+            n.inode.ino,
+            show(
+                spec,
+                &path[..path
+                    .iter()
+                    .position(|p| p.inode.ino == n.inode.ino)
+                    .map_or(path.len(), |i| i + 1)],
+                None
+            ),
+        ),
+        Step::Enter(path) => {
+            let here = show(spec, path, None);
+            let ino = path.last().map_or(0, |n| n.inode.ino);
+            if let Some(first) = seen.insert(ino, here.clone()) {
+                bail!(
+                    "cannot remove '{here}': directory also linked as '{first}' (inode {ino}); the image needs e2fsck"
+                );
+            }
+            Ok(true)
+        }
+        _ => Ok(true),
+    })
+}
+
+/// Remove everything below directory `dir`, then nothing else (depth
+/// first, without recursion; [`check_tree`] has ruled out loops).
+fn remove_tree(fs: &Filesystem, dir: InodeInfo) -> Result<(), FsError> {
+    struct Rw<'a>(&'a Filesystem);
+    impl Tree for Rw<'_> {
+        type Err = FsError;
+        fn entries(&mut self, path: &[Node]) -> Result<Vec<Entry>, FsError> {
+            let d = path.last().map(|n| &n.inode).ok_or(FsError::NotFound)?;
+            self.0.read(|f| f.read_dir(d))
+        }
+        fn inode(&mut self, _: &[Node], e: &Entry) -> Result<Option<InodeInfo>, FsError> {
+            self.0.inode(e.ino).map(Some)
+        }
+    }
+    walk(&mut Rw(fs), dir, Vec::new(), &mut |s| {
+        match s {
+            Step::Other(path, n) => {
+                let parent = path.last().map_or(0, |p| p.inode.ino);
+                fs.unlink(parent, &n.name)?;
+            }
+            Step::Leave(path) if path.len() > 1 => {
+                let parent = path[path.len() - 2].inode.ino;
+                fs.rmdir(parent, &path[path.len() - 1].name)?;
+            }
+            Step::Loop(_, n) => {
+                return Err(FsError::corrupt(
+                    "directory",
+                    format!("directory loop at inode {}", n.inode.ino),
+                ));
+            }
+            _ => {}
+        }
+        Ok(true)
+    })
 }
 
 /// Run `ext4kit rm`.
@@ -199,6 +287,9 @@ pub fn rm(args: &RmArgs) -> anyhow::Result<i32> {
                     if i.is_dir() && !args.recursive && !args.dir {
                         bail!("cannot remove '{}': Is a directory", t.spec);
                     }
+                    if i.is_dir() && args.recursive {
+                        check_tree(&fs, i, &t.spec)?;
+                    }
                     Ok(true)
                 }
             }
@@ -223,7 +314,7 @@ pub fn rm(args: &RmArgs) -> anyhow::Result<i32> {
                 .ok_or_else(|| e(FsError::NotFound))?;
             if i.is_dir() {
                 if args.recursive {
-                    remove_tree(fs, &i).map_err(e)?;
+                    remove_tree(fs, i.clone()).map_err(e)?;
                 }
                 fs.rmdir(d.ino, &name).map_err(e)?;
             } else {

@@ -27,6 +27,7 @@ mod errmsg;
 mod jdev;
 mod probe;
 mod undo;
+mod walk;
 
 #[derive(Parser, Debug)]
 #[command(
