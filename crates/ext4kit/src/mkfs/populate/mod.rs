@@ -969,3 +969,58 @@ impl XattrBlocks for XBlocks<'_, '_> {
         )))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Mem(BTreeMap<u64, Vec<u8>>, u64);
+    impl XattrBlocks for Mem {
+        fn read(&self, blk: u64) -> Result<Vec<u8>, FsError> {
+            Ok(self.0[&blk].clone())
+        }
+        fn write(&mut self, blk: u64, data: &[u8]) -> Result<(), FsError> {
+            self.0.insert(blk, data.to_vec());
+            Ok(())
+        }
+        fn alloc(&mut self, _goal: u64) -> Result<Option<u64>, FsError> {
+            self.1 += 1;
+            Ok(Some(self.1))
+        }
+        fn free(&mut self, _blk: u64) -> Result<(), FsError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn big_xattr_goes_to_a_block() {
+        let csum = Csum::new(true, false, false, 0, [7; 16]);
+        let geo = XattrGeometry {
+            block_size: 4096,
+            csum,
+            bit64: true,
+            huge_file: true,
+            ea_inode: false,
+            first_data_block: 0,
+            blocks_per_group: 32768,
+            inodes_per_group: 8192,
+            blocks_count: 65536,
+        };
+        let mut i = Inode::default();
+        i.i_mode.set(S_IFREG | 0o644);
+        i.i_extra_isize.set(EXTRA_ISIZE);
+        let mut slot = vec![0u8; 256];
+        i.write_to(&mut slot, 12, &csum);
+        let mut m = Mem(BTreeMap::new(), 100);
+        let r = xattr_write::set_xattr(
+            &geo,
+            &mut m,
+            12,
+            &mut slot,
+            b"user.big",
+            Some(&[7u8; 3000]),
+            SetMode::Any,
+        );
+        assert!(r.is_ok(), "{r:?}");
+    }
+}
