@@ -229,6 +229,18 @@ pub struct MkfsArgs {
     fs_size: Option<String>,
 }
 
+/// `SOURCE_DATE_EPOCH`, which clamps the times `-d` copies (as mke2fs
+/// 1.47.1 does).
+fn source_date_epoch() -> Result<Option<i64>> {
+    match std::env::var("SOURCE_DATE_EPOCH") {
+        Ok(v) => match v.trim().parse::<i64>() {
+            Ok(n) => Ok(Some(n)),
+            Err(_) => bail!("invalid SOURCE_DATE_EPOCH: '{}'", v.trim()),
+        },
+        Err(_) => Ok(None),
+    }
+}
+
 fn now_from_env() -> Result<u32> {
     for var in ["E2FSPROGS_FAKE_TIME", "SOURCE_DATE_EPOCH"] {
         if let Ok(v) = std::env::var(var) {
@@ -399,11 +411,8 @@ impl Personality {
 
 /// mke2fs options that ext4kit does not implement yet, with what they do.
 fn unsupported(a: &MkfsArgs) -> Option<String> {
-    let list: [(bool, &str, &str); 1] = [(
-        a.opt_d.is_some(),
-        "-d",
-        "copy a directory's contents into the new filesystem",
-    )];
+    let list: [(bool, &str, &str); 0] = [];
+    let _ = a;
     list.iter()
         .find(|(given, _, _)| *given)
         .map(|(_, opt, what)| format!("not supported by ext4kit yet: {opt} ({what})"))
@@ -891,6 +900,15 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         eprintln!("{dev_name}: could not parse UUID: {u}");
         return Ok(1);
     }
+    // -d: the layout must suit it and the source is read whole before
+    // the target is touched (a bad source writes nothing).
+    let source_tree = match &a.opt_d {
+        Some(d) if !dry_run => {
+            mkfs::populate::check_layout(&prepared.layout)?;
+            Some(mkfs::populate::source::scan(Path::new(d)).map_err(|e| anyhow::anyhow!("{e}"))?)
+        }
+        _ => None,
+    };
     if dry_run {
         // As mke2fs -n (also with -q): the summary, nothing written.
         if a.json {
@@ -1035,8 +1053,20 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
             crate::out::write_fmt(format_args!("Writing inode tables: "));
         }
     }
-    let mut report = mkfs::write(dev.as_ref(), prepared.clone())?;
+    let mut report = match &source_tree {
+        Some(tree) => {
+            let opts = mkfs::populate::PopulateOptions {
+                clamp: source_date_epoch()?,
+            };
+            let (r, p) = mkfs::write_populated(dev.as_ref(), prepared.clone(), tree, &opts)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            prepared = p;
+            r
+        }
+        None => mkfs::write(dev.as_ref(), prepared.clone())?,
+    };
     report.discarded = discarded;
+    let l = &prepared.layout;
     if let Some((_, (jdevh, jd))) = &journal {
         // ext2fs_add_journal_device: the filesystem joins the journal's
         // users.
@@ -1310,6 +1340,16 @@ fn json_report(
     if let (Some(r), Some(obj)) = (report, v.as_object_mut()) {
         obj.insert("itable_zeroed".into(), r.itable_zeroed.into());
         obj.insert("discarded".into(), r.discarded.into());
+        if let Some(pop) = &l.populated {
+            obj.insert(
+                "populated".into(),
+                serde_json::json!({
+                    "inodes": pop.files,
+                    "data_bytes": pop.data_bytes,
+                    "bytes_written": pop.bytes_written,
+                }),
+            );
+        }
         obj.insert(
             "stats".into(),
             serde_json::to_value(&r.stats).unwrap_or_default(),

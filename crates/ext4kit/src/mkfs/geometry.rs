@@ -230,6 +230,9 @@ pub struct Layout {
     pub hugefiles: Option<super::hugefiles::HugePlan>,
     /// `-l`/`-c`: the bad blocks and the bad block inode's mapping.
     pub bad_blocks: Option<super::badblocks::BadBlocks>,
+    /// `-d`: the copied tree's inodes and root directory (set by
+    /// [`super::populate::populate`] after the plan).
+    pub populated: Option<super::populate::Populated>,
 }
 
 /// Where one group's superblock copy and descriptor blocks lie.
@@ -292,6 +295,9 @@ impl Layout {
     /// The highest inode number in use (inodes 1..=this are all used).
     pub fn last_used_ino(&self) -> u32 {
         let mut last = self.first_ino;
+        if let Some(p) = &self.populated {
+            last = last.max(p.last_ino);
+        }
         for q in &self.quota {
             last = last.max(q.ino);
         }
@@ -1141,6 +1147,7 @@ pub fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         quota: Vec::new(),
         hugefiles: None,
         bad_blocks: None,
+        populated: None,
     };
     // Group accounting as ext2fs_initialize leaves it.
     let mut reserved_inos = l.first_ino;

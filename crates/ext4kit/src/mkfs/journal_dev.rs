@@ -307,6 +307,7 @@ pub(super) fn plan(p: &FsParams) -> Result<Layout, GeometryError> {
         quota: Vec::new(),
         hugefiles: None,
         bad_blocks: None,
+        populated: None,
     })
 }
 

@@ -13,6 +13,7 @@ pub mod kbytes;
 pub mod mmp;
 pub mod offset;
 pub mod options;
+pub mod populate;
 pub mod quota;
 pub mod writer;
 
@@ -37,6 +38,8 @@ pub enum MkfsError {
     Write(#[from] writer::WriteError),
     #[error(transparent)]
     JournalDev(#[from] journal_dev::JournalDevError),
+    #[error(transparent)]
+    Populate(#[from] populate::PopulateError),
 }
 
 /// A validated, planned format, ready to execute.
@@ -137,4 +140,52 @@ pub fn write(dev: &dyn Device, prepared: Prepared) -> Result<Report, MkfsError> 
     report.stats = w.write(dev)?;
     tracing::debug!(stats = ?report.stats, "format written");
     Ok(report)
+}
+
+/// `mkfs -d`: write the prepared filesystem with `tree` copied into it
+/// (no discard): the writer's head, the copy, then the writer's body,
+/// whose superblocks come last. Returns the report and what was copied.
+pub fn write_populated(
+    dev: &dyn Device,
+    prepared: Prepared,
+    tree: &populate::source::Tree,
+    opts: &populate::PopulateOptions,
+) -> Result<(Report, Prepared), MkfsError> {
+    let Prepared {
+        resolved,
+        mut layout,
+        mut settings,
+    } = prepared;
+    populate::check_layout(&layout)?;
+    let mut report = Report {
+        itable_zeroed: settings.itable_zeroed,
+        ..Report::default()
+    };
+    let head = Writer {
+        layout: &layout,
+        settings: &settings,
+    }
+    .write_head(dev)?;
+    populate::populate(dev, &mut layout, &settings, tree, opts)?;
+    if let Some(p) = &layout.populated {
+        settings.kbytes_written += p.bytes_written / 1024;
+    }
+    let body = Writer {
+        layout: &layout,
+        settings: &settings,
+    }
+    .write_body(dev)?;
+    report.stats = head;
+    report.stats.add(&body);
+    if let Some(p) = &layout.populated {
+        report.stats.bytes_written += p.bytes_written;
+    }
+    Ok((
+        report,
+        Prepared {
+            resolved,
+            layout,
+            settings,
+        },
+    ))
 }

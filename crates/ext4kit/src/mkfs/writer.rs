@@ -81,6 +81,16 @@ pub struct WriteStats {
     pub write_calls: u64,
 }
 
+impl WriteStats {
+    /// Add another run's numbers.
+    pub fn add(&mut self, o: &WriteStats) {
+        self.bytes_written += o.bytes_written;
+        self.bytes_zeroed += o.bytes_zeroed;
+        self.bytes_already_zero += o.bytes_already_zero;
+        self.write_calls += o.write_calls;
+    }
+}
+
 /// Errors while writing.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -185,6 +195,20 @@ impl<'a> Out<'a> {
     }
 }
 
+/// The checksum context of the filesystem `l` with `settings`.
+pub(crate) fn layout_csum(l: &Layout, settings: &SuperSettings) -> Csum {
+    let metadata = l.features.ro_compat.contains(RoCompat::METADATA_CSUM);
+    let seed_feature = l.features.incompat.contains(Incompat::CSUM_SEED);
+    let seed = ext4kit_format::checksum::crc32c_raw(!0, &settings.uuid);
+    Csum::new(
+        metadata,
+        l.features.ro_compat.contains(RoCompat::GDT_CSUM),
+        seed_feature,
+        seed,
+        settings.uuid,
+    )
+}
+
 /// Everything needed to write the filesystem.
 pub struct Writer<'a> {
     pub layout: &'a Layout,
@@ -193,17 +217,7 @@ pub struct Writer<'a> {
 
 impl Writer<'_> {
     fn csum(&self) -> Csum {
-        let l = self.layout;
-        let metadata = l.features.ro_compat.contains(RoCompat::METADATA_CSUM);
-        let seed_feature = l.features.incompat.contains(Incompat::CSUM_SEED);
-        let seed = ext4kit_format::checksum::crc32c_raw(!0, &self.settings.uuid);
-        Csum::new(
-            metadata,
-            l.features.ro_compat.contains(RoCompat::GDT_CSUM),
-            seed_feature,
-            seed,
-            self.settings.uuid,
-        )
+        layout_csum(self.layout, self.settings)
     }
 
     /// The superblock as mke2fs leaves it (primary copy).
@@ -470,7 +484,14 @@ impl Writer<'_> {
         // Root (with the huge files' entries and directories, if any).
         let hroot = l.hugefiles.as_ref().and_then(|h| h.root());
         let root_map = hroot.map_or(&l.root, |d| &d.map);
-        let mut root = self.base_inode(S_IFDIR | 0o755, hroot.map_or(3, |d| d.links));
+        let links = match &l.populated {
+            Some(p) => p.root_links,
+            None => hroot.map_or(3, |d| d.links),
+        };
+        let mut root = self.base_inode(S_IFDIR | 0o755, links);
+        if l.populated.as_ref().is_some_and(|p| p.root_indexed) {
+            root.i_flags.set(root.i_flags.get() | inode::EXT4_INDEX_FL);
+        }
         root.i_uid.set(s.root_uid as u16);
         root.l_i_uid_high.set((s.root_uid >> 16) as u16);
         root.i_gid.set(s.root_gid as u16);
@@ -567,6 +588,10 @@ impl Writer<'_> {
             self.map_file(&mut i, &q.map);
             out.retain(|(n, _)| *n != q.ino);
             put(q.ino, &i, &mut out);
+        }
+        // mkfs -d: the copied tree's inodes.
+        if let Some(p) = &l.populated {
+            out.extend(p.inodes.iter().cloned());
         }
         out.sort_by_key(|(i, _)| *i);
         out
@@ -676,9 +701,18 @@ impl Writer<'_> {
         if l.super_only {
             return self.write_super_only(dev);
         }
-        let s = self.settings;
+        let mut stats = self.write_head(dev)?;
+        let body = self.write_body(dev)?;
+        stats.add(&body);
+        Ok(stats)
+    }
+
+    /// Steps 1 and 2 of [`Writer::write`]: the old superblock area wiped
+    /// (durably when there was one) and the device tail zeroed. `mkfs -d`
+    /// copies its tree between this and [`Writer::write_body`].
+    pub fn write_head(&self, dev: &dyn Device) -> Result<WriteStats, WriteError> {
+        let l = self.layout;
         let bs = u64::from(l.block_size);
-        let csum = self.csum();
         let mut out = Out::new(dev, l.block_size);
 
         // 1. Wipe the old superblock area (bytes 0..4096, as mke2fs's
@@ -701,6 +735,17 @@ impl Writer<'_> {
         if start > 0 {
             out.zero_blocks(start, l.blocks_count - start)?;
         }
+        out.flush_pending()?;
+        Ok(out.stats)
+    }
+
+    /// Steps 3 to 9 of [`Writer::write`]: everything after the head.
+    pub fn write_body(&self, dev: &dyn Device) -> Result<WriteStats, WriteError> {
+        let l = self.layout;
+        let s = self.settings;
+        let bs = u64::from(l.block_size);
+        let csum = self.csum();
+        let mut out = Out::new(dev, l.block_size);
         // 3. Inode tables.
         if !s.itable_zeroed {
             let isz = u64::from(l.inode_size);
@@ -756,7 +801,10 @@ impl Writer<'_> {
             2,
             &csum,
         );
-        out.block(l.root.runs[0].pblk, &root_blk)?;
+        if l.populated.is_none() {
+            // (mkfs -d wrote the root's blocks with its entries.)
+            out.block(l.root.runs[0].pblk, &root_blk)?;
+        }
         if let Some(h) = &l.hugefiles {
             for d in &h.dirs {
                 for (lb, ents) in d.blocks.iter().enumerate() {

@@ -1,0 +1,1026 @@
+//! `mkfs -d`: the new filesystem's tree, copied from a source, written
+//! straight into the free space of the planned layout (no journal, no
+//! read-back): a bulk populator, not the read-write engine.
+//!
+//! Order (see `docs/ARCHITECTURE.md`, "mkfs -d"): the writer's head (old
+//! superblock wiped, device tail zeroed) → [`populate`] (file data, then
+//! directory, symlink, extent and xattr blocks, each written once, in
+//! preorder; allocations and inode slots recorded into the [`Layout`]) →
+//! the writer's body (inode tables with the new inodes, bitmaps and
+//! descriptors counting them, superblocks last). An error stops before
+//! any superblock is written, so a failed run leaves no valid-looking
+//! filesystem.
+//!
+//! Allocation is one cursor over the free space: each file's data is
+//! placed in the first free run at or after the cursor that holds all of
+//! it (so it is one extent where it fits), holes and all-zero blocks are
+//! not allocated, tree blocks follow their data.
+
+pub mod source;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::PathBuf;
+
+use ext4kit_device::{Device, DeviceError};
+use ext4kit_format::Csum;
+use ext4kit_format::extent::{self, Extent, ExtentHeader, ExtentIndex};
+use ext4kit_format::features::{Compat, Incompat, RoCompat};
+use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT};
+use ext4kit_format::inode::{
+    self, EXT4_EXTENTS_FL, EXT4_INDEX_FL, EXTRA_ISIZE, Inode, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO,
+    S_IFLNK, S_IFREG, S_IFSOCK,
+};
+use ext4kit_fs::FsError;
+use ext4kit_fs::dir_write::{DirBlocks, DirParams, DirWriter, new_dir_block};
+use ext4kit_fs::xattr_write::{self, SetMode, XattrBlocks, XattrGeometry};
+use zerocopy::IntoBytes;
+
+use super::geometry::{Layout, Run};
+use super::writer::SuperSettings;
+use source::{Kind, Time, Tree};
+
+/// Why `mkfs -d` failed: each names the source path it was at.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PopulateError {
+    /// The source could not be read.
+    #[error("{}: {what}", path.display())]
+    Source { path: PathBuf, what: String },
+    /// Something in the source this filesystem cannot hold.
+    #[error("{}: {what}", path.display())]
+    Invalid { path: PathBuf, what: String },
+    /// A type or feature not supported (yet).
+    #[error("{}: not supported: {what}", path.display())]
+    Unsupported { path: PathBuf, what: String },
+    /// The file changed while it was copied.
+    #[error("{}: changed while it was copied", path.display())]
+    Changed { path: PathBuf },
+    /// The tree does not fit.
+    #[error("{}: {what}", path.display())]
+    NoSpace { path: PathBuf, what: String },
+    /// An option combination `-d` does not support yet.
+    #[error("-d is not supported with {0} yet")]
+    Feature(String),
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
+/// What [`populate`] leaves in the layout for the writer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Populated {
+    /// The new inodes' slots (whole `inode_size` bytes, checksummed),
+    /// sorted by number.
+    pub inodes: Vec<(u32, Vec<u8>)>,
+    /// Highest inode number in use.
+    pub last_ino: u32,
+    /// The root's link count (3 + its subdirectories).
+    pub root_links: u16,
+    /// The root became an htree.
+    pub root_indexed: bool,
+    /// Files (inodes) and bytes of data written.
+    pub files: u64,
+    pub data_bytes: u64,
+    /// Every byte written by the populator (data and its metadata
+    /// blocks).
+    pub bytes_written: u64,
+}
+
+/// Options of the copy that are not in the layout.
+#[derive(Clone, Debug, Default)]
+pub struct PopulateOptions {
+    /// `SOURCE_DATE_EPOCH`: times after it are clamped to it.
+    pub clamp: Option<i64>,
+}
+
+/// Refuse the layouts `-d` does not handle yet (before anything is
+/// written).
+pub fn check_layout(l: &Layout) -> Result<(), PopulateError> {
+    let f = &l.features;
+    let bad = if !f.incompat.contains(Incompat::EXTENTS) {
+        Some("a filesystem without extents (ext2/ext3)")
+    } else if f.ro_compat.contains(RoCompat::BIGALLOC) {
+        Some("bigalloc")
+    } else if f.ro_compat.contains(RoCompat::QUOTA) || f.ro_compat.contains(RoCompat::PROJECT) {
+        Some("quota")
+    } else if l.hugefiles.is_some() {
+        Some("mke2fs.conf's huge files")
+    } else if l.super_only {
+        Some("-S")
+    } else if l.root.runs.len() != 1 || l.root.runs[0].len != 1 {
+        Some("this root directory layout")
+    } else {
+        None
+    };
+    match bad {
+        Some(w) => Err(PopulateError::Feature(w.into())),
+        None => Ok(()),
+    }
+}
+
+/// Copy `tree` into the free space of `layout` on `dev`, recording the
+/// allocations, counts and inode slots in `layout` (see the module docs).
+pub fn populate(
+    dev: &dyn Device,
+    layout: &mut Layout,
+    settings: &SuperSettings,
+    tree: &Tree,
+    opts: &PopulateOptions,
+) -> Result<(), PopulateError> {
+    check_layout(layout)?;
+    let bs = u64::from(layout.block_size);
+    // Blocks the writer zeroes after the populator ran (the device tail,
+    // as mke2fs's MD-superblock wipe) are left alone.
+    let rsv = 65536 / bs;
+    let mut tail = layout.blocks_count & !(rsv - 1);
+    if tail > rsv {
+        tail -= rsv;
+    }
+    let tail = if tail > 0 { tail } else { layout.blocks_count };
+    let csum = super::writer::layout_csum(layout, settings);
+    let mut p = Pop {
+        l: layout,
+        s: settings,
+        csum,
+        dev,
+        opts,
+        tree,
+        cursor: 0,
+        end: tail,
+        allocs: Vec::new(),
+        inos: vec![0; tree.nodes.len()],
+        out: Populated::default(),
+        slots: Vec::new(),
+    };
+    p.cursor = p.l.used.next_free(p.l.first_data_block);
+    p.number()?;
+    p.run()?;
+    p.account();
+    let mut out = std::mem::take(&mut p.out);
+    out.inodes = std::mem::take(&mut p.slots);
+    out.inodes.sort_by_key(|(i, _)| *i);
+    layout.populated = Some(out);
+    Ok(())
+}
+
+struct Pop<'a> {
+    l: &'a mut Layout,
+    s: &'a SuperSettings,
+    csum: Csum,
+    dev: &'a dyn Device,
+    opts: &'a PopulateOptions,
+    tree: &'a Tree,
+    /// Next block to allocate from.
+    cursor: u64,
+    /// Allocation stops here.
+    end: u64,
+    /// Every allocated run (start, length).
+    allocs: Vec<(u64, u64)>,
+    /// Inode number of each node.
+    inos: Vec<u32>,
+    out: Populated,
+    slots: Vec<(u32, Vec<u8>)>,
+}
+
+const LOST_FOUND: &[u8] = b"lost+found";
+/// `EXT4_LINK_MAX`.
+const LINK_MAX: u32 = 65000;
+/// Longest initialized extent.
+const EXT_MAX: u32 = 32768;
+/// Blocks read and written at once.
+const CHUNK_BLOCKS: u64 = 256;
+
+impl Pop<'_> {
+    fn path(&self, n: usize) -> PathBuf {
+        self.tree.nodes[n].path.clone()
+    }
+
+    /// Number the inodes in creation order.
+    fn number(&mut self) -> Result<(), PopulateError> {
+        let mut next = self.l.last_used_ino() + 1;
+        self.inos[0] = 2;
+        for (k, n) in self.tree.nodes.iter().enumerate().skip(1) {
+            if n.name.len() > 255 {
+                return Err(PopulateError::Invalid {
+                    path: n.path.clone(),
+                    what: format!("name longer than 255 bytes ({})", n.name.len()),
+                });
+            }
+            if n.parent == 0 && n.name == LOST_FOUND {
+                if n.kind != Kind::Dir {
+                    return Err(PopulateError::Invalid {
+                        path: n.path.clone(),
+                        what: "lost+found exists in the new filesystem and is a directory".into(),
+                    });
+                }
+                if !n.children.is_empty() {
+                    return Err(PopulateError::Unsupported {
+                        path: n.path.clone(),
+                        what: "entries in lost+found".into(),
+                    });
+                }
+                self.inos[k] = 11;
+                continue;
+            }
+            if let Some(t) = n.link_to {
+                self.inos[k] = self.inos[t];
+                continue;
+            }
+            if next > self.l.inodes_count {
+                let needed = self
+                    .tree
+                    .nodes
+                    .iter()
+                    .filter(|n| n.link_to.is_none())
+                    .count();
+                return Err(PopulateError::NoSpace {
+                    path: n.path.clone(),
+                    what: format!(
+                        "no inode left ({} inodes in the filesystem, the tree needs {} more)",
+                        self.l.inodes_count,
+                        needed.saturating_sub(1)
+                    ),
+                });
+            }
+            self.inos[k] = next;
+            next += 1;
+        }
+        self.out.last_ino = next - 1;
+        Ok(())
+    }
+
+    fn run(&mut self) -> Result<(), PopulateError> {
+        for k in 0..self.tree.nodes.len() {
+            let tree = self.tree;
+            let n = &tree.nodes[k];
+            if n.link_to.is_some() || (k != 0 && self.inos[k] == 11) {
+                continue;
+            }
+            match n.kind {
+                Kind::Dir => self.dir(k)?,
+                Kind::File => self.file(k)?,
+                Kind::Symlink => self.symlink(k)?,
+                Kind::Char | Kind::Block | Kind::Fifo | Kind::Socket => self.special(k)?,
+            }
+            self.out.files += 1;
+        }
+        Ok(())
+    }
+
+    // ---- allocation ----
+
+    /// The free run at or after `b` (below `end`): (start, length).
+    fn free_run(&self, b: u64) -> Option<(u64, u64)> {
+        let s = self.l.used.next_free(b);
+        if s >= self.end {
+            return None;
+        }
+        let e = self.l.used.next_used(s).unwrap_or(self.end).min(self.end);
+        Some((s, e - s))
+    }
+
+    /// Move the cursor to the first free run (at or after it) that holds
+    /// `n` blocks, if there is one.
+    fn reserve(&mut self, n: u64) {
+        let mut b = self.cursor;
+        while let Some((s, len)) = self.free_run(b) {
+            if len >= n {
+                self.cursor = s;
+                return;
+            }
+            b = s + len;
+        }
+    }
+
+    /// `n` blocks from the cursor on (wrapping once to the start): the
+    /// physical runs, in order.
+    fn take(&mut self, n: u64, who: usize) -> Result<Vec<(u64, u64)>, PopulateError> {
+        let mut got = Vec::new();
+        let mut left = n;
+        let mut wrapped = false;
+        while left > 0 {
+            let Some((s, len)) = self.free_run(self.cursor) else {
+                if wrapped {
+                    return Err(PopulateError::NoSpace {
+                        path: self.path(who),
+                        what: "no space left in the new filesystem".into(),
+                    });
+                }
+                wrapped = true;
+                self.cursor = self.l.first_data_block;
+                continue;
+            };
+            let k = len.min(left);
+            self.l.used.insert(s, k);
+            self.allocs.push((s, k));
+            got.push((s, k));
+            left -= k;
+            self.cursor = s + k;
+        }
+        Ok(got)
+    }
+
+    fn write(&mut self, pblk: u64, data: &[u8]) -> Result<(), PopulateError> {
+        self.dev
+            .write_at(data, pblk * u64::from(self.l.block_size))?;
+        self.out.bytes_written += data.len() as u64;
+        Ok(())
+    }
+
+    // ---- extent trees ----
+
+    /// The extent tree of `runs` (sorted, non-overlapping): `i_block` and
+    /// the tree blocks it needs (allocated after the data, written).
+    fn tree_for(
+        &mut self,
+        ino: u32,
+        runs: &[Run],
+        who: usize,
+    ) -> Result<([u8; 60], u64), PopulateError> {
+        let bs = self.l.block_size as usize;
+        let per = usize::from(extent::entries_per_block(self.l.block_size));
+        // (first logical block, 12-byte entry) of the current level.
+        let mut level: Vec<(u32, [u8; 12])> = runs
+            .iter()
+            .map(|r| {
+                let e = Extent::new(r.lblk, r.len as u16, r.pblk);
+                let mut b = [0u8; 12];
+                b.copy_from_slice(e.as_bytes());
+                (r.lblk, b)
+            })
+            .collect();
+        let mut depth = 0u16;
+        let mut tree_blocks = 0u64;
+        while level.len() > usize::from(extent::ENTRIES_IN_INODE) {
+            let nodes = level.len().div_ceil(per);
+            let blocks = self.take(nodes as u64, who)?;
+            let mut pblks = blocks
+                .iter()
+                .flat_map(|&(s, n)| (s..s + n).collect::<Vec<_>>());
+            let mut next = Vec::with_capacity(nodes);
+            for chunk in level.chunks(per) {
+                let Some(p) = pblks.next() else { break };
+                let mut buf = vec![0u8; bs];
+                let h = ExtentHeader::new(chunk.len() as u16, per as u16, depth);
+                buf[..12].copy_from_slice(h.as_bytes());
+                for (k, (_, e)) in chunk.iter().enumerate() {
+                    buf[12 + 12 * k..24 + 12 * k].copy_from_slice(e);
+                }
+                if self.csum.metadata {
+                    extent::set_block_checksum(&mut buf, ino, 0, &self.csum);
+                }
+                self.write(p, &buf)?;
+                let ix = ExtentIndex::new(chunk[0].0, p);
+                let mut b = [0u8; 12];
+                b.copy_from_slice(ix.as_bytes());
+                next.push((chunk[0].0, b));
+            }
+            tree_blocks += nodes as u64;
+            level = next;
+            depth += 1;
+        }
+        let mut root = [0u8; 60];
+        let h = ExtentHeader::new(level.len() as u16, extent::ENTRIES_IN_INODE, depth);
+        root[..12].copy_from_slice(h.as_bytes());
+        for (k, (_, e)) in level.iter().enumerate() {
+            root[12 + 12 * k..24 + 12 * k].copy_from_slice(e);
+        }
+        Ok((root, tree_blocks))
+    }
+
+    // ---- inodes ----
+
+    fn clamp(&self, t: Time) -> Time {
+        match self.opts.clamp {
+            Some(c) if t.sec > c || (t.sec == c && t.nsec > 0) => Time { sec: c, nsec: 0 },
+            _ => t,
+        }
+    }
+
+    /// The inode of node `k` before xattrs.
+    fn base_inode(&self, k: usize, mode: u16, links: u32) -> Inode {
+        let tree = self.tree;
+        let n = &tree.nodes[k];
+        let mut i = Inode::default();
+        i.i_mode.set(mode | n.perm);
+        i.i_uid.set(n.uid as u16);
+        i.l_i_uid_high.set((n.uid >> 16) as u16);
+        i.i_gid.set(n.gid as u16);
+        i.l_i_gid_high.set((n.gid >> 16) as u16);
+        let dir_nlink = self.l.features.ro_compat.contains(RoCompat::DIR_NLINK);
+        let links = if mode == S_IFDIR && links >= LINK_MAX && dir_nlink {
+            1
+        } else {
+            links.min(u32::from(u16::MAX))
+        };
+        i.i_links_count.set(links as u16);
+        let enc = |t: Time| -> (u32, u32) {
+            let epoch = ((t.sec - i64::from(t.sec as i32)) >> 32) as u32 & 3;
+            (t.sec as u32, epoch | (t.nsec.min(999_999_999) << 2))
+        };
+        let (a, ax) = enc(self.clamp(n.atime));
+        let (m, mx) = enc(self.clamp(n.mtime));
+        let (c, cx) = enc(self.clamp(n.ctime));
+        i.i_atime.set(a);
+        i.i_mtime.set(m);
+        i.i_ctime.set(c);
+        if self.l.inode_size > 128 {
+            i.i_extra_isize.set(EXTRA_ISIZE);
+            i.i_atime_extra.set(ax);
+            i.i_mtime_extra.set(mx);
+            i.i_ctime_extra.set(cx);
+            i.i_crtime.set(self.s.now);
+        }
+        i
+    }
+
+    /// Store the inode of node `k`, its xattrs added.
+    fn store(&mut self, k: usize, i: &Inode) -> Result<(), PopulateError> {
+        let ino = self.inos[k];
+        let mut slot = vec![0u8; usize::from(self.l.inode_size)];
+        i.write_to(&mut slot, ino, &self.csum);
+        let tree = self.tree;
+        let n = &tree.nodes[k];
+        if !n.xattrs.is_empty() {
+            let geo = XattrGeometry {
+                block_size: self.l.block_size as usize,
+                csum: self.csum,
+                bit64: self.l.features.incompat.contains(Incompat::BIT64),
+                huge_file: self.l.features.ro_compat.contains(RoCompat::HUGE_FILE),
+                ea_inode: false,
+                first_data_block: self.l.first_data_block,
+                blocks_per_group: self.l.blocks_per_group,
+                inodes_per_group: self.l.inodes_per_group,
+                blocks_count: self.l.blocks_count,
+            };
+            let mut xb = XBlocks {
+                pop: self,
+                who: k,
+                blocks: BTreeMap::new(),
+                err: None,
+            };
+            for (name, value) in &n.xattrs {
+                let r = xattr_write::set_xattr(
+                    &geo,
+                    &mut xb,
+                    ino,
+                    &mut slot,
+                    name,
+                    Some(value),
+                    SetMode::Any,
+                );
+                if let Some(e) = xb.err.take() {
+                    return Err(e);
+                }
+                r.map_err(|e| PopulateError::Invalid {
+                    path: n.path.clone(),
+                    what: format!("extended attribute {}: {e}", String::from_utf8_lossy(name)),
+                })?;
+            }
+            let blocks = std::mem::take(&mut xb.blocks);
+            for (b, data) in blocks {
+                self.write(b, &data)?;
+            }
+            if self.csum.metadata {
+                inode::set_checksum(&mut slot, ino, &self.csum);
+            }
+        }
+        self.slots.push((ino, slot));
+        Ok(())
+    }
+
+    fn map_runs(
+        &mut self,
+        i: &mut Inode,
+        ino: u32,
+        runs: &[Run],
+        who: usize,
+    ) -> Result<u64, PopulateError> {
+        let (root, tree_blocks) = self.tree_for(ino, runs, who)?;
+        i.i_flags.set(i.i_flags.get() | EXT4_EXTENTS_FL);
+        i.i_block_bytes_mut().copy_from_slice(&root);
+        let data: u64 = runs.iter().map(|r| u64::from(r.len)).sum();
+        Ok(data + tree_blocks)
+    }
+
+    fn set_blocks(&self, i: &mut Inode, blocks: u64) {
+        i.set_blocks_512(blocks * u64::from(self.l.block_size) / 512);
+    }
+
+    // ---- node types ----
+
+    fn dir_params(&self, ino: u32) -> DirParams {
+        let f = &self.l.features;
+        DirParams {
+            ino,
+            generation: 0,
+            csum: self.csum,
+            hash_seed: self.s.hash_seed,
+            def_hash_version: self.s.def_hash_version,
+            unsigned_hash: false,
+            dir_index: f.compat.contains(Compat::DIR_INDEX),
+            large_dir: f.incompat.contains(Incompat::LARGEDIR),
+            filetype: f.incompat.contains(Incompat::FILETYPE),
+            inodes_count: self.l.inodes_count,
+        }
+    }
+
+    fn dir(&mut self, k: usize) -> Result<(), PopulateError> {
+        let tree = self.tree;
+        let n = &tree.nodes[k];
+        let ino = self.inos[k];
+        let parent = self.inos[n.parent];
+        let p = self.dir_params(ino);
+        let bs = self.l.block_size;
+        let mut d = MemDir {
+            p,
+            bs,
+            blocks: vec![new_dir_block(&p, bs, parent)],
+            indexed: false,
+        };
+        let fs_err = |e: FsError| PopulateError::Invalid {
+            path: n.path.clone(),
+            what: format!("directory: {e}"),
+        };
+        {
+            let mut w = DirWriter::new(&mut d);
+            if k == 0 {
+                w.add(LOST_FOUND, 11, ext4kit_format::dir::FT_DIR)
+                    .map_err(fs_err)?;
+            }
+            for &c in &n.children {
+                let cn = &tree.nodes[c];
+                if k == 0 && cn.name == LOST_FOUND {
+                    continue;
+                }
+                let t = cn.link_to.map_or(cn, |t| &tree.nodes[t]);
+                w.add(&cn.name, self.inos[c], t.file_type()).map_err(|e| {
+                    PopulateError::Invalid {
+                        path: cn.path.clone(),
+                        what: format!("cannot link it: {e}"),
+                    }
+                })?;
+            }
+        }
+        let nblocks = d.blocks.len() as u64;
+        let mut runs = Vec::new();
+        if k == 0 {
+            let first = self.l.root.runs[0].pblk;
+            runs.push(Run {
+                lblk: 0,
+                pblk: first,
+                len: 1,
+            });
+            if nblocks > 1 {
+                self.reserve(nblocks - 1);
+                for (s, len) in self.take(nblocks - 1, k)? {
+                    push_run(&mut runs, s, len);
+                }
+            }
+            if runs.len() > usize::from(extent::ENTRIES_IN_INODE) {
+                return Err(PopulateError::Unsupported {
+                    path: n.path.clone(),
+                    what: "a root directory in more than 4 pieces".into(),
+                });
+            }
+        } else {
+            self.reserve(nblocks);
+            for (s, len) in self.take(nblocks, k)? {
+                push_run(&mut runs, s, len);
+            }
+        }
+        for (lb, b) in d.blocks.iter().enumerate() {
+            let pblk = pblk_of(&runs, lb as u32);
+            self.write(pblk, b)?;
+        }
+        let links = 2 + n.subdirs + u32::from(k == 0);
+        if k == 0 {
+            self.l.root.runs = runs;
+            self.out.root_links = links.min(u32::from(u16::MAX)) as u16;
+            self.out.root_indexed = d.indexed;
+            return Ok(());
+        }
+        let mut i = self.base_inode(k, S_IFDIR, links);
+        i.set_size(nblocks * u64::from(bs));
+        let blocks = self.map_runs(&mut i, ino, &runs, k)?;
+        self.set_blocks(&mut i, blocks);
+        if d.indexed {
+            i.i_flags.set(i.i_flags.get() | EXT4_INDEX_FL);
+        }
+        self.store(k, &i)
+    }
+
+    fn file(&mut self, k: usize) -> Result<(), PopulateError> {
+        let tree = self.tree;
+        let n = &tree.nodes[k];
+        let path = n.path.clone();
+        let bs = u64::from(self.l.block_size);
+        let f = File::open(&path).map_err(|e| PopulateError::Source {
+            path: path.clone(),
+            what: format!("cannot open: {e}"),
+        })?;
+        let changed = |md: &std::fs::Metadata| {
+            !md.is_file()
+                || md.size() != n.size
+                || md.mtime() != n.mtime.sec
+                || md.mtime_nsec() != i64::from(n.mtime.nsec)
+        };
+        let md = f.metadata().map_err(|e| PopulateError::Source {
+            path: path.clone(),
+            what: format!("cannot stat: {e}"),
+        })?;
+        if changed(&md) {
+            return Err(PopulateError::Changed { path });
+        }
+        let size = n.size;
+        let segs = data_segments(&f, size, bs).map_err(|e| PopulateError::Source {
+            path: path.clone(),
+            what: format!("cannot find its data: {e}"),
+        })?;
+        let upper: u64 = segs.iter().map(|(a, b)| b - a).sum();
+        if upper > 0 {
+            self.reserve(upper);
+        }
+        let mut runs: Vec<Run> = Vec::new();
+        let mut buf = vec![0u8; (CHUNK_BLOCKS * bs) as usize];
+        for (a, b) in segs {
+            let mut blk = a;
+            while blk < b {
+                let nb = (b - blk).min(CHUNK_BLOCKS);
+                let want = ((nb * bs).min(size - blk * bs)) as usize;
+                let chunk = &mut buf[..(nb * bs) as usize];
+                chunk.fill(0);
+                read_full(&f, &mut chunk[..want], blk * bs).map_err(|e| match e {
+                    ReadErr::Short => PopulateError::Changed { path: path.clone() },
+                    ReadErr::Io(e) => PopulateError::Source {
+                        path: path.clone(),
+                        what: format!("cannot read: {e}"),
+                    },
+                })?;
+                // Runs of blocks that are not all zero.
+                let mut j = 0u64;
+                while j < nb {
+                    let at = |j: u64| &chunk[(j * bs) as usize..((j + 1) * bs) as usize];
+                    if at(j).iter().all(|&x| x == 0) {
+                        j += 1;
+                        continue;
+                    }
+                    let mut e = j + 1;
+                    while e < nb && !at(e).iter().all(|&x| x == 0) {
+                        e += 1;
+                    }
+                    let mut off = j;
+                    for (s, len) in self.take(e - j, k)? {
+                        let bytes = &chunk[(off * bs) as usize..((off + len) * bs) as usize];
+                        self.dev.write_at(bytes, s * bs)?;
+                        self.out.bytes_written += bytes.len() as u64;
+                        self.out.data_bytes += bytes.len() as u64;
+                        push_file_run(&mut runs, (blk + off) as u32, s, len);
+                        off += len;
+                    }
+                    j = e;
+                }
+                blk += nb;
+            }
+        }
+        let md = f.metadata().map_err(|e| PopulateError::Source {
+            path: path.clone(),
+            what: format!("cannot stat: {e}"),
+        })?;
+        if changed(&md) {
+            return Err(PopulateError::Changed { path });
+        }
+        if size.div_ceil(bs) > 1 << 32 {
+            return Err(PopulateError::Invalid {
+                path,
+                what: "larger than an ext4 file can be".into(),
+            });
+        }
+        let ino = self.inos[k];
+        let mut i = self.base_inode(k, S_IFREG, n.nlink);
+        i.set_size(size);
+        let blocks = self.map_runs(&mut i, ino, &runs, k)?;
+        self.set_blocks(&mut i, blocks);
+        self.store(k, &i)
+    }
+
+    fn symlink(&mut self, k: usize) -> Result<(), PopulateError> {
+        let tree = self.tree;
+        let n = &tree.nodes[k];
+        let ino = self.inos[k];
+        let mut i = self.base_inode(k, S_IFLNK, n.nlink);
+        i.set_size(n.target.len() as u64);
+        if let Some(b) = inode::fast_symlink_i_block(&n.target, true) {
+            i.i_block_bytes_mut().copy_from_slice(&b);
+        } else {
+            let Some(block) = inode::slow_symlink_block(&n.target, self.l.block_size as usize)
+            else {
+                return Err(PopulateError::Invalid {
+                    path: n.path.clone(),
+                    what: format!(
+                        "symlink target of {} bytes does not fit a {}-byte block",
+                        n.target.len(),
+                        self.l.block_size
+                    ),
+                });
+            };
+            self.reserve(1);
+            let got = self.take(1, k)?;
+            let pblk = got[0].0;
+            self.write(pblk, &block)?;
+            let runs = [Run {
+                lblk: 0,
+                pblk,
+                len: 1,
+            }];
+            let blocks = self.map_runs(&mut i, ino, &runs, k)?;
+            self.set_blocks(&mut i, blocks);
+        }
+        self.store(k, &i)
+    }
+
+    fn special(&mut self, k: usize) -> Result<(), PopulateError> {
+        let tree = self.tree;
+        let n = &tree.nodes[k];
+        let mode = match n.kind {
+            Kind::Char => S_IFCHR,
+            Kind::Block => S_IFBLK,
+            Kind::Fifo => S_IFIFO,
+            _ => S_IFSOCK,
+        };
+        let mut i = self.base_inode(k, mode, n.nlink);
+        if matches!(n.kind, Kind::Char | Kind::Block) {
+            let r = n.rdev;
+            // glibc's gnu_dev_major / gnu_dev_minor.
+            let major = (((r >> 8) & 0xfff) | ((r >> 32) & !0xfff)) as u32;
+            let minor = ((r & 0xff) | ((r >> 12) & !0xff)) as u32;
+            i.i_block_bytes_mut()
+                .copy_from_slice(&inode::device_i_block(major, minor));
+        }
+        self.store(k, &i)
+    }
+
+    // ---- accounting ----
+
+    /// The group descriptors' counts and flags, and the totals.
+    fn account(&mut self) {
+        let l = &mut *self.l;
+        let bpg = u64::from(l.blocks_per_group);
+        for &(s, n) in &self.allocs {
+            let mut b = s;
+            let end = s + n;
+            while b < end {
+                let g = ((b - l.first_data_block) / bpg) as usize;
+                let gend = l.first_data_block + (g as u64 + 1) * bpg;
+                let k = end.min(gend) - b;
+                let gp = &mut l.groups[g];
+                gp.free_blocks -= k as u32;
+                gp.flags &= !BG_BLOCK_UNINIT;
+                l.free_blocks -= k;
+                b += k;
+            }
+        }
+        let ipg = l.inodes_per_group;
+        for (k, n) in self.tree.nodes.iter().enumerate().skip(1) {
+            let ino = self.inos[k];
+            if n.link_to.is_some() || ino == 11 {
+                continue;
+            }
+            let (g, slot) = ((ino - 1) / ipg, (ino - 1) % ipg);
+            let gp = &mut l.groups[g as usize];
+            gp.free_inodes -= 1;
+            if n.kind == Kind::Dir {
+                gp.used_dirs += 1;
+            }
+            gp.flags &= !(BG_INODE_UNINIT | BG_BLOCK_UNINIT);
+            gp.itable_unused = gp.itable_unused.min(ipg - slot - 1);
+            l.free_inodes -= 1;
+        }
+    }
+}
+
+fn pblk_of(runs: &[Run], lblk: u32) -> u64 {
+    runs.iter()
+        .find(|r| lblk >= r.lblk && lblk < r.lblk + r.len)
+        .map_or(0, |r| r.pblk + u64::from(lblk - r.lblk))
+}
+
+/// Append a directory's physical run (logical blocks follow on).
+fn push_run(runs: &mut Vec<Run>, pblk: u64, len: u64) {
+    let lblk = runs.last().map_or(0, |r| r.lblk + r.len);
+    push_file_run(runs, lblk, pblk, len);
+}
+
+/// Append `len` blocks at logical `lblk` → physical `pblk`, merged with
+/// the last run when contiguous, split at the longest extent.
+fn push_file_run(runs: &mut Vec<Run>, mut lblk: u32, mut pblk: u64, mut len: u64) {
+    while len > 0 {
+        if let Some(r) = runs.last_mut()
+            && r.lblk + r.len == lblk
+            && r.pblk + u64::from(r.len) == pblk
+            && r.len < EXT_MAX
+        {
+            let k = len.min(u64::from(EXT_MAX - r.len)) as u32;
+            r.len += k;
+            lblk += k;
+            pblk += u64::from(k);
+            len -= u64::from(k);
+            continue;
+        }
+        let k = len.min(u64::from(EXT_MAX)) as u32;
+        runs.push(Run { lblk, pblk, len: k });
+        lblk += k;
+        pblk += u64::from(k);
+        len -= u64::from(k);
+    }
+}
+
+/// The file's data as block ranges `[a, b)` (SEEK_DATA/SEEK_HOLE, whole
+/// blocks); the whole file when the source cannot tell.
+fn data_segments(f: &File, size: u64, bs: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    const SEEK_DATA: i32 = 3;
+    const SEEK_HOLE: i32 = 4;
+    const ENXIO: i32 = 6;
+    const EINVAL: i32 = 22;
+    let whole = vec![(0, size.div_ceil(bs))];
+    let mut segs: Vec<(u64, u64)> = Vec::new();
+    let mut off = 0u64;
+    while off < size {
+        let data = match ext4kit_device::host::seek_data_hole(f, off as i64, SEEK_DATA) {
+            Ok(d) => d,
+            Err(e) if e.raw_os_error() == Some(ENXIO) => break,
+            Err(e) if e.raw_os_error() == Some(EINVAL) => return Ok(whole),
+            Err(e) => return Err(e),
+        };
+        if data >= size {
+            break;
+        }
+        let hole = ext4kit_device::host::seek_data_hole(f, data as i64, SEEK_HOLE)?.min(size);
+        let (a, b) = (data / bs, hole.div_ceil(bs));
+        match segs.last_mut() {
+            Some(l) if l.1 >= a => l.1 = l.1.max(b),
+            _ => segs.push((a, b)),
+        }
+        off = hole.max(data + 1);
+    }
+    Ok(segs)
+}
+
+enum ReadErr {
+    Short,
+    Io(std::io::Error),
+}
+
+fn read_full(f: &File, mut buf: &mut [u8], mut off: u64) -> Result<(), ReadErr> {
+    while !buf.is_empty() {
+        match f.read_at(buf, off) {
+            Ok(0) => return Err(ReadErr::Short),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                off += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(ReadErr::Io(e)),
+        }
+    }
+    Ok(())
+}
+
+/// A directory being built in memory.
+struct MemDir {
+    p: DirParams,
+    bs: u32,
+    blocks: Vec<Vec<u8>>,
+    indexed: bool,
+}
+
+impl DirBlocks for MemDir {
+    fn params(&self) -> DirParams {
+        self.p
+    }
+    fn block_size(&self) -> u32 {
+        self.bs
+    }
+    fn nblocks(&self) -> u32 {
+        self.blocks.len() as u32
+    }
+    fn read(&self, lblk: u32) -> Result<Vec<u8>, FsError> {
+        self.blocks
+            .get(lblk as usize)
+            .cloned()
+            .ok_or_else(|| FsError::InvalidRequest(format!("directory block {lblk} past the end")))
+    }
+    fn write(&mut self, lblk: u32, data: &[u8]) -> Result<(), FsError> {
+        match self.blocks.get_mut(lblk as usize) {
+            Some(b) => {
+                b.copy_from_slice(data);
+                Ok(())
+            }
+            None => Err(FsError::InvalidRequest(format!(
+                "directory block {lblk} past the end"
+            ))),
+        }
+    }
+    fn append(&mut self) -> Result<u32, FsError> {
+        self.blocks.push(vec![0; self.bs as usize]);
+        Ok(self.blocks.len() as u32 - 1)
+    }
+    fn indexed(&self) -> bool {
+        self.indexed
+    }
+    fn set_indexed(&mut self) -> Result<(), FsError> {
+        self.indexed = true;
+        Ok(())
+    }
+}
+
+/// The xattr block of one inode, kept until the inode is done.
+struct XBlocks<'p, 'a> {
+    pop: &'p mut Pop<'a>,
+    who: usize,
+    blocks: BTreeMap<u64, Vec<u8>>,
+    err: Option<PopulateError>,
+}
+
+impl XattrBlocks for XBlocks<'_, '_> {
+    fn read(&self, blk: u64) -> Result<Vec<u8>, FsError> {
+        self.blocks
+            .get(&blk)
+            .cloned()
+            .ok_or_else(|| FsError::InvalidRequest(format!("xattr block {blk} not made here")))
+    }
+    fn write(&mut self, blk: u64, data: &[u8]) -> Result<(), FsError> {
+        self.blocks.insert(blk, data.to_vec());
+        Ok(())
+    }
+    fn alloc(&mut self, _goal: u64) -> Result<Option<u64>, FsError> {
+        match self.pop.take(1, self.who) {
+            Ok(v) => Ok(v.first().map(|r| r.0)),
+            Err(e) => {
+                self.err = Some(e);
+                Ok(None)
+            }
+        }
+    }
+    fn free(&mut self, blk: u64) -> Result<(), FsError> {
+        Err(FsError::InvalidRequest(format!(
+            "xattr block {blk} freed while copying"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Mem(BTreeMap<u64, Vec<u8>>, u64);
+    impl XattrBlocks for Mem {
+        fn read(&self, blk: u64) -> Result<Vec<u8>, FsError> {
+            Ok(self.0[&blk].clone())
+        }
+        fn write(&mut self, blk: u64, data: &[u8]) -> Result<(), FsError> {
+            self.0.insert(blk, data.to_vec());
+            Ok(())
+        }
+        fn alloc(&mut self, _goal: u64) -> Result<Option<u64>, FsError> {
+            self.1 += 1;
+            Ok(Some(self.1))
+        }
+        fn free(&mut self, _blk: u64) -> Result<(), FsError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn big_xattr_goes_to_a_block() {
+        let csum = Csum::new(true, false, false, 0, [7; 16]);
+        let geo = XattrGeometry {
+            block_size: 4096,
+            csum,
+            bit64: true,
+            huge_file: true,
+            ea_inode: false,
+            first_data_block: 0,
+            blocks_per_group: 32768,
+            inodes_per_group: 8192,
+            blocks_count: 65536,
+        };
+        let mut i = Inode::default();
+        i.i_mode.set(S_IFREG | 0o644);
+        i.i_extra_isize.set(EXTRA_ISIZE);
+        let mut slot = vec![0u8; 256];
+        i.write_to(&mut slot, 12, &csum);
+        let mut m = Mem(BTreeMap::new(), 100);
+        let r = xattr_write::set_xattr(
+            &geo,
+            &mut m,
+            12,
+            &mut slot,
+            b"user.big",
+            Some(&[7u8; 3000]),
+            SetMode::Any,
+        );
+        assert!(r.is_ok(), "{r:?}");
+    }
+}
