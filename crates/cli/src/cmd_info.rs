@@ -87,6 +87,10 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
         // (Added apart: one json! of everything passes the macro's
         // recursion limit.)
         v["error_count"] = json!(sb.s_error_count.get());
+        // meta_bg: s_first_meta_bg (null without), and where every primary
+        // descriptor block is.
+        v["first_meta_bg"] = json!(g.first_meta_bg);
+        v["desc_block_locations"] = json!(g.desc_locs);
         v["first_error"] = json!(s.first_error.as_ref().map(FsErrorInfo::json));
         v["last_error"] = json!(s.last_error.as_ref().map(FsErrorInfo::json));
         outln!("{v}");
@@ -154,13 +158,25 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
         g.itable_blocks,
         g.inode_size
     );
-    outln!(
-        "group descriptors:   {} bytes, {} block(s) from block {}, checksum {}",
-        g.desc_size,
-        g.desc_blocks,
-        g.gdt_start,
-        img.desc_checksum().name()
-    );
+    match g.first_meta_bg {
+        None => outln!(
+            "group descriptors:   {} bytes, {} block(s) from block {}, checksum {}",
+            g.desc_size,
+            g.desc_blocks,
+            g.gdt_start,
+            img.desc_checksum().name()
+        ),
+        Some(_) => outln!(
+            "group descriptors:   {} bytes, {} block(s): {} from block {}, {} in their meta groups (meta_bg, {} groups each), checksum {}",
+            g.desc_size,
+            g.desc_blocks,
+            g.table_blocks(),
+            g.gdt_start,
+            g.desc_blocks - g.table_blocks(),
+            g.descs_per_block,
+            img.desc_checksum().name()
+        ),
+    }
     outln!(
         "mount count:         {} (maximum {})",
         sb.s_mnt_count.get(),

@@ -27,7 +27,11 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   SIGTERM/SIGINT to the serving process: the journal is committed and \
                   checkpointed and the filesystem is left clean (e2fsck -fn finds nothing, \
                   no needs_recovery). fsync makes data durable (one journal commit); \
-                  changes are otherwise committed every commit=SEC seconds.\n\n\
+                  changes are otherwise committed every commit=SEC seconds. A bare `sync` \
+                  (sync(2), syncfs(2)) does not reach a FUSE server and commits nothing: use \
+                  `sync FILE` or `sync DIRECTORY` (an fsync) on the mount. `ext4kit status \
+                  MOUNTPOINT` shows lazy init and, with -o discard, the discard queue and \
+                  the reconciler.\n\n\
                   Options (-o, comma-separated, may be repeated; later ones win):\n  \
                   ro, rw                  read-only (served from the read side; nothing is \
                   written) or read-write (default)\n  \

@@ -114,9 +114,18 @@ fn usage_error(prog: &str, e: &clap::Error) -> i32 {
             return 0;
         }
         ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
-            eprintln!(
-                "{prog}: missing command: mkfs, lazyinit, info, journal, ls, cat or stat (see --help)"
-            );
+            // Every visible command, from the definition itself.
+            let cmd = Cli::command();
+            let names: Vec<&str> = cmd
+                .get_subcommands()
+                .filter(|c| !c.is_hide_set())
+                .map(|c| c.get_name())
+                .collect();
+            let list = match names.split_last() {
+                Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+                _ => names.join(""),
+            };
+            eprintln!("{prog}: missing command: {list} (see --help)");
             return 2;
         }
         _ => {}

@@ -102,8 +102,9 @@ struct Layout {
     inode_size: u64,
     itb: u64,
     features: String,
-    /// Primary descriptor table blocks (inclusive range).
-    gdt: (u64, u64),
+    /// Primary descriptor blocks: the table after the primary superblock
+    /// and, with meta_bg, the block in the first group of each meta group.
+    gdt: Vec<u64>,
     groups: Vec<Group>,
 }
 
@@ -148,8 +149,13 @@ fn layout(path: &Path) -> Layout {
     let inode_size = field(&text, "Inode size").parse().unwrap();
     let itb = field(&text, "Inode blocks per group").parse().unwrap();
     let features = field(&text, "Filesystem features").to_string();
+    let desc_size: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Group descriptor size:"))
+        .map_or(32, |v| v.trim().parse().unwrap());
+    let dpb = block_size / desc_size;
     let mut groups: Vec<Group> = Vec::new();
-    let mut gdt = None;
+    let mut gdt = Vec::new();
     for line in text.lines() {
         if let Some(rest) = line
             .strip_prefix("Group ")
@@ -167,9 +173,19 @@ fn layout(path: &Path) -> Layout {
             });
         } else if let Some(rest) = line.trim().strip_prefix("Inode table at ") {
             groups.last_mut().unwrap().itable = range(rest).0;
-        } else if line.contains("Primary superblock at") {
-            let r = line.split("Group descriptors at ").nth(1).unwrap();
-            gdt = Some(range(r));
+        } else if line.contains("Primary superblock at")
+            && let Some(r) = line.split("Group descriptors at ").nth(1)
+        {
+            let (a, b) = range(r);
+            gdt.extend(a..=b);
+            if let Some(r) = line.split("Group descriptor at ").nth(1) {
+                gdt.push(range(r).0);
+            }
+        } else if let Some(r) = line.split("Group descriptor at ").nth(1) {
+            // meta_bg: the primary copy is in the meta group's first group.
+            if (groups.len() as u64 - 1).is_multiple_of(dpb) {
+                gdt.push(range(r).0);
+            }
         } else if line.contains(" free inodes, ") {
             let g = groups.last_mut().unwrap();
             g.unused = line
@@ -185,7 +201,10 @@ fn layout(path: &Path) -> Layout {
         inode_size,
         itb,
         features,
-        gdt: gdt.expect("primary GDT"),
+        gdt: {
+            assert!(!gdt.is_empty(), "no primary descriptor blocks");
+            gdt
+        },
         groups,
     }
 }
@@ -278,7 +297,7 @@ fn check_image(path: &Path, before: &[u8], lay: &Layout, final_state: bool) -> u
     let bs = lay.block_size as usize;
     let now = layout(path);
     let mut allowed = vec![false; after.len() / bs];
-    for b in lay.gdt.0..=lay.gdt.1 {
+    for &b in &lay.gdt {
         allowed[b as usize] = true;
     }
     for g in lay.groups.iter().filter(|g| !g.zeroed) {
@@ -404,6 +423,27 @@ fn lazy_images_from_both_formatters_are_zeroed_exactly() {
             512 << 20,
             &["-b", "4096", "-O", "^64bit,^metadata_csum,uninit_bg"],
             "uninit_bg",
+        ),
+        // meta_bg (issue 20): 32 and 40 groups of 8 MiB, 16 or 32
+        // descriptors per block, so the last meta group's descriptor block
+        // is written far from the first; with sparse_super2 too.
+        (
+            "1k-metabg",
+            256 << 20,
+            &["-b", "1024", "-O", "meta_bg,^resize_inode"],
+            "meta_bg",
+        ),
+        (
+            "1k-metabg-32",
+            320 << 20,
+            &["-b", "1024", "-O", "^64bit,meta_bg,^resize_inode"],
+            "meta_bg",
+        ),
+        (
+            "1k-metabg-ss2",
+            256 << 20,
+            &["-b", "1024", "-O", "meta_bg,sparse_super2,^resize_inode"],
+            "meta_bg",
         ),
         // 8 inodes per group: the reserved inodes and lost+found reach
         // into group 1's table.
@@ -828,9 +868,6 @@ fn refusals_write_nothing() {
     let errors = mk("errors.img", 64 << 20, &[]);
     debugfs_w(&errors, &["ssv state 3"]);
     cases.push((errors, "having errors"));
-
-    let metabg = mk("metabg.img", 64 << 20, &["-O", "meta_bg,^resize_inode"]);
-    cases.push((metabg, "meta_bg"));
 
     for (img, want) in &cases {
         let snap_bad = read_all(img);
@@ -1349,4 +1386,39 @@ fn loop_device_and_mount_refusal() {
     drop(_detach);
     check_image(&img, &before, &lay, true);
     assert_fsck_clean(&img);
+}
+
+/// meta_bg (issue 20): the cross-check compares each meta group's
+/// descriptor block with its backup in the meta group's second group, so
+/// a backup that disagrees about an inode table refuses, writing nothing.
+#[test]
+fn meta_bg_backup_descriptor_conflict_refuses() {
+    if !have_e2fsprogs("meta_bg_backup_descriptor_conflict_refuses") {
+        return;
+    }
+    let dir = tmpdir();
+    let img = dir.path().join("mb.img");
+    mkfs(
+        &img,
+        256 << 20,
+        &["-b", "1024", "-O", "meta_bg,^resize_inode"],
+    );
+    // 16 descriptors per block: meta group 1 is groups 16..32; its block
+    // is at the start of group 16, its backup at the start of group 17
+    // (neither has a superblock copy). Group 16's descriptor comes first:
+    // bg_inode_table_lo at byte 8.
+    let backup = 1 + 17 * 8192u64;
+    let f = fs::OpenOptions::new().write(true).open(&img).unwrap();
+    f.write_all_at(&777u32.to_le_bytes(), backup * 1024 + 8)
+        .unwrap();
+    drop(f);
+    let before = read_all(&img);
+    let out = ext4kit(&["lazyinit", "--mult", "0", img.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("group 16: inode table") && err.contains("backup descriptors in group 17"),
+        "{err}"
+    );
+    assert!(read_all(&img) == before, "written");
 }

@@ -2,7 +2,8 @@
 //! corrupted superblock or descriptor carries a valid checksum.
 //!
 //! Real images (mke2fs- and ext4kit-made, 4 KiB and 1 KiB blocks,
-//! `metadata_csum` and `uninit_bg`) get files and directories (debugfs),
+//! `metadata_csum` and `uninit_bg`, and 1 KiB meta_bg ones with two meta
+//! groups, whose descriptors are mutated where they are) get files and directories (debugfs),
 //! then fields of their superblock and descriptors are changed, in part with
 //! every checksum recomputed (as a buggy tool, or a bit flip followed by a
 //! checksum repair, would leave them), and `ext4kit lazyinit` runs on each.
@@ -63,16 +64,41 @@ struct Base {
     inode_size: u64,
     itb: u64,
     desc_size: usize,
-    gdt_start: u64,
-    desc_blocks: u64,
+    /// Every primary descriptor block (with meta_bg not contiguous).
+    gdt: Vec<u64>,
     groups: Vec<Group>,
     /// Blocks holding data or metadata that lazy init must never change
     /// (half-open ranges, sorted), the primary descriptor blocks excluded.
     protected: Vec<(u64, u64)>,
     /// A few protected blocks to point descriptors at.
     targets: Vec<u64>,
-    /// First backup group's descriptor table (block), if any.
-    backup_gdt: Option<u64>,
+    /// The backup of each primary descriptor block that lazy init
+    /// compares with: in the first backup group's table, or with meta_bg
+    /// in the second group of the block's meta group.
+    backup_gdt: Vec<Option<u64>>,
+}
+
+impl Base {
+    fn dpb(&self) -> usize {
+        self.bs as usize / self.desc_size
+    }
+
+    /// Byte offset of group `g`'s descriptor in the copy whose blocks are
+    /// `blocks` (by descriptor block index).
+    fn desc_at(&self, blocks: &[u64], g: usize) -> usize {
+        blocks[g / self.dpb()] as usize * self.bs as usize + (g % self.dpb()) * self.desc_size
+    }
+
+    /// Byte offset of group `g`'s primary descriptor.
+    fn desc(&self, g: usize) -> usize {
+        self.desc_at(&self.gdt, g)
+    }
+
+    /// Byte offset of group `g`'s backup descriptor, if it has one.
+    fn backup_desc(&self, g: usize) -> Option<usize> {
+        let b = self.backup_gdt.get(g / self.dpb()).copied().flatten()?;
+        Some(b as usize * self.bs as usize + (g % self.dpb()) * self.desc_size)
+    }
 }
 
 fn field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
@@ -116,10 +142,25 @@ fn parse_base(name: &str, path: &Path) -> Result<Base, String> {
     } else {
         32
     };
+    let dpb = bs / desc_size as u64;
     let mut groups: Vec<Group> = Vec::new();
     let mut gdt = None;
     let mut backup_gdt = None;
+    // meta_bg: "Group descriptor at X" in the first and second group of
+    // each meta group (primary and the backup lazy init compares with).
+    let mut meta_primary: Vec<u64> = Vec::new();
+    let mut meta_backup: Vec<(u64, u64)> = Vec::new();
     for line in text.lines() {
+        if let Some(r) = line.split("Group descriptor at ").nth(1)
+            && let Some((x, _)) = range(r)
+            && let Some(g) = (groups.len() as u64).checked_sub(1)
+        {
+            match g % dpb {
+                0 => meta_primary.push(x),
+                1 => meta_backup.push((g / dpb, x)),
+                _ => {}
+            }
+        }
         let t = line.trim();
         if let Some(rest) = line
             .strip_prefix("Group ")
@@ -164,7 +205,20 @@ fn parse_base(name: &str, path: &Path) -> Result<Base, String> {
             }
         }
     }
-    let (gs, ge) = gdt.ok_or("dumpe2fs: no primary descriptors")?;
+    // The contiguous table (absent with meta_bg and s_first_meta_bg 0),
+    // then the meta groups' blocks.
+    let (gs, ge) = gdt.map_or((1, 0), |r| r);
+    let mut table: Vec<u64> = (gs..=ge).collect();
+    let old = table.len() as u64;
+    let mut backups: Vec<Option<u64>> = (0..old).map(|i| backup_gdt.map(|b| b + i)).collect();
+    for (k, &p) in meta_primary.iter().enumerate() {
+        let index = old + k as u64;
+        table.push(p);
+        backups.push(meta_backup.iter().find(|m| m.0 == index).map(|m| m.1));
+    }
+    if table.is_empty() {
+        return Err("dumpe2fs: no primary descriptors".into());
+    }
     let mut base = Base {
         name: name.to_string(),
         path: path.to_path_buf(),
@@ -173,12 +227,11 @@ fn parse_base(name: &str, path: &Path) -> Result<Base, String> {
         inode_size,
         itb,
         desc_size,
-        gdt_start: gs,
-        desc_blocks: ge - gs + 1,
+        gdt: table,
         groups,
         protected: Vec::new(),
         targets: Vec::new(),
-        backup_gdt,
+        backup_gdt: backups,
     };
     // Protected = everything minus free blocks, minus zeroable tails, minus
     // the primary descriptor blocks (compared field by field instead).
@@ -195,7 +248,7 @@ fn parse_base(name: &str, path: &Path) -> Result<Base, String> {
             holes.push((g.itable + used, g.itable + itb));
         }
     }
-    holes.push((gs, ge + 1));
+    holes.extend(base.gdt.iter().map(|&b| (b, b + 1)));
     holes.sort_unstable();
     let mut pos = 0;
     for (s, e) in holes {
@@ -225,18 +278,28 @@ fn parse_base(name: &str, path: &Path) -> Result<Base, String> {
 /// Make, populate and describe one base image.
 fn make_base(dir: &Path, maker: &str, bs: u32, csum: &str) -> Result<Base, String> {
     let name = format!("{maker}-{bs}-{csum}");
+    let meta_bg = csum == "meta_bg";
     let path = dir.join(format!("{name}.img"));
     let size: u64 = 32 << 20;
     File::create(&path)
         .and_then(|f| f.set_len(size))
         .map_err(|e| e.to_string())?;
-    let feats = if csum == "metadata_csum" {
+    let feats = if meta_bg {
+        "metadata_csum,^uninit_bg,meta_bg,^resize_inode"
+    } else if csum == "metadata_csum" {
         "metadata_csum,^uninit_bg"
     } else {
         "^metadata_csum,uninit_bg"
     };
-    // Small groups, so that there are several groups of each kind.
-    let bpg = if bs == 4096 { "2048" } else { "4096" };
+    // Small groups, so that there are several groups of each kind (with
+    // meta_bg 32 groups of 1 MiB: two meta groups of 16).
+    let bpg = if meta_bg {
+        "1024"
+    } else if bs == 4096 {
+        "2048"
+    } else {
+        "4096"
+    };
     let args = [
         "-q",
         "-F",
@@ -386,15 +449,12 @@ fn new_value(rng: &mut Rng, old: u64, size: usize, base: &Base) -> u64 {
 /// Apply one mutation to `img` (a copy of the base). Returns a label.
 fn mutate(img: &mut [u8], base: &Base, rng: &mut Rng) -> String {
     let sb_off = 1024usize;
-    let bs = base.bs as usize;
-    let gdt = base.gdt_start as usize * bs;
     let ngroups = base.groups.len();
-    let ds = base.desc_size;
     let mut label = String::new();
     let fields = 1 + rng.below(3) as usize;
     for _ in 0..fields {
         let g = rng.below(ngroups as u64) as usize;
-        let d = gdt + g * ds;
+        let d = base.desc(g);
         match rng.below(10) {
             0..=2 => {
                 let (name, off, size) = SB_FIELDS[rng.below(SB_FIELDS.len() as u64) as usize];
@@ -411,11 +471,11 @@ fn mutate(img: &mut [u8], base: &Base, rng: &mut Rng) -> String {
                 label += &format!("g{g}.{name}:{old}->{v} ");
                 // Sometimes the same lie in the backup table too, so that
                 // the checks past the backup comparison are exercised.
-                if let Some(b) = base.backup_gdt
+                if let Some(b) = base.backup_desc(g)
                     && off <= 0x08
                     && rng.chance(30)
                 {
-                    put(img, b as usize * bs + g * ds + off, size, v);
+                    put(img, b + off, size, v);
                     label += "(+backup) ";
                 }
             }
@@ -440,8 +500,8 @@ fn mutate(img: &mut [u8], base: &Base, rng: &mut Rng) -> String {
                 // The inode table somewhere else, in both copies.
                 let t = base.targets[rng.below(base.targets.len() as u64) as usize];
                 put(img, d + 0x08, 4, t);
-                if let Some(b) = base.backup_gdt {
-                    put(img, b as usize * bs + g * ds + 0x08, 4, t);
+                if let Some(b) = base.backup_desc(g) {
+                    put(img, b + 0x08, 4, t);
                 }
                 label += &format!("g{g}.inode_table=>{t}(both) ");
             }
@@ -465,12 +525,9 @@ fn recompute_checksums(img: &mut [u8], base: &Base) {
         img[1024 + 0x3FC..1024 + 0x400].copy_from_slice(&sb.s_checksum.get().to_le_bytes());
     }
     let csum = Csum::from_superblock(&sb);
-    let bs = base.bs as usize;
     let ds = base.desc_size;
-    let tables = std::iter::once(base.gdt_start).chain(base.backup_gdt);
-    for t in tables {
-        for g in 0..base.groups.len() {
-            let off = t as usize * bs + g * ds;
+    for g in 0..base.groups.len() {
+        for off in std::iter::once(base.desc(g)).chain(base.backup_desc(g)) {
             let c = csum.group_desc(g as u32, &img[off..off + ds]);
             img[off + 0x1E..off + 0x20].copy_from_slice(&c.to_le_bytes());
         }
@@ -488,9 +545,12 @@ fn read_ranges(img: &[u8], bs: u64, ranges: &[(u64, u64)]) -> Vec<u8> {
 /// The primary descriptors without their flags and checksum fields.
 fn gdt_fixed_fields(img: &[u8], base: &Base) -> Vec<u8> {
     let bs = base.bs as usize;
-    let start = base.gdt_start as usize * bs;
-    let mut v = img[start..start + base.desc_blocks as usize * bs].to_vec();
+    let mut v = Vec::new();
+    for &b in &base.gdt {
+        v.extend_from_slice(&img[b as usize * bs..(b as usize + 1) * bs]);
+    }
     for g in 0..base.groups.len() {
+        // The descriptor's place in `v`: blocks in index order.
         let o = g * base.desc_size;
         v[o + 0x12..o + 0x14].fill(0);
         v[o + 0x1E..o + 0x20].fill(0);
@@ -628,7 +688,10 @@ fn mutated_images_never_lose_data() {
     let mut tally = Tally::default();
     for maker in ["mke2fs", "ext4kit"] {
         for bs in [4096u32, 1024] {
-            for csum in ["metadata_csum", "uninit_bg"] {
+            for csum in ["metadata_csum", "uninit_bg", "meta_bg"] {
+                if csum == "meta_bg" && bs != 1024 {
+                    continue;
+                }
                 let base = make_base(dir.path(), maker, bs, csum)
                     .unwrap_or_else(|e| panic!("{maker} {bs} {csum}: {e}"));
                 assert!(

@@ -257,3 +257,27 @@ fn generate_help_lists_the_files_written() {
         );
     }
 }
+
+/// Without a command, the one-line error names every command there is
+/// (it listed 7 of 19), the hidden `generate` left out.
+#[test]
+fn missing_command_lists_every_command() {
+    let out = run(&mut ext4kit()).unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    for page in names(&generate("man", dir.path())) {
+        let Some(cmd) = page
+            .strip_prefix("ext4kit-")
+            .and_then(|p| p.strip_suffix(".1"))
+        else {
+            continue;
+        };
+        assert!(
+            err.split([' ', ',']).any(|w| w == cmd),
+            "{cmd} missing from: {err}"
+        );
+    }
+    assert!(!err.contains("generate"), "{err}");
+}

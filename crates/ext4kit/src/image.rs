@@ -6,7 +6,9 @@
 //! with a precise, one-line reason ([`ImageError`]): no magic, a bad
 //! superblock or descriptor checksum, counts that contradict each other, a
 //! device shorter than the filesystem, features whose layout this module
-//! does not understand (`meta_bg`, external journal devices).
+//! does not understand (external journal devices). With `meta_bg` the
+//! descriptor blocks from `s_first_meta_bg` on are read from the first
+//! group of their meta group (e2fsprogs' `ext2fs_descriptor_block_loc2`).
 //!
 //! [`Image::open_for_update`] additionally refuses what must not be written
 //! to without a full check first: a filesystem that needs journal recovery
@@ -39,6 +41,7 @@ const KNOWN_INCOMPAT: u32 = Incompat::FILETYPE.bits()
     | Incompat::RECOVER.bits()
     | Incompat::EXTENTS.bits()
     | Incompat::BIT64.bits()
+    | Incompat::META_BG.bits()
     | Incompat::MMP.bits()
     | Incompat::FLEX_BG.bits()
     | Incompat::EA_INODE.bits()
@@ -175,6 +178,12 @@ pub struct Geometry {
     pub reserved_gdt_blocks: u32,
     /// Blocks per cluster (1 without bigalloc).
     pub cluster_ratio: u32,
+    /// `s_first_meta_bg` with the meta_bg feature (`None` without it):
+    /// descriptor blocks from this index on live in their meta groups.
+    pub first_meta_bg: Option<u32>,
+    /// Block number of every primary descriptor block, by index (with
+    /// meta_bg not contiguous; see [`descriptor_locations`]).
+    pub desc_locs: Vec<u64>,
 }
 
 impl Geometry {
@@ -186,7 +195,20 @@ impl Geometry {
 
     /// Block number of primary descriptor-table block `index`.
     pub fn desc_block(&self, index: u32) -> u64 {
-        self.gdt_start + u64::from(index)
+        self.desc_locs
+            .get(index as usize)
+            .copied()
+            .unwrap_or(self.gdt_start + u64::from(index))
+    }
+
+    /// Descriptor blocks right after the superblock (and its backups):
+    /// all of them, or with meta_bg the `s_first_meta_bg` before the meta
+    /// groups. The reserved GDT blocks follow these.
+    pub fn table_blocks(&self) -> u32 {
+        match self.first_meta_bg {
+            Some(f) => f.min(self.desc_blocks),
+            None => self.desc_blocks,
+        }
     }
 
     /// The groups whose descriptors live in descriptor block `index`.
@@ -292,7 +314,17 @@ impl<'d> Image<'d> {
         let gdt_len = usize::try_from(u64::from(geom.desc_blocks) * u64::from(geom.block_size))
             .map_err(|_| corrupt("descriptor table", "too large"))?;
         let mut gdt = vec![0u8; gdt_len];
-        dev.read_at(&mut gdt, geom.byte_offset(geom.gdt_start))?;
+        // The contiguous table in one read, each meta_bg block on its own.
+        let bs = geom.block_size as usize;
+        let contiguous = geom.table_blocks() as usize * bs;
+        dev.read_at(&mut gdt[..contiguous], geom.byte_offset(geom.gdt_start))?;
+        for index in geom.table_blocks()..geom.desc_blocks {
+            let at = index as usize * bs;
+            dev.read_at(
+                &mut gdt[at..at + bs],
+                geom.byte_offset(geom.desc_block(index)),
+            )?;
+        }
 
         let img = Image {
             dev,
@@ -453,8 +485,15 @@ impl<'d> Image<'d> {
     /// Validate every descriptor: checksum, table locations, counts.
     fn check_descriptors(&self) -> Result<(), ImageError> {
         let g = &self.geom;
-        let gdt_end = g.gdt_start + u64::from(g.desc_blocks);
+        let gdt_end = g.gdt_start + u64::from(g.table_blocks());
         let itb = u64::from(g.itable_blocks);
+        // meta_bg descriptor blocks (sorted: one per meta group, in order):
+        // no bitmap or inode table may cover one.
+        let meta_blocks = &g.desc_locs[(g.table_blocks() as usize).min(g.desc_locs.len())..];
+        let covers_meta = |b: u64, n: u64| {
+            let i = meta_blocks.partition_point(|&m| m < b);
+            meta_blocks.get(i).is_some_and(|&m| m < b.saturating_add(n))
+        };
         let mut tables: Vec<(u64, u32)> = Vec::with_capacity(g.group_count as usize);
         for group in 0..g.group_count {
             let raw = self.desc_bytes(group);
@@ -475,11 +514,11 @@ impl<'d> Image<'d> {
             let in_fs = |b: u64, n: u64| {
                 b >= gdt_end && b.checked_add(n).is_some_and(|e| e <= g.blocks_count)
             };
-            if !in_fs(it, itb) {
+            if !in_fs(it, itb) || covers_meta(it, itb) {
                 return Err(corrupt(
                     "group descriptor",
                     format!(
-                        "group {group}: inode table at block {it} ({itb} blocks) is not inside the filesystem past the descriptor table (blocks {gdt_end}..{})",
+                        "group {group}: inode table at block {it} ({itb} blocks) is not inside the filesystem past the descriptor table (blocks {gdt_end}..{}) or covers a meta_bg descriptor block",
                         g.blocks_count
                     ),
                 ));
@@ -488,10 +527,12 @@ impl<'d> Image<'d> {
                 ("block bitmap", d.block_bitmap()),
                 ("inode bitmap", d.inode_bitmap()),
             ] {
-                if !in_fs(b, 1) {
+                if !in_fs(b, 1) || covers_meta(b, 1) {
                     return Err(corrupt(
                         "group descriptor",
-                        format!("group {group}: {name} at block {b} is outside the filesystem"),
+                        format!(
+                            "group {group}: {name} at block {b} is outside the filesystem or on a descriptor block"
+                        ),
                     ));
                 }
             }
@@ -571,11 +612,6 @@ fn check_superblock(
     if features.incompat.contains(Incompat::JOURNAL_DEV) {
         return Err(ImageError::Unsupported(
             "this is an external journal device, not a filesystem".into(),
-        ));
-    }
-    if features.incompat.contains(Incompat::META_BG) {
-        return Err(ImageError::Unsupported(
-            "meta_bg descriptor layout is not supported yet".into(),
         ));
     }
     let unknown_incompat = features.incompat.bits() & !KNOWN_INCOMPAT;
@@ -823,12 +859,45 @@ fn geometry(sb: &Superblock, features: &Features) -> Result<Geometry, ImageError
             ),
         ));
     }
-    if gdt_start + u64::from(desc_blocks) + u64::from(reserved_gdt_blocks) > blocks_count {
+    let first_meta_bg = features
+        .incompat
+        .contains(Incompat::META_BG)
+        .then(|| sb.s_first_meta_bg.get());
+    if let Some(f) = first_meta_bg
+        && f > desc_blocks
+    {
+        // e2fsck: "First_meta_bg is too big".
+        return Err(corrupt(
+            "superblock",
+            format!("first meta block group {f} is past the {desc_blocks} descriptor blocks"),
+        ));
+    }
+    let table_blocks = first_meta_bg.map_or(desc_blocks, |f| f.min(desc_blocks));
+    if gdt_start + u64::from(table_blocks) + u64::from(reserved_gdt_blocks) > blocks_count {
         return Err(corrupt(
             "superblock",
             format!(
-                "{desc_blocks} descriptor blocks and {reserved_gdt_blocks} reserved ones do not fit in {blocks_count} blocks"
+                "{table_blocks} descriptor blocks and {reserved_gdt_blocks} reserved ones do not fit in {blocks_count} blocks"
             ),
+        ));
+    }
+    let desc_locs = descriptor_locations(
+        sb,
+        gdt_start,
+        first_data_block,
+        bpg,
+        descs_per_block,
+        desc_blocks,
+        first_meta_bg,
+    );
+    if let Some((i, &b)) = desc_locs
+        .iter()
+        .enumerate()
+        .find(|&(_, &b)| b >= blocks_count)
+    {
+        return Err(corrupt(
+            "superblock",
+            format!("descriptor block {i} would be at block {b}, past the {blocks_count} blocks"),
         ));
     }
     Ok(Geometry {
@@ -850,7 +919,63 @@ fn geometry(sb: &Superblock, features: &Features) -> Result<Geometry, ImageError
         sb_block,
         reserved_gdt_blocks,
         cluster_ratio,
+        first_meta_bg,
+        desc_locs,
     })
+}
+
+/// Where each primary descriptor block lives (e2fsprogs'
+/// `ext2fs_descriptor_block_loc2` for the primary copy): right after the
+/// superblock (`gdt_start`, contiguous), or with meta_bg, from index
+/// `first_meta_bg` on, block `i` in the first group of meta group `i`
+/// (group `i × descs_per_block`), after that group's superblock backup if
+/// it has one.
+pub fn descriptor_locations(
+    sb: &Superblock,
+    gdt_start: u64,
+    first_data_block: u64,
+    blocks_per_group: u32,
+    descs_per_block: u32,
+    desc_blocks: u32,
+    first_meta_bg: Option<u32>,
+) -> Vec<u64> {
+    (0..desc_blocks)
+        .map(|i| match first_meta_bg {
+            Some(f) if i >= f && i > 0 => {
+                let g = i.saturating_mul(descs_per_block);
+                first_data_block
+                    + u64::from(g) * u64::from(blocks_per_group)
+                    + u64::from(crate::lazyinit::safety::group_has_super(sb, g))
+            }
+            _ => gdt_start + u64::from(i),
+        })
+        .collect()
+}
+
+/// Where the backup of primary descriptor block `index` is read from, as
+/// e2fsprogs reads the backup descriptors (`ext2fs_descriptor_block_loc2`
+/// with a backup superblock at `backup_sb`): after that superblock for the
+/// contiguous table; with meta_bg, in the second group of the meta group
+/// (after its superblock backup, if any), or `None` where the meta group
+/// has no second group.
+pub fn backup_descriptor_location(
+    sb: &Superblock,
+    geom: &Geometry,
+    backup_sb: u64,
+    index: u32,
+) -> Option<u64> {
+    match geom.first_meta_bg {
+        Some(f) if index >= f => {
+            let g = index.saturating_mul(geom.descs_per_block);
+            let bpg = u64::from(geom.blocks_per_group);
+            let first = geom.first_data_block + u64::from(g) * bpg;
+            let sup = u64::from(crate::lazyinit::safety::group_has_super(sb, g));
+            (first + sup + bpg < geom.blocks_count).then(|| {
+                first + bpg + u64::from(crate::lazyinit::safety::group_has_super(sb, g + 1))
+            })
+        }
+        _ => Some(backup_sb + 1 + u64::from(index)),
+    }
 }
 
 /// `s_blocks_count`: the high word only with `64bit` (without it the field

@@ -301,6 +301,8 @@ fn geometry(l: &Layout) -> Geometry {
         sb_block: u64::from(l.block_size == 1024),
         reserved_gdt_blocks: l.reserved_gdt_blocks,
         cluster_ratio: 1,
+        first_meta_bg: l.meta_bg.then_some(l.first_meta_bg),
+        desc_locs: (0..l.desc_blocks).map(|i| l.desc_block(i)).collect(),
     }
 }
 

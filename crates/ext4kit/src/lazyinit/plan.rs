@@ -139,6 +139,8 @@ mod tests {
             sb_block: 0,
             reserved_gdt_blocks: 0,
             cluster_ratio: 1,
+            first_meta_bg: None,
+            desc_locs: vec![1],
         }
     }
 

@@ -326,9 +326,15 @@ fn check_backups(image: &Image<'_>, rd: &Reader<'_, '_>) -> Result<(), CheckErro
         }
     }
     // The backup descriptor table: the same bitmap and table locations.
+    // (With meta_bg, each meta group's block is compared with its copy in
+    // the meta group's second group, where e2fsprogs reads backups from.)
     let ds = geom.desc_size as usize;
     for index in 0..geom.desc_blocks {
-        let blk = rd.block(at + 1 + u64::from(index))?;
+        let Some(loc) = crate::image::backup_descriptor_location(sb, geom, at, index) else {
+            continue;
+        };
+        let bg = group_of(geom, loc);
+        let blk = rd.block(loc)?;
         for g in geom.groups_in_desc_block(index) {
             let off = (g - index * geom.descs_per_block) as usize * ds;
             let Some(d) = ext4kit_format::group_desc::GroupDesc::parse(&blk[off..off + ds]) else {
@@ -362,25 +368,38 @@ fn layout(image: &Image<'_>) -> Result<Vec<Extent>, Conflict> {
     for g in 0..geom.group_count {
         let gs = group_start(geom, g);
         let ge = group_end(geom, g);
-        if group_has_super(sb, g) {
+        let sup = group_has_super(sb, g);
+        let mut push = |start: u64, len: u64, kind| {
+            if len > 0 {
+                v.push(Extent {
+                    start,
+                    end: start + len,
+                    group: g,
+                    kind,
+                });
+            }
+        };
+        // e2fsprogs' ext2fs_super_and_bgd_loc2: the contiguous table (and
+        // the reserved blocks) after each superblock copy, except in the
+        // meta groups of meta_bg, where the first, second and last group
+        // of each hold one descriptor block (after the superblock, if any).
+        let dpb = geom.descs_per_block;
+        let in_meta = geom.first_meta_bg.is_some_and(|f| g / dpb >= f);
+        if sup {
             let s = if g == 0 { geom.sb_block } else { gs };
-            let mut push = |start: u64, len: u64, kind| {
-                if len > 0 {
-                    v.push(Extent {
-                        start,
-                        end: start + len,
-                        group: g,
-                        kind,
-                    });
-                }
-            };
             push(s, 1, Kind::Super);
-            push(s + 1, u64::from(geom.desc_blocks), Kind::Gdt);
-            push(
-                s + 1 + u64::from(geom.desc_blocks),
-                u64::from(geom.reserved_gdt_blocks),
-                Kind::ReservedGdt,
-            );
+            if !in_meta {
+                let tb = u64::from(geom.table_blocks());
+                push(s + 1, tb, Kind::Gdt);
+                push(
+                    s + 1 + tb,
+                    u64::from(geom.reserved_gdt_blocks),
+                    Kind::ReservedGdt,
+                );
+            }
+        }
+        if in_meta && [0, 1, dpb - 1].contains(&(g % dpb)) {
+            push(gs + u64::from(sup), 1, Kind::Gdt);
         }
         let d = image.desc(g);
         for (start, len, kind) in [
