@@ -97,10 +97,27 @@ fn absolute(p: &Path, what: &str) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("{what} {}", p.display()))
 }
 
+/// A FUSE mount whose server died (kill -9, a crash) stays in the mount
+/// table and answers every stat with ENOTCONN: say so, and how to clear
+/// it, instead of "Not a directory".
+fn stale_mount_check(mp: &Path) -> anyhow::Result<()> {
+    match std::fs::metadata(mp) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            let d = mp.display();
+            bail!(
+                "mount point {d}: a stale FUSE mount (its server is gone: {e}); \
+                 clear it with `fusermount3 -u {d}` or `umount -l {d}`, then mount again"
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Run `ext4kit mount`.
 pub fn run(args: &MountArgs) -> anyhow::Result<i32> {
     let opts =
         MountOptions::parse(args.options.iter().map(String::as_str)).map_err(|e| anyhow!("{e}"))?;
+    stale_mount_check(&args.mountpoint)?;
     let mountpoint = absolute(&args.mountpoint, "mount point")?;
     if !mountpoint.is_dir() {
         bail!("mount point {}: Not a directory", args.mountpoint.display());

@@ -3,7 +3,8 @@
 //! the same image where the test can loop-mount (else against the values
 //! the kernel gives, written down here): times past the inode's range
 //! clamp instead of wrapping; statfs's counts (f_bavail holds back the
-//! reserved-clusters pool) and the UUID's fsid.
+//! reserved-clusters pool) and the UUID's fsid; a stale mount point is
+//! named as one.
 //!
 //! Every mount is made on a temporary directory and unmounted by a guard
 //! (also on failure); the tests need root and /dev/fuse and say `SKIP`
@@ -282,4 +283,41 @@ fn statfs_matches_kernel_ext4() {
         e2fsck_clean(&img).unwrap();
         e2fsck_clean(&copy).unwrap();
     }
+}
+
+/// A mount over a stale FUSE mount point (its server killed: every stat
+/// gives ENOTCONN) is refused with one line that says so and how to
+/// clear it (it said "Not a directory").
+#[test]
+fn a_stale_mountpoint_is_named_with_the_way_to_clear_it() {
+    let what = "a_stale_mountpoint_is_named_with_the_way_to_clear_it";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "32M");
+    let mut m = FuseMount::new(&img, &[]).unwrap();
+    if let Some(mut c) = m.child.take() {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    let e = fs::metadata(m.path()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+    for fg in [true, false] {
+        let mut c = ext4kit();
+        c.arg("mount");
+        if fg {
+            c.arg("-f");
+        }
+        let out = run(c.arg(&img).arg(m.path())).unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        for want in ["stale FUSE mount", "fusermount3 -u", "umount -l"] {
+            assert!(err.contains(want), "{want}: {err}");
+        }
+        assert!(err.contains(&*m.path().to_string_lossy()), "{err}");
+    }
+    // The guard clears the stale mount (umount, then umount -l).
+    drop(m);
 }
