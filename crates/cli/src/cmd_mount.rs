@@ -57,7 +57,18 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   ext4's sync); by default (async) small writes are answered from a \
                   write-behind buffer and reach the filesystem merged, within a second or \
                   at the next request that needs them (fsync keeps its promise)\n  \
-                  noatime, nosuid, nodev, noexec, defaults\n                          \
+                  relatime, strictatime, noatime, atime\n                          \
+                  atime updates as the kernel's ext4 makes them, each written in the \
+                  journal: relatime (default) updates the atime of a file read or a \
+                  directory listed when it is not newer than the mtime or ctime, or is a \
+                  day old; strictatime at every access; noatime never; atime undoes \
+                  noatime. A read the kernel serves from its page cache reaches no server: \
+                  the first read of an open counts, later cached ones of the same open \
+                  do not\n  \
+                  nodiratime, diratime    no atime updates of directories (or again)\n  \
+                  lazytime, nolazytime    keep atime updates in memory until the file's \
+                  fsync, 12 hours or the unmount (default nolazytime)\n  \
+                  nosuid, nodev, noexec, defaults\n                          \
                   passed to the kernel mount\n\n\
                   A mounted or busy device is refused; an unknown option is refused with \
                   one line before anything is opened.";

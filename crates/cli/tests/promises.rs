@@ -4,7 +4,8 @@
 //! the kernel gives, written down here): times past the inode's range
 //! clamp instead of wrapping; statfs's counts (f_bavail holds back the
 //! reserved-clusters pool) and the UUID's fsid; a stale mount point is
-//! named as one.
+//! named as one; atime updates (relatime, strictatime, noatime,
+//! nodiratime, lazytime).
 //!
 //! Every mount is made on a temporary directory and unmounted by a guard
 //! (also on failure); the tests need root and /dev/fuse and say `SKIP`
@@ -320,4 +321,138 @@ fn a_stale_mountpoint_is_named_with_the_way_to_clear_it() {
     }
     // The guard clears the stale mount (umount, then umount -l).
     drop(m);
+}
+
+/// (seconds, nanoseconds) of `p`'s atime.
+fn atime_of(p: &Path) -> (i64, i64) {
+    am_times(p).0
+}
+
+/// `touch -a -d @SECS P`.
+fn set_atime(p: &Path, secs: i64) {
+    run_ok(
+        tool("touch")
+            .arg("-a")
+            .arg("-d")
+            .arg(format!("@{secs}"))
+            .arg(p),
+    )
+    .unwrap();
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Reads and listings on the filesystem at `root`, each step with
+/// whether it changed the atime of what it read.
+fn atime_script(root: &Path) -> Vec<(&'static str, bool)> {
+    let mut out = Vec::new();
+    let f = root.join("f");
+    let mut step = |what: &'static str, p: &Path, act: &dyn Fn()| {
+        let before = atime_of(p);
+        // The clock moves on between the steps (ns timestamps).
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        act();
+        out.push((what, atime_of(p) != before));
+    };
+    fs::write(&f, pattern(5000, 1)).unwrap();
+    let read = || {
+        fs::read(&f).unwrap();
+    };
+    step("read a new file", &f, &read);
+    step("read it again", &f, &read);
+    step("stat only", &f, &|| {
+        fs::metadata(&f).unwrap();
+    });
+    set_atime(&f, now_secs() + 3600);
+    step("read, atime in the future", &f, &read);
+    set_atime(&f, now_secs() - 2 * 86_400);
+    step("read, atime two days old", &f, &read);
+    step("read once more", &f, &read);
+    {
+        use std::io::Write;
+        let mut a = fs::OpenOptions::new().append(true).open(&f).unwrap();
+        a.write_all(b"more").unwrap();
+    }
+    step("read after an append", &f, &read);
+    let d = root.join("d");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("x"), b"x").unwrap();
+    let list = || {
+        fs::read_dir(&d).unwrap().for_each(drop);
+    };
+    step("list a changed directory", &d, &list);
+    step("list it again", &d, &list);
+    if have("chattr") {
+        let g = root.join("g");
+        fs::write(&g, pattern(5000, 2)).unwrap();
+        run_ok(tool("chattr").arg("+A").arg(&g)).unwrap();
+        step("read a chattr +A file", &g, &|| {
+            fs::read(&g).unwrap();
+        });
+    }
+    out
+}
+
+/// atime updates as the kernel's ext4 makes them, for relatime (the
+/// default), strictatime, noatime, nodiratime and lazytime: the same
+/// script of reads and listings changes the atime at the same steps on
+/// the mount and on a kernel mount of the same image (the mount never
+/// updated an atime before); the atimes are stored (lazytime ones too,
+/// at unmount) and e2fsck is clean.
+#[test]
+fn atime_as_kernel_ext4() {
+    let what = "atime_as_kernel_ext4";
+    if let Err(e) = fuse_available().and_then(|()| kernel_mount_available()) {
+        return skip(what, &e);
+    }
+    if !have("touch") {
+        return skip(what, "touch not found");
+    }
+    let dir = image_dir();
+    let mut diffs = Vec::new();
+    for opts in [
+        "",
+        "strictatime",
+        "noatime",
+        "nodiratime",
+        "lazytime",
+        "strictatime,lazytime",
+    ] {
+        let img = mkfs(dir.path(), "32M");
+        let copy = dir.path().join("kernel.img");
+        sparse_copy(&img, &copy);
+        let lo = LoopDev::attach(&copy).unwrap();
+        let km = Mount::new(lo.path(), "ext4", (!opts.is_empty()).then_some(opts)).unwrap();
+        let kernel = atime_script(km.path());
+        eprintln!("kernel ext4, -o {opts:?}: {kernel:?}");
+        km.unmount().unwrap();
+        drop(lo);
+        let o: Vec<&str> = if opts.is_empty() { vec![] } else { vec![opts] };
+        let m = FuseMount::new(&img, &o).unwrap();
+        let ours = atime_script(m.path());
+        let shown = atime_of(&m.path().join("f"));
+        m.unmount().unwrap();
+        for ((w, k), (_, o)) in kernel.iter().zip(&ours) {
+            if k != o {
+                diffs.push(format!(
+                    "-o {opts:?}: {w}: kernel changed={k}, ext4kit changed={o}"
+                ));
+            }
+        }
+        assert_eq!(kernel.len(), ours.len());
+        e2fsck_clean(&img).unwrap();
+        let m = FuseMount::new(&img, &["ro"]).unwrap();
+        assert_eq!(
+            atime_of(&m.path().join("f")),
+            shown,
+            "-o {opts:?}: stored atime"
+        );
+        m.unmount().unwrap();
+    }
+    assert!(diffs.is_empty(), "{}", diffs.join("\n"));
 }

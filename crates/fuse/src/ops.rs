@@ -122,7 +122,14 @@ pub(crate) fn retry<T>(
 
 impl FuseFs {
     fn attr(&self, i: &InodeInfo) -> FileAttr {
-        file_attr(i, self.s.block_size)
+        let mut a = file_attr(i, self.s.block_size);
+        // A lazytime atime not written yet is the inode's atime.
+        if self.s.opts.lazytime
+            && let Some(t) = self.s.atimes.get(i.ino, i.generation)
+        {
+            a.atime = crate::attr::system_time(t);
+        }
+        a
     }
 
     fn entry(&self, i: &InodeInfo, reply: ReplyEntry) {
@@ -785,6 +792,8 @@ impl FuseFs {
         let Backend::Rw(fs) = &self.s.backend else {
             return Ok(());
         };
+        // A lazytime atime is written by the fsync (the kernel's too).
+        self.write_pending_atime(ino);
         // Buffered writes first; a flush that failed since the last
         // fsync is this one's error (as a writeback error is).
         let flushed = self.s.flush_ino(ino);
@@ -1085,6 +1094,12 @@ fn reply_empty(r: R<()>, reply: ReplyEmpty) {
 }
 
 impl fuser::Filesystem for FuseFs {
+    /// At the end of the session (before the engine is closed): the
+    /// lazytime atimes still in memory are written.
+    fn destroy(&mut self) {
+        self.write_pending_atimes();
+    }
+
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let got = crate::mount::negotiate(&self.s, config);
         self.writeback = got.writeback;
@@ -1144,6 +1159,12 @@ impl fuser::Filesystem for FuseFs {
         let kill = self.killpriv
             && mode.is_none()
             && (uid.is_some() || gid.is_some() || (size.is_some() && req.uid() != 0));
+        // An explicit atime replaces a lazytime one not written yet.
+        if atime.is_some()
+            && let Ok(i) = ext4_ino(ino)
+        {
+            self.s.atimes.discard(i);
+        }
         let a = SetArgs {
             kill,
             mode,
@@ -1169,7 +1190,12 @@ impl fuser::Filesystem for FuseFs {
                 .map_err(|e| errno(&e))
         });
         match r {
-            Ok(t) => reply.data(&t),
+            Ok(t) => {
+                if let Ok(i) = ext4_ino(ino) {
+                    self.accessed(i);
+                }
+                reply.data(&t)
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -1298,7 +1324,13 @@ impl fuser::Filesystem for FuseFs {
             Ok(self.s.state().add_handle(Handle::File { ino, append }))
         })();
         match r {
-            Ok(fh) => reply.opened(FileHandle(fh), self.open_flags()),
+            Ok(fh) => {
+                let f = match ext4_ino(ino) {
+                    Ok(i) => self.atime_open_flags(i, flags.0, self.open_flags()),
+                    Err(_) => self.open_flags(),
+                };
+                reply.opened(FileHandle(fh), f)
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -1314,7 +1346,14 @@ impl fuser::Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match ext4_ino(ino).and_then(|i| self.read_data(i, offset, size)) {
+        // The atime is updated before the reply, as the kernel's read
+        // does it: a stat after the read sees it.
+        let r = ext4_ino(ino).and_then(|i| {
+            let d = self.read_data(i, offset, size)?;
+            self.accessed(i);
+            Ok(d)
+        });
+        match r {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(e),
         }
@@ -1418,6 +1457,9 @@ impl fuser::Filesystem for FuseFs {
                 break;
             }
         }
+        if let Ok(d) = ext4_ino(ino) {
+            self.accessed(d);
+        }
         reply.ok();
     }
 
@@ -1497,6 +1539,7 @@ impl fuser::Filesystem for FuseFs {
                 st.looked_up(i);
             }
         }
+        self.accessed(dir);
         reply.ok();
     }
 
