@@ -68,8 +68,12 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   nodiratime, diratime    no atime updates of directories (or again)\n  \
                   lazytime, nolazytime    keep atime updates in memory until the file's \
                   fsync, 12 hours or the unmount (default nolazytime)\n  \
-                  nosuid, nodev, noexec, defaults\n                          \
-                  passed to the kernel mount\n\n\
+                  suid, nosuid, dev, nodev, exec, noexec\n                          \
+                  the kernel mount's flags, as mount(8); the default is nosuid,nodev,exec \
+                  (set-user-ID bits and device nodes of the image are not honoured); suid \
+                  and dev need root\n  \
+                  defaults                ext4kit's defaults (rw, relatime, nosuid, nodev, \
+                  exec, async)\n\n\
                   A mounted or busy device is refused; an unknown option is refused with \
                   one line before anything is opened.";
 
@@ -128,6 +132,11 @@ fn stale_mount_check(mp: &Path) -> anyhow::Result<()> {
 pub fn run(args: &MountArgs) -> anyhow::Result<i32> {
     let opts =
         MountOptions::parse(args.options.iter().map(String::as_str)).map_err(|e| anyhow!("{e}"))?;
+    // As mount(8): only root may mount with suid or dev (fusermount3
+    // makes every user mount nosuid,nodev).
+    if (!opts.nosuid || !opts.nodev) && !nix::unistd::geteuid().is_root() {
+        bail!("mount options suid and dev need root (a user's FUSE mount is always nosuid,nodev)");
+    }
     stale_mount_check(&args.mountpoint)?;
     let mountpoint = absolute(&args.mountpoint, "mount point")?;
     if !mountpoint.is_dir() {

@@ -5,7 +5,7 @@
 //! clamp instead of wrapping; statfs's counts (f_bavail holds back the
 //! reserved-clusters pool) and the UUID's fsid; a stale mount point is
 //! named as one; atime updates (relatime, strictatime, noatime,
-//! nodiratime, lazytime).
+//! nodiratime, lazytime); suid/dev/exec as mount(8), as root.
 //!
 //! Every mount is made on a temporary directory and unmounted by a guard
 //! (also on failure); the tests need root and /dev/fuse and say `SKIP`
@@ -455,4 +455,110 @@ fn atime_as_kernel_ext4() {
         m.unmount().unwrap();
     }
     assert!(diffs.is_empty(), "{}", diffs.join("\n"));
+}
+
+/// The per-mount flags of the mount on `dir` that `want` names, from
+/// /proc/self/mountinfo (field 6).
+fn mount_flags(dir: &Path) -> Vec<String> {
+    let want = dir.to_string_lossy().into_owned();
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(want.as_str()))
+        .unwrap_or_default()
+        .to_string();
+    let opts = line.split(' ').nth(5).unwrap_or_default();
+    ["nosuid", "nodev", "noexec"]
+        .iter()
+        .filter(|f| opts.split(',').any(|o| o == **f))
+        .map(|f| f.to_string())
+        .collect()
+}
+
+/// What a root user can do on the filesystem at `root`: write to a
+/// device node (`/dev/null`'s numbers) made there, run a script.
+fn dev_exec_script(root: &Path) -> (String, String) {
+    let null = root.join("null");
+    let _ = fs::remove_file(&null);
+    run_ok(tool("mknod").arg(&null).args(["c", "1", "3"])).unwrap();
+    let dev = match fs::OpenOptions::new().write(true).open(&null) {
+        Ok(_) => "ok".to_string(),
+        Err(e) => format!("{:?}", e.raw_os_error()),
+    };
+    let script = root.join("s.sh");
+    fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    let mut perm = fs::metadata(&script).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    fs::set_permissions(&script, perm).unwrap();
+    let exec = match std::process::Command::new(&script).status() {
+        Ok(st) if st.success() => "ok".to_string(),
+        Ok(st) => st.to_string(),
+        Err(e) => format!("{:?}", e.raw_os_error()),
+    };
+    (dev, exec)
+}
+
+/// `-o suid,dev,exec,noexec` as mount(8) does them, as root; the default
+/// stays nosuid,nodev (they were always nosuid,nodev: device nodes of a
+/// root filesystem image could not be used). With `dev` a device node in
+/// the image works as on a kernel mount; without, EACCES. A user other
+/// than root is refused `suid`/`dev` with one line.
+#[test]
+fn suid_dev_exec_as_mount8() {
+    let what = "suid_dev_exec_as_mount8";
+    if let Err(e) = fuse_available().and_then(|()| kernel_mount_available()) {
+        return skip(what, &e);
+    }
+    if !have("mknod") {
+        return skip(what, "mknod not found");
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "32M");
+    // The kernel's ext4 (mount's defaults: suid, dev, exec).
+    let copy = dir.path().join("kernel.img");
+    sparse_copy(&img, &copy);
+    let lo = LoopDev::attach(&copy).unwrap();
+    let km = Mount::new(lo.path(), "ext4", Some("dev,exec")).unwrap();
+    let kernel = dev_exec_script(km.path());
+    km.unmount().unwrap();
+    drop(lo);
+    assert_eq!(kernel, ("ok".to_string(), "ok".to_string()));
+    let eacces = format!("{:?}", Some(libc::EACCES));
+    for (opts, flags, want) in [
+        ("", "nosuid,nodev", (eacces.as_str(), "ok")),
+        ("suid,dev", "", ("ok", "ok")),
+        ("dev,noexec", "nosuid,noexec", ("ok", eacces.as_str())),
+        ("suid,dev,nosuid,noexec,exec", "nosuid", ("ok", "ok")),
+        ("defaults", "nosuid,nodev", (eacces.as_str(), "ok")),
+    ] {
+        let o: Vec<&str> = if opts.is_empty() { vec![] } else { vec![opts] };
+        let m = FuseMount::new(&img, &o).unwrap();
+        let got_flags = mount_flags(m.path()).join(",");
+        let got = dev_exec_script(m.path());
+        m.unmount().unwrap();
+        assert_eq!(got_flags, flags, "-o {opts:?}: mount flags");
+        assert_eq!(
+            (got.0.as_str(), got.1.as_str()),
+            want,
+            "-o {opts:?}: (device, exec)"
+        );
+    }
+    e2fsck_clean(&img).unwrap();
+    // Not root: suid/dev refused before anything is opened.
+    if have("setpriv") {
+        let mp = tempfile::tempdir().unwrap();
+        for opts in ["suid", "dev"] {
+            let out = run(tool("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(ext4kit_path())
+                .args(["mount", "-f", "-o", opts])
+                .arg(&img)
+                .arg(mp.path()))
+            .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{opts}: {err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+            assert!(err.contains("need root"), "{opts}: {err}");
+        }
+    }
 }

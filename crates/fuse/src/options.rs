@@ -81,7 +81,10 @@ pub struct MountOptions {
     /// `lazytime` / `nolazytime`: atime updates kept in memory until the
     /// inode's fsync, 12 hours, or the unmount ([`crate::atime`]).
     pub lazytime: bool,
-    /// VFS flags passed through to the kernel mount.
+    /// `nosuid` / `suid`, `nodev` / `dev`, `noexec` / `exec`: VFS flags of
+    /// the kernel mount. ext4kit's default is `nosuid,nodev` (what a FUSE
+    /// mount gets unless asked otherwise); `suid` and `dev` need root (a
+    /// mount through fusermount3 is always nosuid,nodev).
     pub nosuid: bool,
     pub nodev: bool,
     pub noexec: bool,
@@ -106,8 +109,8 @@ impl Default for MountOptions {
             strictatime: false,
             nodiratime: false,
             lazytime: false,
-            nosuid: false,
-            nodev: false,
+            nosuid: true,
+            nodev: true,
             noexec: false,
         }
     }
@@ -253,11 +256,14 @@ impl MountOptions {
             "nowriteback_cache" => flag(&mut self.writeback_cache, false),
             "sync" => flag(&mut self.sync, true),
             "async" => flag(&mut self.sync, false),
-            // Defaults of every mount, accepted as no-ops.
-            "defaults" | "suid" | "dev" | "exec" => {
+            // ext4kit's defaults (rw, nosuid, nodev, exec, async): a no-op.
+            "defaults" => {
                 let mut ignored = false;
                 flag(&mut ignored, false)
             }
+            "suid" => flag(&mut self.nosuid, false),
+            "dev" => flag(&mut self.nodev, false),
+            "exec" => flag(&mut self.noexec, false),
             // The atime modes, as mount(8): `atime` undoes `noatime`.
             "relatime" => {
                 flag(&mut self.noatime, false)?;
@@ -351,6 +357,14 @@ mod tests {
         assert!(!o.noatime && !o.strictatime);
         let o = p("strictatime,relatime,nodiratime,diratime,lazytime,nolazytime").unwrap();
         assert_eq!(o, MountOptions::default());
+        // suid/dev/exec as mount(8), nosuid,nodev by default.
+        let o = p("").unwrap();
+        assert!(o.nosuid && o.nodev && !o.noexec);
+        let o = p("suid,dev,noexec").unwrap();
+        assert!(!o.nosuid && !o.nodev && o.noexec);
+        let o = p("suid,dev,noexec,nosuid,exec,defaults").unwrap();
+        assert!(o.nosuid && !o.nodev && !o.noexec);
+        assert!(p("dev=1").is_err());
         // nodiratime is no longer noatime.
         assert!(!p("nodiratime").unwrap().noatime);
         assert!(p("relatime=1").is_err());
