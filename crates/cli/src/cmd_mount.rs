@@ -64,7 +64,7 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   day old; strictatime at every access; noatime never; atime undoes \
                   noatime. A read the kernel serves from its page cache reaches no server: \
                   the first read of an open counts, later cached ones of the same open \
-                  do not\n  \
+                  do not (with writeback_cache no cached read counts)\n  \
                   nodiratime, diratime    no atime updates of directories (or again)\n  \
                   lazytime, nolazytime    keep atime updates in memory until the file's \
                   fsync, 12 hours or the unmount (default nolazytime)\n  \

@@ -22,8 +22,10 @@
 //! the first read of that open reaches the mount and updates the atime.
 //! What stays weaker than ext4: later reads through the same open file
 //! that hit the cache (strictatime), a read of an empty file or at its
-//! end (the kernel sends no READ), and symlinks (the kernel caches their
-//! targets: one READLINK).
+//! end (the kernel sends no READ), symlinks (the kernel caches their
+//! targets: one READLINK), and with `-o writeback_cache` any read of
+//! cached pages (the kernel keeps them at open there: seen on 6.18),
+//! while the READ that fills a page for a partial write counts.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -218,7 +220,11 @@ impl FuseFs {
     /// are dropped (no `FOPEN_KEEP_CACHE`) when the open may read and an
     /// atime update is due, so that the first read reaches the mount.
     pub(crate) fn atime_open_flags(&self, ino: u32, flags: i32, f: FopenFlags) -> FopenFlags {
-        if flags & libc::O_ACCMODE == libc::O_WRONLY || !f.contains(FopenFlags::FOPEN_KEEP_CACHE) {
+        if flags & libc::O_ACCMODE == libc::O_WRONLY
+            || !f.contains(FopenFlags::FOPEN_KEEP_CACHE)
+            || self.atime_mode() == AtimeMode::Never
+            || !matches!(self.s.backend, Backend::Rw(_))
+        {
             return f;
         }
         // Buffered writes first: their mtime decides relatime.
