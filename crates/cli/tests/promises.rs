@@ -223,7 +223,8 @@ fn fill(root: &Path) {
 /// statfs on the mount says what the kernel's ext4 says on the same
 /// image: f_bavail holds back the reserved-clusters pool too (it was
 /// 327 blocks high on 64 MiB and 4096 blocks, 16 MiB, on 1 GiB and
-/// more), fresh and after writing; the kernel's f_fsid is the one
+/// more), fresh and after writing, also for an image without
+/// `s_overhead_clusters` (older mke2fs); the kernel's f_fsid is the one
 /// `ext4kit_fs::statfs::fsid` derives from the UUID (FUSE itself has no
 /// field for it: the kernel's FUSE reports 0).
 #[test]
@@ -239,7 +240,7 @@ fn statfs_matches_kernel_ext4() {
     let [lo32, hi32] = ext4kit_fs::statfs::fsid(uuid.as_bytes());
     let want_fsid = format!("{:x}", (u64::from(lo32) << 32) | u64::from(hi32));
     let dir = image_dir();
-    for size in ["64M", "1G"] {
+    for (size, no_overhead) in [("64M", false), ("1G", false), ("40M", true)] {
         let img = dir.path().join(format!("s{size}.img"));
         run_ok(&mut ext4kit_mkfs([
             "-q",
@@ -254,6 +255,20 @@ fn statfs_matches_kernel_ext4() {
             size,
         ]))
         .unwrap();
+        // As older mke2fs left it: no s_overhead_clusters (the kernel
+        // then computes the overhead; f_blocks was the whole size).
+        if no_overhead {
+            if !have("debugfs") {
+                continue;
+            }
+            run_ok(
+                tool("debugfs")
+                    .args(["-w", "-R", "ssv overhead_clusters 0"])
+                    .arg(&img),
+            )
+            .unwrap();
+            assert!(!dumpe2fs_h(&img).contains("Overhead clusters"));
+        }
         let copy = dir.path().join(format!("k{size}.img"));
         sparse_copy(&img, &copy);
         let lo = LoopDev::attach(&copy).unwrap();

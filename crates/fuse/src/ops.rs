@@ -679,6 +679,12 @@ impl FuseFs {
             .s
             .backend
             .read(|f| u64::from(f.info.sb.s_overhead_clusters.get()));
+        // None recorded (images from older mke2fs): as the kernel computes it.
+        let overhead = if overhead != 0 {
+            overhead
+        } else {
+            self.computed_overhead()
+        };
         let total = blocks.saturating_sub(overhead);
         let bfree = bfree.min(total);
         // As ext4_statfs: the reserved-clusters pool is held back too.
@@ -698,6 +704,30 @@ impl FuseFs {
         });
         let bavail = ext4kit_fs::statfs::bavail(bfree, reserved, resv);
         Ok([total, bfree, bavail, files, ffree])
+    }
+
+    /// `ext4_calculate_overhead` for a superblock without
+    /// `s_overhead_clusters` (0 with bigalloc: not computed).
+    fn computed_overhead(&self) -> u64 {
+        use ext4kit_format::features::{Compat, RoCompat};
+        self.s.backend.read(|f| {
+            let sb = &f.info.sb;
+            if f.info.features.ro_compat.contains(RoCompat::BIGALLOC) {
+                return 0;
+            }
+            let Ok(l) = ext4kit_fs::groups::Layout::from_superblock(sb) else {
+                return 0;
+            };
+            let inum = sb.s_journal_inum.get();
+            let journal = if f.info.features.compat.contains(Compat::HAS_JOURNAL) && inum != 0 {
+                f.inode(inum)
+                    .map(|i| i.size / u64::from(f.info.block_size))
+                    .unwrap_or(0)
+            } else {
+                0
+            };
+            ext4kit_fs::statfs::overhead_blocks(&l, journal)
+        })
     }
 
     fn do_lseek(&self, ino: u32, offset: i64, whence: i32) -> R<i64> {
