@@ -61,8 +61,23 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   ext4's sync); by default (async) small writes are answered from a \
                   write-behind buffer and reach the filesystem merged, within a second or \
                   at the next request that needs them (fsync keeps its promise)\n  \
-                  noatime, nosuid, nodev, noexec, defaults\n                          \
-                  passed to the kernel mount\n\n\
+                  relatime, strictatime, noatime, atime\n                          \
+                  atime updates as the kernel's ext4 makes them, each written in the \
+                  journal: relatime (default) updates the atime of a file read or a \
+                  directory listed when it is not newer than the mtime or ctime, or is a \
+                  day old; strictatime at every access; noatime never; atime undoes \
+                  noatime. A read the kernel serves from its page cache reaches no server: \
+                  the first read of an open counts, later cached ones of the same open \
+                  do not (with writeback_cache no cached read counts)\n  \
+                  nodiratime, diratime    no atime updates of directories (or again)\n  \
+                  lazytime, nolazytime    keep atime updates in memory until the file's \
+                  fsync, 12 hours or the unmount (default nolazytime)\n  \
+                  suid, nosuid, dev, nodev, exec, noexec\n                          \
+                  the kernel mount's flags, as mount(8); the default is nosuid,nodev,exec \
+                  (set-user-ID bits and device nodes of the image are not honoured); suid \
+                  and dev need root\n  \
+                  defaults                ext4kit's defaults (rw, relatime, nosuid, nodev, \
+                  exec, async)\n\n\
                   A mounted or busy device is refused; an unknown option is refused with \
                   one line before anything is opened.";
 
@@ -101,10 +116,32 @@ fn absolute(p: &Path, what: &str) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("{what} {}", p.display()))
 }
 
+/// A FUSE mount whose server died (kill -9, a crash) stays in the mount
+/// table and answers every stat with ENOTCONN: say so, and how to clear
+/// it, instead of "Not a directory".
+fn stale_mount_check(mp: &Path) -> anyhow::Result<()> {
+    match std::fs::metadata(mp) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            let d = mp.display();
+            bail!(
+                "mount point {d}: a stale FUSE mount (its server is gone: {e}); \
+                 clear it with `fusermount3 -u {d}` or `umount -l {d}`, then mount again"
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Run `ext4kit mount`.
 pub fn run(args: &MountArgs) -> anyhow::Result<i32> {
     let opts =
         MountOptions::parse(args.options.iter().map(String::as_str)).map_err(|e| anyhow!("{e}"))?;
+    // As mount(8): only root may mount with suid or dev (fusermount3
+    // makes every user mount nosuid,nodev).
+    if (!opts.nosuid || !opts.nodev) && !nix::unistd::geteuid().is_root() {
+        bail!("mount options suid and dev need root (a user's FUSE mount is always nosuid,nodev)");
+    }
+    stale_mount_check(&args.mountpoint)?;
     let mountpoint = absolute(&args.mountpoint, "mount point")?;
     if !mountpoint.is_dir() {
         bail!("mount point {}: Not a directory", args.mountpoint.display());

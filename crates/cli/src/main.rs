@@ -1,4 +1,5 @@
-//! The `ext4kit` command: mkfs, lazyinit and info for ext4 images and
+//! The `ext4kit` command: mkfs, lazy init, image tools (info, journal,
+//! ls, cat, stat, cp, mkdir, rm, ...) and a FUSE mount for ext4 images and
 //! block devices.
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -34,10 +35,14 @@ mod walk;
     name = "ext4kit",
     // The package version and the git commit (build.rs).
     version = env!("EXT4KIT_VERSION"),
-    about = "ext4 formatting and deferred initialization, in userspace",
-    long_about = "ext4kit makes ext4 filesystems byte-for-byte like mke2fs 1.47, skips \
-                  writing zeros where the storage already reads zero, and finishes \
-                  lazily-initialized inode tables offline."
+    about = "ext4 in userspace: mkfs, lazy init, image tools and a journaled FUSE mount",
+    long_about = "ext4 in userspace: mkfs, lazy init, image tools and a journaled FUSE mount.\n\n\
+                  ext4kit makes ext4 filesystems byte-for-byte like mke2fs 1.47 (skipping \
+                  zeros where the storage already reads zero), finishes lazily-initialized \
+                  inode tables offline, reads and changes unmounted images (ls, cat, stat, \
+                  cp, mkdir, rm, mv, ln, chmod, chown, truncate, fallocate, fstrim, info, \
+                  journal), and mounts them read-write through FUSE with the kernel's \
+                  journaling (mount, status)."
 )]
 struct Cli {
     #[command(subcommand)]

@@ -1,7 +1,8 @@
 //! What an installed ext4kit ships: man pages and shell completions
 //! generated from the clap definition (`ext4kit generate`), `--version`
-//! with the git commit (and a clean fallback outside a git checkout), and
-//! license files matching the declared license.
+//! with the git commit (and a clean fallback outside a git checkout),
+//! license files matching the declared license, `--help`'s first line,
+//! and the release binary's size.
 
 mod common;
 
@@ -280,4 +281,48 @@ fn missing_command_lists_every_command() {
         );
     }
     assert!(!err.contains("generate"), "{err}");
+}
+
+/// `ext4kit --help` (and `-h`) opens with a line describing the whole
+/// tool, not only mkfs and lazy init.
+#[test]
+fn help_first_line_describes_the_whole_tool() {
+    for flag in ["--help", "-h"] {
+        let out = run_ok(ext4kit().arg(flag)).unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let first = text.lines().next().unwrap_or_default();
+        for w in ["mkfs", "lazy init", "image tools", "FUSE mount"] {
+            assert!(first.contains(w), "{flag}: first line lacks {w:?}: {first}");
+        }
+    }
+}
+
+/// Largest release binary accepted: without debug info it is 6.9 MB
+/// (it was 42 MB with `debug = 1`).
+const RELEASE_MAX_BYTES: u64 = 12 << 20;
+
+/// The release binary (`scripts/test.sh` builds it before the tests)
+/// carries no debug info, so it stays under [`RELEASE_MAX_BYTES`].
+/// Skipped when there is no release build.
+#[test]
+fn release_binary_stays_small() {
+    let what = "release_binary_stays_small";
+    // target/<profile>/ext4kit of these tests -> target/release/ext4kit.
+    let Some(target) = Path::new(ext4kit_path()).parent().and_then(Path::parent) else {
+        return skip(what, "no target directory");
+    };
+    let bin = target.join("release/ext4kit");
+    let Ok(md) = std::fs::metadata(&bin) else {
+        return skip(
+            what,
+            "no release build (cargo build --release -p ext4kit-cli)",
+        );
+    };
+    assert!(
+        md.len() <= RELEASE_MAX_BYTES,
+        "{}: {} bytes, more than {RELEASE_MAX_BYTES} (debug info in the release profile? \
+         an old build? cargo build --release -p ext4kit-cli)",
+        bin.display(),
+        md.len()
+    );
 }

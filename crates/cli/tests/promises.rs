@@ -3,7 +3,9 @@
 //! the same image where the test can loop-mount (else against the values
 //! the kernel gives, written down here): times past the inode's range
 //! clamp instead of wrapping; statfs's counts (f_bavail holds back the
-//! reserved-clusters pool) and the UUID's fsid.
+//! reserved-clusters pool) and the UUID's fsid; a stale mount point is
+//! named as one; atime updates (relatime, strictatime, noatime,
+//! nodiratime, lazytime); suid/dev/exec as mount(8), as root.
 //!
 //! Every mount is made on a temporary directory and unmounted by a guard
 //! (also on failure); the tests need root and /dev/fuse and say `SKIP`
@@ -221,7 +223,8 @@ fn fill(root: &Path) {
 /// statfs on the mount says what the kernel's ext4 says on the same
 /// image: f_bavail holds back the reserved-clusters pool too (it was
 /// 327 blocks high on 64 MiB and 4096 blocks, 16 MiB, on 1 GiB and
-/// more), fresh and after writing; the kernel's f_fsid is the one
+/// more), fresh and after writing, also for an image without
+/// `s_overhead_clusters` (older mke2fs); the kernel's f_fsid is the one
 /// `ext4kit_fs::statfs::fsid` derives from the UUID (FUSE itself has no
 /// field for it: the kernel's FUSE reports 0).
 #[test]
@@ -237,7 +240,7 @@ fn statfs_matches_kernel_ext4() {
     let [lo32, hi32] = ext4kit_fs::statfs::fsid(uuid.as_bytes());
     let want_fsid = format!("{:x}", (u64::from(lo32) << 32) | u64::from(hi32));
     let dir = image_dir();
-    for size in ["64M", "1G"] {
+    for (size, no_overhead) in [("64M", false), ("1G", false), ("40M", true)] {
         let img = dir.path().join(format!("s{size}.img"));
         run_ok(&mut ext4kit_mkfs([
             "-q",
@@ -252,6 +255,20 @@ fn statfs_matches_kernel_ext4() {
             size,
         ]))
         .unwrap();
+        // As older mke2fs left it: no s_overhead_clusters (the kernel
+        // then computes the overhead; f_blocks was the whole size).
+        if no_overhead {
+            if !have("debugfs") {
+                continue;
+            }
+            run_ok(
+                tool("debugfs")
+                    .args(["-w", "-R", "ssv overhead_clusters 0"])
+                    .arg(&img),
+            )
+            .unwrap();
+            assert!(!dumpe2fs_h(&img).contains("Overhead clusters"));
+        }
         let copy = dir.path().join(format!("k{size}.img"));
         sparse_copy(&img, &copy);
         let lo = LoopDev::attach(&copy).unwrap();
@@ -281,5 +298,282 @@ fn statfs_matches_kernel_ext4() {
         );
         e2fsck_clean(&img).unwrap();
         e2fsck_clean(&copy).unwrap();
+    }
+}
+
+/// A mount over a stale FUSE mount point (its server killed: every stat
+/// gives ENOTCONN) is refused with one line that says so and how to
+/// clear it (it said "Not a directory").
+#[test]
+fn a_stale_mountpoint_is_named_with_the_way_to_clear_it() {
+    let what = "a_stale_mountpoint_is_named_with_the_way_to_clear_it";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "32M");
+    let mut m = FuseMount::new(&img, &[]).unwrap();
+    if let Some(mut c) = m.child.take() {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    let e = fs::metadata(m.path()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+    for fg in [true, false] {
+        let mut c = ext4kit();
+        c.arg("mount");
+        if fg {
+            c.arg("-f");
+        }
+        let out = run(c.arg(&img).arg(m.path())).unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        for want in ["stale FUSE mount", "fusermount3 -u", "umount -l"] {
+            assert!(err.contains(want), "{want}: {err}");
+        }
+        assert!(err.contains(&*m.path().to_string_lossy()), "{err}");
+    }
+    // The guard clears the stale mount (umount, then umount -l).
+    drop(m);
+}
+
+/// (seconds, nanoseconds) of `p`'s atime.
+fn atime_of(p: &Path) -> (i64, i64) {
+    am_times(p).0
+}
+
+/// `touch -a -d @SECS P`.
+fn set_atime(p: &Path, secs: i64) {
+    run_ok(
+        tool("touch")
+            .arg("-a")
+            .arg("-d")
+            .arg(format!("@{secs}"))
+            .arg(p),
+    )
+    .unwrap();
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Reads and listings on the filesystem at `root`, each step with
+/// whether it changed the atime of what it read.
+fn atime_script(root: &Path) -> Vec<(&'static str, bool)> {
+    let mut out = Vec::new();
+    let f = root.join("f");
+    let mut step = |what: &'static str, p: &Path, act: &dyn Fn()| {
+        let before = atime_of(p);
+        // The clock moves on between the steps (ns timestamps).
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        act();
+        out.push((what, atime_of(p) != before));
+    };
+    fs::write(&f, pattern(5000, 1)).unwrap();
+    let read = || {
+        fs::read(&f).unwrap();
+    };
+    step("read a new file", &f, &read);
+    step("read it again", &f, &read);
+    step("stat only", &f, &|| {
+        fs::metadata(&f).unwrap();
+    });
+    set_atime(&f, now_secs() + 3600);
+    step("read, atime in the future", &f, &read);
+    set_atime(&f, now_secs() - 2 * 86_400);
+    step("read, atime two days old", &f, &read);
+    step("read once more", &f, &read);
+    {
+        use std::io::Write;
+        let mut a = fs::OpenOptions::new().append(true).open(&f).unwrap();
+        a.write_all(b"more").unwrap();
+    }
+    step("read after an append", &f, &read);
+    let d = root.join("d");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("x"), b"x").unwrap();
+    let list = || {
+        fs::read_dir(&d).unwrap().for_each(drop);
+    };
+    step("list a changed directory", &d, &list);
+    step("list it again", &d, &list);
+    if have("chattr") {
+        let g = root.join("g");
+        fs::write(&g, pattern(5000, 2)).unwrap();
+        run_ok(tool("chattr").arg("+A").arg(&g)).unwrap();
+        step("read a chattr +A file", &g, &|| {
+            fs::read(&g).unwrap();
+        });
+    }
+    out
+}
+
+/// atime updates as the kernel's ext4 makes them, for relatime (the
+/// default), strictatime, noatime, nodiratime and lazytime: the same
+/// script of reads and listings changes the atime at the same steps on
+/// the mount and on a kernel mount of the same image (the mount never
+/// updated an atime before); the atimes are stored (lazytime ones too,
+/// at unmount) and e2fsck is clean.
+#[test]
+fn atime_as_kernel_ext4() {
+    let what = "atime_as_kernel_ext4";
+    if let Err(e) = fuse_available().and_then(|()| kernel_mount_available()) {
+        return skip(what, &e);
+    }
+    if !have("touch") {
+        return skip(what, "touch not found");
+    }
+    let dir = image_dir();
+    let mut diffs = Vec::new();
+    for opts in [
+        "",
+        "strictatime",
+        "noatime",
+        "nodiratime",
+        "lazytime",
+        "strictatime,lazytime",
+    ] {
+        let img = mkfs(dir.path(), "32M");
+        let copy = dir.path().join("kernel.img");
+        sparse_copy(&img, &copy);
+        let lo = LoopDev::attach(&copy).unwrap();
+        let km = Mount::new(lo.path(), "ext4", (!opts.is_empty()).then_some(opts)).unwrap();
+        let kernel = atime_script(km.path());
+        eprintln!("kernel ext4, -o {opts:?}: {kernel:?}");
+        km.unmount().unwrap();
+        drop(lo);
+        let o: Vec<&str> = if opts.is_empty() { vec![] } else { vec![opts] };
+        let m = FuseMount::new(&img, &o).unwrap();
+        let ours = atime_script(m.path());
+        let shown = atime_of(&m.path().join("f"));
+        m.unmount().unwrap();
+        for ((w, k), (_, o)) in kernel.iter().zip(&ours) {
+            if k != o {
+                diffs.push(format!(
+                    "-o {opts:?}: {w}: kernel changed={k}, ext4kit changed={o}"
+                ));
+            }
+        }
+        assert_eq!(kernel.len(), ours.len());
+        e2fsck_clean(&img).unwrap();
+        let m = FuseMount::new(&img, &["ro"]).unwrap();
+        assert_eq!(
+            atime_of(&m.path().join("f")),
+            shown,
+            "-o {opts:?}: stored atime"
+        );
+        m.unmount().unwrap();
+    }
+    assert!(diffs.is_empty(), "{}", diffs.join("\n"));
+}
+
+/// The per-mount flags of the mount on `dir` that `want` names, from
+/// /proc/self/mountinfo (field 6).
+fn mount_flags(dir: &Path) -> Vec<String> {
+    let want = dir.to_string_lossy().into_owned();
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(want.as_str()))
+        .unwrap_or_default()
+        .to_string();
+    let opts = line.split(' ').nth(5).unwrap_or_default();
+    ["nosuid", "nodev", "noexec"]
+        .iter()
+        .filter(|f| opts.split(',').any(|o| o == **f))
+        .map(|f| f.to_string())
+        .collect()
+}
+
+/// What a root user can do on the filesystem at `root`: write to a
+/// device node (`/dev/null`'s numbers) made there, run a script.
+fn dev_exec_script(root: &Path) -> (String, String) {
+    let null = root.join("null");
+    let _ = fs::remove_file(&null);
+    run_ok(tool("mknod").arg(&null).args(["c", "1", "3"])).unwrap();
+    let dev = match fs::OpenOptions::new().write(true).open(&null) {
+        Ok(_) => "ok".to_string(),
+        Err(e) => format!("{:?}", e.raw_os_error()),
+    };
+    let script = root.join("s.sh");
+    fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    let mut perm = fs::metadata(&script).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    fs::set_permissions(&script, perm).unwrap();
+    let exec = match std::process::Command::new(&script).status() {
+        Ok(st) if st.success() => "ok".to_string(),
+        Ok(st) => st.to_string(),
+        Err(e) => format!("{:?}", e.raw_os_error()),
+    };
+    (dev, exec)
+}
+
+/// `-o suid,dev,exec,noexec` as mount(8) does them, as root; the default
+/// stays nosuid,nodev (they were always nosuid,nodev: device nodes of a
+/// root filesystem image could not be used). With `dev` a device node in
+/// the image works as on a kernel mount; without, EACCES. A user other
+/// than root is refused `suid`/`dev` with one line.
+#[test]
+fn suid_dev_exec_as_mount8() {
+    let what = "suid_dev_exec_as_mount8";
+    if let Err(e) = fuse_available().and_then(|()| kernel_mount_available()) {
+        return skip(what, &e);
+    }
+    if !have("mknod") {
+        return skip(what, "mknod not found");
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "32M");
+    // The kernel's ext4 (mount's defaults: suid, dev, exec).
+    let copy = dir.path().join("kernel.img");
+    sparse_copy(&img, &copy);
+    let lo = LoopDev::attach(&copy).unwrap();
+    let km = Mount::new(lo.path(), "ext4", Some("dev,exec")).unwrap();
+    let kernel = dev_exec_script(km.path());
+    km.unmount().unwrap();
+    drop(lo);
+    assert_eq!(kernel, ("ok".to_string(), "ok".to_string()));
+    let eacces = format!("{:?}", Some(libc::EACCES));
+    for (opts, flags, want) in [
+        ("", "nosuid,nodev", (eacces.as_str(), "ok")),
+        ("suid,dev", "", ("ok", "ok")),
+        ("dev,noexec", "nosuid,noexec", ("ok", eacces.as_str())),
+        ("suid,dev,nosuid,noexec,exec", "nosuid", ("ok", "ok")),
+        ("defaults", "nosuid,nodev", (eacces.as_str(), "ok")),
+    ] {
+        let o: Vec<&str> = if opts.is_empty() { vec![] } else { vec![opts] };
+        let m = FuseMount::new(&img, &o).unwrap();
+        let got_flags = mount_flags(m.path()).join(",");
+        let got = dev_exec_script(m.path());
+        m.unmount().unwrap();
+        assert_eq!(got_flags, flags, "-o {opts:?}: mount flags");
+        assert_eq!(
+            (got.0.as_str(), got.1.as_str()),
+            want,
+            "-o {opts:?}: (device, exec)"
+        );
+    }
+    e2fsck_clean(&img).unwrap();
+    // Not root: suid/dev refused before anything is opened.
+    if have("setpriv") {
+        let mp = tempfile::tempdir().unwrap();
+        for opts in ["suid", "dev"] {
+            let out = run(tool("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(ext4kit_path())
+                .args(["mount", "-f", "-o", opts])
+                .arg(&img)
+                .arg(mp.path()))
+            .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{opts}: {err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+            assert!(err.contains("need root"), "{opts}: {err}");
+        }
     }
 }

@@ -4,6 +4,8 @@
 //! `fusermount3` otherwise; no libfuse).
 //!
 //! - [`options`]: `-o` options with the kernel's ext4 names.
+//! - [`atime`]: relatime/strictatime/noatime/nodiratime/lazytime atime
+//!   updates on READ, READDIR and READLINK, as the kernel's VFS makes them.
 //! - [`attr`]: inode numbers (FUSE's root 1 is ext4's 2), attributes,
 //!   times (with a workaround for fuser 0.18.0's pre-1970 setattr bug),
 //!   device numbers, errno values as kernel ext4 returns them.
@@ -18,6 +20,7 @@
 //!   mount: small writes answered at once, merged, flushed in order.
 //! - [`mount`]: open, mount, serve, unmount on signals, close cleanly.
 
+pub mod atime;
 pub mod attr;
 pub mod flags;
 pub mod mount;

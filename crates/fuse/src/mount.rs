@@ -183,6 +183,9 @@ fn fuser_config(req: &MountRequest) -> Config {
         (o.nosuid, MountOption::NoSuid),
         (o.nodev, MountOption::NoDev),
         (o.noexec, MountOption::NoExec),
+        // fuser makes the mount nosuid,nodev unless told otherwise.
+        (!o.nosuid, MountOption::Suid),
+        (!o.nodev, MountOption::Dev),
     ] {
         if on {
             mo.push(opt);

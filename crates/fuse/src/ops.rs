@@ -122,7 +122,14 @@ pub(crate) fn retry<T>(
 
 impl FuseFs {
     fn attr(&self, i: &InodeInfo) -> FileAttr {
-        file_attr(i, self.s.block_size)
+        let mut a = file_attr(i, self.s.block_size);
+        // A lazytime atime not written yet is the inode's atime.
+        if self.s.opts.lazytime
+            && let Some(t) = self.s.atimes.get(i.ino, i.generation)
+        {
+            a.atime = crate::attr::system_time(t);
+        }
+        a
     }
 
     fn entry(&self, i: &InodeInfo, reply: ReplyEntry) {
@@ -672,6 +679,12 @@ impl FuseFs {
             .s
             .backend
             .read(|f| u64::from(f.info.sb.s_overhead_clusters.get()));
+        // None recorded (images from older mke2fs): as the kernel computes it.
+        let overhead = if overhead != 0 {
+            overhead
+        } else {
+            self.computed_overhead()
+        };
         let total = blocks.saturating_sub(overhead);
         let bfree = bfree.min(total);
         // As ext4_statfs: the reserved-clusters pool is held back too.
@@ -691,6 +704,30 @@ impl FuseFs {
         });
         let bavail = ext4kit_fs::statfs::bavail(bfree, reserved, resv);
         Ok([total, bfree, bavail, files, ffree])
+    }
+
+    /// `ext4_calculate_overhead` for a superblock without
+    /// `s_overhead_clusters` (0 with bigalloc: not computed).
+    fn computed_overhead(&self) -> u64 {
+        use ext4kit_format::features::{Compat, RoCompat};
+        self.s.backend.read(|f| {
+            let sb = &f.info.sb;
+            if f.info.features.ro_compat.contains(RoCompat::BIGALLOC) {
+                return 0;
+            }
+            let Ok(l) = ext4kit_fs::groups::Layout::from_superblock(sb) else {
+                return 0;
+            };
+            let inum = sb.s_journal_inum.get();
+            let journal = if f.info.features.compat.contains(Compat::HAS_JOURNAL) && inum != 0 {
+                f.inode(inum)
+                    .map(|i| i.size / u64::from(f.info.block_size))
+                    .unwrap_or(0)
+            } else {
+                0
+            };
+            ext4kit_fs::statfs::overhead_blocks(&l, journal)
+        })
     }
 
     fn do_lseek(&self, ino: u32, offset: i64, whence: i32) -> R<i64> {
@@ -785,6 +822,8 @@ impl FuseFs {
         let Backend::Rw(fs) = &self.s.backend else {
             return Ok(());
         };
+        // A lazytime atime is written by the fsync (the kernel's too).
+        self.write_pending_atime(ino);
         // Buffered writes first; a flush that failed since the last
         // fsync is this one's error (as a writeback error is).
         let flushed = self.s.flush_ino(ino);
@@ -1085,6 +1124,12 @@ fn reply_empty(r: R<()>, reply: ReplyEmpty) {
 }
 
 impl fuser::Filesystem for FuseFs {
+    /// At the end of the session (before the engine is closed): the
+    /// lazytime atimes still in memory are written.
+    fn destroy(&mut self) {
+        self.write_pending_atimes();
+    }
+
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let got = crate::mount::negotiate(&self.s, config);
         self.writeback = got.writeback;
@@ -1144,6 +1189,12 @@ impl fuser::Filesystem for FuseFs {
         let kill = self.killpriv
             && mode.is_none()
             && (uid.is_some() || gid.is_some() || (size.is_some() && req.uid() != 0));
+        // An explicit atime replaces a lazytime one not written yet.
+        if atime.is_some()
+            && let Ok(i) = ext4_ino(ino)
+        {
+            self.s.atimes.discard(i);
+        }
         let a = SetArgs {
             kill,
             mode,
@@ -1169,7 +1220,12 @@ impl fuser::Filesystem for FuseFs {
                 .map_err(|e| errno(&e))
         });
         match r {
-            Ok(t) => reply.data(&t),
+            Ok(t) => {
+                if let Ok(i) = ext4_ino(ino) {
+                    self.accessed(i);
+                }
+                reply.data(&t)
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -1298,7 +1354,13 @@ impl fuser::Filesystem for FuseFs {
             Ok(self.s.state().add_handle(Handle::File { ino, append }))
         })();
         match r {
-            Ok(fh) => reply.opened(FileHandle(fh), self.open_flags()),
+            Ok(fh) => {
+                let f = match ext4_ino(ino) {
+                    Ok(i) => self.atime_open_flags(i, flags.0, self.open_flags()),
+                    Err(_) => self.open_flags(),
+                };
+                reply.opened(FileHandle(fh), f)
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -1314,7 +1376,14 @@ impl fuser::Filesystem for FuseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match ext4_ino(ino).and_then(|i| self.read_data(i, offset, size)) {
+        // The atime is updated before the reply, as the kernel's read
+        // does it: a stat after the read sees it.
+        let r = ext4_ino(ino).and_then(|i| {
+            let d = self.read_data(i, offset, size)?;
+            self.accessed(i);
+            Ok(d)
+        });
+        match r {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(e),
         }
@@ -1418,6 +1487,9 @@ impl fuser::Filesystem for FuseFs {
                 break;
             }
         }
+        if let Ok(d) = ext4_ino(ino) {
+            self.accessed(d);
+        }
         reply.ok();
     }
 
@@ -1497,6 +1569,7 @@ impl fuser::Filesystem for FuseFs {
                 st.looked_up(i);
             }
         }
+        self.accessed(dir);
         reply.ok();
     }
 

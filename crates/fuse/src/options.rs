@@ -70,8 +70,21 @@ pub struct MountOptions {
     /// writes go to the engine directly instead of the write-behind
     /// buffer ([`crate::wbuf`]).
     pub sync: bool,
-    /// VFS flags passed through to the kernel mount.
+    /// `noatime`: no atime updates (also passed to the kernel mount).
+    /// With neither this nor `strictatime`: `relatime` (the default), as
+    /// the kernel's (see [`crate::atime`]).
     pub noatime: bool,
+    /// `strictatime`: every access updates the atime.
+    pub strictatime: bool,
+    /// `nodiratime` / `diratime`: no atime updates of directories.
+    pub nodiratime: bool,
+    /// `lazytime` / `nolazytime`: atime updates kept in memory until the
+    /// inode's fsync, 12 hours, or the unmount ([`crate::atime`]).
+    pub lazytime: bool,
+    /// `nosuid` / `suid`, `nodev` / `dev`, `noexec` / `exec`: VFS flags of
+    /// the kernel mount. ext4kit's default is `nosuid,nodev` (what a FUSE
+    /// mount gets unless asked otherwise); `suid` and `dev` need root (a
+    /// mount through fusermount3 is always nosuid,nodev).
     pub nosuid: bool,
     pub nodev: bool,
     pub noexec: bool,
@@ -93,8 +106,11 @@ impl Default for MountOptions {
             writeback_cache: DEFAULT_WRITEBACK_CACHE,
             sync: false,
             noatime: false,
-            nosuid: false,
-            nodev: false,
+            strictatime: false,
+            nodiratime: false,
+            lazytime: false,
+            nosuid: true,
+            nodev: true,
             noexec: false,
         }
     }
@@ -240,12 +256,32 @@ impl MountOptions {
             "nowriteback_cache" => flag(&mut self.writeback_cache, false),
             "sync" => flag(&mut self.sync, true),
             "async" => flag(&mut self.sync, false),
-            // Defaults of every mount, accepted as no-ops.
-            "defaults" | "relatime" | "atime" | "suid" | "dev" | "exec" => {
+            // ext4kit's defaults (rw, nosuid, nodev, exec, async): a no-op.
+            "defaults" => {
                 let mut ignored = false;
                 flag(&mut ignored, false)
             }
-            "noatime" | "nodiratime" => flag(&mut self.noatime, true),
+            "suid" => flag(&mut self.nosuid, false),
+            "dev" => flag(&mut self.nodev, false),
+            "exec" => flag(&mut self.noexec, false),
+            // The atime modes, as mount(8): `atime` undoes `noatime`.
+            "relatime" => {
+                flag(&mut self.noatime, false)?;
+                flag(&mut self.strictatime, false)
+            }
+            "strictatime" => {
+                flag(&mut self.noatime, false)?;
+                flag(&mut self.strictatime, true)
+            }
+            "noatime" => {
+                flag(&mut self.strictatime, false)?;
+                flag(&mut self.noatime, true)
+            }
+            "atime" => flag(&mut self.noatime, false),
+            "nodiratime" => flag(&mut self.nodiratime, true),
+            "diratime" => flag(&mut self.nodiratime, false),
+            "lazytime" => flag(&mut self.lazytime, true),
+            "nolazytime" => flag(&mut self.lazytime, false),
             "nosuid" => flag(&mut self.nosuid, true),
             "nodev" => flag(&mut self.nodev, true),
             "noexec" => flag(&mut self.noexec, true),
@@ -305,6 +341,33 @@ mod tests {
         assert!(!p("").unwrap().sync);
         assert!(p("sync").unwrap().sync);
         assert!(!p("sync,async").unwrap().sync);
+    }
+
+    #[test]
+    fn atime_modes() {
+        let o = p("").unwrap();
+        assert!(!o.noatime && !o.strictatime && !o.nodiratime && !o.lazytime);
+        let o = p("strictatime,nodiratime,lazytime").unwrap();
+        assert!(o.strictatime && o.nodiratime && o.lazytime && !o.noatime);
+        let o = p("strictatime,noatime").unwrap();
+        assert!(o.noatime && !o.strictatime);
+        let o = p("noatime,strictatime").unwrap();
+        assert!(!o.noatime && o.strictatime);
+        let o = p("noatime,atime").unwrap();
+        assert!(!o.noatime && !o.strictatime);
+        let o = p("strictatime,relatime,nodiratime,diratime,lazytime,nolazytime").unwrap();
+        assert_eq!(o, MountOptions::default());
+        // suid/dev/exec as mount(8), nosuid,nodev by default.
+        let o = p("").unwrap();
+        assert!(o.nosuid && o.nodev && !o.noexec);
+        let o = p("suid,dev,noexec").unwrap();
+        assert!(!o.nosuid && !o.nodev && o.noexec);
+        let o = p("suid,dev,noexec,nosuid,exec,defaults").unwrap();
+        assert!(o.nosuid && !o.nodev && !o.noexec);
+        assert!(p("dev=1").is_err());
+        // nodiratime is no longer noatime.
+        assert!(!p("nodiratime").unwrap().noatime);
+        assert!(p("relatime=1").is_err());
     }
 
     #[test]

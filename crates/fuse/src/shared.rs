@@ -250,6 +250,8 @@ pub struct Shared {
     pub max_file: u64,
     /// The write-behind buffer of the default mount ([`crate::wbuf`]).
     pub wbuf: WriteBuffer,
+    /// `lazytime` atimes not written yet ([`crate::atime`]).
+    pub atimes: crate::atime::Pending,
 }
 
 /// The engine as the write-behind buffer's [`Sink`].
@@ -288,6 +290,7 @@ impl Shared {
             block_size,
             max_file: (u64::from(u32::MAX)) * u64::from(block_size),
             wbuf: WriteBuffer::default(),
+            atimes: crate::atime::Pending::default(),
         }
     }
 
