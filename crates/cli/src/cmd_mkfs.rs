@@ -905,7 +905,10 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     let source_tree = match &a.opt_d {
         Some(d) if !dry_run => {
             mkfs::populate::check_layout(&prepared.layout)?;
-            Some(mkfs::populate::source::scan(Path::new(d)).map_err(|e| anyhow::anyhow!("{e}"))?)
+            let tree =
+                mkfs::populate::source::scan(Path::new(d)).map_err(|e| anyhow::anyhow!("{e}"))?;
+            mkfs::populate::check(&prepared.layout, &tree)?;
+            Some(tree)
         }
         _ => None,
     };

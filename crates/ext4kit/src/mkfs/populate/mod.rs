@@ -119,6 +119,13 @@ pub fn check_layout(l: &Layout) -> Result<(), PopulateError> {
     }
 }
 
+/// Everything that can be checked before the target is touched: the
+/// layout ([`check_layout`]) and enough inodes for the tree.
+pub fn check(l: &Layout, tree: &Tree) -> Result<(), PopulateError> {
+    check_layout(l)?;
+    number(l, tree).map(|_| ())
+}
+
 /// Copy `tree` into the free space of `layout` on `dev`, recording the
 /// allocations, counts and inode slots in `layout` (see the module docs).
 pub fn populate(
@@ -154,7 +161,9 @@ pub fn populate(
         slots: Vec::new(),
     };
     p.cursor = p.l.used.next_free(p.l.first_data_block);
-    p.number()?;
+    let (inos, last) = number(p.l, tree)?;
+    p.inos = inos;
+    p.out.last_ino = last;
     p.run()?;
     p.account();
     let mut out = std::mem::take(&mut p.out);
@@ -162,6 +171,58 @@ pub fn populate(
     out.inodes.sort_by_key(|(i, _)| *i);
     layout.populated = Some(out);
     Ok(())
+}
+
+/// Number the inodes in creation order: each node's inode number and
+/// the highest one. Fails (naming the first path without one) when the
+/// filesystem has too few.
+fn number(l: &Layout, tree: &Tree) -> Result<(Vec<u32>, u32), PopulateError> {
+    let mut inos = vec![0u32; tree.nodes.len()];
+    let mut next = l.last_used_ino() + 1;
+    inos[0] = 2;
+    for (k, n) in tree.nodes.iter().enumerate().skip(1) {
+        if n.name.len() > 255 {
+            return Err(PopulateError::Invalid {
+                path: n.path.clone(),
+                what: format!("name longer than 255 bytes ({})", n.name.len()),
+            });
+        }
+        if n.parent == 0 && n.name == LOST_FOUND {
+            if n.kind != Kind::Dir {
+                return Err(PopulateError::Invalid {
+                    path: n.path.clone(),
+                    what: "lost+found exists in the new filesystem and is a directory".into(),
+                });
+            }
+            if !n.children.is_empty() {
+                return Err(PopulateError::Unsupported {
+                    path: n.path.clone(),
+                    what: "entries in lost+found".into(),
+                });
+            }
+            inos[k] = 11;
+            continue;
+        }
+        if let Some(t) = n.link_to {
+            inos[k] = inos[t];
+            continue;
+        }
+        if next > l.inodes_count {
+            // The root and a merged lost+found have theirs already.
+            let needed = tree.nodes[1..]
+                .iter()
+                .filter(|n| n.link_to.is_none() && !(n.parent == 0 && n.name == LOST_FOUND))
+                .count();
+            let free = l.inodes_count - l.last_used_ino();
+            return Err(PopulateError::NoSpace {
+                path: n.path.clone(),
+                what: format!("no inode left for it (the tree needs {needed}, {free} are free)"),
+            });
+        }
+        inos[k] = next;
+        next += 1;
+    }
+    Ok((inos, next - 1))
 }
 
 struct Pop<'a> {
@@ -194,60 +255,6 @@ const CHUNK_BLOCKS: u64 = 256;
 impl Pop<'_> {
     fn path(&self, n: usize) -> PathBuf {
         self.tree.nodes[n].path.clone()
-    }
-
-    /// Number the inodes in creation order.
-    fn number(&mut self) -> Result<(), PopulateError> {
-        let mut next = self.l.last_used_ino() + 1;
-        self.inos[0] = 2;
-        for (k, n) in self.tree.nodes.iter().enumerate().skip(1) {
-            if n.name.len() > 255 {
-                return Err(PopulateError::Invalid {
-                    path: n.path.clone(),
-                    what: format!("name longer than 255 bytes ({})", n.name.len()),
-                });
-            }
-            if n.parent == 0 && n.name == LOST_FOUND {
-                if n.kind != Kind::Dir {
-                    return Err(PopulateError::Invalid {
-                        path: n.path.clone(),
-                        what: "lost+found exists in the new filesystem and is a directory".into(),
-                    });
-                }
-                if !n.children.is_empty() {
-                    return Err(PopulateError::Unsupported {
-                        path: n.path.clone(),
-                        what: "entries in lost+found".into(),
-                    });
-                }
-                self.inos[k] = 11;
-                continue;
-            }
-            if let Some(t) = n.link_to {
-                self.inos[k] = self.inos[t];
-                continue;
-            }
-            if next > self.l.inodes_count {
-                let needed = self
-                    .tree
-                    .nodes
-                    .iter()
-                    .filter(|n| n.link_to.is_none())
-                    .count();
-                return Err(PopulateError::NoSpace {
-                    path: n.path.clone(),
-                    what: format!(
-                        "no inode left ({} inodes in the filesystem, the tree needs {} more)",
-                        self.l.inodes_count,
-                        needed.saturating_sub(1)
-                    ),
-                });
-            }
-            self.inos[k] = next;
-            next += 1;
-        }
-        self.out.last_ino = next - 1;
-        Ok(())
     }
 
     fn run(&mut self) -> Result<(), PopulateError> {
