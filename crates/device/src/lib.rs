@@ -19,6 +19,7 @@ pub mod host;
 mod loop_tests;
 mod mem;
 mod mounts;
+mod nbd;
 mod open;
 mod ranges;
 mod record;
@@ -31,6 +32,7 @@ pub use fault::{CutMode, FaultControl, FaultDevice, TEAR_SECTOR};
 pub use file::FileDevice;
 pub use mem::MemDevice;
 pub use mounts::{MountEntry, check_not_mounted, loop_devices_backed_by, mounts};
+pub use nbd::{NbdDevice, NbdUri};
 pub use open::open_device;
 pub use record::{CutReplay, RecordingDevice, Trace, TraceOp};
 pub use sysfs::backing_sysfs_dir;
@@ -68,6 +70,9 @@ pub enum DeviceError {
     OutOfRange { offset: u64, len: u64, size: u64 },
     /// A mutating operation on a device that was opened read-only.
     ReadOnly { path: PathBuf },
+    /// An NBD export (`server` is its URI) failed: the handshake, a
+    /// request the server answered with an error, or the connection.
+    Nbd { server: String, message: String },
     /// A fault injected by [`FaultDevice`].
     Injected(&'static str),
     /// Anything else.
@@ -103,6 +108,7 @@ impl std::fmt::Display for DeviceError {
                 "access beyond the end of the device (byte {offset}, {len} bytes, device size {size})"
             ),
             DeviceError::ReadOnly { path } => write!(f, "{} was opened read-only", path.display()),
+            DeviceError::Nbd { server, message } => write!(f, "{server}: {message}"),
             DeviceError::Injected(what) => write!(f, "injected fault: {what}"),
             DeviceError::Other(msg) => f.write_str(msg),
         }
@@ -163,6 +169,13 @@ impl OpenOptions {
             exclusive: true,
         }
     }
+}
+
+/// Is `path` a device URI (`nbd://...`, `nbd+unix://...`) rather than a
+/// path? [`open_device`] opens these as [`NbdDevice`]s; commands must not
+/// look for them in the filesystem.
+pub fn is_device_uri(path: impl AsRef<std::path::Path>) -> bool {
+    path.as_ref().to_str().is_some_and(nbd::is_uri)
 }
 
 /// Check that `[offset, offset+len)` lies within a device of `size` bytes.

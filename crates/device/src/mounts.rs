@@ -155,6 +155,10 @@ pub fn loop_devices_backed_by(path: impl AsRef<Path>) -> Vec<PathBuf> {
 /// a regular file nor a block device.
 pub fn check_not_mounted(path: impl AsRef<Path>) -> Result<()> {
     let path = path.as_ref();
+    if crate::is_device_uri(path) {
+        // A network export: no local mount can hold it.
+        return Ok(());
+    }
     let md = fs::metadata(path).map_err(|source| DeviceError::Open {
         path: path.to_path_buf(),
         source,

@@ -7,8 +7,8 @@ use std::path::Path;
 
 use crate::{BlockDevice, Device, DeviceError, FileDevice, OpenOptions, Result, check_not_mounted};
 
-/// Open `path` as a [`FileDevice`] (regular file) or [`BlockDevice`] (block
-/// special file).
+/// Open `path` as a [`FileDevice`] (regular file), [`BlockDevice`] (block
+/// special file) or NBD export (a URI).
 ///
 /// The path is opened without blocking (`O_NONBLOCK`, so a FIFO or a
 /// terminal swapped in never hangs the open) and the *opened* file is
@@ -21,8 +21,16 @@ use crate::{BlockDevice, Device, DeviceError, FileDevice, OpenOptions, Result, c
 ///
 /// A missing path is [`DeviceError::Open`] (kind `NotFound`); directories,
 /// character devices, FIFOs and sockets are [`DeviceError::NotADevice`].
+///
+/// A device URI (see [`crate::is_device_uri`]: `nbd://HOST[:PORT]/EXPORT`,
+/// `nbd+unix:///EXPORT?socket=PATH`) connects to that NBD export
+/// ([`crate::NbdDevice`]); `exclusive` has no meaning there.
 pub fn open_device(path: impl AsRef<Path>, opts: OpenOptions) -> Result<Box<dyn Device>> {
     let path = path.as_ref();
+    if crate::is_device_uri(path) {
+        let uri = path.to_str().unwrap_or_default();
+        return Ok(Box::new(crate::NbdDevice::open(uri, opts)?));
+    }
     let md = fs::metadata(path).map_err(|source| DeviceError::Open {
         path: path.to_path_buf(),
         source,

@@ -1,0 +1,491 @@
+//! [`NbdDevice`]: an export of an NBD server (qemu-nbd, nbdkit, rbd-nbd,
+//! nbd-server) as a [`Device`], spoken to directly over TCP or a unix
+//! socket (no kernel nbd module).
+//!
+//! - `proto`: the wire format, with the spec's names;
+//! - `uri`: `nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`;
+//! - `conn`: the handshake, and the transmission phase with many requests
+//!   in flight (a reader thread matches replies to callers by cookie).
+//!
+//! Large reads and writes are split into requests of at most the server's
+//! maximum payload (and [`MAX_REQUEST`]) and pipelined, [`WINDOW`] at a
+//! time per caller. Known-zero ranges come from `NBD_CMD_BLOCK_STATUS` in
+//! the `base:allocation` context (`NBD_STATE_ZERO`).
+
+mod conn;
+pub(crate) mod proto;
+#[cfg(test)]
+mod tests;
+mod uri;
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use conn::{Conn, Done, ReqError, Sock, Ticket};
+use proto::*;
+pub use uri::{NbdUri, is_uri};
+
+use crate::{Device, DeviceError, DiscardOutcome, OpenOptions, Result, check_range};
+
+/// The largest read or write request sent (also capped by the server's
+/// maximum payload): big enough to amortise a round trip, small enough
+/// that a large call has several requests in flight.
+pub const MAX_REQUEST: u32 = 8 << 20;
+/// Requests one caller keeps in flight.
+pub const WINDOW: usize = 16;
+/// The largest TRIM / WRITE_ZEROES / BLOCK_STATUS range asked at once.
+const MAX_RANGE: u64 = 1 << 30;
+/// Default time a request may wait for its reply (`EXT4KIT_NBD_TIMEOUT`,
+/// seconds, overrides it).
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// An NBD export.
+pub struct NbdDevice {
+    conn: Conn,
+    name: String,
+    write: bool,
+    /// Serialises read-modify-write of requests smaller than the server's
+    /// minimum block size.
+    rmw: Mutex<()>,
+}
+
+fn timeout() -> Duration {
+    std::env::var("EXT4KIT_NBD_TIMEOUT")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&s| s > 0)
+        .map_or(DEFAULT_TIMEOUT, Duration::from_secs)
+}
+
+impl NbdDevice {
+    /// Connect to the export `uri` names.
+    pub fn open(uri: &str, opts: OpenOptions) -> Result<NbdDevice> {
+        let nerr = |m: String| DeviceError::Nbd {
+            server: uri.to_string(),
+            message: m,
+        };
+        let parsed = NbdUri::parse(uri).map_err(|m| nerr(format!("invalid NBD URI: {m}")))?;
+        let t = timeout();
+        let mut sock =
+            Sock::connect(&parsed.address, t).map_err(|e| nerr(format!("cannot connect: {e}")))?;
+        Self::over(&mut sock, &parsed.export, opts, uri, t)
+            .and_then(|info| Self::from_parts(sock, info, opts, uri, t))
+    }
+
+    fn over(
+        sock: &mut Sock,
+        export: &str,
+        opts: OpenOptions,
+        uri: &str,
+        t: Duration,
+    ) -> Result<conn::ExportInfo> {
+        let nerr = |m: String| DeviceError::Nbd {
+            server: uri.to_string(),
+            message: m,
+        };
+        sock.set_timeouts(Some(t), Some(t))
+            .map_err(|e| nerr(format!("cannot connect: {e}")))?;
+        let info = conn::handshake(sock, export).map_err(nerr)?;
+        if opts.write && info.has(NBD_FLAG_READ_ONLY) {
+            return Err(nerr("the export is read-only".into()));
+        }
+        Ok(info)
+    }
+
+    fn from_parts(
+        sock: Sock,
+        info: conn::ExportInfo,
+        opts: OpenOptions,
+        uri: &str,
+        t: Duration,
+    ) -> Result<NbdDevice> {
+        let conn = Conn::start(sock, info, t).map_err(|e| DeviceError::Nbd {
+            server: uri.to_string(),
+            message: format!("cannot start: {e}"),
+        })?;
+        Ok(NbdDevice {
+            conn,
+            name: uri.to_string(),
+            write: opts.write,
+            rmw: Mutex::new(()),
+        })
+    }
+
+    /// A device over an already connected socket (tests: a fake server on
+    /// the other end of a socket pair).
+    #[cfg(test)]
+    pub(crate) fn over_unix(
+        s: std::os::unix::net::UnixStream,
+        export: &str,
+        opts: OpenOptions,
+        t: Duration,
+    ) -> Result<NbdDevice> {
+        let mut sock = Sock::Unix(s);
+        let info = Self::over(&mut sock, export, opts, "test", t)?;
+        Self::from_parts(sock, info, opts, "test", t)
+    }
+
+    fn err(&self, what: &str, offset: u64, len: u64, e: ReqError) -> DeviceError {
+        DeviceError::Nbd {
+            server: self.name.clone(),
+            message: format!("{what} of {len} bytes at byte {offset} failed: {e}"),
+        }
+    }
+
+    fn check_write(&self) -> Result<()> {
+        if self.write {
+            Ok(())
+        } else {
+            Err(DeviceError::ReadOnly {
+                path: self.name.clone().into(),
+            })
+        }
+    }
+
+    fn max_request(&self) -> u64 {
+        let m = self.conn.info.max_payload.min(MAX_REQUEST);
+        // A multiple of the minimum block size.
+        u64::from(m - m % self.conn.info.min_block)
+    }
+
+    fn min_block(&self) -> u64 {
+        u64::from(self.conn.info.min_block)
+    }
+
+    /// Run `reqs` (offset, len) of `cmd`, [`WINDOW`] in flight; `payload`
+    /// gives a request's data, `done` takes a reply.
+    fn pipeline<'a>(
+        &self,
+        cmd: u16,
+        reqs: &[(u64, u64)],
+        payload: &dyn Fn(u64, u64) -> &'a [u8],
+        done: &mut dyn FnMut(u64, Done),
+    ) -> std::result::Result<(), Failed> {
+        let mut in_flight: VecDeque<(u64, u64, Ticket)> = VecDeque::new();
+        let mut first_err = None;
+        for &(off, len) in reqs {
+            if in_flight.len() >= WINDOW
+                && let Some((o, l, t)) = in_flight.pop_front()
+            {
+                match self.conn.wait(t) {
+                    Ok(d) => done(o, d),
+                    Err(e) => {
+                        first_err = Some(Failed(o, l, e));
+                        break;
+                    }
+                }
+            }
+            // Requests are split far below 4 GiB.
+            let len32 = u32::try_from(len).unwrap_or(u32::MAX);
+            match self.conn.submit(cmd, 0, off, len32, payload(off, len)) {
+                Ok(t) => in_flight.push_back((off, len, t)),
+                Err(e) => {
+                    first_err = Some(Failed(off, len, e));
+                    break;
+                }
+            }
+        }
+        // Everything sent is waited for, also after an error.
+        for (o, l, t) in in_flight {
+            match self.conn.wait(t) {
+                Ok(d) => done(o, d),
+                Err(e) => {
+                    first_err.get_or_insert(Failed(o, l, e));
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn failed(&self, what: &str, f: Failed) -> DeviceError {
+        self.err(what, f.0, f.1, f.2)
+    }
+
+    /// Split `[offset, offset+len)` into requests of at most `max`.
+    fn split(offset: u64, len: u64, max: u64) -> Vec<(u64, u64)> {
+        let mut v = Vec::with_capacity(len.div_ceil(max.max(1)) as usize);
+        let mut o = offset;
+        let end = offset + len;
+        while o < end {
+            let n = (end - o).min(max);
+            v.push((o, n));
+            o += n;
+        }
+        v
+    }
+
+    fn aligned(&self, offset: u64, len: u64) -> bool {
+        let m = self.min_block();
+        offset.is_multiple_of(m) && len.is_multiple_of(m)
+    }
+
+    /// Read an aligned range.
+    fn read_aligned(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let reqs = Self::split(offset, buf.len() as u64, self.max_request());
+        self.pipeline(NBD_CMD_READ, &reqs, &|_, _| &[], &mut |o, d| {
+            let s = (o - offset) as usize;
+            buf[s..s + d.data.len()].copy_from_slice(&d.data);
+        })
+        .map_err(|f| self.failed("read", f))
+    }
+
+    /// Write an aligned range.
+    fn write_aligned(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let reqs = Self::split(offset, buf.len() as u64, self.max_request());
+        self.pipeline(
+            NBD_CMD_WRITE,
+            &reqs,
+            &|o, l| &buf[(o - offset) as usize..(o - offset + l) as usize],
+            &mut |_, _| {},
+        )
+        .map_err(|f| self.failed("write", f))
+    }
+
+    /// The covering aligned range of `[offset, offset+len)`.
+    fn widen(&self, offset: u64, len: u64) -> (u64, u64) {
+        let m = self.min_block();
+        let s = offset - offset % m;
+        let e = (offset + len).div_ceil(m) * m;
+        (s, e.min(self.size().max(s)))
+    }
+
+    /// `base:allocation` extents over `[offset, offset+len)`: (start, end,
+    /// flags), clipped to the range, in order.
+    fn extents(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64, u32)>> {
+        let mut out: Vec<(u64, u64, u32)> = Vec::new();
+        if self.conn.info.alloc_ctx.is_none() || len == 0 {
+            return Ok(out);
+        }
+        let end = offset + len;
+        let mut cur = offset;
+        while cur < end {
+            let n = (end - cur).min(MAX_RANGE);
+            let d = self
+                .conn
+                .call(NBD_CMD_BLOCK_STATUS, 0, cur, n as u32, &[])
+                .map_err(|e| self.err("block status", cur, n, e))?;
+            if d.extents.is_empty() {
+                return Err(self.err(
+                    "block status",
+                    cur,
+                    n,
+                    ReqError::Conn("the server sent no base:allocation extents".into()),
+                ));
+            }
+            for (l, flags) in d.extents {
+                if cur >= end {
+                    break;
+                }
+                if l == 0 {
+                    return Err(self.err(
+                        "block status",
+                        cur,
+                        n,
+                        ReqError::Conn("the server sent an empty extent".into()),
+                    ));
+                }
+                let e = (cur + u64::from(l)).min(end);
+                match out.last_mut() {
+                    Some(last) if last.1 == cur && last.2 == flags => last.1 = e,
+                    _ => out.push((cur, e, flags)),
+                }
+                cur = e;
+            }
+        }
+        Ok(out)
+    }
+
+    /// WRITE_ZEROES over an aligned range (the server may punch holes).
+    fn write_zeroes(&self, offset: u64, len: u64) -> std::result::Result<(), Failed> {
+        let reqs = Self::split(offset, len, MAX_RANGE);
+        self.pipeline(NBD_CMD_WRITE_ZEROES, &reqs, &|_, _| &[], &mut |_, _| {})
+    }
+
+    /// Zeros written as data over an aligned range.
+    fn write_zero_data(&self, offset: u64, len: u64) -> Result<()> {
+        let chunk = self.max_request().min(1 << 20);
+        let zeros = vec![0u8; chunk as usize];
+        let reqs = Self::split(offset, len, chunk);
+        self.pipeline(
+            NBD_CMD_WRITE,
+            &reqs,
+            &|_, l| &zeros[..l as usize],
+            &mut |_, _| {},
+        )
+        .map_err(|f| self.failed("write", f))
+    }
+}
+
+/// A request that failed: its offset, length and why.
+struct Failed(u64, u64, ReqError);
+
+impl Device for NbdDevice {
+    fn size(&self) -> u64 {
+        self.conn.info.size
+    }
+
+    /// The server's minimum block size, at least 512.
+    fn logical_block_size(&self) -> u32 {
+        self.conn.info.min_block.max(512)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let len = buf.len() as u64;
+        check_range(offset, len, self.size())?;
+        if len == 0 {
+            return Ok(());
+        }
+        if self.aligned(offset, len) {
+            return self.read_aligned(buf, offset);
+        }
+        let (s, e) = self.widen(offset, len);
+        let mut tmp = vec![0u8; (e - s) as usize];
+        self.read_aligned(&mut tmp, s)?;
+        let o = (offset - s) as usize;
+        buf.copy_from_slice(&tmp[o..o + buf.len()]);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.check_write()?;
+        let len = buf.len() as u64;
+        check_range(offset, len, self.size())?;
+        if len == 0 {
+            return Ok(());
+        }
+        if self.aligned(offset, len) {
+            return self.write_aligned(buf, offset);
+        }
+        // Smaller than the server's minimum block: read, modify, write.
+        let _g = self.rmw.lock().unwrap_or_else(|p| p.into_inner());
+        let (s, e) = self.widen(offset, len);
+        let mut tmp = vec![0u8; (e - s) as usize];
+        self.read_aligned(&mut tmp, s)?;
+        let o = (offset - s) as usize;
+        tmp[o..o + buf.len()].copy_from_slice(buf);
+        self.write_aligned(&tmp, s)
+    }
+
+    fn flush(&self) -> Result<()> {
+        if !self.write || !self.conn.info.has(NBD_FLAG_SEND_FLUSH) {
+            // Without NBD_FLAG_SEND_FLUSH the server has no write cache
+            // to flush (the client must not send it).
+            return match self.conn.dead() {
+                Some(why) => Err(self.err("flush", 0, 0, ReqError::Conn(why))),
+                None => Ok(()),
+            };
+        }
+        self.conn
+            .call(NBD_CMD_FLUSH, 0, 0, 0, &[])
+            .map(|_| ())
+            .map_err(|e| self.err("flush", 0, 0, e))
+    }
+
+    /// WRITE_ZEROES without NBD_CMD_FLAG_NO_HOLE (the server may punch),
+    /// or zeros written when the server has no WRITE_ZEROES.
+    fn zeroout(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_write()?;
+        check_range(offset, len, self.size())?;
+        if len == 0 {
+            return Ok(());
+        }
+        // Edges smaller than the server's minimum block: zeros written
+        // (read-modify-write).
+        let m = self.min_block();
+        let end = offset + len;
+        let (a, b) = (offset.div_ceil(m) * m, end / m * m);
+        if a >= b {
+            return self.write_at(&vec![0u8; len as usize], offset);
+        }
+        if a > offset {
+            self.write_at(&vec![0u8; (a - offset) as usize], offset)?;
+        }
+        if end > b {
+            self.write_at(&vec![0u8; (end - b) as usize], b)?;
+        }
+        if !self.conn.info.has(NBD_FLAG_SEND_WRITE_ZEROES) {
+            return self.write_zero_data(a, b - a);
+        }
+        match self.write_zeroes(a, b - a) {
+            // A server that advertises WRITE_ZEROES but cannot do it here.
+            Err(Failed(_, _, ReqError::Server { errno, .. }))
+                if errno == NBD_ENOTSUP || errno == NBD_EINVAL =>
+            {
+                self.write_zero_data(a, b - a)
+            }
+            Err(f) => Err(self.failed("write zeroes", f)),
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// TRIM; `Zeroed` when BLOCK_STATUS then reports the range as zero.
+    fn discard(&self, offset: u64, len: u64) -> Result<DiscardOutcome> {
+        self.check_write()?;
+        check_range(offset, len, self.size())?;
+        if !self.conn.info.has(NBD_FLAG_SEND_TRIM) {
+            return Ok(DiscardOutcome::Unsupported);
+        }
+        let m = self.min_block();
+        let (a, b) = (offset.div_ceil(m) * m, (offset + len) / m * m);
+        if a < b {
+            let reqs = Self::split(a, b - a, MAX_RANGE);
+            self.pipeline(NBD_CMD_TRIM, &reqs, &|_, _| &[], &mut |_, _| {})
+                .map_err(|f| self.failed("trim", f))?;
+        }
+        if self.is_known_zero(offset, len)? {
+            Ok(DiscardOutcome::Zeroed)
+        } else {
+            Ok(DiscardOutcome::Discarded)
+        }
+    }
+
+    /// True when a discard can be checked: the server trims and reports
+    /// `base:allocation`. [`NbdDevice::discard`] says `Zeroed` only when
+    /// the server then reports the range as zero.
+    fn discard_zeroes_data(&self) -> bool {
+        self.conn.info.has(NBD_FLAG_SEND_TRIM) && self.conn.info.alloc_ctx.is_some()
+    }
+
+    /// Ranges BLOCK_STATUS reports with `NBD_STATE_ZERO`.
+    fn known_zero_ranges(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
+        check_range(offset, len, self.size())?;
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for (s, e, f) in self.extents(offset, len)? {
+            if f & NBD_STATE_ZERO == 0 {
+                continue;
+            }
+            match out.last_mut() {
+                Some(last) if last.1 == s => last.1 = e,
+                _ => out.push((s, e)),
+            }
+        }
+        Ok(out)
+    }
+
+    fn reports_allocation(&self) -> bool {
+        self.conn.info.alloc_ctx.is_some()
+    }
+
+    /// The bytes BLOCK_STATUS does not report as holes.
+    fn allocated_bytes(&self) -> Option<u64> {
+        let ext = self.extents(0, self.size()).ok()?;
+        if ext.is_empty() {
+            return None;
+        }
+        Some(
+            ext.iter()
+                .filter(|(_, _, f)| f & NBD_STATE_HOLE == 0)
+                .map(|(s, e, _)| e - s)
+                .sum(),
+        )
+    }
+
+    fn is_rotational(&self) -> Option<bool> {
+        Some(self.conn.info.has(NBD_FLAG_ROTATIONAL))
+    }
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+}

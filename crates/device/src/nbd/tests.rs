@@ -1,0 +1,574 @@
+//! The client against a fake in-process server on a socket pair.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::proto::*;
+use super::*;
+
+/// How the fake server behaves.
+#[derive(Clone)]
+struct Fake {
+    size: u64,
+    flags: u16,
+    structured: bool,
+    meta: bool,
+    /// NBD_OPT_GO unknown: the client must fall back to EXPORT_NAME.
+    no_go: bool,
+    min_block: u32,
+    max_payload: u32,
+    /// Fail requests of this command (with this error value).
+    fail: Option<(u16, u32)>,
+    /// Close the connection when this many requests were served.
+    hang_up_after: Option<usize>,
+    /// Reply to every second pair of requests in reverse order.
+    reorder: bool,
+    /// Answer reads with hole chunks where the data is zero.
+    holes: bool,
+    /// An export name the server knows ("" answers any).
+    export: &'static str,
+}
+
+impl Default for Fake {
+    fn default() -> Fake {
+        Fake {
+            size: 1 << 20,
+            flags: NBD_FLAG_HAS_FLAGS
+                | NBD_FLAG_SEND_FLUSH
+                | NBD_FLAG_SEND_TRIM
+                | NBD_FLAG_SEND_WRITE_ZEROES,
+            structured: true,
+            meta: true,
+            no_go: false,
+            min_block: 1,
+            max_payload: 1 << 16,
+            fail: None,
+            hang_up_after: None,
+            reorder: false,
+            holes: true,
+            export: "",
+        }
+    }
+}
+
+/// What the server saw.
+#[derive(Default)]
+struct Seen {
+    cmds: Vec<(u16, u16, u64, u32)>,
+    disconnected: bool,
+}
+
+struct Server {
+    data: Arc<Mutex<Vec<u8>>>,
+    seen: Arc<Mutex<Seen>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+fn opt_reply(s: &mut UnixStream, opt: u32, t: u32, data: &[u8]) {
+    let mut v = NBD_REP_MAGIC.to_be_bytes().to_vec();
+    v.extend(opt.to_be_bytes());
+    v.extend(t.to_be_bytes());
+    v.extend((data.len() as u32).to_be_bytes());
+    v.extend(data);
+    s.write_all(&v).unwrap();
+}
+
+fn serve(mut s: UnixStream, f: Fake, data: Arc<Mutex<Vec<u8>>>, seen: Arc<Mutex<Seen>>) {
+    let _ = serve_inner(&mut s, &f, &data, &seen);
+}
+
+fn serve_inner(
+    s: &mut UnixStream,
+    f: &Fake,
+    data: &Mutex<Vec<u8>>,
+    seen: &Mutex<Seen>,
+) -> std::io::Result<()> {
+    s.write_all(&NBDMAGIC.to_be_bytes())?;
+    s.write_all(&IHAVEOPT.to_be_bytes())?;
+    s.write_all(&(NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES).to_be_bytes())?;
+    let cflags = read_u32(s)?;
+    assert_eq!(cflags, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES);
+    let mut structured = false;
+    loop {
+        assert_eq!(read_u64(s)?, IHAVEOPT);
+        let opt = read_u32(s)?;
+        let len = read_u32(s)?;
+        let mut d = vec![0u8; len as usize];
+        s.read_exact(&mut d)?;
+        match opt {
+            NBD_OPT_STRUCTURED_REPLY if f.structured => {
+                structured = true;
+                opt_reply(s, opt, NBD_REP_ACK, &[]);
+            }
+            NBD_OPT_SET_META_CONTEXT if f.meta && structured => {
+                let mut ctx = 7u32.to_be_bytes().to_vec();
+                ctx.extend(BASE_ALLOCATION.as_bytes());
+                opt_reply(s, opt, NBD_REP_META_CONTEXT, &ctx);
+                opt_reply(s, opt, NBD_REP_ACK, &[]);
+            }
+            NBD_OPT_GO if !f.no_go => {
+                let nlen = u32::from_be_bytes([d[0], d[1], d[2], d[3]]) as usize;
+                let name = std::str::from_utf8(&d[4..4 + nlen]).unwrap();
+                if !f.export.is_empty() && name != f.export {
+                    opt_reply(s, opt, NBD_REP_ERR_UNKNOWN, b"no such export");
+                    continue;
+                }
+                let mut e = NBD_INFO_EXPORT.to_be_bytes().to_vec();
+                e.extend(f.size.to_be_bytes());
+                e.extend(f.flags.to_be_bytes());
+                opt_reply(s, opt, NBD_REP_INFO, &e);
+                let mut b = NBD_INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+                b.extend(f.min_block.to_be_bytes());
+                b.extend(4096u32.to_be_bytes());
+                b.extend(f.max_payload.to_be_bytes());
+                opt_reply(s, opt, NBD_REP_INFO, &b);
+                opt_reply(s, opt, NBD_REP_ACK, &[]);
+                break;
+            }
+            NBD_OPT_EXPORT_NAME => {
+                s.write_all(&f.size.to_be_bytes())?;
+                s.write_all(&f.flags.to_be_bytes())?;
+                break;
+            }
+            _ => opt_reply(s, opt, NBD_REP_ERR_UNSUP, &[]),
+        }
+    }
+    let mut served = 0usize;
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let mut h = [0u8; Request::SIZE];
+        if s.read_exact(&mut h).is_err() {
+            return Ok(());
+        }
+        let r = Request::decode(&h)?;
+        seen.lock()
+            .unwrap()
+            .cmds
+            .push((r.cmd, r.flags, r.offset, r.len));
+        if r.cmd == NBD_CMD_DISC {
+            seen.lock().unwrap().disconnected = true;
+            return Ok(());
+        }
+        let mut payload = vec![
+            0u8;
+            if r.cmd == NBD_CMD_WRITE {
+                r.len as usize
+            } else {
+                0
+            }
+        ];
+        s.read_exact(&mut payload)?;
+        if f.hang_up_after == Some(served) {
+            return Ok(());
+        }
+        served += 1;
+        let (o, l) = (r.offset as usize, r.len as usize);
+        let reply = if let Some(e) = f.fail.filter(|(c, _)| *c == r.cmd).map(|(_, e)| e) {
+            if structured {
+                let mut p = e.to_be_bytes().to_vec();
+                p.extend(5u16.to_be_bytes());
+                p.extend(b"nope!");
+                encode_chunk(NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_ERROR, r.cookie, &p)
+            } else {
+                encode_simple_reply(e, r.cookie)
+            }
+        } else {
+            let mut d = data.lock().unwrap();
+            match r.cmd {
+                NBD_CMD_READ if structured => {
+                    let mut v = Vec::new();
+                    // Two chunks: a hole for a zero first half, data.
+                    let half = l / 2;
+                    if f.holes && half > 0 && d[o..o + half].iter().all(|&b| b == 0) {
+                        let mut p = r.offset.to_be_bytes().to_vec();
+                        p.extend((half as u32).to_be_bytes());
+                        v.extend(encode_chunk(0, NBD_REPLY_TYPE_OFFSET_HOLE, r.cookie, &p));
+                        let mut p = (r.offset + half as u64).to_be_bytes().to_vec();
+                        p.extend(&d[o + half..o + l]);
+                        v.extend(encode_chunk(
+                            NBD_REPLY_FLAG_DONE,
+                            NBD_REPLY_TYPE_OFFSET_DATA,
+                            r.cookie,
+                            &p,
+                        ));
+                    } else {
+                        let mut p = r.offset.to_be_bytes().to_vec();
+                        p.extend(&d[o..o + l]);
+                        v.extend(encode_chunk(
+                            NBD_REPLY_FLAG_DONE,
+                            NBD_REPLY_TYPE_OFFSET_DATA,
+                            r.cookie,
+                            &p,
+                        ));
+                    }
+                    v
+                }
+                NBD_CMD_READ => {
+                    let mut v = encode_simple_reply(0, r.cookie);
+                    v.extend(&d[o..o + l]);
+                    v
+                }
+                NBD_CMD_WRITE => {
+                    d[o..o + l].copy_from_slice(&payload);
+                    encode_simple_reply(0, r.cookie)
+                }
+                NBD_CMD_WRITE_ZEROES | NBD_CMD_TRIM => {
+                    d[o..o + l].fill(0);
+                    encode_simple_reply(0, r.cookie)
+                }
+                NBD_CMD_FLUSH => encode_simple_reply(0, r.cookie),
+                NBD_CMD_BLOCK_STATUS => {
+                    // 4 KiB granules, the last one may go past the request.
+                    let mut p = 7u32.to_be_bytes().to_vec();
+                    let mut at = o - o % 4096;
+                    let first = at;
+                    while at < o + l {
+                        let z = d[at..(at + 4096).min(d.len())].iter().all(|&b| b == 0);
+                        let st = if z {
+                            NBD_STATE_ZERO | NBD_STATE_HOLE
+                        } else {
+                            0
+                        };
+                        let len = if at == first {
+                            4096 - (o - first)
+                        } else {
+                            4096
+                        };
+                        p.extend((len as u32).to_be_bytes());
+                        p.extend(st.to_be_bytes());
+                        at += 4096;
+                    }
+                    encode_chunk(
+                        NBD_REPLY_FLAG_DONE,
+                        NBD_REPLY_TYPE_BLOCK_STATUS,
+                        r.cookie,
+                        &p,
+                    )
+                }
+                _ => encode_simple_reply(NBD_EINVAL, r.cookie),
+            }
+        };
+        if f.reorder {
+            held.push(reply);
+            if held.len() == 2 {
+                for r in held.drain(..).rev() {
+                    s.write_all(&r)?;
+                }
+            }
+            // A lone request at the end must be answered too: the
+            // client sends at most WINDOW, so flush when nothing follows
+            // within the pair (tests use even counts).
+        } else {
+            s.write_all(&reply)?;
+        }
+    }
+}
+
+impl Server {
+    fn start(f: Fake) -> (Server, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let data = Arc::new(Mutex::new(vec![0u8; f.size as usize]));
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (d, s) = (Arc::clone(&data), Arc::clone(&seen));
+        let handle = std::thread::spawn(move || serve(b, f, d, s));
+        (
+            Server {
+                data,
+                seen,
+                handle: Some(handle),
+            },
+            a,
+        )
+    }
+    fn join(&mut self) {
+        if let Some(h) = self.handle.take() {
+            h.join().unwrap();
+        }
+    }
+}
+
+const T: Duration = Duration::from_secs(30);
+
+fn connect(f: Fake) -> (Server, Result<NbdDevice>) {
+    let (srv, sock) = Server::start(f);
+    let dev = NbdDevice::over_unix(sock, "", OpenOptions::read_write(), T);
+    (srv, dev)
+}
+
+#[test]
+fn read_write_round_trip_split_and_pipelined() {
+    let (mut srv, dev) = connect(Fake::default());
+    let dev = dev.unwrap();
+    assert_eq!(dev.size(), 1 << 20);
+    assert_eq!(dev.logical_block_size(), 512);
+    let buf: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    dev.write_at(&buf, 4096).unwrap();
+    let mut back = vec![0u8; buf.len() + 8192];
+    dev.read_at(&mut back, 0).unwrap();
+    assert!(back[..4096].iter().all(|&b| b == 0));
+    assert_eq!(&back[4096..4096 + buf.len()], &buf[..]);
+    assert_eq!(&srv.data.lock().unwrap()[4096..4096 + buf.len()], &buf[..]);
+    dev.flush().unwrap();
+    drop(dev);
+    srv.join();
+    let seen = srv.seen.lock().unwrap();
+    assert!(seen.disconnected, "NBD_CMD_DISC on drop");
+    // 300000 bytes with a 64 KiB maximum payload: 5 writes.
+    let writes: Vec<_> = seen.cmds.iter().filter(|c| c.0 == NBD_CMD_WRITE).collect();
+    assert_eq!(writes.len(), 5);
+    assert!(writes.iter().all(|c| c.3 <= 1 << 16));
+    assert!(seen.cmds.iter().any(|c| c.0 == NBD_CMD_FLUSH));
+}
+
+#[test]
+fn replies_out_of_order_reach_their_callers() {
+    let (_srv, dev) = connect(Fake {
+        reorder: true,
+        holes: false,
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    // 4 writes, then 4 reads (pairs answered in reverse order).
+    let buf: Vec<u8> = (0..(4u32 << 16)).map(|i| (i % 253) as u8).collect();
+    dev.write_at(&buf, 0).unwrap();
+    let mut back = vec![0u8; buf.len()];
+    dev.read_at(&mut back, 0).unwrap();
+    assert_eq!(back, buf);
+}
+
+#[test]
+fn block_status_gives_known_zero_ranges() {
+    let (_srv, dev) = connect(Fake::default());
+    let dev = dev.unwrap();
+    assert!(dev.reports_allocation());
+    assert_eq!(
+        dev.known_zero_ranges(0, 1 << 20).unwrap(),
+        vec![(0, 1 << 20)]
+    );
+    dev.write_at(&[1u8; 10], 8192 + 100).unwrap();
+    assert_eq!(
+        dev.known_zero_ranges(1000, 20000).unwrap(),
+        vec![(1000, 8192), (12288, 21000)]
+    );
+    assert!(dev.is_known_zero(0, 8192).unwrap());
+    assert!(!dev.is_known_zero(0, 8193).unwrap());
+    assert_eq!(dev.allocated_bytes(), Some(4096));
+    // Zeroout and discard.
+    dev.zeroout(8192, 4096).unwrap();
+    assert!(dev.is_known_zero(0, 1 << 20).unwrap());
+    dev.write_at(&[1u8; 10], 0).unwrap();
+    assert_eq!(dev.discard(0, 4096).unwrap(), DiscardOutcome::Zeroed);
+    assert!(dev.discard_zeroes_data());
+}
+
+#[test]
+fn hole_chunks_read_as_zeros() {
+    let (_srv, dev) = connect(Fake::default());
+    let dev = dev.unwrap();
+    dev.write_at(&[9u8; 100], 3000).unwrap();
+    let mut b = vec![0xffu8; 4096];
+    dev.read_at(&mut b, 0).unwrap();
+    assert!(b[..3000].iter().all(|&x| x == 0));
+    assert!(b[3000..3100].iter().all(|&x| x == 9));
+    assert!(b[3100..].iter().all(|&x| x == 0));
+}
+
+#[test]
+fn simple_replies_and_export_name_fallback() {
+    let (_srv, dev) = connect(Fake {
+        structured: false,
+        no_go: true,
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    assert!(!dev.reports_allocation());
+    assert!(!dev.discard_zeroes_data());
+    assert_eq!(dev.known_zero_ranges(0, 4096).unwrap(), vec![]);
+    dev.write_at(b"abc", 7).unwrap();
+    let mut b = [0u8; 3];
+    dev.read_at(&mut b, 7).unwrap();
+    assert_eq!(&b, b"abc");
+    assert_eq!(dev.discard(0, 4096).unwrap(), DiscardOutcome::Discarded);
+}
+
+#[test]
+fn minimum_block_size_is_honoured() {
+    let (srv, dev) = connect(Fake {
+        min_block: 4096,
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    assert_eq!(dev.logical_block_size(), 4096);
+    dev.write_at(&[1u8; 1000], 5000).unwrap();
+    let mut b = vec![0u8; 10];
+    dev.read_at(&mut b, 4999).unwrap();
+    assert_eq!(b, [0, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
+    dev.zeroout(5000, 10).unwrap();
+    dev.read_at(&mut b, 4999).unwrap();
+    assert_eq!(b, [0; 10]);
+    let seen = srv.seen.lock().unwrap();
+    for c in &seen.cmds {
+        if c.0 != NBD_CMD_BLOCK_STATUS {
+            assert_eq!((c.2 % 4096, u64::from(c.3) % 4096), (0, 0), "{c:?}");
+        }
+    }
+}
+
+#[test]
+fn error_replies_are_clean_errors() {
+    let (_srv, dev) = connect(Fake {
+        fail: Some((NBD_CMD_WRITE, NBD_ENOSPC)),
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    let e = dev.write_at(&[1u8; 200_000], 0).unwrap_err().to_string();
+    assert!(e.starts_with("test: write of "), "{e}");
+    assert!(e.contains("ENOSPC") && e.contains("nope!"), "{e}");
+    // The connection is still usable.
+    let mut b = [0u8; 4];
+    dev.read_at(&mut b, 0).unwrap();
+
+    let (_srv, dev) = connect(Fake {
+        structured: false,
+        fail: Some((NBD_CMD_READ, NBD_EIO)),
+        ..Fake::default()
+    });
+    let e = dev.unwrap().read_at(&mut b, 0).unwrap_err().to_string();
+    assert!(e.contains("EIO"), "{e}");
+}
+
+#[test]
+fn write_zeroes_unsupported_falls_back_to_writing() {
+    let (srv, dev) = connect(Fake {
+        flags: NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH,
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    dev.write_at(&[5u8; 8192], 0).unwrap();
+    dev.zeroout(0, 8192).unwrap();
+    assert!(srv.data.lock().unwrap()[..8192].iter().all(|&b| b == 0));
+    assert_eq!(dev.discard(0, 4096).unwrap(), DiscardOutcome::Unsupported);
+    assert!(
+        !srv.seen
+            .lock()
+            .unwrap()
+            .cmds
+            .iter()
+            .any(|c| c.0 == NBD_CMD_WRITE_ZEROES || c.0 == NBD_CMD_TRIM)
+    );
+    // A server that says ENOTSUP to WRITE_ZEROES.
+    let (srv, dev) = connect(Fake {
+        fail: Some((NBD_CMD_WRITE_ZEROES, NBD_ENOTSUP)),
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    dev.write_at(&[5u8; 8192], 0).unwrap();
+    dev.zeroout(0, 8192).unwrap();
+    assert!(srv.data.lock().unwrap()[..8192].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn disconnect_mid_run_fails_every_request_cleanly() {
+    let (_srv, dev) = connect(Fake {
+        hang_up_after: Some(3),
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    let e = dev
+        .write_at(&vec![1u8; 1 << 20], 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the server closed the connection"), "{e}");
+    // Later requests fail at once with the same reason.
+    let mut b = [0u8; 4];
+    let e = dev.read_at(&mut b, 0).unwrap_err().to_string();
+    assert!(e.contains("the server closed the connection"), "{e}");
+    assert!(dev.flush().is_err());
+}
+
+#[test]
+fn handshake_errors_name_the_problem() {
+    let (_srv, dev) = connect(Fake {
+        export: "other",
+        ..Fake::default()
+    });
+    let e = dev.err().unwrap().to_string();
+    assert!(
+        e.contains("NBD_REP_ERR_UNKNOWN") && e.contains("no such export"),
+        "{e}"
+    );
+
+    // Not an NBD server at all.
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let h = std::thread::spawn(move || {
+        let _ = b.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+    });
+    let e = NbdDevice::over_unix(a, "", OpenOptions::read_only(), T)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("not an NBD server"), "{e}");
+    h.join().unwrap();
+
+    // The server hangs up during the handshake.
+    let (a, b) = UnixStream::pair().unwrap();
+    drop(b);
+    let e = NbdDevice::over_unix(a, "", OpenOptions::read_only(), T)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("closed the connection during the handshake"),
+        "{e}"
+    );
+
+    // A read-only export refuses a read-write open.
+    let (_srv, dev) = connect(Fake {
+        flags: NBD_FLAG_HAS_FLAGS | NBD_FLAG_READ_ONLY,
+        ..Fake::default()
+    });
+    let e = dev.err().unwrap().to_string();
+    assert!(e.contains("read-only"), "{e}");
+}
+
+#[test]
+fn read_only_open_refuses_writes() {
+    let (srv, sock) = Server::start(Fake::default());
+    let dev = NbdDevice::over_unix(sock, "", OpenOptions::read_only(), T).unwrap();
+    assert!(matches!(
+        dev.write_at(b"x", 0),
+        Err(DeviceError::ReadOnly { .. })
+    ));
+    assert!(dev.zeroout(0, 512).is_err());
+    assert!(dev.discard(0, 512).is_err());
+    assert!(dev.write_at(b"x", 1 << 20).is_err());
+    drop(dev);
+    drop(srv);
+}
+
+#[test]
+fn bad_uris_are_one_clear_line() {
+    for u in ["nbd+unix:///x", "nbds://h/x", "nbd://h:0/x"] {
+        let e = crate::open_device(u, OpenOptions::read_only())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.starts_with(&format!("{u}: invalid NBD URI: ")), "{e}");
+        assert!(!e.contains('\n'));
+    }
+    let e = crate::open_device(
+        "nbd+unix:///x?socket=/nonexistent-ext4kit.sock",
+        OpenOptions::read_only(),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("cannot connect: No such file or directory"),
+        "{e}"
+    );
+    assert!(crate::check_not_mounted("nbd://h/x").is_ok());
+}
