@@ -94,7 +94,7 @@ pub struct MountArgs {
     /// Stay in the foreground until unmounted (do not detach).
     #[arg(short = 'f', long = "foreground")]
     pub foreground: bool,
-    /// FUSE worker threads (default: CPUs, 2 to 4).
+    /// FUSE worker threads (default: CPUs, 2 to 16).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
     pub threads: Option<u16>,
     /// The detached child of a background mount (internal).

@@ -33,21 +33,35 @@
 //!      operation). A call lock is never taken inside a handle. Inodes
 //!      are read *after* their locks are held, and every inode that a
 //!      handle stores is read inside that handle.
-//!   3. `ops` (one handle at a time, [`Filesystem::begin`] ...
-//!      [`Filesystem::finish`]), then the journal's and the allocators'
-//!      own locks; inside a handle `orphans` (the orphan list and file:
-//!      their edits change inodes that no call lock covers, the list's
-//!      neighbours) and the **content locks** (`locks.write`) of the
-//!      inodes whose tree, directory or xattr blocks the handle edits.
+//!   3. `ops`, **shared** from [`Filesystem::begin`] to
+//!      [`Filesystem::finish`]: handles of different inodes run side by
+//!      side in the running transaction, as jbd2's do. Exclusive only
+//!      for a handle that may take an inode off the *old* orphan list
+//!      (it stores the neighbour pointing at it, an inode no lock of the
+//!      call covers). Then the journal's (a handle that does not fit the
+//!      running transaction waits for its commit, which waits for the
+//!      open handles) and the allocators' own locks; inside a handle the
+//!      **content locks** (`locks.write`) of the inodes whose tree,
+//!      directory or xattr blocks the handle edits, and three leaf locks
+//!      held briefly, never two at once: `orphans` (the orphan list and
+//!      file), `xattr_blocks` (a shared xattr block's refcount),
+//!      `inode_init` (a new inode's allocation and slot write), and at
+//!      the end `render_lock`.
+//!
+//!   The allocators record which groups changed **per thread** (the
+//!   thread running the operation), and `finish` renders that
+//!   operation's groups only, into its own handle with its own credits,
+//!   under `render_lock` (images of one group go into the transaction in
+//!   the order they were made, so the last is the newest). Every
+//!   allocation is rendered before its handle ends, and a transaction
+//!   commits only when all its handles ended, so a commit never holds
+//!   an allocation without its bitmap.
 //!
 //!   Reads ([`Filesystem::read_at`], [`Filesystem::lookup`],
 //!   [`Filesystem::xattrs`], [`Filesystem::read_locked`]) take only the
 //!   content lock of the one inode they read, shared: they see the inode
 //!   and its blocks as a handle left them and wait at most for one
-//!   handle, never for a long call. `ops` keeps the render-at-end rule
-//!   simple (no operation renders another's half-made allocation) and the
-//!   credits exact; concurrency between handles of different inodes is
-//!   the next step.
+//!   handle, never for a long call, a commit or `ops`.
 //! - **Reads** see the newest images through [`Filesystem::read`] (the
 //!   read side's [`Fs`] over the cache, with descriptors kept current).
 //!
@@ -72,7 +86,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ext4kit_device::Device;
@@ -221,8 +235,22 @@ pub struct Filesystem {
     descs: Arc<DescTable>,
     balloc: Arc<BlockAlloc>,
     ialloc: Arc<InodeAlloc>,
-    /// One handle at a time (see "Locking").
-    ops: Mutex<()>,
+    /// Taken shared by every operation's handle, exclusive by the few
+    /// that edit the old orphan list's neighbours (see "Locking").
+    ops: RwLock<()>,
+    /// Operations between `begin` and their end (for the space kept for
+    /// tree edits: [`Filesystem::tree_reserve`]).
+    active: AtomicU32,
+    /// Rendering of allocator state into a handle (bitmaps, descriptor
+    /// blocks, superblock counts): one at a time, so that a later render
+    /// always journals a newer state of a group than an earlier one.
+    render_lock: Mutex<()>,
+    /// Edits of xattr blocks (inside a handle): a block may be shared by
+    /// several inodes (`h_refcount`), which no inode lock covers.
+    xattr_blocks: Mutex<()>,
+    /// Inode allocation through the write of the new slot (see
+    /// [`Filesystem::create_inode`]).
+    inode_init: Mutex<()>,
     /// Per-inode call and content locks.
     locks: InodeLocks,
     /// Cross-directory renames.
@@ -258,7 +286,22 @@ pub struct Op<'a> {
     /// or entry check (a write's range, remove and insert walk the
     /// same leaf several times).
     tree_memo: RefCell<HashMap<(u32, u64), Vec<u8>>>,
-    _guard: MutexGuard<'a, ()>,
+    /// `ops` is held exclusive (no other handle runs).
+    exclusive: bool,
+    _guard: OpSlot<'a>,
+}
+
+/// How an operation holds `ops`, and its place in the `active` count.
+struct OpSlot<'a> {
+    _shared: Option<RwLockReadGuard<'a, ()>>,
+    _exclusive: Option<RwLockWriteGuard<'a, ()>>,
+    active: &'a AtomicU32,
+}
+
+impl Drop for OpSlot<'_> {
+    fn drop(&mut self) {
+        self.active.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Op<'_> {
@@ -372,7 +415,11 @@ impl Filesystem {
             descs,
             balloc,
             ialloc,
-            ops: Mutex::new(()),
+            ops: RwLock::new(()),
+            active: AtomicU32::new(0),
+            render_lock: Mutex::new(()),
+            xattr_blocks: Mutex::new(()),
+            inode_init: Mutex::new(()),
             locks: InodeLocks::default(),
             renames: Mutex::new(()),
             orphans: Mutex::new(()),
@@ -524,10 +571,35 @@ impl Filesystem {
         u64::from(self.rw.geometry().block_size)
     }
 
-    /// Start an operation: the coarse lock, then a handle with `credits`
-    /// plus room for rendering `groups` groups and the superblock.
+    /// Start an operation: `ops` shared (operations of different inodes
+    /// run their handles side by side), then a handle with `credits` plus
+    /// room for rendering `groups` groups and the superblock.
     pub fn begin(&self, credits: u32, groups: u32) -> Result<Op<'_>, FsError> {
-        let guard = lock(&self.ops);
+        self.begin_as(credits, groups, false)
+    }
+
+    /// [`Filesystem::begin`], with `ops` held exclusive when `exclusive`:
+    /// no other handle runs until this one ends. For the edits of the old
+    /// orphan list, which store a neighbour inode that no lock of this
+    /// call covers (see [`Filesystem::orphan_del`]).
+    fn begin_as(&self, credits: u32, groups: u32, exclusive: bool) -> Result<Op<'_>, FsError> {
+        let (shared, excl) = if exclusive {
+            (
+                None,
+                Some(self.ops.write().unwrap_or_else(|e| e.into_inner())),
+            )
+        } else {
+            (
+                Some(self.ops.read().unwrap_or_else(|e| e.into_inner())),
+                None,
+            )
+        };
+        self.active.fetch_add(1, Ordering::Relaxed);
+        let guard = OpSlot {
+            _shared: shared,
+            _exclusive: excl,
+            active: &self.active,
+        };
         let max = self.rw.journal().max_transaction();
         let want = credits
             .saturating_add(groups.saturating_mul(3))
@@ -538,6 +610,7 @@ impl Filesystem {
             locks: &self.locks,
             content: Vec::new(),
             tree_memo: RefCell::new(HashMap::new()),
+            exclusive,
             _guard: guard,
         })
     }
@@ -594,20 +667,29 @@ impl Filesystem {
     /// Fail an operation whose handle may have changed blocks.
     pub fn fail(&self, op: Op<'_>, e: FsError) -> FsError {
         // Allocations of the failed operation stay out of use until the
-        // journal is reopened (it is aborted anyway).
+        // journal is reopened (it is aborted anyway): its groups are not
+        // rendered.
         let Op {
             h, content, _guard, ..
         } = op;
+        drop(self.balloc.take_dirty_mine());
         let e = h.fail(e);
         drop(content);
         e
     }
 
     fn render(&self, h: &mut Handle<'_>) -> Result<(), FsError> {
-        let dirty = self.balloc.take_dirty();
+        // This thread's (this operation's) groups only: another running
+        // operation renders its own, with its own credits. Under
+        // `render_lock`, so a group's images go into the transaction in
+        // the order they were made (the last one is the newest state); a
+        // group two operations changed is rendered by both, the second
+        // time in blocks already joined (no credit).
+        let dirty = self.balloc.take_dirty_mine();
         if dirty.is_empty() {
             return Ok(());
         }
+        let _r = lock(&self.render_lock);
         let rd = self.rw.blocks();
         let mut desc_blocks = BTreeSet::new();
         let mut images = Vec::with_capacity(dirty.len());
@@ -747,6 +829,11 @@ impl Filesystem {
     ) -> Result<InodeInfo, FsError> {
         let kind = spec.mode & S_IFMT;
         let rd = self.rw.blocks();
+        // From the allocation to the slot's write: a slot that starts a
+        // fresh table block is written into a zeroed block (no read),
+        // which must not wipe a neighbour slot another create was handed
+        // meanwhile (the kernel zeroes such a buffer under its lock).
+        let _fresh = lock(&self.inode_init);
         let a = self.ialloc.alloc(rd, parent, kind == S_IFDIR)?;
         let l = self.descs.layout();
         let isz = l.inode_size as usize;
@@ -928,10 +1015,7 @@ impl Filesystem {
             if let (Some(m), Some(acl)) = (a.mode, access.as_deref()) {
                 let geo = self.xattr_geometry();
                 let mut slot = inode.raw.clone();
-                let mut io = XattrIo {
-                    fs: self,
-                    op: &mut op,
-                };
+                let mut io = self.xattr_io(&mut op);
                 xw::chmod(&geo, &mut io, ino, &mut slot, m, Some(acl)).map_err(xattr_fs)?;
                 inode = self.decode_any(ino, slot)?;
             }
@@ -1015,7 +1099,9 @@ impl Filesystem {
         // Unchecked: an inode freed with its last link goes whatever its
         // flags (ext4_evict_inode).
         self.truncate_with(ino, 0, true)?;
-        let mut op = self.begin(6, 2)?;
+        // Taking an orphan off the old list may store its neighbour.
+        let walk = self.inode_any(ino)?.links == 0 && self.on_orphan_list(ino);
+        let mut op = self.begin_as(6, 2, walk)?;
         op.own(ino);
         let mut inode = self.inode_any(ino)?;
         let orphan = inode.links == 0;
@@ -1027,10 +1113,7 @@ impl Filesystem {
             if inode.file_acl != 0 {
                 let geo = self.xattr_geometry();
                 let mut slot = inode.raw.clone();
-                let mut io = XattrIo {
-                    fs: self,
-                    op: &mut op,
-                };
+                let mut io = self.xattr_io(&mut op);
                 xw::release_xattr_block(&geo, &mut io, ino, &mut slot).map_err(xattr_fs)?;
                 // Link count 0 here (an orphan, or its last link gone).
                 inode = self.decode_any(ino, slot)?;
@@ -1050,6 +1133,13 @@ impl Filesystem {
             Ok(()) => self.finish(op),
             Err(e) => Err(self.fail(op, e)),
         }
+    }
+
+    /// Whether taking `ino` off the orphans would walk the old orphan list
+    /// (it is not in the orphan file), storing the neighbour that points
+    /// at it: a handle that may do so runs alone (`begin_as`).
+    fn on_orphan_list(&self, ino: u32) -> bool {
+        !self.orphan_file.as_ref().is_some_and(|o| o.contains(ino))
     }
 
     /// Put `inode` (link count already 0, or a truncate in steps) in the
@@ -1095,9 +1185,11 @@ impl Filesystem {
     /// Take `inode` off the orphan list inside `op` (its `i_dtime` is
     /// cleared; the caller stores `inode`).
     pub fn orphan_del(&self, op: &mut Op<'_>, inode: &mut InodeInfo) -> Result<(), FsError> {
-        // The list's neighbours change here without their call locks: every
-        // inode a handle stores is read inside it (under `ops`), so
-        // nothing can store a stale copy of them over this edit.
+        // The list's neighbours change here without their call locks: the
+        // handle holds `ops` exclusive when the inode is on the old list
+        // (callers check [`Filesystem::on_orphan_list`] before `begin`),
+        // and every inode a handle stores is read inside it, so no other
+        // handle holds a copy of a neighbour to store over this edit.
         let _o = lock(&self.orphans);
         let in_file = match &self.orphan_file {
             Some(of) => of.del(&mut op.h, inode.ino, &self.rw.geometry().csum)?,
@@ -1124,6 +1216,7 @@ impl Filesystem {
                 }
                 let mut c = self.inode_any(cur)?;
                 if c.dtime == ino {
+                    debug_assert!(op.exclusive, "orphan list edit in a shared handle");
                     self.edit_inode(&mut c, |n| n.i_dtime.set(next))?;
                     self.store_inode(op, &c)?;
                     break;
@@ -1184,7 +1277,7 @@ impl Filesystem {
             // Already on the list: the truncate must not add it again.
             self.truncate_with(ino, inode.size, false)?;
         }
-        let mut op = self.begin(2, 0)?;
+        let mut op = self.begin_as(2, 0, self.on_orphan_list(ino))?;
         let mut inode = self.inode_any(ino)?;
         let r = (|| {
             self.orphan_del(&mut op, &mut inode)?;
@@ -1263,10 +1356,7 @@ impl Filesystem {
         flags::may_change(&inode)?;
         let mut slot = inode.raw.clone();
         let r = {
-            let mut io = XattrIo {
-                fs: self,
-                op: &mut op,
-            };
+            let mut io = self.xattr_io(&mut op);
             xw::set_xattr(&geo, &mut io, ino, &mut slot, name, value, mode)
         };
         let changed = match r {
@@ -1543,9 +1633,13 @@ impl Filesystem {
     /// Start a handle for an extent edit: `want` credits, at most what the
     /// log allows next to the rendering of `groups` groups.
     fn begin_edit(&self, want: u32, groups: u32) -> Result<Op<'_>, FsError> {
+        self.begin_edit_as(want, groups, false)
+    }
+
+    fn begin_edit_as(&self, want: u32, groups: u32, exclusive: bool) -> Result<Op<'_>, FsError> {
         let max = self.rw.journal().max_transaction();
         let room = max.saturating_sub(groups.saturating_mul(3).saturating_add(2));
-        self.begin(want.min(room).max(1), groups)
+        self.begin_as(want.min(room).max(1), groups, exclusive)
     }
 
     /// Write `data` at byte `off` of regular file `ino` (allocating holes,
@@ -1733,9 +1827,9 @@ impl Filesystem {
                 // they start when the blocks for that are gone (ENOSPC,
                 // not a split failing in the middle of the handle).
                 let avail = self.balloc.available_blocks();
-                if convert && avail < tree_reserve(&root) {
+                if convert && avail < self.tree_reserve(&root) {
                     let e = FsError::NoSpace {
-                        wanted: tree_reserve(&root),
+                        wanted: self.tree_reserve(&root),
                         available: avail,
                     };
                     if at == l0 {
@@ -1796,7 +1890,7 @@ impl Filesystem {
                 // out of space is then an ENOSPC before the edit, never a
                 // failed split in the middle of the handle (which aborts
                 // the journal).
-                req.keep_free = tree_reserve(&root);
+                req.keep_free = self.tree_reserve(&root);
                 let left = group_budget.saturating_sub(groups.len()).max(1);
                 let pieces = match self.alloc_bounded(&req, left, &groups) {
                     Ok(p) => p,
@@ -2000,7 +2094,10 @@ impl Filesystem {
             // The orphan file's block or the previous head, and slack.
             let extra = if orphan { 4 } else { 0 };
             let want = 2 * REMOVE_BLOCKS + 2 * single_extent_credits(d + 1) + 4 + extra;
-            let mut op = self.begin_edit(want, groups as u32 + 2)?;
+            // A step that may take the inode off the old orphan list (it
+            // may be the last) runs alone: see `orphan_del`.
+            let walk = listed && self.on_orphan_list(ino);
+            let mut op = self.begin_edit_as(want, groups as u32 + 2, walk)?;
             op.own(ino);
             let step = Cut {
                 a,
@@ -2022,7 +2119,9 @@ impl Filesystem {
                     }
                 }
                 // Refused before anything changed: end the empty handle.
-                Err(e @ FsError::NoSpace { .. }) if !op.h.changed() && !self.balloc.has_dirty() => {
+                Err(e @ FsError::NoSpace { .. })
+                    if !op.h.changed() && !self.balloc.has_dirty_mine() =>
+                {
                     drop(op);
                     return Err(e);
                 }
@@ -2078,9 +2177,9 @@ impl Filesystem {
         // split node): refused before any change when the blocks for that
         // are gone (ENOSPC; the kernel takes them from its reserve).
         let avail = self.balloc.available_blocks();
-        if avail < tree_reserve(&root) && plan.iter().any(|(m, _)| m.lblk < s && m.end() > b) {
+        if avail < self.tree_reserve(&root) && plan.iter().any(|(m, _)| m.lblk < s && m.end() > b) {
             return Err(FsError::NoSpace {
-                wanted: tree_reserve(&root),
+                wanted: self.tree_reserve(&root),
                 available: avail,
             });
         }
@@ -2336,6 +2435,16 @@ fn tree_reserve(i_block: &[u8; 60]) -> u64 {
     2 * (u64::from(root_depth(i_block)) + 2)
 }
 
+impl Filesystem {
+    /// [`tree_reserve`] for this operation, plus a deepest tree's (depth
+    /// 5) for every other operation running now: each of them may take
+    /// its reserve after this one allocated (handles run side by side).
+    fn tree_reserve(&self, i_block: &[u8; 60]) -> u64 {
+        let others = u64::from(self.active.load(Ordering::Relaxed).saturating_sub(1));
+        tree_reserve(i_block) + others * 2 * (5 + 2)
+    }
+}
+
 /// [`TreeIo`] on an operation's handle and the block allocator.
 struct TreeOp<'a, 'b> {
     fs: &'a Filesystem,
@@ -2395,6 +2504,19 @@ impl TreeIo for TreeOp<'_, '_> {
 struct XattrIo<'a, 'b> {
     fs: &'a Filesystem,
     op: &'a mut Op<'b>,
+    /// `xattr_blocks`: a shared block's refcount is read and written back
+    /// by one edit at a time.
+    _x: MutexGuard<'a, ()>,
+}
+
+impl Filesystem {
+    fn xattr_io<'a, 'b>(&'a self, op: &'a mut Op<'b>) -> XattrIo<'a, 'b> {
+        XattrIo {
+            fs: self,
+            op,
+            _x: lock(&self.xattr_blocks),
+        }
+    }
 }
 
 impl XattrBlocks for XattrIo<'_, '_> {

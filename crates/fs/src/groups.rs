@@ -8,8 +8,9 @@
 //! can take [`Layout`] and [`read_descriptors`] as they are, or replace them
 //! with their own table and keep the allocators.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
+use std::thread::{self, ThreadId};
 
 use ext4kit_format::features::{Compat, Incompat, RoCompat};
 use ext4kit_format::group_desc::GroupDesc;
@@ -399,42 +400,85 @@ pub struct GroupDirty {
 
 /// Groups whose bitmaps or descriptor changed. Every entry implies that
 /// the group's descriptor changed too.
+///
+/// Kept **per thread**: a change is recorded for the thread that made it,
+/// which is the thread running the operation (an [`crate::fs::Op`] never
+/// leaves its thread), so [`DirtySet::take_mine`] at the end of an
+/// operation renders the groups *that* operation changed, into its own
+/// handle, however many other operations run at the same time (their
+/// groups are theirs to render, with their own credits).
+/// [`DirtySet::take`] takes every thread's (tests and tools with one
+/// thread).
 #[derive(Debug, Default)]
 pub struct DirtySet {
-    inner: Mutex<BTreeMap<u32, (bool, bool)>>,
+    inner: Mutex<HashMap<ThreadId, Marks>>,
+}
+
+/// Dirty groups -> (block bitmap, inode bitmap) changed.
+type Marks = BTreeMap<u32, (bool, bool)>;
+
+fn listed(m: Marks) -> Vec<GroupDirty> {
+    m.into_iter()
+        .map(|(group, (b, i))| GroupDirty {
+            group,
+            block_bitmap: b,
+            inode_bitmap: i,
+        })
+        .collect()
 }
 
 impl DirtySet {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<ThreadId, Marks>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Group `group` changed (for the calling thread's operation).
     pub fn mark(&self, group: u32, block_bitmap: bool, inode_bitmap: bool) {
-        let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let e = m.entry(group).or_default();
+        let mut m = self.map();
+        let e = m
+            .entry(thread::current().id())
+            .or_default()
+            .entry(group)
+            .or_default();
         e.0 |= block_bitmap;
         e.1 |= inode_bitmap;
     }
 
-    /// Take (and clear) the dirty groups, in group order.
+    /// Take (and clear) every thread's dirty groups, in group order.
     pub fn take(&self) -> Vec<GroupDirty> {
-        let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        std::mem::take(&mut *m)
-            .into_iter()
-            .map(|(group, (b, i))| GroupDirty {
-                group,
-                block_bitmap: b,
-                inode_bitmap: i,
-            })
-            .collect()
+        let all = std::mem::take(&mut *self.map());
+        let mut merged = Marks::new();
+        for (g, (b, i)) in all.into_values().flatten() {
+            let e = merged.entry(g).or_default();
+            e.0 |= b;
+            e.1 |= i;
+        }
+        listed(merged)
     }
 
-    /// Dirty groups without clearing them.
+    /// Take (and clear) the calling thread's dirty groups, in group order.
+    pub fn take_mine(&self) -> Vec<GroupDirty> {
+        let mine = self.map().remove(&thread::current().id());
+        listed(mine.unwrap_or_default())
+    }
+
+    /// Whether the calling thread changed a group it has not taken yet.
+    pub fn has_mine(&self) -> bool {
+        self.map()
+            .get(&thread::current().id())
+            .is_some_and(|m| !m.is_empty())
+    }
+
+    /// Every thread's dirty groups without clearing them.
     pub fn peek(&self) -> Vec<GroupDirty> {
-        let m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        m.iter()
-            .map(|(&group, &(b, i))| GroupDirty {
-                group,
-                block_bitmap: b,
-                inode_bitmap: i,
-            })
-            .collect()
+        let m = self.map();
+        let mut merged = Marks::new();
+        for (&g, &(b, i)) in m.values().flatten() {
+            let e = merged.entry(g).or_default();
+            e.0 |= b;
+            e.1 |= i;
+        }
+        listed(merged)
     }
 }
 

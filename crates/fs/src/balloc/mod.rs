@@ -507,6 +507,17 @@ impl BlockAlloc {
         !self.dirty.peek().is_empty()
     }
 
+    /// [`BlockAlloc::take_dirty`] of the calling thread's changes only
+    /// (its operation's: see [`DirtySet`]).
+    pub fn take_dirty_mine(&self) -> Vec<GroupDirty> {
+        self.dirty.take_mine()
+    }
+
+    /// Whether the calling thread changed a group it has not rendered.
+    pub fn has_dirty_mine(&self) -> bool {
+        self.dirty.has_mine()
+    }
+
     fn guard<'a>(&'a self, g: u32, stripe: Option<MutexGuard<'a, ()>>) -> GroupGuard<'a> {
         let st = GState::unpack(self.state[g as usize].load(Ordering::Relaxed));
         let sets = lock(&self.sets).remove(&g);

@@ -247,7 +247,9 @@ impl Filesystem {
             }
             // Refused before anything changed (no free inode: ENOSPC as
             // ext4's, the journal goes on): end the empty handle.
-            Err(e @ FsError::NoSpace { .. }) if !op.h.changed() && !self.balloc.has_dirty() => {
+            Err(e @ FsError::NoSpace { .. })
+                if !op.h.changed() && !self.balloc.has_dirty_mine() =>
+            {
                 drop(op);
                 Err(e)
             }
@@ -481,7 +483,7 @@ impl Filesystem {
         if inode.file_acl != 0 {
             let geo = self.xattr_geometry();
             let mut slot = inode.raw.clone();
-            let mut io = XattrIo { fs: self, op };
+            let mut io = self.xattr_io(op);
             xw::release_xattr_block(&geo, &mut io, ino, &mut slot).map_err(xattr_fs)?;
             *inode = self.decode_any(ino, slot)?;
         }
