@@ -211,6 +211,12 @@ impl Export<'_> {
             match s {
                 Step::Enter(path) => {
                     let d = under(path);
+                    // Never through a symlink copied before (a damaged
+                    // directory may repeat a name): it could point out of
+                    // the destination.
+                    if path.len() > 1 && fs::symlink_metadata(&d).is_ok_and(|m| !m.is_dir()) {
+                        let _ = fs::remove_file(&d);
+                    }
                     if !d.is_dir() {
                         fs::create_dir(&d).with_context(|| {
                             format!("cannot create directory '{}'", d.display())
@@ -255,7 +261,14 @@ impl Export<'_> {
         let err = |e: FsError| anyhow!("'{spec}': {e}");
         match inode.file_type() {
             FileType::Directory => bail!("'{spec}': a directory"),
-            FileType::Regular => self.file(inode, spec, dst)?,
+            FileType::Regular => {
+                // Not through a symlink (a repeated name of a damaged
+                // directory could make one point out of the destination).
+                if fs::symlink_metadata(dst).is_ok_and(|m| m.file_type().is_symlink()) {
+                    let _ = fs::remove_file(dst);
+                }
+                self.file(inode, spec, dst)?
+            }
             FileType::Symlink => {
                 let target = fs.read_link(inode).map_err(err)?;
                 let _ = fs::remove_file(dst);

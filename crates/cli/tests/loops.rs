@@ -278,3 +278,53 @@ fn cp_out_never_leaves_the_destination() {
     assert!(!Path::new("/q9").exists());
     assert_eq!(host_tree(&out), ["lost+found"]);
 }
+
+#[test]
+fn cp_out_never_writes_through_a_copied_symlink() {
+    if let Err(why) = e2fs_tools() {
+        return skip("cp_out_never_writes_through_a_copied_symlink", &why);
+    }
+    let dir = image_dir();
+    let victim = dir.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    let img = mkimg(
+        dir.path(),
+        "dup.img",
+        "8M",
+        &["-b", "1024", "-O", "^metadata_csum"],
+    );
+    let host = dir.path().join("f");
+    std::fs::write(&host, b"x").unwrap();
+    // /zb -> victim (a symlink), then a directory /zc holding zf.
+    run_ok(
+        ext4kit()
+            .arg("ln")
+            .arg("-s")
+            .arg(&victim)
+            .arg(at(&img, "/zb")),
+    )
+    .unwrap();
+    run_ok(ext4kit().arg("mkdir").arg(at(&img, "/zc"))).unwrap();
+    run_ok(ext4kit().arg("cp").arg(&host).arg(at(&img, "/zc/zf"))).unwrap();
+    run_ok(ext4kit().arg("cp").arg(&host).arg(at(&img, "/zbf"))).unwrap();
+    // The damage: "zc" becomes a second "zb", and the file "zbf" a
+    // third ("zb" + a name_len of 2): both come after the symlink.
+    let out = run_ok(tool("debugfs").arg("-R").arg("blocks /").arg(&img)).unwrap();
+    let blk: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let mut bytes = std::fs::read(&img).unwrap();
+    let b = &mut bytes[blk as usize * 1024..(blk as usize + 1) * 1024];
+    let i = b.windows(2).position(|w| w == b"zc").unwrap();
+    b[i + 1] = b'b';
+    let j = b.windows(3).position(|w| w == b"zbf").unwrap();
+    b[j - 2] = 2;
+    std::fs::write(&img, &bytes).unwrap();
+    let dst = dir.path().join("out");
+    std::fs::create_dir(&dst).unwrap();
+    let _ = run(ext4kit().arg("cp").arg("-a").arg(at(&img, "/")).arg(&dst)).unwrap();
+    assert_eq!(
+        host_tree(&victim),
+        Vec::<String>::new(),
+        "wrote through the symlink"
+    );
+    assert!(!dst.join("zb").is_symlink());
+}
