@@ -3,7 +3,8 @@
 //!
 //! Real images (mke2fs- and ext4kit-made, 4 KiB and 1 KiB blocks,
 //! `metadata_csum` and `uninit_bg`, and 1 KiB meta_bg ones with two meta
-//! groups, whose descriptors are mutated where they are) get files and directories (debugfs),
+//! groups, whose descriptors are mutated where they are, and 1 KiB
+//! bigalloc ones with 4 KiB clusters) get files and directories (debugfs),
 //! then fields of their superblock and descriptors are changed, in part with
 //! every checksum recomputed (as a buggy tool, or a bit flip followed by a
 //! checksum repair, would leave them), and `ext4kit lazyinit` runs on each.
@@ -279,6 +280,7 @@ fn parse_base(name: &str, path: &Path) -> Result<Base, String> {
 fn make_base(dir: &Path, maker: &str, bs: u32, csum: &str) -> Result<Base, String> {
     let name = format!("{maker}-{bs}-{csum}");
     let meta_bg = csum == "meta_bg";
+    let bigalloc = csum == "bigalloc";
     let path = dir.join(format!("{name}.img"));
     let size: u64 = 32 << 20;
     File::create(&path)
@@ -286,6 +288,8 @@ fn make_base(dir: &Path, maker: &str, bs: u32, csum: &str) -> Result<Base, Strin
         .map_err(|e| e.to_string())?;
     let feats = if meta_bg {
         "metadata_csum,^uninit_bg,meta_bg,^resize_inode"
+    } else if bigalloc {
+        "metadata_csum,^uninit_bg,bigalloc"
     } else if csum == "metadata_csum" {
         "metadata_csum,^uninit_bg"
     } else {
@@ -293,32 +297,37 @@ fn make_base(dir: &Path, maker: &str, bs: u32, csum: &str) -> Result<Base, Strin
     };
     // Small groups, so that there are several groups of each kind (with
     // meta_bg 32 groups of 1 MiB: two meta groups of 16).
-    let bpg = if meta_bg {
+    let bpg = if meta_bg || bigalloc {
+        // bigalloc: clusters per group (4 KiB clusters: 4 MiB groups).
         "1024"
     } else if bs == 4096 {
         "2048"
     } else {
         "4096"
     };
-    let args = [
+    let bs_s = bs.to_string();
+    let mut args = vec![
         "-q",
         "-F",
         "-t",
         "ext4",
         "-b",
-        &bs.to_string(),
+        bs_s.as_str(),
         "-g",
         bpg,
         "-O",
         feats,
         "-E",
         "lazy_itable_init=1,nodiscard",
-        path.to_str().ok_or("path")?,
     ];
+    if bigalloc {
+        args.extend(["-C", "4096"]);
+    }
+    args.push(path.to_str().ok_or("path")?);
     let mut cmd = if maker == "mke2fs" {
-        mke2fs(args)
+        mke2fs(&args)
     } else {
-        ext4kit_mkfs(args)
+        ext4kit_mkfs(&args)
     };
     run_ok(&mut cmd)?;
     // Files and directories, so that there is data to destroy.
@@ -688,8 +697,8 @@ fn mutated_images_never_lose_data() {
     let mut tally = Tally::default();
     for maker in ["mke2fs", "ext4kit"] {
         for bs in [4096u32, 1024] {
-            for csum in ["metadata_csum", "uninit_bg", "meta_bg"] {
-                if csum == "meta_bg" && bs != 1024 {
+            for csum in ["metadata_csum", "uninit_bg", "meta_bg", "bigalloc"] {
+                if matches!(csum, "meta_bg" | "bigalloc") && bs != 1024 {
                     continue;
                 }
                 let base = make_base(dir.path(), maker, bs, csum)

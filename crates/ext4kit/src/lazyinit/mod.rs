@@ -79,7 +79,6 @@ pub mod zero;
 use std::collections::VecDeque;
 
 use ext4kit_device::{Device, DeviceError};
-use ext4kit_format::features::RoCompat;
 use ext4kit_format::group_desc::{BG_INODE_UNINIT, BG_INODE_ZEROED};
 
 use crate::image::{DescChecksum, Image, ImageError};
@@ -233,11 +232,6 @@ fn plan_all(image: &Image<'_>) -> Result<(VecDeque<GroupWork>, u32), LazyError> 
             Some(w) => pending.push_back(w),
             None => zeroed_before += 1,
         }
-    }
-    if !pending.is_empty() && image.features().ro_compat.contains(RoCompat::BIGALLOC) {
-        return Err(LazyError::Image(ImageError::Unsupported(
-            "bigalloc: lazyinit cannot cross-check cluster bitmaps yet".into(),
-        )));
     }
     // One contiguous slice for the cross-check.
     pending.make_contiguous();

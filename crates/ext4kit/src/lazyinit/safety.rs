@@ -204,9 +204,6 @@ pub enum CheckError {
 /// Run every check. `pending` are the groups lazy init would zero.
 pub fn check(image: &Image<'_>, pending: &[GroupWork]) -> Result<(), CheckError> {
     let sb = image.superblock();
-    if image.features().ro_compat.contains(RoCompat::BIGALLOC) {
-        return Err(ImageError::Unsupported("bigalloc".into()).into());
-    }
     let rd = Reader::new(image);
     check_backups(image, &rd)?;
     let extents = layout(image)?;
@@ -488,7 +485,9 @@ fn check_block_bitmaps(
                     cache = Some((g, bm));
                 }
                 let bm = cache.as_ref().map(|(_, b)| b.as_slice()).unwrap_or(&[]);
-                if let Some(free) = (b..run_end).find(|&x| !bit(bm, x - gs)) {
+                // One bit per cluster (bigalloc), else per block.
+                let ratio = u64::from(geom.cluster_ratio.max(1));
+                if let Some(free) = (b..run_end).find(|&x| !bit(bm, (x - gs) / ratio)) {
                     return Err(conflict(format!(
                         "group {g}: block {free} of {} is free in the block bitmap",
                         e.describe()
