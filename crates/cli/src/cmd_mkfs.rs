@@ -905,8 +905,14 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     let source_tree = match &a.opt_d {
         Some(d) if !dry_run => {
             mkfs::populate::check_layout(&prepared.layout)?;
-            let tree =
-                mkfs::populate::source::scan(Path::new(d)).map_err(|e| anyhow::anyhow!("{e}"))?;
+            // A directory, else a tar archive (plain or gzip; - is stdin).
+            let p = Path::new(d);
+            let tree = if d != "-" && p.is_dir() {
+                mkfs::populate::source::scan(p)
+            } else {
+                mkfs::populate::archive::scan_archive(p)
+            }
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
             mkfs::populate::check(&prepared.layout, &tree)?;
             Some(tree)
         }

@@ -765,3 +765,113 @@ fn root_owner_and_bad_sources() {
     assert_eq!(out.status.code(), Some(1));
     assert!(!img.exists() || !dumpe2fs_h(&img).contains("magic number"));
 }
+
+/// `-d ARCHIVE`: a pax tar of the same tree (GNU tar, xattrs kept), plain,
+/// gzip and on stdin, gives the directory's bytes (times clamped, since
+/// archiving reads the files); a corrupt archive and a `..` member are one
+/// line and no filesystem.
+#[test]
+fn tarball_gives_the_directory_bytes() {
+    if !have("tar") || !have("gzip") {
+        return skip("tarball_gives_the_directory_bytes", "tar or gzip not found");
+    }
+    let dir = image_dir();
+    let src = tempfile::tempdir().unwrap();
+    build(src.path(), 4096, false);
+    // (tar has no sockets.)
+    std::fs::remove_file(src.path().join("sock")).unwrap();
+    let tarball = dir.path().join("t.tar");
+    run_ok(
+        tool("tar")
+            .args(["--format=pax", "--xattrs", "--xattrs-include=*", "-C"])
+            .arg(src.path())
+            .arg("-cf")
+            .arg(&tarball)
+            .arg("."),
+    )
+    .unwrap();
+    let gz = dir.path().join("t.tar.gz");
+    let out = run_ok(tool("gzip").arg("-c").arg(&tarball)).unwrap();
+    std::fs::write(&gz, &out.stdout).unwrap();
+    let seed = format!("hash_seed={SEED}");
+    let make = |from: &Path, img: &Path, stdin: Option<&Path>| {
+        let mut c = ext4kit_mkfs([
+            "-q", "-F", "-t", "ext4", "-b", "4096", "-U", UUID, "-E", &seed,
+        ]);
+        c.arg("-d")
+            .arg(if stdin.is_some() {
+                Path::new("-")
+            } else {
+                from
+            })
+            .arg(img)
+            .arg("64M")
+            .env("E2FSPROGS_FAKE_TIME", "1600000000")
+            .env("SOURCE_DATE_EPOCH", "1600000000");
+        if let Some(f) = stdin {
+            c.stdin(std::fs::File::open(f).unwrap());
+        }
+        run_ok(&mut c).unwrap();
+        e2fsck_clean(img).unwrap();
+        std::fs::read(img).unwrap()
+    };
+    let d = make(src.path(), &dir.path().join("d.img"), None);
+    let dev = open_image(&dir.path().join("d.img"));
+    let want = walk_image(&Volume::open(&dev).unwrap().fs());
+    for (label, img, from, stdin) in [
+        ("tar", "t.img", &tarball, None),
+        ("gzip", "g.img", &gz, None),
+        ("stdin", "s.img", &tarball, Some(tarball.as_path())),
+    ] {
+        let img = dir.path().join(img);
+        let t = make(from, &img, stdin);
+        if t != d {
+            // Say what differs before failing.
+            let dev = open_image(&img);
+            let got = walk_image(&Volume::open(&dev).unwrap().fs());
+            compare(label, &got, &want, |_| {}).unwrap();
+            panic!("{label}: the same tree, but not the same bytes");
+        }
+    }
+    // Bad archives.
+    let check = |label: &str, archive: &Path| {
+        let img = dir.path().join(format!("{label}.img"));
+        let out = run(ext4kit_mkfs(["-q", "-F", "-t", "ext4", "-d"])
+            .arg(archive)
+            .arg(&img)
+            .arg("16M"))
+        .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{label}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{label}: {err}");
+        assert!(!img.exists(), "{label}: the target was touched");
+    };
+    let mut bytes = std::fs::read(&tarball).unwrap();
+    bytes.truncate(bytes.len() / 2 + 100);
+    let cut = dir.path().join("cut.tar");
+    std::fs::write(&cut, &bytes).unwrap();
+    check("truncated", &cut);
+    let mut h = vec![0u8; 1024];
+    h[..512].copy_from_slice(&ustar_header(b"../evil", b'0', 0));
+    let evil = dir.path().join("evil.tar");
+    std::fs::write(&evil, [h, vec![0; 1024]].concat()).unwrap();
+    check("dotdot", &evil);
+}
+
+/// A ustar header block for `name` of type `typ` and `size` bytes.
+fn ustar_header(name: &[u8], typ: u8, size: u64) -> [u8; 512] {
+    let mut h = [0u8; 512];
+    h[..name.len()].copy_from_slice(name);
+    h[100..107].copy_from_slice(b"0000644");
+    h[108..115].copy_from_slice(b"0000000");
+    h[116..123].copy_from_slice(b"0000000");
+    h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+    h[136..147].copy_from_slice(b"00000000000");
+    h[156] = typ;
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+    h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    h
+}

@@ -16,6 +16,7 @@
 //! it (so it is one extent where it fits), holes and all-zero blocks are
 //! not allocated, tree blocks follow their data.
 
+pub mod archive;
 pub mod source;
 
 use std::collections::BTreeMap;
@@ -623,28 +624,52 @@ impl Pop<'_> {
         let n = &tree.nodes[k];
         let path = n.path.clone();
         let bs = u64::from(self.l.block_size);
-        let f = File::open(&path).map_err(|e| PopulateError::Source {
-            path: path.clone(),
-            what: format!("cannot open: {e}"),
-        })?;
+        // The data: an archive member's bytes in the spool, or the host
+        // file (checked against the scan before and after).
+        let spool = match (n.spooled, &tree.spool) {
+            (Some((off, _)), Some(f)) => Some((f.clone(), off)),
+            _ => None,
+        };
+        let (f, base) = match &spool {
+            Some((_, off)) => (None, *off),
+            None => (
+                Some(File::open(&path).map_err(|e| PopulateError::Source {
+                    path: path.clone(),
+                    what: format!("cannot open: {e}"),
+                })?),
+                0,
+            ),
+        };
         let changed = |md: &std::fs::Metadata| {
             !md.is_file()
                 || md.size() != n.size
                 || md.mtime() != n.mtime.sec
                 || md.mtime_nsec() != i64::from(n.mtime.nsec)
         };
-        let md = f.metadata().map_err(|e| PopulateError::Source {
-            path: path.clone(),
-            what: format!("cannot stat: {e}"),
-        })?;
-        if changed(&md) {
-            return Err(PopulateError::Changed { path });
+        if let Some(f) = &f {
+            let md = f.metadata().map_err(|e| PopulateError::Source {
+                path: path.clone(),
+                what: format!("cannot stat: {e}"),
+            })?;
+            if changed(&md) {
+                return Err(PopulateError::Changed { path });
+            }
         }
         let size = n.size;
-        let segs = data_segments(&f, size, bs).map_err(|e| PopulateError::Source {
-            path: path.clone(),
-            what: format!("cannot find its data: {e}"),
-        })?;
+        let segs = match &f {
+            Some(f) => data_segments(f, size, bs).map_err(|e| PopulateError::Source {
+                path: path.clone(),
+                what: format!("cannot find its data: {e}"),
+            })?,
+            None if size > 0 => vec![(0, size.div_ceil(bs))],
+            None => Vec::new(),
+        };
+        let Some(reader) = f.as_ref().or(spool.as_ref().map(|(s, _)| &**s)) else {
+            return Err(PopulateError::Source {
+                path,
+                what: "no data".into(),
+            });
+        };
         let upper: u64 = segs.iter().map(|(a, b)| b - a).sum();
         if upper > 0 {
             self.reserve(upper);
@@ -658,7 +683,7 @@ impl Pop<'_> {
                 let want = ((nb * bs).min(size - blk * bs)) as usize;
                 let chunk = &mut buf[..(nb * bs) as usize];
                 chunk.fill(0);
-                read_full(&f, &mut chunk[..want], blk * bs).map_err(|e| match e {
+                read_full(reader, &mut chunk[..want], base + blk * bs).map_err(|e| match e {
                     ReadErr::Short => PopulateError::Changed { path: path.clone() },
                     ReadErr::Io(e) => PopulateError::Source {
                         path: path.clone(),
@@ -691,12 +716,14 @@ impl Pop<'_> {
                 blk += nb;
             }
         }
-        let md = f.metadata().map_err(|e| PopulateError::Source {
-            path: path.clone(),
-            what: format!("cannot stat: {e}"),
-        })?;
-        if changed(&md) {
-            return Err(PopulateError::Changed { path });
+        if let Some(f) = &f {
+            let md = f.metadata().map_err(|e| PopulateError::Source {
+                path: path.clone(),
+                what: format!("cannot stat: {e}"),
+            })?;
+            if changed(&md) {
+                return Err(PopulateError::Changed { path });
+            }
         }
         if size.div_ceil(bs) > 1 << 32 {
             return Err(PopulateError::Invalid {

@@ -73,6 +73,9 @@ pub struct Node {
     pub nlink: u32,
     /// Subdirectories (for a directory's link count).
     pub subdirs: u32,
+    /// An archive member's data: (offset, length) in the tree's spool
+    /// file (`None`: read the host file at `path`).
+    pub spooled: Option<(u64, u64)>,
 }
 
 impl Node {
@@ -95,9 +98,11 @@ impl Node {
 #[derive(Clone, Debug, Default)]
 pub struct Tree {
     pub nodes: Vec<Node>,
+    /// Where an archive's file data was copied (unlinked temporary file).
+    pub spool: Option<std::sync::Arc<std::fs::File>>,
 }
 
-fn io_err(path: &Path, what: &str, e: std::io::Error) -> PopulateError {
+pub(super) fn io_err(path: &Path, what: &str, e: std::io::Error) -> PopulateError {
     PopulateError::Source {
         path: path.to_path_buf(),
         what: format!("{what}: {e}"),
@@ -169,6 +174,7 @@ fn node_of(path: &Path, name: &[u8], parent: usize) -> Result<Node, PopulateErro
         link_to: None,
         nlink: 1,
         subdirs: 0,
+        spooled: None,
     })
 }
 
