@@ -57,7 +57,8 @@ fn image_operand(arg: &OsStr) -> Option<Target> {
     let b = arg.as_bytes();
     b.contains(&b':').then_some(())?;
     let t = parse_target(arg);
-    (t.img.as_os_str().len() < b.len() && t.img.exists()).then_some(t)
+    (t.img.as_os_str().len() < b.len() && (t.img.exists() || ext4kit_device::is_device_uri(&t.img)))
+        .then_some(t)
 }
 
 /// Run `ext4kit cp`.

@@ -57,6 +57,19 @@ pub fn parse_target(arg: &OsStr) -> Target {
         },
         spec: spec.clone(),
     };
+    if ext4kit_device::is_device_uri(arg) {
+        // NBD URI: the ':' after the export's path starts the image path
+        // (so export names and socket paths cannot contain ':' here).
+        let start = spec.find("://").map_or(0, |i| i + 3);
+        let path_at = b[start..]
+            .iter()
+            .position(|&c| c == b'/')
+            .map_or(b.len(), |i| start + i);
+        return match b[path_at..].iter().position(|&c| c == b':') {
+            Some(i) => mk(&b[..path_at + i], &b[path_at + i + 1..]),
+            None => mk(b, b"/"),
+        };
+    }
     if std::path::Path::new(arg).exists() {
         return mk(b, b"/");
     }

@@ -640,7 +640,9 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         None => Profile::load().context("reading mke2fs.conf")?,
     };
     let dev_name = device.display().to_string();
-    let exists = device.exists();
+    // An NBD URI names an existing export (its size comes from the server).
+    let uri = ext4kit_device::is_device_uri(device);
+    let exists = uri || device.exists();
     if !exists && a.fs_size.is_none() {
         let msg = format!(
             "The file {} does not exist and no size was specified.",
@@ -843,7 +845,7 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     // Overwrite protection, as mke2fs's check_plausibility(): only when
     // stdin and stdout are terminals; the question only without -F.
     // As mke2fs: no look at what the target holds with -E offset=.
-    if exists && has_size && resolved.offset == 0 && interactive() {
+    if exists && !uri && has_size && resolved.offset == 0 && interactive() {
         let found =
             crate::probe::probe_path(device).with_context(|| format!("reading {dev_name}"))?;
         if let Some(f) = found {
@@ -1204,7 +1206,7 @@ fn super_only_confirmed(
     profile: &Profile,
 ) -> Result<bool> {
     let dev_name = device.display().to_string();
-    if device.exists() && p.resolved.offset == 0 {
+    if device.exists() && !ext4kit_device::is_device_uri(device) && p.resolved.offset == 0 {
         let found =
             crate::probe::probe_path(device).with_context(|| format!("reading {dev_name}"))?;
         if let Some(f) = found {
