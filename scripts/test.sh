@@ -10,9 +10,10 @@ cargo build --release -p ext4kit-cli
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-# --show-output prints what passing tests said, e.g. why a root-only test
+# --no-fail-fast runs every test binary (one failing binary must not hide
+# the others); --show-output prints what passing tests said, e.g. why a root-only test
 # skipped.
-cargo test --workspace -- --show-output 2>&1 | tee "$log" || status=$?
+cargo test --workspace --no-fail-fast -- --show-output 2>&1 | tee "$log" || status=$?
 passed=$(awk '/^test result:/ {for (i = 1; i <= NF; i++) if ($i ~ /^passed;?$/) s += $(i - 1)} END {print s + 0}' "$log")
 failed=$(awk '/^test result:/ {for (i = 1; i <= NF; i++) if ($i ~ /^failed;?$/) s += $(i - 1)} END {print s + 0}' "$log")
 skipped=$(grep -c '^SKIP' "$log" || true)
