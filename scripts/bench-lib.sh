@@ -144,3 +144,18 @@ down() {
     esac
 }
 
+
+# Copy $ext4kit (and $EXT4KIT_BASE, if set) into $work, since others may
+# rebuild target/ meanwhile; sets ext4kit, base_bin and ext4kit_rev (the
+# commit of $repo, marked when crates/ has uncommitted changes).
+snapshot_binaries() {
+    cp -- "$ext4kit" "$work/ext4kit"
+    ext4kit_rev=$(cd "$repo" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    if [[ -n $(cd "$repo" && git status --porcelain -- crates 2>/dev/null) ]]; then ext4kit_rev+=" (+ uncommitted changes)"; fi
+    ext4kit=$work/ext4kit
+    base_bin=
+    if [[ -n ${EXT4KIT_BASE:-} ]]; then
+        cp -- "$EXT4KIT_BASE" "$work/ext4kit-base"
+        base_bin=$work/ext4kit-base
+    fi
+}

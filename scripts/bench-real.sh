@@ -151,16 +151,7 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# Snapshot the binaries: others may rebuild target/ meanwhile.
-cp -- "$ext4kit" "$work/ext4kit"
-ext4kit_rev=$(cd "$repo" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
-if [[ -n $(cd "$repo" && git status --porcelain -- crates 2>/dev/null) ]]; then ext4kit_rev+=" (+ uncommitted changes)"; fi
-ext4kit=$work/ext4kit
-base_bin=
-if [[ -n ${EXT4KIT_BASE:-} ]]; then
-    cp -- "$EXT4KIT_BASE" "$work/ext4kit-base"
-    base_bin=$work/ext4kit-base
-fi
+snapshot_binaries
 
 export E2FSPROGS_FAKE_TIME=1700000000
 uuid=8e1f4c2a-6b3d-4f70-9a5e-0c7d2b8f1e64
