@@ -665,21 +665,17 @@ fn open_replays_a_dirty_journal_and_refuses_what_it_cannot_write() {
     let out = run(tool("e2fsck").arg("-fy").arg(&img)).unwrap();
     assert!(out.status.code().is_some_and(|c| c <= 1), "{out:?}");
     e2fsck_clean(&img).unwrap();
-    // Features the writer does not handle: one line naming them, and the
-    // image is not touched.
-    for (feat, word) in [
-        ("inline_data", "inline_data"),
-        ("^has_journal", "has_journal"),
-    ] {
-        let p = mkimg(dir.path(), "refuse.img", "32M", &["-O", feat]);
-        let before = fs::read(&p).unwrap();
-        let err = RwFs::open(open_file(&p), RwOptions::default())
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(err.contains(word) && !err.contains('\n'), "{feat}: {err}");
-        assert!(fs::read(&p).unwrap() == before, "{feat}: image changed");
-    }
+    // A feature the writer does not handle: one line naming it, and the
+    // image is not touched. (A filesystem without a journal is written in
+    // place: nojournal.rs.)
+    let p = mkimg(dir.path(), "refuse.img", "32M", &["-O", "inline_data"]);
+    let before = fs::read(&p).unwrap();
+    let err = RwFs::open(open_file(&p), RwOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("inline_data") && !err.contains('\n'), "{err}");
+    assert!(fs::read(&p).unwrap() == before, "image changed");
 }
 
 // --------------------------------------------------------- crash campaign

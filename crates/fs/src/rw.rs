@@ -42,7 +42,9 @@ use ext4kit_format::Csum;
 use ext4kit_format::features::{Compat, Features, Incompat, RoCompat, Word};
 use ext4kit_format::group_desc::GroupDesc;
 use ext4kit_format::inode;
-use ext4kit_format::superblock::{STATE_ERROR, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock};
+use ext4kit_format::superblock::{
+    STATE_ERROR, STATE_VALID, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock,
+};
 use zerocopy::IntoBytes;
 
 use crate::cache::BlockCache;
@@ -99,9 +101,14 @@ pub fn check_writable(sb: &Superblock) -> Result<(), FsError> {
     if compat.contains(Compat::FAST_COMMIT) {
         return Err(FsError::Unsupported("fast_commit".into()));
     }
-    if !compat.contains(Compat::HAS_JOURNAL) {
-        return Err(FsError::Unsupported(
-            "a filesystem without a journal (has_journal)".into(),
+    if !compat.contains(Compat::HAS_JOURNAL)
+        && Incompat(sb.s_feature_incompat.get()).contains(Incompat::RECOVER)
+    {
+        // The kernel refuses it too ("fs needs recovery but has no
+        // journal"); e2fsck clears the flag.
+        return Err(FsError::corrupt(
+            "superblock",
+            "needs_recovery is set but the filesystem has no journal (run e2fsck)",
         ));
     }
     Ok(())
@@ -490,6 +497,11 @@ pub struct RwFs {
     /// What [`RwFs::mark_in_use`] still has to write (`None` once done).
     mark: Mutex<Option<OpenMark>>,
     marked: AtomicBool,
+    /// Without a journal: `s_state` had `VALID_FS` at open. The open
+    /// clears it on disk (the kernel's `ext4_setup_super`) and a clean
+    /// close puts back what was found (`ext4_put_super` writes
+    /// `s_mount_state`): an unchecked filesystem stays unchecked.
+    valid_at_open: Option<bool>,
 }
 
 /// The superblock changes of a read-write open, kept until they are
@@ -550,6 +562,12 @@ impl RwFs {
     /// features set (which the kernel's mount writes too). Closing an
     /// unmarked filesystem writes nothing.
     pub fn open_deferred(dev: Arc<dyn Device>, opts: RwOptions) -> Result<RwFs, FsError> {
+        {
+            let sb = read_superblock_with(&*dev, false).map_err(fs_err)?;
+            if !Compat(sb.s_feature_compat.get()).contains(Compat::HAS_JOURNAL) {
+                return Self::open_without_journal(dev, opts);
+            }
+        }
         let (sb, sb_ok) = match read_superblock(&*dev) {
             Ok(sb) => (sb, true),
             Err(e) => {
@@ -641,7 +659,71 @@ impl RwFs {
                 journal_error,
             })),
             marked: AtomicBool::new(false),
+            valid_at_open: None,
         })
+    }
+
+    /// [`RwFs::open_deferred`] of a filesystem without a journal: nothing
+    /// to replay, a writer that commits in place
+    /// ([`JournalWriter::without_journal`]).
+    fn open_without_journal(dev: Arc<dyn Device>, opts: RwOptions) -> Result<RwFs, FsError> {
+        let sb = read_superblock(&*dev).map_err(fs_err)?;
+        check_writable(&sb)?;
+        let bs = sb
+            .block_size()
+            .ok_or_else(|| FsError::corrupt("superblock", "block size out of range"))?;
+        let blocks = sb.blocks_count();
+        if blocks == 0 || blocks.saturating_mul(u64::from(bs)) > dev.size() {
+            return Err(FsError::corrupt(
+                "superblock",
+                format!(
+                    "{blocks} blocks of {bs} bytes do not fit the device ({} bytes)",
+                    dev.size()
+                ),
+            ));
+        }
+        let geo = Geometry::of(&sb, bs, blocks)?;
+        let valid = sb.s_state.get() & STATE_VALID != 0;
+        if !valid {
+            // ext4_setup_super's warning; the kernel mounts it all the same.
+            tracing::warn!(
+                "{}: warning: writing an unchecked filesystem (not clean), running e2fsck is recommended",
+                dev.name()
+            );
+        }
+        let metadata_csum =
+            RoCompat(sb.s_feature_ro_compat.get()).contains(RoCompat::METADATA_CSUM);
+        let w = JournalWriter::without_journal(dev, bs, blocks, 1, opts.journal);
+        let errors = opts
+            .errors
+            .unwrap_or_else(|| ErrorBehavior::from_s_errors(sb.s_errors.get()));
+        Ok(RwFs {
+            w,
+            sb_block: SUPERBLOCK_OFFSET / u64::from(bs),
+            sb_off: (SUPERBLOCK_OFFSET % u64::from(bs)) as usize,
+            geo,
+            metadata_csum,
+            report: OpenReport::default(),
+            errors,
+            read_only: Mutex::new(None),
+            err_lock: Mutex::new(()),
+            pending_errors: Mutex::new(Vec::new()),
+            orphans_left: AtomicBool::new(
+                RoCompat(sb.s_feature_ro_compat.get()).contains(RoCompat::ORPHAN_PRESENT),
+            ),
+            mark: Mutex::new(Some(OpenMark {
+                saved_errors: None,
+                journal_error: false,
+            })),
+            marked: AtomicBool::new(false),
+            valid_at_open: Some(valid),
+        })
+    }
+
+    /// Whether the filesystem has a journal (`false`: its transactions
+    /// commit in place, see [`JournalWriter::without_journal`]).
+    pub fn has_journal(&self) -> bool {
+        self.w.has_journal()
     }
 
     /// Put the in-use marks on disk if [`RwFs::open_deferred`] left them
@@ -658,9 +740,17 @@ impl RwFs {
             return Ok(());
         };
         let t = now();
+        let journaled = self.valid_at_open.is_none();
         write_sb_direct(&**self.w.device(), |sb| {
-            let inc = sb.s_feature_incompat.get() | Incompat::RECOVER.bits();
-            sb.s_feature_incompat.set(inc);
+            if journaled {
+                let inc = sb.s_feature_incompat.get() | Incompat::RECOVER.bits();
+                sb.s_feature_incompat.set(inc);
+            } else {
+                // Without a journal the filesystem is not clean while it
+                // is open for writing (ext4_setup_super): a crash leaves
+                // it for e2fsck.
+                sb.s_state.set(sb.s_state.get() & !STATE_VALID);
+            }
             if let Some(saved) = &mark.saved_errors {
                 saved.restore(sb);
             }
@@ -851,6 +941,7 @@ impl RwFs {
         };
         let pending = std::mem::take(&mut *lock(&self.pending_errors));
         let orphans_left = self.orphans_left.load(Ordering::Relaxed);
+        let valid_at_open = self.valid_at_open;
         write_sb_direct(dev, |sb| {
             for p in &pending {
                 apply_error(sb, p);
@@ -859,6 +950,9 @@ impl RwFs {
             sb.s_free_inodes_count.set(free_inodes);
             let inc = sb.s_feature_incompat.get() & !Incompat::RECOVER.bits();
             sb.s_feature_incompat.set(inc);
+            if valid_at_open == Some(true) {
+                sb.s_state.set(sb.s_state.get() | STATE_VALID);
+            }
             if !orphans_left {
                 let ro = sb.s_feature_ro_compat.get() & !RoCompat::ORPHAN_PRESENT.bits();
                 sb.s_feature_ro_compat.set(ro);

@@ -12,6 +12,15 @@
 //! written home here: the checkpoint does that, from committed images.
 //! When the log has no room for the transaction, a checkpoint runs first.
 //! Any I/O error aborts the journal (no further transactions).
+//!
+//! Without a journal ([`JournalWriter::without_journal`]) the same freeze
+//! is followed by: (1) the ordered data, already written, is flushed;
+//! (2) the frozen images are written home in place (sorted, neighbours
+//! merged); (3) flush. The transaction is then durable and its blocks are
+//! clean at once (no checkpoint); revoked blocks are simply forgotten (no
+//! log holds a copy of them). A crash between (2) and (3) can leave any
+//! part of the transaction home: e2fsck repairs that, as after a crash of
+//! the kernel's ext4 without a journal.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -19,7 +28,7 @@ use ext4kit_format::jbd2::JBD2_FEATURE_INCOMPAT_REVOKE;
 
 use super::log::{LiveTxn, write_blocks};
 use super::txn::{JournalWriter, LogState, Transaction, lock};
-use crate::FsError;
+use crate::{BlockRead, FsError};
 
 /// Largest single write the writer issues, in blocks.
 pub(crate) const MAX_RUN: usize = 256;
@@ -75,15 +84,19 @@ impl JournalWriter {
             self.cond.notify_all();
             (txn, frozen)
         };
-        if let Err(e) = self.write_transaction(log, &txn, &frozen) {
-            return Err(self.abort(&e));
-        }
-        // Durable.
         let tid = txn.tid;
         let blocks: Vec<u64> = frozen.iter().map(|(b, _)| *b).collect();
-        self.cache.committed(tid, &blocks);
-        for &r in &txn.revokes {
-            self.cache.forget(r);
+        if self.journal.is_some() {
+            if let Err(e) = self.write_transaction(log, &txn, &frozen) {
+                return Err(self.abort(&e));
+            }
+            // Durable.
+            self.cache.committed(tid, &blocks);
+            for &r in &txn.revokes {
+                self.cache.forget(r);
+            }
+        } else if let Err(e) = self.write_in_place(tid, &txn, &blocks) {
+            return Err(self.abort(&e));
         }
         {
             let mut st = lock(&self.state);
@@ -95,6 +108,28 @@ impl JournalWriter {
         }
         lock(&self.stats).commits += 1;
         Ok(Some(tid))
+    }
+
+    /// The commit of a writer without a journal (see the module docs).
+    fn write_in_place(&self, tid: u32, txn: &Transaction, blocks: &[u64]) -> Result<(), FsError> {
+        self.cache.committed(tid, blocks);
+        for &r in &txn.revokes {
+            self.cache.forget(r);
+        }
+        // The data this transaction orders is durable before any of its
+        // metadata reaches its home.
+        self.dev.flush()?;
+        let list = self.cache.checkpoint_list();
+        write_blocks(
+            &*self.dev,
+            self.cache.block_size(),
+            list.iter().map(|(b, _, img)| (*b, &img[..])),
+            MAX_RUN,
+        )?;
+        self.dev.flush()?;
+        self.cache.checkpointed(&list);
+        lock(&self.stats).home_blocks_written += list.len() as u64;
+        Ok(())
     }
 
     fn write_transaction(
@@ -127,17 +162,20 @@ impl JournalWriter {
         if log.ring.free() < needed {
             self.checkpoint_locked(log, tid)?;
         }
-        let bs = u64::from(self.journal.block_size);
+        let Some(journal) = self.journal.as_ref() else {
+            return Err(FsError::Unsupported("no journal to log into".into()));
+        };
+        let bs = u64::from(journal.block_size);
         let start = log.ring.head;
         let mut placed = Vec::with_capacity(rblocks.len() + enc.blocks.len());
         for b in rblocks.iter().chain(enc.blocks.iter()) {
             let pos = log.ring.take();
-            let p = self.journal.phys(u64::from(pos)).ok_or_else(|| {
+            let p = journal.phys(u64::from(pos)).ok_or_else(|| {
                 FsError::corrupt("journal inode", format!("log block {pos} is not mapped"))
             })?;
             placed.push((p, &b[..]));
         }
-        write_blocks(&*self.dev, self.journal.block_size, placed, MAX_RUN)?;
+        write_blocks(&*self.dev, journal.block_size, placed, MAX_RUN)?;
         if log.jsb_empty {
             log.jsb.s_start.set(start);
             log.jsb.s_sequence.set(tid);
@@ -155,7 +193,7 @@ impl JournalWriter {
             .codec
             .commit_block(tid, now.as_secs(), now.subsec_nanos(), enc.crc32_sum);
         let pos = log.ring.take();
-        let p = self.journal.phys(u64::from(pos)).ok_or_else(|| {
+        let p = journal.phys(u64::from(pos)).ok_or_else(|| {
             FsError::corrupt("journal inode", format!("log block {pos} is not mapped"))
         })?;
         self.dev.write_at(&cb, p * bs)?;

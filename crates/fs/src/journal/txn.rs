@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use ext4kit_device::Device;
 use ext4kit_format::checksum::jbd2 as jcsum;
 use ext4kit_format::jbd2::*;
-use zerocopy::IntoBytes;
+use zerocopy::{FromZeros, IntoBytes};
 
 use super::log::{LogCodec, LogRing};
 use super::recover::Journal;
@@ -46,6 +46,11 @@ use crate::{BlockRead, FsError};
 
 /// `-EIO` as jbd2 stores it in `s_errno`.
 pub const JBD2_EIO: u32 = (-5i32) as u32;
+
+/// The largest transaction (in blocks) of a writer without a journal
+/// when [`JournalOptions::max_transaction`] does not say: what a 128 MiB
+/// journal of 4 KiB blocks allows (a quarter of it).
+pub const NO_JOURNAL_MAX_TRANSACTION: u32 = 8192;
 
 /// Called after each durable commit with its tid and the extents
 /// (start, length in blocks) its handles freed: they may now be reused or
@@ -158,7 +163,9 @@ pub struct JournalStats {
 pub struct JournalWriter {
     pub(crate) dev: Arc<dyn Device>,
     pub(crate) cache: BlockCache,
-    pub(crate) journal: Journal,
+    /// `None`: a filesystem without a journal (`^has_journal`): a commit
+    /// writes its blocks home in place (see `commit.rs`).
+    pub(crate) journal: Option<Journal>,
     pub(crate) max_txn: u32,
     pub(crate) revokes_per_block: usize,
     pub(crate) opts: JournalOptions,
@@ -278,7 +285,7 @@ impl JournalWriter {
             }),
             hooks: Mutex::new(Vec::new()),
             stats: Mutex::new(JournalStats::default()),
-            journal,
+            journal: Some(journal),
         };
         {
             let mut log = lock(&w.log);
@@ -288,6 +295,71 @@ impl JournalWriter {
             }
         }
         Ok(w)
+    }
+
+    /// A writer for a filesystem without a journal (`^has_journal`, as
+    /// the kernel's ext4 runs one): transactions are kept exactly as with
+    /// a journal (handles, credits, freezing, the freed-extent hooks), but
+    /// a commit writes the transaction's blocks home in place after its
+    /// ordered data is flushed, then flushes (`commit.rs`); nothing is
+    /// logged, there is no checkpoint and nothing to replay. A crash in
+    /// the middle of a commit may leave part of it home: e2fsck repairs
+    /// that, as after a crash of the kernel's no-journal ext4. The largest
+    /// transaction is [`JournalOptions::max_transaction`] or
+    /// [`NO_JOURNAL_MAX_TRANSACTION`] blocks (it bounds the memory the
+    /// running copies take).
+    pub fn without_journal(
+        dev: Arc<dyn Device>,
+        block_size: u32,
+        fs_blocks: u64,
+        tid: u32,
+        opts: JournalOptions,
+    ) -> JournalWriter {
+        let max_txn = opts
+            .max_transaction
+            .unwrap_or(NO_JOURNAL_MAX_TRANSACTION)
+            .max(1);
+        let cache = BlockCache::new(dev.clone(), block_size, fs_blocks, opts.cache_blocks);
+        let codec = LogCodec {
+            fmt: LogFormat {
+                compat: 0,
+                incompat: 0,
+            },
+            seed: 0,
+            block_size: block_size as usize,
+            uuid: [0; 16],
+        };
+        JournalWriter {
+            dev,
+            cache,
+            max_txn,
+            revokes_per_block: codec.revokes_per_block().max(1),
+            opts,
+            state: Mutex::new(TxnState {
+                running: Transaction::new(tid),
+                locked: false,
+                aborted: None,
+                last_committed: tid.wrapping_sub(1),
+            }),
+            cond: Condvar::new(),
+            log: Mutex::new(LogState {
+                ring: LogRing::new(0, 0, 0),
+                jsb: JournalSuperblock::new_zeroed(),
+                jsb_block: 0,
+                jsb_empty: true,
+                jsb_dirty: false,
+                codec,
+            }),
+            hooks: Mutex::new(Vec::new()),
+            stats: Mutex::new(JournalStats::default()),
+            journal: None,
+        }
+    }
+
+    /// Whether this writer logs into a journal (`false`: a filesystem
+    /// without one, see [`JournalWriter::without_journal`]).
+    pub fn has_journal(&self) -> bool {
+        self.journal.is_some()
     }
 
     /// The block cache: every metadata read goes through it
@@ -301,9 +373,10 @@ impl JournalWriter {
         &self.dev
     }
 
-    /// The journal mapping this writer logs into.
-    pub fn journal(&self) -> &Journal {
-        &self.journal
+    /// The journal mapping this writer logs into (`None` without a
+    /// journal).
+    pub fn journal(&self) -> Option<&Journal> {
+        self.journal.as_ref()
     }
 
     /// The log format in use.
@@ -444,7 +517,7 @@ impl JournalWriter {
     /// `s_errno` (best effort: the device may be what failed), so the next
     /// open marks the filesystem in error.
     pub(crate) fn record_errno(&self, log: &mut LogState) {
-        if self.aborted().is_none() || log.jsb.s_errno.get() != 0 {
+        if self.journal.is_none() || self.aborted().is_none() || log.jsb.s_errno.get() != 0 {
             return;
         }
         log.jsb.s_errno.set(JBD2_EIO);
@@ -454,13 +527,16 @@ impl JournalWriter {
     }
 
     pub(crate) fn write_jsb(&self, log: &mut LogState) -> Result<(), FsError> {
+        if self.journal.is_none() {
+            return Ok(());
+        }
         let jsb = &mut log.jsb;
         if log.codec.fmt.csum_v2or3() {
             jsb.s_checksum.set(0);
             let c = jcsum::superblock(jsb.as_bytes());
             jsb.s_checksum.set(c);
         }
-        let bs = u64::from(self.journal.block_size);
+        let bs = u64::from(self.cache.block_size());
         self.dev.write_at(jsb.as_bytes(), log.jsb_block * bs)?;
         log.jsb_dirty = false;
         Ok(())
@@ -844,6 +920,47 @@ mod tests {
         assert_eq!(rec.transactions(), 1);
         assert!(rec.writes.contains_key(&free(0)) && !rec.writes.contains_key(&free(1)));
         assert_eq!(Journal::open(&*mem).unwrap().jsb.s_errno.get(), JBD2_EIO);
+    }
+
+    #[test]
+    fn without_a_journal_a_commit_writes_home_after_the_ordered_data() {
+        use ext4kit_device::FaultDevice;
+        let mem = Arc::new(image());
+        let fault = FaultDevice::new(mem.clone());
+        let ctl = fault.control();
+        let dev: Arc<dyn Device> = Arc::new(fault);
+        let w = JournalWriter::without_journal(
+            dev,
+            4096,
+            (32 << 20) / 4096,
+            1,
+            JournalOptions::default(),
+        );
+        assert!(!w.has_journal() && w.journal().is_none());
+        assert_eq!(w.max_transaction(), NO_JOURNAL_MAX_TRANSACTION);
+        let mut h = w.start(2).unwrap();
+        h.write_data(free(5), &[7u8; 4096]).unwrap();
+        h.modify(free(0), |d| d[0] = 1).unwrap();
+        h.modify(free(1), |d| d[0] = 2).unwrap();
+        let tid = h.tid();
+        drop(h);
+        assert_eq!(mem.to_bytes()[(free(0) * 4096) as usize], 0);
+        let (ops, flushes) = (ctl.ops(), ctl.flushes());
+        assert_eq!(w.commit().unwrap(), Some(tid));
+        // flush (the data), the two neighbours in one write, flush.
+        assert_eq!((ctl.ops() - ops, ctl.flushes() - flushes), (3, 2));
+        let img = mem.to_bytes();
+        assert_eq!(img[(free(0) * 4096) as usize], 1);
+        assert_eq!(img[(free(1) * 4096) as usize], 2);
+        assert_eq!(img[(free(5) * 4096) as usize], 7);
+        assert_eq!(w.stats().log_blocks_written, 0);
+        // Nothing committed is left unwritten: checkpoint and shutdown
+        // write nothing more.
+        w.checkpoint().unwrap();
+        let ops = ctl.ops();
+        w.shutdown().unwrap();
+        assert_eq!(ctl.ops(), ops);
+        assert!(w.start(1).is_err());
     }
 
     #[test]
