@@ -29,7 +29,10 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   no needs_recovery). fsync makes data durable (one journal commit); \
                   changes are otherwise committed every commit=SEC seconds. A bare `sync` \
                   (sync(2), syncfs(2)) does not reach a FUSE server and commits nothing: use \
-                  `sync FILE` or `sync DIRECTORY` (an fsync) on the mount. `ext4kit status \
+                  `sync FILE` or `sync DIRECTORY` (an fsync) on the mount. A filesystem \
+                  without a journal (-O ^has_journal) is written in place as the kernel \
+                  writes it: \"not clean\" in the superblock while mounted, \"clean\" again \
+                  at the unmount; after a crash run e2fsck -fy before using it. `ext4kit status \
                   MOUNTPOINT` shows lazy init and, with -o discard, the discard queue and \
                   the reconciler.\n\n\
                   Options (-o, comma-separated, may be repeated; later ones win):\n  \
