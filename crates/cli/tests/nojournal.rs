@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::fuse::FuseMount;
+use common::fuse::{FuseMount, wait_until};
 use common::*;
 use ext4kit_device::{CutMode, Device, FaultDevice};
 use ext4kit_format::inode::{S_IFDIR, S_IFREG};
@@ -415,4 +415,101 @@ fn power_cuts_of_a_journal_less_image_then_e2fsck_repairs() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+fn zeroed_groups(img: &Path) -> (usize, usize) {
+    let out = run_ok(tool("dumpe2fs").arg(img)).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let groups: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("Group ") && l.contains(": (Blocks"))
+        .collect();
+    let zeroed = groups
+        .iter()
+        .filter(|l| l.contains("ITABLE_ZEROED"))
+        .count();
+    (zeroed, groups.len() - zeroed)
+}
+
+/// What assumed a journal, on a journal-less mount: online lazy init
+/// (`ITABLE_ZEROED` committed after the zeros) and a file unlinked while
+/// open (on the orphan list until closed): the image is clean after the
+/// unmount, every table zeroed, the space of the unlinked file back.
+#[test]
+fn lazy_init_and_unlinked_open_files_on_a_journal_less_mount() {
+    let what = "lazy_init_and_unlinked_open_files_on_a_journal_less_mount";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = dir.path().join("lazy.img");
+    {
+        // Stale bytes under the tables: what zeroing must clear.
+        let mut f = File::create(&img).unwrap();
+        let chunk = vec![0xAAu8; 1 << 20];
+        for _ in 0..64 {
+            f.write_all(&chunk).unwrap();
+        }
+    }
+    run_ok(&mut mke2fs([
+        "-q",
+        "-F",
+        "-t",
+        "ext4",
+        "-O",
+        "^has_journal",
+        "-b",
+        "4096",
+        "-g",
+        "4096",
+        "-E",
+        "lazy_itable_init=1,nodiscard",
+        img.to_str().unwrap(),
+    ]))
+    .unwrap();
+    let (_, left) = zeroed_groups(&img);
+    assert!(left >= 3, "groups left for lazy init: {left}");
+    let m = FuseMount::new(&img, &["init_itable=0"]).unwrap();
+    let p = m.path().join("open-unlinked");
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&p)
+        .unwrap();
+    f.write_all(&pattern(1 << 20, 4)).unwrap();
+    fs::remove_file(&p).unwrap();
+    for i in 0..50 {
+        fs::write(m.path().join(format!("f{i}")), pattern(3000, i)).unwrap();
+    }
+    f.sync_all().unwrap();
+    use std::io::{Read, Seek};
+    f.rewind().unwrap();
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).unwrap();
+    assert!(back == pattern(1 << 20, 4), "the unlinked file reads back");
+    drop(f);
+    wait_until("lazy init", Duration::from_secs(30), || {
+        run_ok(ext4kit().args(["status", "--json"]).arg(m.path()))
+            .ok()
+            .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+            .is_some_and(|v| v["lazyinit"]["status"]["state"] == "done")
+    })
+    .unwrap();
+    assert_eq!(state(&img), "not clean");
+    m.unmount().unwrap();
+    assert_eq!(zeroed_groups(&img).1, 0, "groups not zeroed");
+    e2fsck_clean(&img).unwrap();
+    assert_eq!(state(&img), "clean");
+    let m = FuseMount::new(&img, &["ro"]).unwrap();
+    for i in 0..50 {
+        assert_eq!(
+            fs::read(m.path().join(format!("f{i}"))).unwrap(),
+            pattern(3000, i),
+            "f{i}"
+        );
+    }
+    assert!(!m.path().join("open-unlinked").exists());
+    m.unmount().unwrap();
 }
