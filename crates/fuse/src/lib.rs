@@ -23,6 +23,7 @@
 pub mod atime;
 pub mod attr;
 pub mod flags;
+mod fusermount;
 pub mod mount;
 pub mod ops;
 pub mod options;
