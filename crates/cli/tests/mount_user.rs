@@ -2,7 +2,10 @@
 //! the set-user-ID `fusermount3`, as libfuse mounts. As root, the test
 //! makes an image and a mount point owned by uid 65534 and runs the
 //! mount as that uid (setpriv): write and read a file, unmount with
-//! `fusermount3 -u`, the server exits 0, `e2fsck -fn` is clean.
+//! `fusermount3 -u`, the server exits 0, `e2fsck -fn` is clean; a
+//! `kill -9` of the server, the next mount replays, SIGTERM ends it
+//! cleanly; with `user_allow_other` (a private `/etc/fuse.conf`) an
+//! `allow_other` mount, which auto_unmount removes after a `kill -9`.
 //!
 //! fusermount3 opens `/dev/fuse` as the user, so `/dev/fuse` must be
 //! mode 0666 as udev normally makes it; where it is 0600 (this machine)
@@ -51,29 +54,48 @@ fn why_not() -> Result<(), String> {
     Ok(())
 }
 
-/// `sh -c SCRIPT` as uid/gid 65534, no supplementary groups, in `dir`;
-/// with `private_fuse`, in a private mount namespace whose `/dev/fuse`
-/// is `dir/fuse` (mode 0666).
-fn as_user(dir: &Path, script: &str, private_fuse: bool) -> std::process::Output {
+/// Where [`as_user`] runs its script.
+#[derive(Clone, Copy, PartialEq)]
+enum Ns {
+    /// This process's mount namespace, as it is.
+    Host,
+    /// A private mount namespace whose `/dev/fuse` is `dir/fuse` (mode
+    /// 0666) when the host's is closed to the user.
+    Private { fuse: bool },
+    /// As `Private`, and `/etc/fuse.conf` there says `user_allow_other`.
+    AllowOther { fuse: bool },
+}
+
+/// `sh -c SCRIPT` as uid/gid 65534, no supplementary groups, in `dir`
+/// (`$B` is the ext4kit binary), in the namespace `ns` describes.
+fn as_user(dir: &Path, script: &str, ns: Ns) -> std::process::Output {
     let user = format!(
         "exec setpriv --reuid={UID} --regid={UID} --clear-groups env -i PATH=/usr/bin:/bin:/usr/sbin:/sbin LC_ALL=C B='{}' sh -c '{}'",
         ext4kit_path(),
         script.replace('\'', r"'\''")
     );
-    let mut c = if private_fuse {
-        let mut c = Command::new("unshare");
-        c.args(["-m", "--propagation", "private", "sh", "-c"])
-            .arg(format!(
-                "mount --bind '{}/fuse' /dev/fuse && {user}",
-                dir.display()
-            ));
-        c
-    } else {
-        let mut c = Command::new("sh");
-        c.arg("-c").arg(user);
-        c
+    let d = dir.display();
+    let (fuse, conf) = match ns {
+        Ns::Host => {
+            let mut c = Command::new("sh");
+            c.arg("-c").arg(user);
+            return c.current_dir(dir).output().expect("running sh");
+        }
+        Ns::Private { fuse } => (fuse, false),
+        Ns::AllowOther { fuse } => (fuse, true),
     };
-    c.current_dir(dir).output().expect("running sh")
+    let mut setup = String::new();
+    if fuse {
+        setup += &format!("mount --bind '{d}/fuse' /dev/fuse && ");
+    }
+    if conf {
+        std::fs::write(dir.join("fuse.conf"), "user_allow_other\n").unwrap();
+        setup += &format!("mount --bind '{d}/fuse.conf' /etc/fuse.conf && ");
+    }
+    let mut c = Command::new("unshare");
+    c.args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!("{setup}{user}"));
+    c.current_dir(dir).output().expect("running unshare")
 }
 
 fn text(o: &std::process::Output) -> String {
@@ -104,6 +126,44 @@ wait $pid; rc=$?
 cat server.err
 [ $rc = 0 ] || { echo "server exit $rc"; exit 16; }
 ! grep -q " $PWD/m " /proc/self/mounts || exit 17
+"#;
+
+/// A `kill -9` of the server (`-o $OPTS`), then a mount that replays
+/// the journal and is ended by SIGTERM (`fusermount3 -u -z` for a
+/// user): the server exits 0. With `$GONE` set the killed server's mount
+/// must go by itself (auto_unmount); else it is cleared with
+/// `fusermount3 -u -z`: fusermount3 (3.14) looks at the mount point as
+/// root before its auto_unmount, and a mount without allow_other
+/// refuses root (EACCES), so it leaves the mount alone.
+const KILL_SCRIPT: &str = r#"
+live() {
+  i=0
+  until grep -q " $PWD/m fuse" /proc/self/mounts; do
+    i=$((i+1)); [ $i -gt 500 ] && { echo "not mounted"; cat server.err; exit 20; }
+    kill -0 $1 2>/dev/null || { echo "server exited"; cat server.err; exit 21; }
+    sleep 0.02
+  done
+}
+$B mount -f -o $OPTS img m 2>server.err & pid=$!
+live $pid
+echo more > m/k && sync m/k || exit 22
+kill -9 $pid; wait $pid
+if [ -n "$GONE" ]; then
+  i=0
+  while grep -q " $PWD/m fuse" /proc/self/mounts; do
+    i=$((i+1)); [ $i -gt 500 ] && { echo "still mounted after kill -9"; exit 23; }
+    sleep 0.02
+  done
+else
+  fusermount3 -u -z m || exit 27
+fi
+$B mount -f -o $OPTS img m 2>server.err & pid=$!
+live $pid
+[ "$(cat m/k)" = more ] || exit 24
+kill -TERM $pid; wait $pid; rc=$?
+cat server.err
+[ $rc = 0 ] || { echo "server exit $rc after SIGTERM"; exit 25; }
+! grep -q " $PWD/m " /proc/self/mounts || exit 26
 "#;
 
 #[test]
@@ -145,7 +205,7 @@ fn user_mounts_through_fusermount3() {
         .status()
         .is_ok_and(|s| s.success());
     if !dev_open {
-        let o = as_user(dir, "$B mount -f img m", false);
+        let o = as_user(dir, "$B mount -f img m", Ns::Host);
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "{}", text(&o));
         assert_eq!(err.trim().lines().count(), 1, "{}", text(&o));
@@ -160,7 +220,8 @@ fn user_mounts_through_fusermount3() {
     let node = dir.join("fuse");
     run_ok(tool("mknod").args([node.to_str().unwrap(), "c", "10", "229"])).unwrap();
     std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let o = as_user(dir, MOUNT_SCRIPT, !dev_open);
+    let fuse = !dev_open;
+    let o = as_user(dir, MOUNT_SCRIPT, Ns::Private { fuse });
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("user_id=65534"), "{}", text(&o));
@@ -170,12 +231,29 @@ fn user_mounts_through_fusermount3() {
         text(&o)
     );
     e2fsck_clean(&img).unwrap();
+    let kill = |opts: &str, gone: bool, ns: Ns| {
+        let gone = if gone { "GONE=1" } else { "GONE=" };
+        let script = format!("OPTS={opts} {gone}\n{KILL_SCRIPT}");
+        let o = as_user(dir, &script, ns);
+        assert!(o.status.success(), "-o {opts}: {}", text(&o));
+        e2fsck_clean(&img).unwrap();
+    };
+    kill("rw", false, Ns::Private { fuse });
+    // With user_allow_other (in the namespace's /etc/fuse.conf):
+    // allow_other, and auto_unmount after a kill -9.
+    if Path::new("/etc/fuse.conf").is_file() {
+        kill("allow_other", true, Ns::AllowOther { fuse });
+    }
 
     // allow_other without user_allow_other in /etc/fuse.conf: refused,
     // with fusermount3's reason.
     let conf = std::fs::read_to_string("/etc/fuse.conf").unwrap_or_default();
     if !conf.lines().any(|l| l.trim() == "user_allow_other") {
-        let o = as_user(dir, "$B mount -f -o allow_other img m", !dev_open);
+        let o = as_user(
+            dir,
+            "$B mount -f -o allow_other img m",
+            Ns::Private { fuse },
+        );
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "{}", text(&o));
         assert_eq!(err.trim().lines().count(), 1, "{}", text(&o));

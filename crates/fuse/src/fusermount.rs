@@ -11,8 +11,11 @@
 //!
 //! `auto_unmount` is always asked for: `fusermount3` then stays running
 //! until our end of the socket closes (the session ended, or the server
-//! died, even by SIGKILL) and unmounts then. Unmounting by hand is
-//! `fusermount3 -u MOUNTPOINT` (a user cannot umount(2)).
+//! died, even by SIGKILL) and unmounts then if the mount point is still
+//! a FUSE mount. fusermount3 3.14 checks that by opening it as root,
+//! which a mount without `allow_other` refuses (EACCES): there a killed
+//! server's mount stays, to clear with `fusermount3 -u`. Unmounting by
+//! hand is `fusermount3 -u MOUNTPOINT` (a user cannot umount(2)).
 
 use std::ffi::OsStr;
 use std::io::{self, Read};
