@@ -215,6 +215,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_fd_sent_with_scm_rights_is_received_and_eof_is_none() {
+        use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+        use std::os::fd::AsRawFd;
+        let f = tempfile::tempfile().unwrap();
+        let (a, b) = UnixStream::pair().unwrap();
+        let fds = [f.as_raw_fd()];
+        let iov = [std::io::IoSlice::new(b"\0")];
+        let cmsg = [ControlMessage::ScmRights(&fds)];
+        sendmsg::<()>(a.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None).unwrap();
+        let got = ext4kit_device::recv_fd(&b).unwrap().expect("an fd");
+        let got = std::fs::File::from(got);
+        assert_eq!(got.metadata().unwrap().ino(), f.metadata().unwrap().ino());
+        drop(a);
+        assert!(ext4kit_device::recv_fd(&b).unwrap().is_none());
+    }
+
+    #[test]
     fn options_leave_out_suid_and_dev_and_ask_for_auto_unmount() {
         let o = [
             MountOption::FSName("img".into()),
