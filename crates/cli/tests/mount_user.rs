@@ -13,7 +13,8 @@
 //! 0666 node of the same device bound over `/dev/fuse` there: the host's
 //! `/dev/fuse` is not touched, and every mount lives and dies in the
 //! namespace. The refusals are checked too: with `/dev/fuse` closed to
-//! the user, and `allow_other` without `user_allow_other`, the mount
+//! the user, a fusermount3 that is not set-user-ID, and `allow_other`
+//! without `user_allow_other`, the mount
 //! fails with one line saying what is missing.
 //!
 //! Skips (with the reason) when not root, without /dev/fuse, without a
@@ -215,6 +216,27 @@ fn user_mounts_through_fusermount3() {
             text(&o)
         );
     }
+
+    // A fusermount3 that is not set-user-ID (a copy, first on PATH): one
+    // line naming it.
+    let bin = dir.join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let fm = find_tool("fusermount3").unwrap();
+    std::fs::copy(&fm, bin.join("fusermount3")).unwrap();
+    std::fs::set_permissions(
+        bin.join("fusermount3"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let o = as_user(dir, "PATH=$PWD/bin:$PATH $B mount -f img m", Ns::Host);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert_eq!(err.trim().lines().count(), 1, "{}", text(&o));
+    assert!(
+        err.contains("bin/fusermount3 is not set-user-ID root"),
+        "{}",
+        text(&o)
+    );
 
     // The mount itself, with a mode 0666 /dev/fuse (private if need be).
     let node = dir.join("fuse");
