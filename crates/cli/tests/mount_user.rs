@@ -60,8 +60,8 @@ fn why_not() -> Result<(), String> {
 enum Ns {
     /// This process's mount namespace, as it is.
     Host,
-    /// A private mount namespace whose `/dev/fuse` is `dir/fuse` (mode
-    /// 0666) when the host's is closed to the user.
+    /// A private mount namespace whose `/dev/fuse` is a mode 0666 node
+    /// of the same device (`fuse`: the host's is closed to the user).
     Private { fuse: bool },
     /// As `Private`, and `/etc/fuse.conf` there says `user_allow_other`.
     AllowOther { fuse: bool },
@@ -87,7 +87,12 @@ fn as_user(dir: &Path, script: &str, ns: Ns) -> std::process::Output {
     };
     let mut setup = String::new();
     if fuse {
-        setup += &format!("mount --bind '{d}/fuse' /dev/fuse && ");
+        // The node on a tmpfs of the namespace's own: the test's
+        // directory may be on a nodev mount (/dev/shm often is).
+        std::fs::create_dir_all(dir.join("dev")).unwrap();
+        setup += &format!(
+            "mount -t tmpfs -o mode=755 ext4kit-test '{d}/dev' && mknod -m 666 '{d}/dev/fuse' c $((0x$(stat -c %t /dev/fuse))) $((0x$(stat -c %T /dev/fuse))) && mount --bind '{d}/dev/fuse' /dev/fuse && "
+        );
     }
     if conf {
         std::fs::write(dir.join("fuse.conf"), "user_allow_other\n").unwrap();
@@ -239,9 +244,6 @@ fn user_mounts_through_fusermount3() {
     );
 
     // The mount itself, with a mode 0666 /dev/fuse (private if need be).
-    let node = dir.join("fuse");
-    run_ok(tool("mknod").args([node.to_str().unwrap(), "c", "10", "229"])).unwrap();
-    std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o666)).unwrap();
     let fuse = !dev_open;
     let o = as_user(dir, MOUNT_SCRIPT, Ns::Private { fuse });
     assert!(o.status.success(), "{}", text(&o));
