@@ -6,8 +6,9 @@
 //!    replayed as the kernel replays it), or for `ro` read-only with the
 //!    read side (a dirty journal replayed in memory, or not at all with
 //!    `norecovery`). Nothing is mounted before this succeeded.
-//! 2. `fuser::Session::new` mounts (mount(2) on `/dev/fuse` as root,
-//!    `fusermount3` otherwise) and completes the INIT handshake: from here
+//! 2. `start_session` mounts (as root `fuser::Session::new`, mount(2) on
+//!    `/dev/fuse`; otherwise `fusermount3`, see `fusermount.rs`)
+//!    and completes the INIT handshake: from here
 //!    the mount is live and `ready` is called (the CLI detaches then).
 //! 3. Worker threads serve requests; a timer thread calls the journal's
 //!    `tick()` every second (`commit=SEC`); a signal thread turns
