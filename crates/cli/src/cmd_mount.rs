@@ -21,7 +21,10 @@ use ext4kit_fuse::{MountOptions, MountRequest, default_threads, serve};
 pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through FUSE: journaled \
                   read-write (a dirty journal is replayed first, as the kernel does), or \
                   read-only with -o ro. Needs /dev/fuse; as root the mount is made directly, \
-                  otherwise through fusermount3. Without -f the command returns once the \
+                  otherwise through the set-user-ID fusermount3 (package fuse3; /dev/fuse \
+                  must be open to the user, allow_other needs user_allow_other in \
+                  /etc/fuse.conf; a user unmounts with fusermount3 -u). \
+                  Without -f the command returns once the \
                   mount is live and the filesystem is served in the background.\n\n\
                   Unmount with `umount MOUNTPOINT` or `fusermount3 -u MOUNTPOINT`, or send \
                   SIGTERM/SIGINT to the serving process: the journal is committed and \

@@ -368,6 +368,7 @@ pub fn mv(args: &MvArgs) -> anyhow::Result<i32> {
     let flags = ext4kit_fs::fs::RenameFlags {
         noreplace: args.no_clobber,
         exchange: args.exchange,
+        whiteout: None,
     };
     let mut failed = false;
     let res = with_fs(&dt, |fs| {

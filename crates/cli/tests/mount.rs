@@ -869,6 +869,33 @@ fn errno_script(root: &Path) -> Vec<(String, String)> {
         "noreplace|exchange",
         outcome(host::rename_with_flags(&p("d/f"), &p("s4095"), 3)),
     );
+    // RENAME_WHITEOUT (4): the source name becomes a character device
+    // 0/0 of mode 0, the caller's; not with RENAME_EXCHANGE.
+    fs::write(p("w1"), b"w").unwrap();
+    fs::write(p("w3"), b"").unwrap();
+    let node = |n: &str| {
+        fs::symlink_metadata(p(n)).map(|m| (m.mode(), m.rdev(), m.nlink(), m.uid(), m.len()))
+    };
+    step(
+        "whiteout rename",
+        outcome(host::rename_with_flags(&p("w1"), &p("w2"), 4)),
+    );
+    step("whiteout left", outcome(node("w1")));
+    step("whiteout moved", outcome(node("w2")));
+    step(
+        "whiteout over existing",
+        outcome(host::rename_with_flags(&p("w2"), &p("w3"), 4)),
+    );
+    step("whiteout left 2", outcome(node("w2")));
+    step(
+        "whiteout|exchange",
+        outcome(host::rename_with_flags(&p("w3"), &p("d/f"), 6)),
+    );
+    step(
+        "whiteout|noreplace onto existing",
+        outcome(host::rename_with_flags(&p("w3"), &p("d/f"), 5)),
+    );
+    step("unlink whiteout", outcome(fs::remove_file(p("w1"))));
     let f = p("d/f");
     step(
         "xattr set",

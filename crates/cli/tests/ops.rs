@@ -1111,7 +1111,8 @@ fn namespace_operations() {
 
 /// rename: within a directory, across parents (a directory: "..",
 /// link counts), over a file, over an empty directory, NOREPLACE and
-/// EXCHANGE (a file with a directory across parents), refusals (into
+/// EXCHANGE (a file with a directory across parents), WHITEOUT (a
+/// directory across parents; refused with EXCHANGE), refusals (into
 /// itself, over a non-empty directory, type mismatches). e2fsck clean
 /// after everything; the kernel sees the result.
 #[test]
@@ -1197,6 +1198,31 @@ fn rename_cases() {
     assert!(fs.lookup(b.ino, b"sub").unwrap().unwrap().is_regular());
     assert_eq!(fs.inode(a.ino).unwrap().links, 5); // ., .., empty, full, z
     assert_eq!(fs.inode(b.ino).unwrap().links, 2);
+    // WHITEOUT: a directory across parents; a/full becomes a character
+    // device 0/0 of mode 0 owned by 7:8, in the rename's transaction.
+    let wo = RenameFlags {
+        whiteout: Some((7, 8)),
+        ..none
+    };
+    fs.rename(a.ino, b"full", b.ino, b"full", wo).unwrap();
+    let w = fs.lookup(a.ino, b"full").unwrap().unwrap();
+    let w = fs.inode(w.ino).unwrap();
+    assert_eq!((w.mode, w.links, w.uid, w.gid), (0o020000, 1, 7, 8));
+    assert_eq!(fs.inode(a.ino).unwrap().links, 4); // full moved out
+    assert_eq!(fs.inode(b.ino).unwrap().links, 3);
+    assert!(matches!(
+        fs.rename(
+            a.ino,
+            b"z",
+            b.ino,
+            b"sub",
+            RenameFlags {
+                exchange: true,
+                ..wo
+            }
+        ),
+        Err(FsError::InvalidName(_))
+    ));
     fs.close().unwrap();
     e2fsck_clean(&img).unwrap();
     if kernel_mount_available().is_err() {
@@ -1206,7 +1232,10 @@ fn rename_cases() {
     let m = Mount::new(lo.path(), "ext4", Some("noatime")).unwrap();
     assert_eq!(fs::read(m.path().join("b/y")).unwrap(), b"xx");
     assert!(m.path().join("a/z/inner").exists());
-    assert_eq!(fs::metadata(m.path().join("a")).unwrap().nlink(), 5);
+    assert_eq!(fs::metadata(m.path().join("a")).unwrap().nlink(), 4);
+    let w = fs::symlink_metadata(m.path().join("a/full")).unwrap();
+    assert_eq!((w.mode(), w.rdev(), w.uid(), w.gid()), (0o020000, 0, 7, 8));
+    assert!(m.path().join("b/full/k").exists());
     fs::rename(m.path().join("a/z"), m.path().join("b/back")).unwrap();
     m.unmount().unwrap();
     drop(lo);
@@ -1462,6 +1491,7 @@ fn random_namespace_matches_the_model() {
                     let flags = RenameFlags {
                         noreplace,
                         exchange,
+                        whiteout: None,
                     };
                     let si = ino_of(&fs, sp);
                     let di = ino_of(&fs, &d);

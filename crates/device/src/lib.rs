@@ -35,6 +35,7 @@ pub use mounts::{MountEntry, check_not_mounted, loop_devices_backed_by, mounts};
 pub use nbd::{NbdDevice, NbdUri};
 pub use open::open_device;
 pub use record::{CutReplay, RecordingDevice, Trace, TraceOp};
+pub use sys::recv_fd;
 pub use sysfs::backing_sysfs_dir;
 
 /// Errors from the device layer.

@@ -229,6 +229,65 @@ pub(crate) fn write_zeros(file: &File, offset: u64, len: u64) -> io::Result<()> 
     Ok(())
 }
 
+/// Receive one file descriptor passed with `SCM_RIGHTS` on `sock` (what
+/// `fusermount3` sends back on `_FUSE_COMMFD`: the `/dev/fuse` fd of the
+/// mount it made). `Ok(None)` when the peer closed the socket without
+/// sending one (fusermount3 failed; its stderr says why).
+pub fn recv_fd(sock: &std::os::unix::net::UnixStream) -> io::Result<Option<std::os::fd::OwnedFd>> {
+    use std::os::fd::FromRawFd;
+    let mut byte = [0u8; 1];
+    // Room for one cmsghdr carrying one int, aligned as the kernel wants.
+    let mut ctl = [0u64; 8];
+    loop {
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: byte.len(),
+        };
+        // SAFETY: an all-zero msghdr is a valid empty header; the pointers
+        // set below point at `iov` and `ctl`, which outlive the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = ctl.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&ctl) as _;
+        // SAFETY: `msg` describes buffers owned by this frame; the fd is a
+        // valid socket borrowed for the call.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        // SAFETY: the kernel filled `msg_control` (bounded by
+        // `msg_controllen`); CMSG_FIRSTHDR/CMSG_NXTHDR stay within it.
+        let mut c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+        let mut got = None;
+        while !c.is_null() {
+            // SAFETY: `c` is a header inside the control buffer (above).
+            let h = unsafe { &*c };
+            if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+                // SAFETY: an SCM_RIGHTS payload is an array of ints; read
+                // the first, unaligned as CMSG_DATA may be.
+                let fd: libc::c_int =
+                    unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast()) };
+                if fd >= 0 && got.is_none() {
+                    // SAFETY: the kernel just installed `fd` in this process
+                    // for us; nothing else owns it.
+                    got = Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) });
+                }
+            }
+            // SAFETY: as CMSG_FIRSTHDR above.
+            c = unsafe { libc::CMSG_NXTHDR(&msg, c) };
+        }
+        return Ok(got);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,10 +19,13 @@
 //! - [`wbuf`]: the write-behind buffer of the default (write-through)
 //!   mount: small writes answered at once, merged, flushed in order.
 //! - [`mount`]: open, mount, serve, unmount on signals, close cleanly.
+//! - `fusermount`: the mount of a user who is not root, through the
+//!   set-user-ID `fusermount3` (the `/dev/fuse` fd passed back).
 
 pub mod atime;
 pub mod attr;
 pub mod flags;
+mod fusermount;
 pub mod mount;
 pub mod ops;
 pub mod options;

@@ -6,8 +6,9 @@
 //!    replayed as the kernel replays it), or for `ro` read-only with the
 //!    read side (a dirty journal replayed in memory, or not at all with
 //!    `norecovery`). Nothing is mounted before this succeeded.
-//! 2. `fuser::Session::new` mounts (mount(2) on `/dev/fuse` as root,
-//!    `fusermount3` otherwise) and completes the INIT handshake: from here
+//! 2. `start_session` mounts (as root `fuser::Session::new`, mount(2) on
+//!    `/dev/fuse`; otherwise `fusermount3`, see `fusermount.rs`)
+//!    and completes the INIT handshake: from here
 //!    the mount is live and `ready` is called (the CLI detaches then).
 //! 3. Worker threads serve requests; a timer thread calls the journal's
 //!    `tick()` every second (`commit=SEC`); a signal thread turns
@@ -44,6 +45,7 @@ use fuser::{Config, InitFlags, KernelConfig, MountOption, SessionACL};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
+use crate::fusermount;
 use crate::ops::FuseFs;
 use crate::options::{LazyinitPace, MountOptions};
 use crate::shared::{Backend, Shared};
@@ -206,6 +208,47 @@ fn fuser_config(req: &MountRequest) -> Config {
     // session before it serves anything: left off.
     c.n_threads = Some(req.threads.max(1));
     c
+}
+
+/// Mount and complete INIT (step 2). As root, fuser mounts (mount(2)
+/// on `/dev/fuse`). Otherwise through `fusermount3` ([`fusermount`]):
+/// a user's mount(2) of a FUSE filesystem fails with EPERM, so
+/// libfuse's "directly, else fusermount3" comes to fusermount3; only
+/// when that is not usable (not installed, not set-user-ID root) is
+/// the direct mount tried (a process with CAP_SYS_ADMIN), and if it
+/// fails too the error says both why.
+fn start_session(
+    shared: &Arc<Shared>,
+    req: &MountRequest,
+    mnt: &Path,
+) -> io::Result<(fuser::Session<FuseFs>, Option<fusermount::Helper>)> {
+    let config = fuser_config(req);
+    if nix::unistd::geteuid().is_root() {
+        return Ok((
+            fuser::Session::new(FuseFs::new(shared.clone()), mnt, &config)?,
+            None,
+        ));
+    }
+    match fusermount::locate() {
+        Ok(bin) => {
+            let opts =
+                fusermount::option_string(&config.mount_options, config.acl != SessionACL::Owner);
+            let m = fusermount::mount(&bin, mnt, &opts)?;
+            // A failed INIT drops the helper: fusermount3 unmounts.
+            let s = fuser::Session::from_fd(FuseFs::new(shared.clone()), m.fd, config.acl, config)?;
+            Ok((s, Some(m.helper)))
+        }
+        Err(why) => match fuser::Session::new(FuseFs::new(shared.clone()), mnt, &config) {
+            Ok(s) => Ok((s, None)),
+            Err(e) => Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "{e}: not root, and {why}",
+                    e = e.to_string().trim_end_matches(['\n', '.'])
+                ),
+            )),
+        },
+    }
 }
 
 /// What INIT settled on (see [`negotiate`]).
@@ -634,17 +677,10 @@ pub fn serve_wrapped(
         );
     }
     let shared = Arc::new(Shared::new(backend, req.opts.clone()));
-    let session = match fuser::Session::new(FuseFs::new(shared.clone()), &mnt, &fuser_config(req)) {
+    let (session, helper) = match start_session(&shared, req, &mnt) {
         Ok(s) => s,
         Err(source) => {
             close(shared, &req.device)?;
-            // Without root, fuser runs fusermount3: say so when it is missing.
-            let source =
-                if source.kind() == io::ErrorKind::NotFound && !nix::unistd::geteuid().is_root() {
-                    io::Error::other("fusermount3 not found (install fuse3, or mount as root)")
-                } else {
-                    source
-                };
             return Err(MountError::Mount { path: mnt, source });
         }
     };
@@ -686,6 +722,9 @@ pub fn serve_wrapped(
         })
     };
     let served = session.run();
+    // fusermount3's auto_unmount sees its socket close (the mount is
+    // gone already) and exits.
+    drop(helper);
     // The worker first (it holds the engine), then the commit timer.
     if let Some(h) = lazy {
         let st = h.stop();

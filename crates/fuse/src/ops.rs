@@ -575,6 +575,7 @@ impl FuseFs {
 
     fn do_rename(
         &self,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -585,14 +586,30 @@ impl FuseFs {
         self.s.flush_all();
         let (name, newname) = (name_ok(name)?, name_ok(newname)?);
         let (sd, dd) = (ext4_ino(parent)?, ext4_ino(newparent)?);
-        if flags.contains(RenameFlags::RENAME_WHITEOUT)
-            || !(flags - RenameFlags::RENAME_NOREPLACE - RenameFlags::RENAME_EXCHANGE).is_empty()
-        {
+        let known = RenameFlags::RENAME_NOREPLACE
+            | RenameFlags::RENAME_EXCHANGE
+            | RenameFlags::RENAME_WHITEOUT;
+        if !(flags - known).is_empty() {
             return Err(Errno::EINVAL);
         }
+        // RENAME_WHITEOUT (the VFS checked CAP_MKNOD and refused it with
+        // EXCHANGE): the whiteout is the caller's, its group the
+        // directory's when that is set-group-ID (ext4's inode_init_owner).
+        let whiteout = if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            let p = self.dir(sd)?;
+            let gid = if p.mode & S_ISGID != 0 {
+                p.gid
+            } else {
+                req.gid()
+            };
+            Some((req.uid(), gid))
+        } else {
+            None
+        };
         let rf = EngineRename {
             noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
             exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+            whiteout,
         };
         // The kernel holds both directories locked: these names stay put
         // (they only say which inodes' tids the rename sets).
@@ -1295,7 +1312,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -1304,7 +1321,7 @@ impl fuser::Filesystem for FuseFs {
         reply: ReplyEmpty,
     ) {
         reply_empty(
-            self.do_rename(parent, name, newparent, newname, flags),
+            self.do_rename(req, parent, name, newparent, newname, flags),
             reply,
         );
     }

@@ -10,7 +10,7 @@
 //! between is finished by orphan processing at the next open.
 
 use ext4kit_format::dir::FT_DIR;
-use ext4kit_format::inode::{S_IFDIR, S_IFMT};
+use ext4kit_format::inode::{S_IFCHR, S_IFDIR, S_IFMT};
 
 use super::*;
 use crate::dir_write::{DirBlocks, DirParams, DirWriter, new_dir_block};
@@ -772,6 +772,9 @@ impl Filesystem {
                 "RENAME_NOREPLACE with RENAME_EXCHANGE",
             ));
         }
+        if flags.whiteout.is_some() && flags.exchange {
+            return Err(FsError::InvalidName("RENAME_WHITEOUT with RENAME_EXCHANGE"));
+        }
         for n in [sname, dname] {
             crate::dir_write::check_name(n)?;
             if n == b"." || n == b".." {
@@ -852,7 +855,14 @@ impl Filesystem {
             }
         }
         let (rc, rg) = release.unwrap_or((4, 0));
-        let mut op = self.begin(2 * 24 + rc + 8, rg + 3)?;
+        // A whiteout: its inode (bitmap, descriptor, table block, the
+        // superblock's counts) in the source directory's group.
+        let (wc, wg) = if flags.whiteout.is_some() {
+            (8, 1)
+        } else {
+            (0, 0)
+        };
+        let mut op = self.begin(2 * 24 + rc + 8 + wc, rg + 3 + wg)?;
         for ino in [sdir, ddir, src.ino] {
             op.own(ino);
         }
@@ -924,7 +934,20 @@ impl Filesystem {
                         None => self.with_dir(&mut op, dd, |w| w.add(dname, src.ino, sft))?,
                     }
                 }
-                self.with_dir(&mut op, &mut sd, |w| w.remove(sname).map(|_| ()))?;
+                match flags.whiteout {
+                    None => self.with_dir(&mut op, &mut sd, |w| w.remove(sname).map(|_| ()))?,
+                    Some((uid, gid)) => {
+                        let spec = NewInode {
+                            rdev: Some((0, 0)),
+                            ..NewInode::new(S_IFCHR, uid, gid)
+                        };
+                        let wh = self.create_inode(&mut op, sdir, &spec)?;
+                        self.with_dir(&mut op, &mut sd, |w| {
+                            w.retarget(sname, wh.ino, wh.file_type().dirent_type())
+                                .map(|_| ())
+                        })?;
+                    }
+                }
                 // The replaced inode loses a link (or everything).
                 let replaced_dir = dst.as_ref().is_some_and(|d| d.is_dir());
                 if let Some(d) = &dst {
@@ -993,4 +1016,9 @@ pub struct RenameFlags {
     pub noreplace: bool,
     /// RENAME_EXCHANGE: swap source and target (both must exist).
     pub exchange: bool,
+    /// RENAME_WHITEOUT, with the whiteout's owner (uid, gid): the source
+    /// name is left pointing at a new character device 0/0, mode 0 (an
+    /// overlayfs whiteout), made in the rename's transaction as ext4's
+    /// `ext4_whiteout_for_rename`. Not with `exchange`.
+    pub whiteout: Option<(u32, u32)>,
 }
