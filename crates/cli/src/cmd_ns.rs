@@ -167,9 +167,10 @@ fn check_tree(fs: &Fs<'_>, dir: InodeInfo, spec: &str) -> anyhow::Result<()> {
                 .last()
                 .map(|n| &n.inode)
                 .ok_or_else(|| anyhow!("empty path"))?;
-            self.fs
-                .read_dir(d)
-                .map_err(|e| anyhow!("cannot remove '{}': {e}", show(self.spec, path, None)))
+            let err = |e: FsError| anyhow!("cannot remove '{}': {e}", show(self.spec, path, None));
+            let entries = self.fs.read_dir(d).map_err(err)?;
+            ext4kit_fs::dir::check_dots(d, &entries).map_err(err)?;
+            Ok(entries)
         }
         fn inode(&mut self, path: &[Node], e: &Entry) -> anyhow::Result<Option<InodeInfo>> {
             let err = |x: FsError| {
@@ -358,6 +359,70 @@ pub struct MvArgs {
     pub paths: Vec<OsString>,
 }
 
+/// The read-only check before `mv` writes: a directory moved to another
+/// parent is the one its '..' names (not a second link to a directory
+/// that lives elsewhere, in a damaged image); the engine's rename checks
+/// the same, but only after the image is open for writing. Operands that
+/// cannot be resolved are left to the rename's own errors.
+fn mv_check(dt: &Target, srcs: &[OsString], exchange: bool) -> anyhow::Result<()> {
+    // An image that does not open is reported by the open for writing.
+    let Ok(dev) = crate::cmd_ls::open_image(dt) else {
+        return Ok(());
+    };
+    let Ok(vol) = crate::cmd_ls::open_volume(dt, dev.as_ref()) else {
+        return Ok(());
+    };
+    let fs = vol.fs();
+    let dir_of = |p: &[u8]| fs.resolve(p, true).ok().filter(|i| i.is_dir());
+    let into = !exchange && dir_of(&dt.path).is_some();
+    let (dparent, dname) = split_last(&dt.path);
+    for s in srcs {
+        let st = parse_target(s);
+        let (sp, Some(sn)) = split_last(&st.path) else {
+            continue;
+        };
+        if st.img != dt.img {
+            continue;
+        }
+        let (Some(sd), Some(dd)) = (
+            dir_of(&sp),
+            if into {
+                dir_of(&dt.path)
+            } else {
+                dir_of(&dparent)
+            },
+        ) else {
+            continue;
+        };
+        let e = |e: FsError| anyhow!("cannot move '{}' to '{}': {e}", st.spec, dt.spec);
+        let mut moved = vec![(sd.ino, sn)];
+        if exchange && let Some(n) = dname.clone() {
+            moved.push((dd.ino, n));
+        }
+        for (parent, name) in moved {
+            let d = match fs.lookup(&fs.inode(parent).map_err(e)?, &name) {
+                Ok(Some(en)) => fs.inode(en.ino).map_err(e)?,
+                _ => continue,
+            };
+            if sd.ino == dd.ino || !d.is_dir() {
+                continue;
+            }
+            let up = fs.parent_of(&d).map_err(e)?;
+            if up != Some(parent) {
+                return Err(e(FsError::corrupt(
+                    "directory",
+                    format!(
+                        "inode {} has two parents: its '..' names inode {}, not {parent}; the image needs e2fsck",
+                        d.ino,
+                        up.unwrap_or(0)
+                    ),
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Run `ext4kit mv`.
 pub fn mv(args: &MvArgs) -> anyhow::Result<i32> {
     let (dst, srcs) = args
@@ -370,6 +435,12 @@ pub fn mv(args: &MvArgs) -> anyhow::Result<i32> {
         exchange: args.exchange,
         whiteout: None,
     };
+    // Checked read-only first: a directory with two parents is refused
+    // before the image is opened for writing.
+    if let Err(e) = mv_check(&dt, srcs, args.exchange) {
+        eprintln!("ext4kit: {}", crate::errmsg::one_line(&e));
+        return Ok(1);
+    }
     let mut failed = false;
     let res = with_fs(&dt, |fs| {
         let into = fs

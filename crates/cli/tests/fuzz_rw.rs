@@ -697,6 +697,10 @@ fn fsck_lines(img: &Path) -> (Option<i32>, Vec<String>) {
                     let w = w.trim_start_matches('\t');
                     if w.starts_with('/') {
                         "PATH"
+                    } else if w.starts_with("(/") || w.starts_with("(...)") {
+                        // "Inode N (PATH) has invalid mode": a path
+                        // that is "..." once its parent is gone.
+                        "(PATH)"
                     } else if w.starts_with('\'') && w.len() > 1 {
                         "'NAME'"
                     } else {

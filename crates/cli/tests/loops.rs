@@ -328,3 +328,75 @@ fn cp_out_never_writes_through_a_copied_symlink() {
     );
     assert!(!dst.join("zb").is_symlink());
 }
+
+/// `mv` of a directory through a second link (an entry naming a directory
+/// whose '..' is elsewhere, `debugfs link`): moving it would retarget the
+/// '..' of a directory that lives in another parent (issue 24, the fuzz
+/// campaign's "mv dir" spreads). Refused read-only by `mv` (one line,
+/// exit 1, the image as it was) and by the engine's rename (EUCLEAN, for
+/// the mount); the directory moved through its own parent still moves.
+#[test]
+fn mv_refuses_a_directory_with_two_parents() {
+    if let Err(why) = e2fs_tools() {
+        return skip("mv_refuses_a_directory_with_two_parents", &why);
+    }
+    let dir = image_dir();
+    let img = looped(dir.path(), "mv.img", &[("/alias", "/d1/sub")]);
+    let before = std::fs::read(&img).unwrap();
+    let fsck_before = e2fsck_text(&img);
+    let o = run(ext4kit()
+        .arg("mv")
+        .arg(at(&img, "/alias"))
+        .arg(at(&img, "/d1/other/moved")))
+    .unwrap();
+    one_line_failure(&o, &["/alias'", "two parents"]).unwrap();
+    assert!(std::fs::read(&img).unwrap() == before, "the image changed");
+    // The engine refuses too (the mount's rename), with EUCLEAN.
+    let (other, alias) = (ino(&img, "/d1/other"), ino(&img, "/alias"));
+    {
+        let fs =
+            ext4kit_fs::fs::Filesystem::open(open_file(&img), ext4kit_fs::rw::RwOptions::default())
+                .unwrap();
+        let flags = ext4kit_fs::fs::RenameFlags::default();
+        let err = fs.rename(2, b"alias", other, b"moved", flags).unwrap_err();
+        assert_eq!(err.errno(), 117, "{err}");
+        assert_eq!(fs.lookup(2, b"alias").unwrap().map(|i| i.ino), Some(alias));
+        fs.close().unwrap();
+    }
+    assert_eq!(e2fsck_text(&img), fsck_before);
+    // Through its own parent it moves ('..' is right).
+    run_ok(
+        ext4kit()
+            .arg("mv")
+            .arg(at(&img, "/d1/sub"))
+            .arg(at(&img, "/d1/other/moved")),
+    )
+    .unwrap();
+    assert_eq!(ino(&img, "/d1/other/moved"), alias);
+}
+
+/// `rm -r` of a tree holding a directory whose size is 0 (its entries
+/// unlisted): it would be removed as empty and its entries lost (issue
+/// 24, the campaign's "rm -r" spread). Refused before writing; the
+/// engine's rmdir refuses it too (EUCLEAN, as ext4_empty_dir's "invalid
+/// size").
+#[test]
+fn rm_r_refuses_a_directory_of_size_0() {
+    if let Err(why) = e2fs_tools() {
+        return skip("rm_r_refuses_a_directory_of_size_0", &why);
+    }
+    let dir = image_dir();
+    let img = looped(dir.path(), "size0.img", &[]);
+    debugfs_w(&img, "set_inode_field /d1/sub size 0");
+    let before = std::fs::read(&img).unwrap();
+    let o = run(ext4kit().arg("rm").arg("-r").arg(at(&img, "/d1"))).unwrap();
+    one_line_failure(&o, &["/d1/sub'", "no '.' entry"]).unwrap();
+    assert!(std::fs::read(&img).unwrap() == before, "the image changed");
+    let d1 = ino(&img, "/d1");
+    let fs =
+        ext4kit_fs::fs::Filesystem::open(open_file(&img), ext4kit_fs::rw::RwOptions::default())
+            .unwrap();
+    let err = fs.rmdir(d1, b"sub").unwrap_err();
+    assert_eq!(err.errno(), 117, "{err}");
+    fs.close().unwrap();
+}

@@ -40,6 +40,21 @@ fn bad(ino: u32, at: impl std::fmt::Display, d: impl std::fmt::Display) -> FsErr
     FsError::corrupt("directory", format!("inode {ino} {at}: {d}"))
 }
 
+/// A directory about to be removed (or replaced) as empty must list
+/// '.' (ext4_empty_dir): one whose size is 0 or whose first block is
+/// damaged lists nothing and is not known to be empty (its entries would
+/// be lost). Corrupt, as the kernel's "invalid size".
+pub fn check_dots(dir: &InodeInfo, entries: &[Entry]) -> Result<(), FsError> {
+    if entries.iter().any(|e| e.name == b"." && e.ino == dir.ino) {
+        return Ok(());
+    }
+    Err(bad(
+        dir.ino,
+        format_args!("(size {})", dir.size),
+        "no '.' entry, so it is not known to be empty; the image needs e2fsck",
+    ))
+}
+
 /// The blocks of a directory: its whole mapping (for a full read) or
 /// none (a lookup maps just the blocks it reads), and its size in blocks.
 struct DirBlocks {

@@ -641,6 +641,7 @@ impl Filesystem {
         let target = self.inode(target.ino)?;
         flags::may_remove_entry(&self.inode(parent)?, &target)?;
         let entries = self.read(|f| f.read_dir(&target))?;
+        crate::dir::check_dots(&target, &entries)?;
         if entries.iter().any(|e| e.name != b"." && e.name != b"..") {
             return Err(FsError::NotEmpty);
         }
@@ -670,6 +671,30 @@ impl Filesystem {
         let r = f(&mut DirWriter::new(&mut io))?;
         *d = io.dir;
         Ok(r)
+    }
+
+    /// A directory `d` of `parent` about to move away: its '..'
+    /// must name `parent` (else it is a second link to a directory whose
+    /// parent is elsewhere: corrupt, EUCLEAN through the mount).
+    fn check_parent(&self, d: &InodeInfo, parent: u32) -> Result<(), FsError> {
+        if !d.is_dir() {
+            return Ok(());
+        }
+        let up = {
+            let _r = self.locks.read(d.ino);
+            self.read(|f| f.parent_of(d))?
+        };
+        if up == Some(parent) {
+            return Ok(());
+        }
+        Err(FsError::corrupt(
+            "directory",
+            format!(
+                "inode {} has two parents: its '..' names inode {}, not {parent}; the image needs e2fsck",
+                d.ino,
+                up.unwrap_or(0)
+            ),
+        ))
     }
 
     /// Is directory `anc` the directory `ino` or one of its ancestors?
@@ -812,6 +837,17 @@ impl Filesystem {
                 FsError::NotEmpty
             });
         }
+        // A directory moved to another parent must be the one its '..'
+        // names: an entry that is a second link to a directory (a damaged
+        // image) would otherwise retarget the '..' of a directory that
+        // lives elsewhere, disconnecting it or making a loop (the same
+        // for the other side of an exchange).
+        if sdir != ddir {
+            self.check_parent(&src, sdir)?;
+            if let Some(d) = dst.as_ref().filter(|_| flags.exchange) {
+                self.check_parent(d, ddir)?;
+            }
+        }
         // The moved and the replaced inode, after the parents (neither is
         // an ancestor of a parent: refused above); read again under their
         // locks.
@@ -843,6 +879,7 @@ impl Filesystem {
                 (false, true) => return Err(FsError::IsADirectory),
                 (true, true) => {
                     let e = self.read(|f| f.read_dir(d))?;
+                    crate::dir::check_dots(d, &e)?;
                     if e.iter().any(|x| x.name != b"." && x.name != b"..") {
                         return Err(FsError::NotEmpty);
                     }
