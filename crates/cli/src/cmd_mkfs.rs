@@ -1,5 +1,6 @@
 //! `ext4kit mkfs`: mke2fs's options, our planner and writer.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -1066,11 +1067,25 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     }
     let mut report = match &source_tree {
         Some(tree) => {
+            let bar = (show && std::io::stderr().is_terminal()).then(|| populate_bar(tree));
             let opts = mkfs::populate::PopulateOptions {
                 clamp: source_date_epoch()?,
+                progress: bar.clone().map(|b| {
+                    let f: std::sync::Arc<dyn Fn(u64, u64) + Send + Sync> =
+                        std::sync::Arc::new(move |files, bytes| {
+                            b.set_position(bytes);
+                            if files % 64 == 0 {
+                                b.set_message(format!("{files} files"));
+                            }
+                        });
+                    f
+                }),
             };
-            let (r, p) = mkfs::write_populated(dev.as_ref(), prepared.clone(), tree, &opts)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let res = mkfs::write_populated(dev.as_ref(), prepared.clone(), tree, &opts);
+            if let Some(b) = bar {
+                b.finish_and_clear();
+            }
+            let (r, p) = res.map_err(|e| anyhow::anyhow!("{e}"))?;
             prepared = p;
             r
         }
@@ -1314,8 +1329,23 @@ fn partition_start(device: &Path) -> u64 {
 }
 
 fn interactive() -> bool {
-    use std::io::IsTerminal;
     std::io::stdin().is_terminal() && std::io::stdout().is_terminal()
+}
+
+/// `-d`'s progress bar on stderr (a terminal only, not with -q or
+/// --json): source bytes copied of the tree's total, files, ETA.
+fn populate_bar(tree: &mkfs::populate::source::Tree) -> indicatif::ProgressBar {
+    use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+    let (files, bytes) = tree.totals();
+    let b = ProgressBar::with_draw_target(Some(bytes), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(&format!(
+        "Copying files: [{{elapsed_precise}}] {{wide_bar}} {{bytes}}/{{total_bytes}}  {{msg}} of {files}  ETA {{eta}}"
+    ))
+    .map(|s| s.progress_chars("=> "))
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    b.set_style(style);
+    b.set_message("0 files");
+    b
 }
 
 /// The `--json` report: the plan, and what the run did (`report` is `None`

@@ -767,9 +767,11 @@ fn root_owner_and_bad_sources() {
 }
 
 /// `-d ARCHIVE`: a pax tar of the same tree (GNU tar, xattrs kept), plain,
-/// gzip and on stdin, gives the directory's bytes (times clamped, since
-/// archiving reads the files); a corrupt archive and a `..` member are one
-/// line and no filesystem.
+/// gzip, zstd and xz (each also as two streams one after the other, split
+/// mid-archive), and on stdin, gives the directory's bytes (times clamped,
+/// since archiving reads the files); a corrupt archive (truncated, or a
+/// compressed one with a flipped byte) and a `..` member are one line and
+/// no filesystem.
 #[test]
 fn tarball_gives_the_directory_bytes() {
     if !have("tar") || !have("gzip") {
@@ -790,9 +792,30 @@ fn tarball_gives_the_directory_bytes() {
             .arg("."),
     )
     .unwrap();
-    let gz = dir.path().join("t.tar.gz");
-    let out = run_ok(tool("gzip").arg("-c").arg(&tarball)).unwrap();
-    std::fs::write(&gz, &out.stdout).unwrap();
+    // Compressed copies: whole, and as two concatenated streams.
+    let raw = std::fs::read(&tarball).unwrap();
+    let half = dir.path().join("half");
+    let compress = |prog: &str, data: &[u8]| {
+        std::fs::write(&half, data).unwrap();
+        run_ok(tool(prog).arg("-c").arg(&half)).unwrap().stdout
+    };
+    let mut compressed: Vec<(String, PathBuf)> = Vec::new();
+    for (prog, ext) in [("gzip", "gz"), ("zstd", "zst"), ("xz", "xz")] {
+        if !have(prog) {
+            println!(
+                "tarball_gives_the_directory_bytes: {prog} not found, its archives not tested"
+            );
+            continue;
+        }
+        let whole = dir.path().join(format!("t.tar.{ext}"));
+        std::fs::write(&whole, compress(prog, &raw)).unwrap();
+        let cut = raw.len() / 2 + 77;
+        let two = dir.path().join(format!("t2.tar.{ext}"));
+        let joined = [compress(prog, &raw[..cut]), compress(prog, &raw[cut..])].concat();
+        std::fs::write(&two, joined).unwrap();
+        compressed.push((prog.to_string(), whole));
+        compressed.push((format!("{prog} (two streams)"), two));
+    }
     let seed = format!("hash_seed={SEED}");
     let make = |from: &Path, img: &Path, stdin: Option<&Path>| {
         let mut c = ext4kit_mkfs([
@@ -818,12 +841,19 @@ fn tarball_gives_the_directory_bytes() {
     let d = make(src.path(), &dir.path().join("d.img"), None);
     let dev = open_image(&dir.path().join("d.img"));
     let want = walk_image(&Volume::open(&dev).unwrap().fs());
-    for (label, img, from, stdin) in [
-        ("tar", "t.img", &tarball, None),
-        ("gzip", "g.img", &gz, None),
-        ("stdin", "s.img", &tarball, Some(tarball.as_path())),
-    ] {
-        let img = dir.path().join(img);
+    let mut cases = vec![
+        ("tar".to_string(), tarball.clone(), None),
+        (
+            "stdin".to_string(),
+            tarball.clone(),
+            Some(tarball.as_path()),
+        ),
+    ];
+    cases.extend(compressed.iter().map(|(l, p)| (l.clone(), p.clone(), None)));
+    for (k, (label, from, stdin)) in cases.into_iter().enumerate() {
+        let label = label.as_str();
+        let from = &from;
+        let img = dir.path().join(format!("c{k}.img"));
         let t = make(from, &img, stdin);
         if t != d {
             // Say what differs before failing.
@@ -856,6 +886,17 @@ fn tarball_gives_the_directory_bytes() {
     let evil = dir.path().join("evil.tar");
     std::fs::write(&evil, [h, vec![0; 1024]].concat()).unwrap();
     check("dotdot", &evil);
+    for (label, path) in &compressed {
+        if label.contains("two") {
+            continue;
+        }
+        let mut bytes = std::fs::read(path).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x55;
+        let bad = dir.path().join(format!("bad.{label}"));
+        std::fs::write(&bad, &bytes).unwrap();
+        check(&format!("corrupt {label}"), &bad);
+    }
 }
 
 /// A ustar header block for `name` of type `typ` and `size` bytes.

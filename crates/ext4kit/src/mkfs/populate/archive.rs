@@ -1,4 +1,5 @@
-//! `mkfs -d ARCHIVE`: a tar archive (plain or gzip; `-` for stdin) read
+//! `mkfs -d ARCHIVE`: a tar archive (plain, gzip, zstd or xz, told by
+//! their magic bytes; `-` for stdin) read
 //! once into the same [`Tree`] a directory gives, so that the populator
 //! and the layout do not know where the tree came from.
 //!
@@ -18,7 +19,7 @@
 //! holds it, as with a directory.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
 
 use super::PopulateError;
@@ -122,7 +123,8 @@ fn spool_file() -> Result<std::fs::File, PopulateError> {
     Ok(f)
 }
 
-/// Read the archive `name` (a path, or `-` for stdin), plain or gzip.
+/// Read the archive `name` (a path, or `-` for stdin): plain, gzip, zstd
+/// or xz, told apart by their first bytes.
 pub fn scan_archive(name: &Path) -> Result<Tree, PopulateError> {
     let input: Box<dyn Read> = if name == Path::new("-") {
         Box::new(std::io::stdin().lock())
@@ -133,7 +135,6 @@ pub fn scan_archive(name: &Path) -> Result<Tree, PopulateError> {
     };
     let mut input = std::io::BufReader::with_capacity(1 << 16, input);
     let head = {
-        use std::io::BufRead;
         input
             .fill_buf()
             .map_err(|e| super::source::io_err(name, "cannot read", e))?
@@ -141,20 +142,99 @@ pub fn scan_archive(name: &Path) -> Result<Tree, PopulateError> {
     };
     let reader: Box<dyn Read> = if head.starts_with(&[0x1f, 0x8b]) {
         Box::new(flate2::read::MultiGzDecoder::new(input))
-    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-        return Err(PopulateError::Unsupported {
-            path: name.to_path_buf(),
-            what: "zstd-compressed archives (decompress it first)".into(),
-        });
+    } else if head.starts_with(&ZSTD_MAGIC)
+        || (head.len() >= 4 && head[0] & 0xf0 == 0x50 && head[1..4] == [0x2a, 0x4d, 0x18])
+    {
+        // (or a skippable frame first: magic 0x184D2A5?, little-endian)
+        Box::new(Zstd::new(input))
     } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]) {
-        return Err(PopulateError::Unsupported {
-            path: name.to_path_buf(),
-            what: "xz-compressed archives (decompress it first)".into(),
-        });
+        // Concatenated streams (`cat a.xz b.xz`, pixz) as xz reads them.
+        Box::new(liblzma::read::XzDecoder::new_multi_decoder(input))
     } else {
         Box::new(input)
     };
     scan_tar(name, reader)
+}
+
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// A zstd stream: frames one after another (as `zstd` writes them, or
+/// `cat a.zst b.zst`), skippable frames skipped, each frame's content
+/// checksum checked when it has one.
+struct Zstd<R: BufRead> {
+    src: R,
+    dec: ruzstd::decoding::FrameDecoder,
+    /// A frame is being decoded.
+    in_frame: bool,
+}
+
+impl<R: BufRead> Zstd<R> {
+    fn new(src: R) -> Self {
+        Zstd {
+            src,
+            dec: ruzstd::decoding::FrameDecoder::new(),
+            in_frame: false,
+        }
+    }
+}
+
+impl<R: BufRead> Read for Zstd<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use ruzstd::decoding::BlockDecodingStrategy;
+        use ruzstd::decoding::errors::{FrameDecoderError, ReadFrameHeaderError};
+        use std::io::{Error, ErrorKind};
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            if !self.in_frame {
+                if self.src.fill_buf()?.is_empty() {
+                    return Ok(0);
+                }
+                match self.dec.reset(&mut self.src) {
+                    Ok(()) => self.in_frame = true,
+                    Err(FrameDecoderError::ReadFrameHeaderError(
+                        ReadFrameHeaderError::SkipFrame { length, .. },
+                    )) => {
+                        let want = u64::from(length);
+                        let got =
+                            std::io::copy(&mut (&mut self.src).take(want), &mut std::io::sink())?;
+                        if got < want {
+                            return Err(Error::new(
+                                ErrorKind::UnexpectedEof,
+                                "zstd: truncated skippable frame",
+                            ));
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(Error::new(ErrorKind::InvalidData, format!("zstd: {e}"))),
+                }
+            }
+            while self.dec.can_collect() < buf.len() && !self.dec.is_finished() {
+                let need = buf.len() - self.dec.can_collect();
+                self.dec
+                    .decode_blocks(&mut self.src, BlockDecodingStrategy::UptoBytes(need))
+                    .map_err(|e| Error::new(ErrorKind::InvalidData, format!("zstd: {e}")))?;
+            }
+            let n = self.dec.read(buf)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            if self.dec.is_finished() {
+                if let (Some(want), Some(got)) = (
+                    self.dec.get_checksum_from_data(),
+                    self.dec.get_calculated_checksum(),
+                ) && want != got
+                {
+                    return Err(Error::new(
+                        ErrorKind::InvalidData,
+                        "zstd: content checksum mismatch (corrupt archive)",
+                    ));
+                }
+                self.in_frame = false;
+            }
+        }
+    }
 }
 
 /// Read a tar stream into a tree (see the module docs).
@@ -346,6 +426,9 @@ pub fn scan_tar(name: &Path, reader: impl Read) -> Result<Tree, PopulateError> {
             }
         }
     }
+    // Read on to the end of the stream, so that a compressed archive's
+    // trailing checksum is checked (and a corrupt tail is an error).
+    std::io::copy(&mut ar.into_inner(), &mut std::io::sink()).map_err(corrupt)?;
     spool
         .flush()
         .map_err(|e| super::source::io_err(name, "cannot write the spool", e))?;
@@ -539,6 +622,27 @@ fn resolve_links(tree: &mut Tree, index: &HashMap<Vec<u8>, usize>) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zstd_frames_one_after_another() {
+        use ruzstd::encoding::{CompressionLevel, compress_to_vec};
+        let a = compress_to_vec(&b"hello, "[..], CompressionLevel::Fastest);
+        let b = compress_to_vec(&vec![7u8; 100_000][..], CompressionLevel::Fastest);
+        // A skippable frame (magic 0x184D2A53, 3 bytes) between them.
+        let skip = [0x53, 0x2a, 0x4d, 0x18, 3, 0, 0, 0, 1, 2, 3];
+        let all = [a.clone(), skip.to_vec(), b].concat();
+        let mut out = Vec::new();
+        Zstd::new(&all[..]).read_to_end(&mut out).unwrap();
+        assert_eq!(&out[..7], b"hello, ");
+        assert_eq!(out.len(), 100_007);
+        assert!(out[7..].iter().all(|&x| x == 7));
+        // Cut short: an error, not a short read.
+        let cut = &all[..all.len() - 5];
+        assert!(Zstd::new(cut).read_to_end(&mut Vec::new()).is_err());
+        // Not zstd after the first frame: an error.
+        let junk = [a, b"junk".to_vec()].concat();
+        assert!(Zstd::new(&junk[..]).read_to_end(&mut Vec::new()).is_err());
+    }
 
     #[test]
     fn names_are_cleaned() {

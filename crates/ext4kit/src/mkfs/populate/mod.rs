@@ -89,10 +89,23 @@ pub struct Populated {
 }
 
 /// Options of the copy that are not in the layout.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct PopulateOptions {
     /// `SOURCE_DATE_EPOCH`: times after it are clamped to it.
     pub clamp: Option<i64>,
+    /// Called after each inode is written with the inodes written so far
+    /// and the source bytes (file sizes) copied so far; see
+    /// [`Tree::totals`] for what they run up to.
+    pub progress: Option<std::sync::Arc<dyn Fn(u64, u64) + Send + Sync>>,
+}
+
+impl std::fmt::Debug for PopulateOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PopulateOptions")
+            .field("clamp", &self.clamp)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
 }
 
 /// Refuse the layouts `-d` does not handle yet (before anything is
@@ -160,6 +173,8 @@ pub fn populate(
         inos: vec![0; tree.nodes.len()],
         out: Populated::default(),
         slots: Vec::new(),
+        wbuf: Vec::new(),
+        wat: 0,
     };
     p.cursor = p.l.used.next_free(p.l.first_data_block);
     let (inos, last) = number(p.l, tree)?;
@@ -243,7 +258,15 @@ struct Pop<'a> {
     inos: Vec<u32>,
     out: Populated,
     slots: Vec<(u32, Vec<u8>)>,
+    /// Writes not yet sent: bytes for the device from `wat` on, so that
+    /// the data of many small files placed one after another goes out in
+    /// few large writes.
+    wbuf: Vec<u8>,
+    wat: u64,
 }
+
+/// Largest write [`Pop::put`] gathers.
+const WBUF: usize = 1 << 20;
 
 const LOST_FOUND: &[u8] = b"lost+found";
 /// `EXT4_LINK_MAX`.
@@ -259,6 +282,7 @@ impl Pop<'_> {
     }
 
     fn run(&mut self) -> Result<(), PopulateError> {
+        let mut src_bytes = 0u64;
         for k in 0..self.tree.nodes.len() {
             let tree = self.tree;
             let n = &tree.nodes[k];
@@ -272,8 +296,14 @@ impl Pop<'_> {
                 Kind::Char | Kind::Block | Kind::Fifo | Kind::Socket => self.special(k)?,
             }
             self.out.files += 1;
+            if let Some(f) = &self.opts.progress {
+                if n.kind == Kind::File {
+                    src_bytes += n.size;
+                }
+                f(self.out.files, src_bytes);
+            }
         }
-        Ok(())
+        self.flush_writes()
     }
 
     // ---- allocation ----
@@ -330,9 +360,36 @@ impl Pop<'_> {
     }
 
     fn write(&mut self, pblk: u64, data: &[u8]) -> Result<(), PopulateError> {
-        self.dev
-            .write_at(data, pblk * u64::from(self.l.block_size))?;
+        self.put(data, pblk * u64::from(self.l.block_size))?;
         self.out.bytes_written += data.len() as u64;
+        Ok(())
+    }
+
+    /// Write `data` at byte `off`: gathered with the writes before it
+    /// when it follows them (see [`Pop::wbuf`]); [`Pop::flush_writes`]
+    /// sends the rest.
+    fn put(&mut self, data: &[u8], off: u64) -> Result<(), PopulateError> {
+        if !self.wbuf.is_empty()
+            && (self.wat + self.wbuf.len() as u64 != off || self.wbuf.len() + data.len() > WBUF)
+        {
+            self.flush_writes()?;
+        }
+        if self.wbuf.is_empty() {
+            if data.len() >= WBUF {
+                self.dev.write_at(data, off)?;
+                return Ok(());
+            }
+            self.wat = off;
+        }
+        self.wbuf.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn flush_writes(&mut self) -> Result<(), PopulateError> {
+        if !self.wbuf.is_empty() {
+            self.dev.write_at(&self.wbuf, self.wat)?;
+            self.wbuf.clear();
+        }
         Ok(())
     }
 
@@ -675,7 +732,8 @@ impl Pop<'_> {
             self.reserve(upper);
         }
         let mut runs: Vec<Run> = Vec::new();
-        let mut buf = vec![0u8; (CHUNK_BLOCKS * bs) as usize];
+        // (A small file's buffer is its size: no 1 MiB allocation for each.)
+        let mut buf = vec![0u8; (upper.min(CHUNK_BLOCKS) * bs) as usize];
         for (a, b) in segs {
             let mut blk = a;
             while blk < b {
@@ -705,7 +763,7 @@ impl Pop<'_> {
                     let mut off = j;
                     for (s, len) in self.take(e - j, k)? {
                         let bytes = &chunk[(off * bs) as usize..((off + len) * bs) as usize];
-                        self.dev.write_at(bytes, s * bs)?;
+                        self.put(bytes, s * bs)?;
                         self.out.bytes_written += bytes.len() as u64;
                         self.out.data_bytes += bytes.len() as u64;
                         push_file_run(&mut runs, (blk + off) as u32, s, len);

@@ -102,6 +102,22 @@ pub struct Tree {
     pub spool: Option<std::sync::Arc<std::fs::File>>,
 }
 
+impl Tree {
+    /// What a populate's progress runs up to: the inodes (names that are
+    /// not hard links to an earlier one) and the bytes of their files.
+    pub fn totals(&self) -> (u64, u64) {
+        let mut inodes = 0u64;
+        let mut bytes = 0u64;
+        for n in self.nodes.iter().filter(|n| n.link_to.is_none()) {
+            inodes += 1;
+            if n.kind == Kind::File {
+                bytes += n.size;
+            }
+        }
+        (inodes, bytes)
+    }
+}
+
 pub(super) fn io_err(path: &Path, what: &str, e: std::io::Error) -> PopulateError {
     PopulateError::Source {
         path: path.to_path_buf(),
@@ -116,7 +132,12 @@ fn time(sec: i64, nsec: i64) -> Time {
     }
 }
 
-fn node_of(path: &Path, name: &[u8], parent: usize) -> Result<Node, PopulateError> {
+/// The node of `path` and its `lstat`.
+fn node_of(
+    path: &Path,
+    name: &[u8],
+    parent: usize,
+) -> Result<(Node, std::fs::Metadata), PopulateError> {
     let md = std::fs::symlink_metadata(path).map_err(|e| io_err(path, "cannot stat", e))?;
     let ft = md.file_type();
     let kind = if ft.is_dir() {
@@ -151,7 +172,7 @@ fn node_of(path: &Path, name: &[u8], parent: usize) -> Result<Node, PopulateErro
     let mut xattrs =
         ext4kit_device::host::xattrs(path).map_err(|e| io_err(path, "cannot list xattrs", e))?;
     xattrs.sort();
-    Ok(Node {
+    let node = Node {
         name: name.to_vec(),
         path: path.to_path_buf(),
         parent,
@@ -175,13 +196,14 @@ fn node_of(path: &Path, name: &[u8], parent: usize) -> Result<Node, PopulateErro
         nlink: 1,
         subdirs: 0,
         spooled: None,
-    })
+    };
+    Ok((node, md))
 }
 
 /// Scan the directory `root` (which must be a directory).
 pub fn scan(root: &Path) -> Result<Tree, PopulateError> {
     let mut tree = Tree::default();
-    let r = node_of(root, b"", 0)?;
+    let (r, _) = node_of(root, b"", 0)?;
     if r.kind != Kind::Dir {
         return Err(PopulateError::Source {
             path: root.to_path_buf(),
@@ -201,20 +223,16 @@ pub fn scan(root: &Path) -> Result<Tree, PopulateError> {
         let name = std::mem::take(&mut names[*next]);
         *next += 1;
         let path = tree.nodes[dir].path.join(OsStr::from_bytes(&name));
-        let mut n = node_of(&path, &name, dir)?;
+        let (mut n, md) = node_of(&path, &name, dir)?;
         let idx = tree.nodes.len();
-        if n.kind != Kind::Dir {
-            let md =
-                std::fs::symlink_metadata(&path).map_err(|e| io_err(&path, "cannot stat", e))?;
-            if md.nlink() > 1 {
-                match links.get(&(md.dev(), md.ino())) {
-                    Some(&first) => {
-                        n.link_to = Some(first);
-                        tree.nodes[first].nlink += 1;
-                    }
-                    None => {
-                        links.insert((md.dev(), md.ino()), idx);
-                    }
+        if n.kind != Kind::Dir && md.nlink() > 1 {
+            match links.get(&(md.dev(), md.ino())) {
+                Some(&first) => {
+                    n.link_to = Some(first);
+                    tree.nodes[first].nlink += 1;
+                }
+                None => {
+                    links.insert((md.dev(), md.ino()), idx);
                 }
             }
         }
