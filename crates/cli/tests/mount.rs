@@ -2074,6 +2074,151 @@ fn small_writes_are_buffered_and_stay_exact() {
     e2fsck_clean(&img).unwrap();
 }
 
+/// The write-behind buffer holds several inodes at once: four threads
+/// write two files of their own and their quarter of a shared one,
+/// interleaved (small random writes, each thread reading its bytes back
+/// through a second handle now and then, and checking the size), and
+/// every file equals its model after the join, after the unmount and
+/// e2fsck, and after a remount. Then several files are buffered at once,
+/// some fsync'ed (and written no more), others written further, and a
+/// `kill -9` keeps every fsync'ed file whole.
+#[test]
+fn several_buffered_files_match_a_model_and_fsynced_ones_survive_kill9() {
+    let what = "several_buffered_files_match_a_model_and_fsynced_ones_survive_kill9";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    const FILE: u64 = 1 << 20;
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "256M");
+    let m = FuseMount::new(&img, &[]).unwrap();
+    let n = |v: &serde_json::Value, k: &str| v["wbuf"][k].as_u64().unwrap();
+    let before = request_counts(m.path());
+    File::create(m.path().join("shared")).unwrap();
+    let models: Vec<Vec<(String, u64, Vec<u8>)>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..4u64)
+            .map(|k| {
+                let root = m.path().to_path_buf();
+                sc.spawn(move || {
+                    let mut rng = Rng(0x1357_9bdf_2468_ace1 ^ (k + 1));
+                    let names = [format!("t{k}a"), format!("t{k}b"), "shared".to_string()];
+                    let open = |name: &str| {
+                        OpenOptions::new()
+                            .create(true)
+                            .read(true)
+                            .write(true)
+                            .open(root.join(name))
+                            .unwrap()
+                    };
+                    let files: Vec<File> = names.iter().map(|n| open(n)).collect();
+                    let readers: Vec<File> = names.iter().map(|n| open(n)).collect();
+                    let bases = [0, 0, k * (FILE / 4)];
+                    let spans = [FILE, FILE, FILE / 4];
+                    let mut ms = vec![Vec::new(), Vec::new(), Vec::new()];
+                    for step in 0..1500u64 {
+                        let i = rng.below(3) as usize;
+                        let len = 1 + rng.below(6000);
+                        let off = rng.below(spans[i] - len);
+                        let d = pattern(len as usize, step * 4 + k);
+                        files[i].write_all_at(&d, bases[i] + off).unwrap();
+                        let m = &mut ms[i];
+                        let e = (off + len) as usize;
+                        if m.len() < e {
+                            m.resize(e, 0);
+                        }
+                        m[off as usize..e].copy_from_slice(&d);
+                        if rng.below(50) == 0 {
+                            // Read-after-write through the buffer.
+                            let a = rng.below(m.len() as u64) as usize;
+                            let b = (a + 1 + rng.below(9000) as usize).min(m.len());
+                            let mut got = vec![0u8; b - a];
+                            readers[i]
+                                .read_exact_at(&mut got, bases[i] + a as u64)
+                                .unwrap();
+                            assert!(got[..] == m[a..b], "thread {k}: {} at {a}", names[i]);
+                            if i < 2 {
+                                let size = readers[i].metadata().unwrap().len();
+                                assert_eq!(size, m.len() as u64, "thread {k}: {}", names[i]);
+                            }
+                        }
+                    }
+                    names
+                        .into_iter()
+                        .zip(bases)
+                        .zip(ms)
+                        .map(|((n, b), m)| (n, b, m))
+                        .collect()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let check = |root: &Path| {
+        for (k, files) in models.iter().enumerate() {
+            for (name, base, want) in files {
+                let got = fs::read(root.join(name)).unwrap();
+                let b = *base as usize;
+                let part = got.get(b..b + want.len()).unwrap_or_default();
+                assert!(
+                    part == &want[..],
+                    "thread {k}: {name} differs from its model"
+                );
+                if name != "shared" {
+                    assert_eq!(got.len(), want.len(), "thread {k}: {name}");
+                }
+            }
+        }
+    };
+    check(m.path());
+    let after = request_counts(m.path());
+    let buffered = n(&after, "buffered_writes") - n(&before, "buffered_writes");
+    assert!(buffered >= 4000, "{buffered} of 6000 writes buffered");
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+    let m = FuseMount::new(&img, &[]).unwrap();
+    check(m.path());
+    // Six files buffered at once (a thread each: one thread's writes of
+    // another file flush its previous one); three fsync'ed and left
+    // alone, three written further; then kill -9.
+    let written = std::sync::Barrier::new(6);
+    std::thread::scope(|sc| {
+        for i in 0..6u64 {
+            let (root, written) = (m.path().to_path_buf(), &written);
+            sc.spawn(move || {
+                let mut f = File::create(root.join(format!("k{i}"))).unwrap();
+                for k in 0..64u64 {
+                    f.write_all(&pattern(4096, k * 8 + i)).unwrap();
+                }
+                written.wait();
+                if i % 2 == 0 {
+                    f.sync_all().unwrap();
+                } else {
+                    for k in 64..128u64 {
+                        f.write_all(&pattern(4096, k * 8 + i)).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    m.kill9();
+    let m = FuseMount::new(&img, &[]).unwrap();
+    for i in 0..6u64 {
+        let got = fs::read(m.path().join(format!("k{i}"))).unwrap();
+        if i % 2 == 0 {
+            assert_eq!(got.len(), 64 * 4096, "k{i} was fsync'ed");
+        }
+        assert!(got.len().is_multiple_of(4096), "k{i}: {} bytes", got.len());
+        for (k, chunk) in got.chunks(4096).enumerate() {
+            assert!(
+                chunk == &pattern(4096, k as u64 * 8 + i)[..],
+                "block {k} of k{i}"
+            );
+        }
+    }
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+}
+
 /// What ext4 refuses at `write(2)` time is still refused then, not at a
 /// later flush: EFBIG at the largest file (a write across it is cut
 /// there), EPERM on a file made immutable while open for writing

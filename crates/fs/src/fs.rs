@@ -1674,6 +1674,137 @@ impl Filesystem {
         })
     }
 
+    /// Write several byte ranges of regular file `ino` (`ranges`: each
+    /// `(offset, data)`) and then, if given, set its mtime and ctime to
+    /// `times`, in as few handles as the journal allows: ranges that
+    /// allocate nothing (overwrites in place, conversions of unwritten
+    /// extents) share one handle; a range that allocates ends its handle
+    /// (so no handle dirties more groups than one [`Filesystem::write_at`]
+    /// chunk). The write-behind buffer's flush. Returns the last tid. A
+    /// shortage of space fails the call (the ranges before it stay
+    /// written, i_size covering them), as [`Filesystem::write_at`].
+    pub fn write_ranges(
+        &self,
+        ino: u32,
+        ranges: &[(u64, &[u8])],
+        times: Option<(i64, u32)>,
+    ) -> Result<u32, FsError> {
+        let _c = self.locks.call(ino);
+        self.guard("write_ranges", ino, || {
+            self.write_ranges_op(ino, ranges, times)
+        })
+    }
+
+    fn write_ranges_op(
+        &self,
+        ino: u32,
+        ranges: &[(u64, &[u8])],
+        times: Option<(i64, u32)>,
+    ) -> Result<u32, FsError> {
+        let bs = self.block_size();
+        for &(off, data) in ranges {
+            off.checked_add(data.len() as u64)
+                .filter(|&e| e.div_ceil(bs) <= u64::from(u32::MAX))
+                .ok_or_else(|| {
+                    FsError::InvalidRequest(format!("write past the largest file at {off}"))
+                })?;
+        }
+        let inode = self.inode_any(ino)?;
+        flags::may_write_data(&inode)?;
+        if !inode.is_regular() {
+            return Err(if inode.is_dir() {
+                FsError::IsADirectory
+            } else {
+                FsError::InvalidRequest(format!("inode {ino} is not a regular file"))
+            });
+        }
+        if !inode.has_extents() {
+            return Err(FsError::Unsupported(format!(
+                "writing block-mapped inode {ino} (no extents)"
+            )));
+        }
+        let begin = || {
+            let d = root_depth(&self.inode_any(ino)?.i_block);
+            let want = 4 * single_extent_credits(d + 1) + 4;
+            let mut op = self.begin_edit(want, MAX_GROUPS as u32 + 2)?;
+            op.own(ino);
+            Ok::<_, FsError>(op)
+        };
+        let mut op: Option<Op<'_>> = None;
+        // Whether the open handle has written anything yet.
+        let mut fresh = true;
+        let mut tid = self.rw.journal().running_tid();
+        for &(off, data) in ranges {
+            let end = off + data.len() as u64;
+            let mut pos = off;
+            while pos < end {
+                let mut o = match op.take() {
+                    Some(o) => o,
+                    None => {
+                        fresh = true;
+                        begin()?
+                    }
+                };
+                let lb0 = pos / bs;
+                let lb1 = (end.div_ceil(bs)).min(lb0 + WRITE_CHUNK);
+                let stop = (lb1 * bs).min(end);
+                let piece = &data[(pos - off) as usize..(stop - off) as usize];
+                let before = self.inode_any(ino)?.blocks_512;
+                let fill = Fill::Write {
+                    off: pos,
+                    data: piece,
+                };
+                let r = self.fill_in(&mut o, ino, lb0, lb1, &fill, MAX_GROUPS);
+                match r {
+                    Ok((done, _)) if done > lb0 => {
+                        pos = (done * bs).min(stop);
+                        fresh = false;
+                        let after = self.inode_any(ino)?.blocks_512;
+                        // An allocation (or a full handle) ends the handle.
+                        if after != before || done < lb1 {
+                            tid = self.finish(o)?;
+                        } else {
+                            op = Some(o);
+                        }
+                    }
+                    // Out of space before this handle changed anything.
+                    Ok((_, Some(short))) => {
+                        self.finish(o)?;
+                        return Err(short);
+                    }
+                    // No room left in a handle that wrote: a new one.
+                    Ok(_) if !fresh => tid = self.finish(o)?,
+                    Ok(_) => {
+                        let e = FsError::InvalidRequest(format!(
+                            "inode {ino}: the journal is too small for one extent edit"
+                        ));
+                        return Err(self.fail(o, e));
+                    }
+                    Err(e) => return Err(self.fail(o, e)),
+                }
+            }
+        }
+        if let Some(t) = times {
+            let mut o = match op.take() {
+                Some(o) => o,
+                None => begin()?,
+            };
+            let a = crate::rw::InodeAttrs {
+                mtime: Some(t),
+                ctime: Some(t),
+                ..Default::default()
+            };
+            if let Err(e) = self.rw.set_inode_attrs_in(&mut o.h, ino, &a) {
+                return Err(self.fail(o, e));
+            }
+            op = Some(o);
+        }
+        if let Some(o) = op {
+            tid = self.finish(o)?;
+        }
+        Ok(tid)
+    }
+
     /// The write: (last tid, bytes written, the shortage of space that
     /// stopped it early).
     fn write_at_op(

@@ -91,6 +91,14 @@ type R<T> = Result<T, Errno>;
 
 /// What a new inode is.
 #[derive(Clone, Copy)]
+/// What [`Ops::buffer_write`] did with a write.
+enum Buffered {
+    /// Buffered: the bytes answered as written.
+    Done(u32),
+    /// To be written through, at this offset (O_APPEND resolved).
+    Through(u64),
+}
+
 enum Make<'a> {
     Node { mode: u32, rdev: u32 },
     Dir { mode: u32 },
@@ -386,8 +394,18 @@ impl FuseFs {
     /// set-user-ID/set-group-ID to be cleared (killpriv v2); `flags`: the
     /// file's open flags as the kernel passes them (O_DSYNC also for
     /// RWF_DSYNC and a `sync` mount).
-    fn do_write(&self, ino: u32, fh: u64, off: u64, data: &[u8], kill: bool, flags: i32) -> R<u32> {
-        let fs = self.fs()?;
+    #[allow(clippy::too_many_arguments)]
+    fn do_write(
+        &self,
+        ino: u32,
+        fh: u64,
+        off: u64,
+        data: &[u8],
+        kill: bool,
+        flags: i32,
+        pid: Option<u32>,
+    ) -> R<u32> {
+        let _ = self.fs()?;
         let through = self.writeback
             || self.s.opts.sync
             || flags & (libc::O_DIRECT | libc::O_DSYNC) != 0
@@ -400,15 +418,54 @@ impl FuseFs {
             }
             return self.write_through(ino, fh, off, data);
         }
-        let mut g = self.s.wbuf.lock();
-        // One inode at a time: another inode's writes go first.
-        if g.cur.as_ref().is_some_and(|b| b.ino != ino) {
-            let _ = self.s.flush_locked(&mut g);
+        // One thread's writes reach the engine in its order: its buffered
+        // writes of another inode go first.
+        if let Some(prev) = pid.and_then(|p| self.s.wbuf.last_of(p))
+            && prev != ino
+        {
+            let _ = self.s.flush_ino(prev);
         }
+        let slot = self.s.wbuf.slot(ino);
+        let mut g = slot.lock();
+        let r = self.buffer_write(&mut g, ino, fh, off, data, kill);
+        // A buffer that took no write is dropped (it must not keep a size
+        // for later writes).
+        if g.as_ref().is_some_and(|b| b.writes() == 0) {
+            *g = None;
+        }
+        let over = self.s.wbuf.note(ino, &g, pid);
+        self.s.wbuf.gc(&slot, &g);
+        drop(g);
+        if over {
+            self.s.evict();
+        }
+        match r? {
+            Buffered::Done(n) => Ok(n),
+            Buffered::Through(off) => {
+                // Everything buffered was answered first: it goes first
+                // (and a shortage of space is then this write's).
+                self.s.flush_all();
+                self.write_through(ino, fh, off, data)
+            }
+        }
+    }
+
+    /// [`Self::do_write`] under `ino`'s slot lock `g`: buffered, or to be
+    /// written through (at the offset given) once the lock is dropped.
+    fn buffer_write(
+        &self,
+        g: &mut Option<InodeBuf>,
+        ino: u32,
+        fh: u64,
+        off: u64,
+        data: &[u8],
+        kill: bool,
+    ) -> R<Buffered> {
+        let fs = self.fs()?;
         // The inode as the buffer starts from: an immutable one, or a
         // journal that refuses changes, gets the engine's answer.
-        let fresh = |g: &mut crate::wbuf::Inner| -> R<bool> {
-            if g.cur.is_none() {
+        let fresh = |g: &mut Option<InodeBuf>| -> R<bool> {
+            if g.is_none() {
                 let i = self.s.inode(ino)?;
                 if i.flags & ext4kit_fs::fs::flags::IMMUTABLE_FL != 0
                     || !i.is_regular()
@@ -416,39 +473,34 @@ impl FuseFs {
                 {
                     return Ok(false);
                 }
-                self.s.wbuf.put(g, InodeBuf::new(ino, i.size, i.mode));
+                *g = Some(InodeBuf::new(ino, i.size, i.mode));
             }
             Ok(true)
         };
-        if !fresh(&mut g)? {
-            drop(g);
+        if !fresh(g)? {
             if kill {
                 self.kill_suid_sgid(ino)?;
             }
-            return self.write_through(ino, fh, off, data);
+            return Ok(Buffered::Through(off));
         }
-        if kill
-            && g.cur
-                .as_ref()
-                .is_some_and(|b| killed_perm(b.mode).is_some())
-        {
+        if kill && g.as_ref().is_some_and(|b| killed_perm(b.mode).is_some()) {
             // At once: the buffered writes, then the mode, then this
             // write into a buffer that starts from the new mode (a failed
             // flush is the next fsync's error, not this write's).
-            let _ = self.s.flush_locked(&mut g);
+            let _ = self.s.flush_locked(g);
             self.kill_suid_sgid(ino)?;
-            if !fresh(&mut g)? {
-                drop(g);
-                return self.write_through(ino, fh, off, data);
+            if !fresh(g)? {
+                return Ok(Buffered::Through(off));
             }
         }
-        let Some(buf) = g.cur.as_mut() else {
-            return Err(Errno::EIO);
-        };
         let append = matches!(
             self.s.state().handles.get(&fh),
             Some(Handle::File { append: true, .. })
         );
+        let (bytes, ranges) = self.s.wbuf.totals();
+        let Some(buf) = g.as_mut() else {
+            return Err(Errno::EIO);
+        };
         let off = if append { buf.size } else { off };
         if off >= self.s.max_file && !data.is_empty() {
             return Err(Errno::EFBIG);
@@ -456,11 +508,10 @@ impl FuseFs {
         let n = data.len().min((self.s.max_file - off) as usize);
         let avail = fs.block_alloc().available_blocks();
         let bs = u64::from(self.s.block_size);
-        if !wbuf::room(avail, bs, buf.bytes(), buf.range_count(), n) {
+        if !wbuf::room(avail, bs, bytes, ranges, n) {
             // Near full: the engine answers (ENOSPC at write time).
-            let _ = self.s.flush_locked(&mut g);
-            drop(g);
-            return self.write_through(ino, fh, off, data);
+            let _ = self.s.flush_locked(g);
+            return Ok(Buffered::Through(off));
         }
         buf.add(off, &data[..n], ext4kit_fs::fs::now());
         let full = buf.bytes() >= wbuf::INODE_BOUND;
@@ -468,9 +519,9 @@ impl FuseFs {
         if full {
             // This write is in the buffer and answered as written; a
             // failure is the next fsync's.
-            let _ = self.s.flush_locked(&mut g);
+            let _ = self.s.flush_locked(g);
         }
-        Ok(n as u32)
+        Ok(Buffered::Done(n as u32))
     }
 
     /// A WRITE straight to the engine.
@@ -1408,7 +1459,7 @@ impl fuser::Filesystem for FuseFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -1419,7 +1470,9 @@ impl fuser::Filesystem for FuseFs {
         reply: ReplyWrite,
     ) {
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        let r = ext4_ino(ino).and_then(|i| self.do_write(i, fh.0, offset, data, kill, flags.0));
+        let pid = Some(req.pid()).filter(|&p| p != 0);
+        let r =
+            ext4_ino(ino).and_then(|i| self.do_write(i, fh.0, offset, data, kill, flags.0, pid));
         match r {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),

@@ -225,6 +225,7 @@ impl RequestCounts {
                 "buffered_writes": w.buffered,
                 "flushes": w.flushes,
                 "flushed_ranges": w.ranges,
+                "evictions": w.evictions,
             },
         })
     }
@@ -277,6 +278,20 @@ impl Sink for EngineSink<'_> {
     fn changed(&self, ino: u32, tid: u32) {
         self.s.state().changed(ino, tid);
     }
+
+    /// Every range and the time in as few handles as the engine allows
+    /// ([`Filesystem::write_ranges`]).
+    fn write_buf(&self, buf: &crate::wbuf::InodeBuf) -> Result<u64, Errno> {
+        let ranges: Vec<(u64, &[u8])> = buf.ranges().collect();
+        if ranges.is_empty() {
+            return Ok(0);
+        }
+        let t = Some((buf.mtime.sec, buf.mtime.nsec));
+        let tid = crate::ops::retry(self.fs, || self.fs.write_ranges(buf.ino, &ranges, t))
+            .map_err(|e| errno(&e))?;
+        self.changed(buf.ino, tid);
+        Ok(ranges.len() as u64)
+    }
 }
 
 impl Shared {
@@ -303,22 +318,21 @@ impl Shared {
         }
     }
 
-    /// Flush the write-behind buffer if it holds `ino` (a request reads or
-    /// changes its data or attributes). A failure is kept for the next
+    /// Flush `ino`'s buffered writes, if any (a request reads or changes
+    /// its data or attributes). A failure is kept for the next
     /// fsync/FLUSH of `ino` and returned.
     pub fn flush_ino(&self, ino: u32) -> Result<(), Errno> {
         match self.sink() {
-            Some(k) if self.wbuf.buffered() == Some(ino) => self.wbuf.flush_ino(ino, &k),
+            Some(k) if self.wbuf.any() => self.wbuf.flush_ino(ino, &k),
             _ => Ok(()),
         }
     }
 
-    /// Flush whatever the write-behind buffer holds (any other change of
-    /// the filesystem: the engine receives changes in the order they
-    /// were answered). A failure is kept for the inode's next fsync and
-    /// not returned here: it is not this request's.
+    /// Flush every buffered inode (any other change of the filesystem).
+    /// A failure is kept for the inode's next fsync and not returned
+    /// here: it is not this request's.
     pub fn flush_all(&self) {
-        if self.wbuf.buffered().is_none() {
+        if !self.wbuf.any() {
             return;
         }
         if let Some(k) = self.sink() {
@@ -326,8 +340,16 @@ impl Shared {
         }
     }
 
-    /// [`WriteBuffer::flush_locked`] on the engine, under the lock `g`.
-    pub fn flush_locked(&self, g: &mut crate::wbuf::Inner) -> Result<(), Errno> {
+    /// Flush the oldest buffered inodes while the buffer is over its
+    /// total bound (holding no slot's lock).
+    pub fn evict(&self) {
+        if let Some(k) = self.sink() {
+            self.wbuf.evict(&k);
+        }
+    }
+
+    /// [`WriteBuffer::flush_locked`] on the engine, under a slot's lock.
+    pub fn flush_locked(&self, g: &mut Option<crate::wbuf::InodeBuf>) -> Result<(), Errno> {
         match self.sink() {
             Some(k) => self.wbuf.flush_locked(g, &k),
             None => Ok(()),

@@ -627,3 +627,65 @@ fn time_encoding_with_and_without_the_extra_field() {
     assert_eq!(TIME_MAX_EXTRA, 15_032_385_535);
     assert_eq!(TIME_MIN, -2_147_483_648);
 }
+
+#[test]
+fn write_ranges_matches_write_at_and_a_model() {
+    let dev = Arc::new(image(64 << 20, &[]));
+    let fs = open(&dev);
+    let free0 = fs.block_alloc().free_blocks();
+    // Two files laid out alike: written data, a hole, an unwritten
+    // (fallocated) run; then the same ranges, one file through write_at
+    // one by one, the other through one write_ranges.
+    let (a, b) = (new_file(&fs), new_file(&fs));
+    for &ino in &[a, b] {
+        fs.write_at(ino, 0, &pattern(200_000, 3)).unwrap();
+        fs.fallocate(ino, 400_000, 150_000, Falloc::default())
+            .unwrap();
+    }
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    // Disjoint ranges in file order, over every kind of place and past
+    // the end.
+    let mut ranges: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut at = 0u64;
+    while at < 700_000 {
+        let gap = 1 + next() % 9000;
+        let len = 1 + next() % 7000;
+        ranges.push((at + gap, pattern(len as usize, (next() % 255) as u8)));
+        at += gap + len;
+    }
+    let mut want = read_all(&fs, a);
+    for (off, d) in &ranges {
+        fs.write_at(a, *off, d).unwrap();
+        let e = *off as usize + d.len();
+        if want.len() < e {
+            want.resize(e, 0);
+        }
+        want[*off as usize..e].copy_from_slice(d);
+    }
+    let refs: Vec<(u64, &[u8])> = ranges.iter().map(|(o, d)| (*o, d.as_slice())).collect();
+    fs.write_ranges(b, &refs, Some((1_700_000_000, 5))).unwrap();
+    assert_eq!(read_all(&fs, a), want);
+    assert_eq!(read_all(&fs, b), want);
+    let (ia, ib) = (fs.inode(a).unwrap(), fs.inode(b).unwrap());
+    assert_eq!((ib.size, ib.blocks_512), (ia.size, ia.blocks_512));
+    assert_eq!((ib.mtime.sec, ib.mtime.nsec), (1_700_000_000, 5));
+    assert_eq!((ib.ctime.sec, ib.ctime.nsec), (1_700_000_000, 5));
+    // Overwrites in place of the same ranges: nothing allocated.
+    let free1 = fs.block_alloc().free_blocks();
+    fs.write_ranges(b, &refs, None).unwrap();
+    assert_eq!(fs.block_alloc().free_blocks(), free1);
+    fs.close().unwrap();
+    let fs = open(&dev);
+    assert_eq!(read_all(&fs, b), want);
+    fs.delete_inode(a).unwrap();
+    fs.delete_inode(b).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.block_alloc().free_blocks(), free0);
+    fs.close().unwrap();
+}
