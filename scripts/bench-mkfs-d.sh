@@ -137,8 +137,11 @@ run_one() { # source-label source size tool run
     "$e2fsck" -fn "$img" >"$work/fsck.out" 2>&1 || fsck=UNCLEAN
     f1=$(now)
     [[ $fsck == clean ]] || tail -20 "$work/fsck.out" >&2
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$tool" "$run" "$(sub "$t1" "$t0")" \
-        "$rss" "$alloc" "$(sub "$f1" "$f0")" "$fsck" >>"$results"
+    # The inodes e2fsck saw in use (its summary: "IMG: USED/TOTAL files ...").
+    local inodes
+    inodes=$(sed -n 's|.*: \([0-9]*\)/[0-9]* files.*|\1|p' "$work/fsck.out" | tail -n 1)
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$tool" "$run" "$(sub "$t1" "$t0")" \
+        "$rss" "$alloc" "$(sub "$f1" "$f0")" "$fsck" "${inodes:-?}" >>"$results"
     log "  $label $tool run $run: $(sub "$t1" "$t0") s, rss ${rss} KiB, alloc $alloc B, e2fsck $(sub "$f1" "$f0") s $fsck"
     rm -f -- "$img"
 }
@@ -199,14 +202,14 @@ import sys, statistics
 from collections import defaultdict
 rows, order = defaultdict(list), []
 for line in open(sys.argv[1]):
-    label, tool, run, wall, rss, alloc, fsck_s, fsck = line.rstrip("\n").split("\t")
+    label, tool, run, wall, rss, alloc, fsck_s, fsck, inodes = line.rstrip("\n").split("\t")
     if label not in order:
         order.append(label)
-    rows[(label, tool)].append((float(wall), int(rss) / 1024, int(alloc) / 2**20, float(fsck_s), fsck))
+    rows[(label, tool)].append((float(wall), int(rss) / 1024, int(alloc) / 2**20, float(fsck_s), f"{fsck}, {inodes} inodes"))
 def med(v):
     f = lambda x: f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
     return f(statistics.median(v)) if len(v) == 1 else f"{f(statistics.median(v))} ({f(min(v))}–{f(max(v))})"
-print("| source | tool | wall s | max RSS MiB | allocated MiB | e2fsck -fn s | e2fsck |")
+print("| source | tool | wall s | max RSS MiB | allocated MiB | e2fsck -fn s | e2fsck -fn |")
 print("|---|---|--:|--:|--:|--:|---|")
 for label in order:
     for tool in ("mke2fs", "ext4kit"):

@@ -180,7 +180,11 @@ pub struct MkfsArgs {
         allow_hyphen_values = true
     )]
     opt_cap_c: Vec<String>,
-    #[arg(short = 'd', value_name = "ROOT-DIR", hide = true)]
+    /// Copy a tree into the new filesystem: a directory, or a tar archive
+    /// (plain, gzip, zstd or xz, told by its first bytes; `-` reads it
+    /// from stdin). Shows progress on a terminal; --json reports what was
+    /// copied under "populated".
+    #[arg(short = 'd', value_name = "ROOT-DIR|TARBALL")]
     opt_d: Option<String>,
     /// Direct I/O: write with O_DIRECT where the target takes it (same
     /// bytes).
@@ -908,7 +912,8 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     let source_tree = match &a.opt_d {
         Some(d) if !dry_run => {
             mkfs::populate::check_layout(&prepared.layout)?;
-            // A directory, else a tar archive (plain or gzip; - is stdin).
+            // A directory, else a tar archive (plain, gzip, zstd or xz;
+            // - is stdin).
             let p = Path::new(d);
             let tree = if d != "-" && p.is_dir() {
                 mkfs::populate::source::scan(p)
