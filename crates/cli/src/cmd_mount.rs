@@ -30,9 +30,13 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   SIGTERM/SIGINT to the serving process: the journal is committed and \
                   checkpointed and the filesystem is left clean (e2fsck -fn finds nothing, \
                   no needs_recovery). fsync makes data durable (one journal commit); \
-                  changes are otherwise committed every commit=SEC seconds. A bare `sync` \
-                  (sync(2), syncfs(2)) does not reach a FUSE server and commits nothing: use \
-                  `sync FILE` or `sync DIRECTORY` (an fsync) on the mount. A filesystem \
+                  changes are otherwise committed every commit=SEC seconds, and about 10 ms \
+                  after the mount went quiet. That idle commit is what a bare `sync` gets: \
+                  the kernel does not forward sync(2)/syncfs(2) to a FUSE server, so unlike \
+                  on kernel ext4 `sync` returns before the commit and a kill within a few \
+                  milliseconds of it (up to ~0.1 s while commits follow each other) can \
+                  still lose those changes; `ext4kit sync MOUNTPOINT` (or `sync FILE`, an \
+                  fsync) returns only when they are durable. A filesystem \
                   without a journal (-O ^has_journal) is written in place as the kernel \
                   writes it: \"not clean\" in the superblock while mounted, \"clean\" again \
                   at the unmount; after a crash run e2fsck -fy before using it. `ext4kit status \

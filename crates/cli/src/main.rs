@@ -23,6 +23,7 @@ mod cmd_mount;
 mod cmd_ns;
 mod cmd_stat;
 mod cmd_status;
+mod cmd_sync;
 mod direct;
 mod errmsg;
 mod jdev;
@@ -42,7 +43,7 @@ mod walk;
                   inode tables offline, reads and changes unmounted images (ls, cat, stat, \
                   cp, mkdir, rm, mv, ln, chmod, chown, truncate, fallocate, fstrim, info, \
                   journal), and mounts them read-write through FUSE with the kernel's \
-                  journaling (mount, status)."
+                  journaling (mount, status, sync)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -88,6 +89,8 @@ enum Cmd {
     Fstrim(cmd_fstrim::FstrimArgs),
     /// Show what an `ext4kit mount` does in the background (online lazy init, discard and its reconciler).
     Status(cmd_status::StatusArgs),
+    /// Commit an `ext4kit mount` and return when everything written before is durable.
+    Sync(cmd_sync::SyncArgs),
     /// Mount an ext4 image or device with FUSE (journaled read-write, or -o ro).
     #[command(long_about = cmd_mount::LONG_ABOUT)]
     Mount(cmd_mount::MountArgs),
@@ -222,6 +225,7 @@ fn main() {
                             "fallocate",
                             "fstrim",
                             "status",
+                            "sync",
                             "mount",
                         ]
                         .contains(&s.as_str())
@@ -252,6 +256,7 @@ fn main() {
             Cmd::Fallocate(a) => cmd_attr::fallocate(a),
             Cmd::Fstrim(a) => cmd_fstrim::run(a),
             Cmd::Status(a) => cmd_status::run(a),
+            Cmd::Sync(a) => cmd_sync::run(a),
             Cmd::Mount(a) => cmd_mount::run(a),
             Cmd::Generate(a) => cmd_generate::run(a, Cli::command()),
         }

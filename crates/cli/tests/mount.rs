@@ -2105,6 +2105,7 @@ fn several_buffered_files_match_a_model_and_fsynced_ones_survive_kill9() {
                     let open = |name: &str| {
                         OpenOptions::new()
                             .create(true)
+                            .truncate(false)
                             .read(true)
                             .write(true)
                             .open(root.join(name))
@@ -2337,4 +2338,106 @@ fn sync_writes_bypass_the_write_behind_buffer() {
     assert!(buffered(&after) > buffered(&before));
     m.unmount().unwrap();
     e2fsck_clean(&img).unwrap();
+}
+
+/// `sync(1)` (or sync(2)) on the mount, then `kill -9` 0.3 s later: what
+/// was written before the sync is there after the replaying mount (the
+/// idle commit: the kernel does not forward sync(2) to a FUSE server,
+/// but it returns only after its writes reached the daemon, which
+/// commits once it is quiet). `commit=30`, so the timer cannot be what
+/// commits. Then `ext4kit sync MNT` and a kill right after it returns:
+/// durable without any wait.
+#[test]
+fn sync_then_kill9_is_durable() {
+    let what = "sync_then_kill9_is_durable";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "128M");
+    let small = |f: &mut File, seed: u64| {
+        for k in 0..2048u64 {
+            f.write_all(&pattern(4096, seed + k)).unwrap();
+        }
+    };
+    let small_model =
+        |seed: u64| -> Vec<u8> { (0..2048u64).flat_map(|k| pattern(4096, seed + k)).collect() };
+    for (round, use_tool) in [(0u64, true), (1, false)] {
+        let m = FuseMount::new(&img, &["commit=30"]).unwrap();
+        let p = |s: &str| m.path().join(s);
+        // 8 MiB in 4 KiB writes (the write-behind buffer), 8 MiB in one
+        // write (through), a directory and a rename.
+        small(
+            &mut File::create(p(&format!("small{round}"))).unwrap(),
+            round * 10_000,
+        );
+        fs::write(p(&format!("big{round}")), pattern(8 << 20, round)).unwrap();
+        fs::create_dir(p(&format!("d{round}"))).unwrap();
+        fs::write(p("tmp"), b"renamed").unwrap();
+        fs::rename(p("tmp"), p(&format!("d{round}/renamed"))).unwrap();
+        if use_tool {
+            run_ok(&mut tool("sync")).unwrap();
+        } else {
+            // SAFETY: sync(2) takes no arguments.
+            unsafe { libc::sync() };
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        m.kill9();
+        let m = FuseMount::new(&img, &["commit=30"]).unwrap();
+        let p = |s: &str| m.path().join(s);
+        for r in 0..=round {
+            let small = fs::read(p(&format!("small{r}")));
+            assert!(
+                small.as_ref().is_ok_and(|d| *d == small_model(r * 10_000)),
+                "round {round}: small{r} not durable at sync (len {:?})",
+                small.map(|d| d.len())
+            );
+            assert_eq!(
+                fs::read(p(&format!("big{r}"))).unwrap(),
+                pattern(8 << 20, r)
+            );
+            assert_eq!(fs::read(p(&format!("d{r}/renamed"))).unwrap(), b"renamed");
+        }
+        m.unmount().unwrap();
+        e2fsck_clean(&img).unwrap();
+    }
+    // `ext4kit sync MOUNTPOINT`: the kill comes as soon as it returned.
+    let m = FuseMount::new(&img, &["commit=30"]).unwrap();
+    let p = |s: &str| m.path().join(s);
+    small(&mut File::create(p("explicit")).unwrap(), 77);
+    fs::remove_file(p("big0")).unwrap();
+    run_ok(ext4kit().arg("sync").arg(m.path())).unwrap();
+    m.kill9();
+    assert!(dumpe2fs_h(&img).contains("needs_recovery"));
+    let m = FuseMount::new(&img, &[]).unwrap();
+    assert_eq!(
+        fs::read(m.path().join("explicit")).unwrap(),
+        small_model(77)
+    );
+    assert!(
+        !m.path().join("big0").exists(),
+        "the removal was not durable"
+    );
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+}
+
+/// `ext4kit sync` on what is not an ext4kit mount: one line, exit 1
+/// (syncfs(2) was done); --help says what it is for.
+#[test]
+fn ext4kit_sync_refuses_other_filesystems() {
+    let dir = image_dir();
+    let out = ext4kit().arg("sync").arg(dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not an ext4kit mount"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let out = ext4kit().arg("sync").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let help = run_ok(ext4kit().args(["sync", "--help"])).unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("durable") && help.contains("MOUNTPOINT"),
+        "{help}"
+    );
 }

@@ -394,6 +394,37 @@ pub fn fitrim(file: &std::fs::File, start: u64, len: u64, minlen: u64) -> io::Re
     }
 }
 
+/// `syncfs(2)` of the filesystem `file` is on: the kernel writes its
+/// dirty pages and inodes of it back (and waits).
+pub fn syncfs(file: &std::fs::File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: syncfs takes only an open descriptor.
+    if unsafe { libc::syncfs(file.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `ioctl(file, cmd)` for a command without an argument (`_IO(type, nr)`).
+pub fn ioctl_no_arg(file: &std::fs::File, cmd: u32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a command of size 0 passes no memory; the third argument
+    // is a null pointer the command does not read.
+    let ret = unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            cmd as libc::Ioctl,
+            std::ptr::null_mut::<libc::c_void>(),
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// `access(path, W_OK) == 0`: may this process write to `path` (with the
 /// real uid, as mke2fs checks its undo directory)?
 pub fn access_writable(path: &Path) -> bool {

@@ -14,6 +14,8 @@
 //!   (unlinked while open: freed at the last release/forget or at
 //!   unmount), readdir snapshots, the tid of each inode's last change
 //!   (what fsync commits).
+//! - [`idle`]: the idle commit (what `sync(1)` cannot ask a FUSE
+//!   server for: commit once the mount went quiet).
 //! - [`ops`]: the `fuser::Filesystem` implementation.
 //! - [`trim`]: `FITRIM` (fstrim on the mount point).
 //! - [`wbuf`]: the write-behind buffer of the default (write-through)
@@ -26,6 +28,7 @@ pub mod atime;
 pub mod attr;
 pub mod flags;
 mod fusermount;
+pub mod idle;
 pub mod mount;
 pub mod ops;
 pub mod options;

@@ -11,7 +11,8 @@
 //!    and completes the INIT handshake: from here
 //!    the mount is live and `ready` is called (the CLI detaches then).
 //! 3. Worker threads serve requests; a timer thread calls the journal's
-//!    `tick()` every second (`commit=SEC`); a signal thread turns
+//!    `tick()` every second (`commit=SEC`), a committer thread commits
+//!    once the mount is quiet ([`crate::idle`]); a signal thread turns
 //!    SIGTERM/SIGINT/SIGHUP into an unmount (a busy mount is detached and
 //!    its connection aborted, so the daemon always gets to close).
 //! 4. When the kernel ends the session (umount, fusermount3 -u, the
@@ -721,6 +722,24 @@ pub fn serve_wrapped(
             }
         })
     };
+    // The idle commit ([`crate::idle`]): what `sync(1)` waited for is
+    // committed once the mount is quiet.
+    let committer = {
+        let shared = shared.clone();
+        thread::spawn(move || {
+            if !matches!(shared.backend, Backend::Rw(_)) {
+                return;
+            }
+            while shared.idle.wait_idle(crate::idle::IDLE) {
+                if let Err(e) = shared.commit_all() {
+                    tracing::warn!("idle commit: {e}");
+                }
+                if shared.idle.pause(crate::idle::MIN_GAP) {
+                    break;
+                }
+            }
+        })
+    };
     let served = session.run();
     // fusermount3's auto_unmount sees its socket close (the mount is
     // gone already) and exits.
@@ -741,6 +760,8 @@ pub fn serve_wrapped(
     }
     stop.stop();
     let _ = timer.join();
+    shared.idle.stop();
+    let _ = committer.join();
     let _ = std::fs::remove_file(&status_file);
     sig_handle.close();
     let signal = sig_thread.join().ok().flatten();

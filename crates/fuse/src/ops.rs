@@ -193,6 +193,7 @@ impl FuseFs {
         {
             tracing::warn!("freeing unlinked inode {ino}: {e}");
         }
+        self.s.idle.note();
     }
 
     /// Create an inode `name` in `parent` as `ext4_new_inode` would:
@@ -516,6 +517,7 @@ impl FuseFs {
         buf.add(off, &data[..n], ext4kit_fs::fs::now());
         let full = buf.bytes() >= wbuf::INODE_BOUND;
         self.s.wbuf.count_buffered();
+        self.s.idle.note();
         if full {
             // This write is in the buffer and answered as written; a
             // failure is the next fsync's.
@@ -1825,8 +1827,16 @@ impl fuser::Filesystem for FuseFs {
         // Flag changes (chattr +i must refuse the writes after it) and
         // FITRIM (free space exact) come after the buffered writes.
         self.s.flush_all();
+        if cmd == crate::idle::SYNC_IOCTL {
+            // `ext4kit sync`: everything answered before it, durable.
+            return match self.s.commit_all() {
+                Ok(()) => reply.ioctl(0, &[]),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
         if crate::flags::is_flags_ioctl(cmd) {
             let r = ext4_ino(ino).and_then(|i| crate::flags::ioctl(&self.s, i, cmd, in_data));
+            self.s.idle.note();
             return match r {
                 Ok(data) => reply.ioctl(0, &data),
                 Err(e) => reply.error(e),

@@ -15,6 +15,7 @@ use ext4kit_fs::sb::{Fs, Volume};
 use fuser::{Errno, FileType};
 
 use crate::attr::errno;
+use crate::idle::IdleCommit;
 use crate::options::MountOptions;
 use crate::wbuf::{Sink, WriteBuffer};
 
@@ -115,6 +116,9 @@ pub struct State {
     pub next_fh: u64,
     /// The tid of each inode's last change (what fsync commits).
     pub tids: HashMap<u32, u32>,
+    /// Every change is noted here for the idle commit (also
+    /// [`Shared::idle`]).
+    pub idle: Arc<IdleCommit>,
 }
 
 impl State {
@@ -185,6 +189,7 @@ impl State {
     /// Remember that `ino` changed in transaction `tid`.
     pub fn changed(&mut self, ino: u32, tid: u32) {
         self.tids.insert(ino, tid);
+        self.idle.note();
     }
 
     /// Forget the tids that are durable already.
@@ -253,6 +258,8 @@ pub struct Shared {
     pub wbuf: WriteBuffer,
     /// `lazytime` atimes not written yet ([`crate::atime`]).
     pub atimes: crate::atime::Pending,
+    /// Changes waiting for the idle commit ([`crate::idle`]).
+    pub idle: Arc<IdleCommit>,
 }
 
 /// The engine as the write-behind buffer's [`Sink`].
@@ -297,15 +304,18 @@ impl Sink for EngineSink<'_> {
 impl Shared {
     pub fn new(backend: Backend, opts: MountOptions) -> Shared {
         let block_size = backend.block_size();
+        let state = State::default();
+        let idle = state.idle.clone();
         Shared {
             backend,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(state),
             opts,
             requests: RequestCounts::default(),
             block_size,
             max_file: (u64::from(u32::MAX)) * u64::from(block_size),
             wbuf: WriteBuffer::default(),
             atimes: crate::atime::Pending::default(),
+            idle,
         }
     }
 
@@ -346,6 +356,20 @@ impl Shared {
         if let Some(k) = self.sink() {
             self.wbuf.evict(&k);
         }
+    }
+
+    /// Make every change answered so far durable: the write-behind buffer
+    /// to the engine, then a commit of the running transaction (the idle
+    /// commit, FITRIM, `ext4kit sync`). Nothing to do read-only.
+    pub fn commit_all(&self) -> Result<(), FsError> {
+        let Backend::Rw(fs) = &self.backend else {
+            return Ok(());
+        };
+        self.flush_all();
+        fs.rw().journal().commit()?;
+        let last = fs.rw().journal().last_committed();
+        self.state().prune_tids(last);
+        Ok(())
     }
 
     /// [`WriteBuffer::flush_locked`] on the engine, under a slot's lock.

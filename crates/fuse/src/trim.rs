@@ -94,6 +94,10 @@ pub fn fitrim(s: &Shared, uid: u32, in_data: &[u8], out_size: u32) -> Result<Fst
         Backend::Rw(fs) => fs,
         Backend::Ro(_) => return Err(Errno::EROFS),
     };
+    // Blocks freed by the running transaction are busy until it commits
+    // (ext4 trims only what a commit freed): after `rm; sync` they are
+    // trimmed now, not after the next `commit=` tick.
+    s.commit_all().map_err(|e| errno(&e))?;
     let rep = fs
         .trim(&range.request(s.block_size))
         .map_err(|e| errno(&e))?;
