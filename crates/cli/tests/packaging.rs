@@ -67,6 +67,7 @@ fn man_pages_generate_and_render() {
             "ext4kit-rm.1",
             "ext4kit-stat.1",
             "ext4kit-status.1",
+            "ext4kit-sync.1",
             "ext4kit-truncate.1",
             "ext4kit.1"
         ]
