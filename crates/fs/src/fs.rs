@@ -1711,18 +1711,7 @@ impl Filesystem {
         }
         let inode = self.inode_any(ino)?;
         flags::may_write_data(&inode)?;
-        if !inode.is_regular() {
-            return Err(if inode.is_dir() {
-                FsError::IsADirectory
-            } else {
-                FsError::InvalidRequest(format!("inode {ino} is not a regular file"))
-            });
-        }
-        if !inode.has_extents() {
-            return Err(FsError::Unsupported(format!(
-                "writing block-mapped inode {ino} (no extents)"
-            )));
-        }
+        data_inode_writable(ino, &inode)?;
         let begin = || {
             let d = root_depth(&self.inode_any(ino)?.i_block);
             let want = 4 * single_extent_credits(d + 1) + 4;
@@ -1867,18 +1856,7 @@ impl Filesystem {
         mode: Fill<'_>,
     ) -> Result<(u32, u64), FsError> {
         let inode = self.inode_any(ino)?;
-        if !inode.is_regular() {
-            return Err(if inode.is_dir() {
-                FsError::IsADirectory
-            } else {
-                FsError::InvalidRequest(format!("inode {ino} is not a regular file"))
-            });
-        }
-        if !inode.has_extents() {
-            return Err(FsError::Unsupported(format!(
-                "writing block-mapped inode {ino} (no extents)"
-            )));
-        }
+        data_inode_writable(ino, &inode)?;
         let groups = match mode {
             Fill::Write { .. } => MAX_GROUPS,
             Fill::Alloc { .. } => FALLOC_GROUPS,
@@ -2792,3 +2770,21 @@ pub use ns::*;
 
 #[cfg(test)]
 mod tests;
+
+/// A write of file data needs a regular file with an extent tree (the
+/// engine does not write block-mapped files).
+fn data_inode_writable(ino: u32, inode: &InodeInfo) -> Result<(), FsError> {
+    if !inode.is_regular() {
+        return Err(if inode.is_dir() {
+            FsError::IsADirectory
+        } else {
+            FsError::InvalidRequest(format!("inode {ino} is not a regular file"))
+        });
+    }
+    if !inode.has_extents() {
+        return Err(FsError::Unsupported(format!(
+            "writing block-mapped inode {ino} (no extents)"
+        )));
+    }
+    Ok(())
+}
