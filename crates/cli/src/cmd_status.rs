@@ -1,7 +1,8 @@
 //! `ext4kit status [--json] MOUNTPOINT`: what an `ext4kit mount` is doing
 //! in the background (online lazy init: groups left, rate, pace, ETA;
 //! with `-o discard` the discard queue and the reconciler that gives back
-//! what an earlier crash or kill left undiscarded), read from the status
+//! what an earlier crash or kill left undiscarded; the journal commits
+//! made when the mount went idle and by `ext4kit sync`), read from the status
 //! file the mount rewrites every second
 //! (`ext4kit_fuse::mount::status_path`).
 
@@ -47,6 +48,9 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<i32> {
     match v["discard"]["text"].as_str() {
         Some(t) => outln!("{t}"),
         None => outln!("discard: off (nodiscard or a read-only mount)"),
+    }
+    if let Some(t) = v["commits"]["text"].as_str() {
+        outln!("{t}");
     }
     Ok(0)
 }

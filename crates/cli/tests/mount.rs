@@ -2418,6 +2418,17 @@ fn sync_then_kill9_is_durable() {
         !m.path().join("big0").exists(),
         "the removal was not durable"
     );
+    // `ext4kit status` counts the commits of `ext4kit sync`.
+    run_ok(ext4kit().arg("sync").arg(m.path())).unwrap();
+    let mut last = String::new();
+    wait_until("the sync in the status", Duration::from_secs(20), || {
+        let Ok(o) = run(ext4kit().arg("status").arg(m.path())) else {
+            return false;
+        };
+        last = String::from_utf8_lossy(&o.stdout).into_owned();
+        last.contains("commits: ") && last.contains(" 1 by ext4kit sync")
+    })
+    .unwrap_or_else(|e| panic!("{e}: {last}"));
     m.unmount().unwrap();
     e2fsck_clean(&img).unwrap();
 }

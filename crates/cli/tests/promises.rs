@@ -472,6 +472,55 @@ fn atime_as_kernel_ext4() {
     assert!(diffs.is_empty(), "{}", diffs.join("\n"));
 }
 
+/// Issue 23: a lazytime atime waits in memory, as the kernel's, through
+/// the journal's commits (the idle commit too), and `ext4kit sync
+/// MOUNTPOINT` writes it as the kernel's sync(2) writes its dirty-time
+/// inodes: after the sync and a `kill -9` the replayed image has the new
+/// atime; without the sync the kill loses it (the kernel's crash would
+/// too), and the image keeps the old one.
+#[test]
+fn lazytime_atimes_are_written_by_ext4kit_sync() {
+    let what = "lazytime_atimes_are_written_by_ext4kit_sync";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "32M");
+    let m = FuseMount::new(&img, &[]).unwrap();
+    fs::write(m.path().join("f"), b"lazy").unwrap();
+    set_atime(&m.path().join("f"), 1_000_000_000);
+    m.unmount().unwrap();
+    for sync in [false, true] {
+        let m = FuseMount::new(&img, &["strictatime,lazytime"]).unwrap();
+        let f = m.path().join("f");
+        let before = atime_of(&f);
+        assert_eq!(fs::read(&f).unwrap(), b"lazy");
+        let shown = atime_of(&f);
+        assert!(shown > before, "sync={sync}: the read set no atime");
+        // The creation above and this read: let an idle commit happen.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        if sync {
+            run_ok(ext4kit().arg("sync").arg(m.path())).unwrap();
+        }
+        m.kill9();
+        let m = FuseMount::new(&img, &["noatime"]).unwrap();
+        let stored = atime_of(&m.path().join("f"));
+        m.unmount().unwrap();
+        e2fsck_clean(&img).unwrap();
+        if sync {
+            assert_eq!(
+                stored, shown,
+                "the lazytime atime was not written by ext4kit sync"
+            );
+        } else {
+            assert_eq!(
+                stored, before,
+                "a lazytime atime reached the image without a sync"
+            );
+        }
+    }
+}
+
 /// The per-mount flags of the mount on `dir` that `want` names, from
 /// /proc/self/mountinfo (field 6).
 fn mount_flags(dir: &Path) -> Vec<String> {

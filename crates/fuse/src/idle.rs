@@ -46,6 +46,8 @@ pub struct IdleCommit {
     cv: Condvar,
     /// Idle commits made (status file).
     commits: AtomicU64,
+    /// `ext4kit sync` requests served (status file).
+    syncs: AtomicU64,
 }
 
 impl Default for IdleCommit {
@@ -57,6 +59,7 @@ impl Default for IdleCommit {
             stopped: Mutex::new(false),
             cv: Condvar::new(),
             commits: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
         }
     }
 }
@@ -129,6 +132,16 @@ impl IdleCommit {
     /// Idle commits taken so far.
     pub fn commits(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
+    }
+
+    /// An `ext4kit sync` ([`SYNC_IOCTL`]) was served.
+    pub fn note_sync(&self) {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `ext4kit sync` requests served so far.
+    pub fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
     }
 }
 

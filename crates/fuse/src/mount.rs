@@ -618,6 +618,15 @@ fn publish_status(
         "lazyinit": lazy,
         "discard": discard,
         "requests": shared.requests.to_json(&shared.wbuf),
+        "commits": serde_json::json!({
+            "text": format!(
+                "commits: {} when the mount went idle, {} by ext4kit sync",
+                shared.idle.commits(),
+                shared.idle.syncs()
+            ),
+            "idle": shared.idle.commits(),
+            "sync": shared.idle.syncs(),
+        }),
     });
     let Some(dir) = path.parent() else { return };
     if std::fs::create_dir_all(dir).is_err() {

@@ -1828,7 +1828,12 @@ impl fuser::Filesystem for FuseFs {
         // FITRIM (free space exact) come after the buffered writes.
         self.s.flush_all();
         if cmd == crate::idle::SYNC_IOCTL {
-            // `ext4kit sync`: everything answered before it, durable.
+            // `ext4kit sync`: everything answered before it, durable,
+            // lazytime atimes included (the kernel's sync(2) writes
+            // I_DIRTY_TIME inodes too; its journal commits do not, nor
+            // does the idle commit).
+            self.write_pending_atimes();
+            self.s.idle.note_sync();
             return match self.s.commit_all() {
                 Ok(()) => reply.ioctl(0, &[]),
                 Err(e) => reply.error(errno(&e)),

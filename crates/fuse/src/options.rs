@@ -79,7 +79,7 @@ pub struct MountOptions {
     /// `nodiratime` / `diratime`: no atime updates of directories.
     pub nodiratime: bool,
     /// `lazytime` / `nolazytime`: atime updates kept in memory until the
-    /// inode's fsync, 12 hours, or the unmount ([`crate::atime`]).
+    /// inode's fsync, `ext4kit sync`, 12 hours, or the unmount ([`crate::atime`]).
     pub lazytime: bool,
     /// `nosuid` / `suid`, `nodev` / `dev`, `noexec` / `exec`: VFS flags of
     /// the kernel mount. ext4kit's default is `nosuid,nodev` (what a FUSE
