@@ -8,28 +8,36 @@
 //! buffer (merged with adjacent and overlapping ranges) and is answered
 //! at once; the buffer reaches the engine as a few large `write_at`
 //! calls when
-//! - it holds [`INODE_BOUND`] bytes;
+//! - its inode holds [`INODE_BOUND`] bytes, or all inodes together hold
+//!   more than [`TOTAL_BOUND`] (then the inode buffered longest goes);
 //! - a request reads or changes that inode's data or attributes (READ,
 //!   GETATTR, an entry reply carrying its attributes, SETATTR, LSEEK,
 //!   FALLOCATE, COPY_FILE_RANGE, FSYNC, FLUSH, the flag ioctls, xattr
 //!   changes, link/unlink/rename);
-//! - **any** other request changes the filesystem (create, mkdir,
-//!   unlink, rename, setattr, xattrs, fallocate, copies, ioctls, a freed
-//!   orphan, a WRITE of another inode, a write-through write), STATFS
-//!   and FITRIM;
-//! - the mount's one-second timer (before the journal's `commit=` tick)
-//!   and the unmount.
+//! - **any** request that changes the filesystem other than a buffered
+//!   WRITE (create, mkdir, unlink, rename, setattr, xattrs, fallocate,
+//!   copies, ioctls, a freed orphan, a write-through write), STATFS and
+//!   FITRIM flush every inode first;
+//! - a thread's buffered WRITE of another inode than its last one flushes
+//!   that last one first;
+//! - the mount's one-second timer (before the journal's `commit=` tick),
+//!   the idle commit, `ext4kit sync` and the unmount.
 //!
-//! **One inode at a time**: a WRITE of another inode flushes the buffer
-//! first, and so does every other change. So the engine receives every
-//! change in the order the kernel was told it was done, and a crash
-//! (power cut, `kill -9` of the daemon) loses a suffix of the
-//! acknowledged, not-fsynced changes: those younger than the last flush
-//! (at most a second, then the `commit=` interval as before), never an
-//! older one while a younger survives (stronger than ext4's delayed
-//! allocation, which orders nothing that was not fsynced). The cost is
-//! that writers of several files at once take turns and get little
-//! merging; single writers (postmark, fio, tar, cp) get all of it.
+//! **Several inodes, one lock each** ([`Slot`]): writers of different
+//! files buffer in parallel and do not evict each other; the table that
+//! finds the slots and counts the bytes is locked only briefly, never
+//! across an engine call. Order: a buffered write is answered only after
+//! every change of the filesystem before it reached the engine or the
+//! buffer, every other change flushes the whole buffer first, and one
+//! thread's writes of two inodes reach the engine in its order. So a
+//! crash (power cut, `kill -9` of the daemon) loses only acknowledged,
+//! not-fsynced writes younger than the last flush of their inode (at most
+//! a second, then the `commit=` interval as before), never a
+//! metadata change younger than a kept write, and of one thread's writes
+//! never an older one while a younger survives (stronger than ext4's
+//! delayed allocation, which orders nothing that was not fsynced).
+//! Writes of different inodes by different threads (the kernel's FUSE
+//! gives them no order either) may reach the engine in either order.
 //!
 //! What stays exact: reads, `stat` (size, `st_blocks`: the inode is
 //! flushed before its attributes are answered), SEEK_DATA/SEEK_HOLE, and
