@@ -156,7 +156,13 @@ pub fn run(args: &MountArgs) -> anyhow::Result<i32> {
     if !mountpoint.is_dir() {
         bail!("mount point {}: Not a directory", args.mountpoint.display());
     }
-    let device = absolute(&args.device, "device")?;
+    // An NBD URI is passed on as given (its socket path is used as
+    // written, so a background mount wants an absolute one).
+    let device = if ext4kit_device::is_device_uri(&args.device) {
+        args.device.clone()
+    } else {
+        absolute(&args.device, "device")?
+    };
     let threads = args
         .threads
         .map(usize::from)
