@@ -110,7 +110,8 @@ pub struct MountArgs {
     /// The detached child of a background mount (internal).
     #[arg(long = "daemon-child", hide = true)]
     pub daemon_child: bool,
-    /// ext4 image file or block device.
+    /// ext4 image file, block device, or NBD export (nbd://HOST[:PORT]/EXPORT,
+    /// nbd+unix:///EXPORT?socket=PATH).
     #[arg(value_name = "DEVICE")]
     pub device: PathBuf,
     /// Directory to mount on.
