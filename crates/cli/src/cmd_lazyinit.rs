@@ -13,7 +13,7 @@ use ext4kit::lazyinit::engine::{Event, Observer, Options, Summary};
 use ext4kit::lazyinit::{
     DeviceKind, Engine, Job, MonotonicClock, Pace, SysfsLoad, VerifyZero, ZeroStats,
 };
-use ext4kit_device::{Device, OpenOptions, open_device};
+use ext4kit_device::{Device, NbdUri, OpenOptions, open_device};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
@@ -138,7 +138,7 @@ pub fn run(args: &LazyinitArgs) -> anyhow::Result<i32> {
     // 1. Open everything (exclusively, refusing mounted devices).
     let mut refused = 0usize;
     let mut devs: Vec<(PathBuf, Box<dyn Device>)> = Vec::new();
-    let mut seen: HashMap<(u64, u64), PathBuf> = HashMap::new();
+    let mut seen: HashMap<Identity, PathBuf> = HashMap::new();
     for path in &args.devices {
         if let Some(id) = file_identity(path)
             && let Some(first) = seen.insert(id, path.clone())
@@ -297,14 +297,25 @@ fn install_signal_handlers() -> anyhow::Result<Signals> {
     Ok(Signals { stop, term })
 }
 
-/// (st_dev, st_ino) of a file, (0, st_rdev) of a block device.
-fn file_identity(path: &Path) -> Option<(u64, u64)> {
+/// (st_dev, st_ino) of a file, (0, st_rdev) of a block device; an NBD
+/// URI by the export it reaches ([`NbdUri::identity`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Identity {
+    Inode(u64, u64),
+    Export(String),
+}
+
+fn file_identity(path: &Path) -> Option<Identity> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    if ext4kit_device::is_device_uri(path) {
+        let u = NbdUri::parse(path.to_str()?).ok()?;
+        return u.identity().map(Identity::Export);
+    }
     let m = std::fs::metadata(path).ok()?;
     if m.file_type().is_block_device() {
-        Some((0, m.rdev()))
+        Some(Identity::Inode(0, m.rdev()))
     } else {
-        Some((m.dev(), m.ino()))
+        Some(Identity::Inode(m.dev(), m.ino()))
     }
 }
 

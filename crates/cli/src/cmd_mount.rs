@@ -110,7 +110,8 @@ pub struct MountArgs {
     /// The detached child of a background mount (internal).
     #[arg(long = "daemon-child", hide = true)]
     pub daemon_child: bool,
-    /// ext4 image file or block device.
+    /// ext4 image file, block device, or NBD export (nbd://HOST[:PORT]/EXPORT,
+    /// nbd+unix:///EXPORT?socket=PATH).
     #[arg(value_name = "DEVICE")]
     pub device: PathBuf,
     /// Directory to mount on.
@@ -156,7 +157,13 @@ pub fn run(args: &MountArgs) -> anyhow::Result<i32> {
     if !mountpoint.is_dir() {
         bail!("mount point {}: Not a directory", args.mountpoint.display());
     }
-    let device = absolute(&args.device, "device")?;
+    // An NBD URI is passed on as given (its socket path is used as
+    // written, so a background mount wants an absolute one).
+    let device = if ext4kit_device::is_device_uri(&args.device) {
+        args.device.clone()
+    } else {
+        absolute(&args.device, "device")?
+    };
     let threads = args
         .threads
         .map(usize::from)

@@ -66,10 +66,17 @@ fn should_do_undo(device: &Path, resolved: &Resolved, profile: &Profile) -> bool
     if !force && (!csum || !resolved.lazy_itable_init_asked) {
         return false;
     }
+    let mut magic = [0u8; 2];
+    if ext4kit_device::is_device_uri(device) {
+        // An NBD export: read through the protocol (a failed connection
+        // is reported by the open that follows).
+        return open_device(device, OpenOptions::read_only())
+            .is_ok_and(|d| d.size() >= 1024 + 0x3a && d.read_at(&mut magic, 1024 + 0x38).is_ok())
+            && magic == [0x53, 0xEF];
+    }
     let Ok(f) = std::fs::File::open(device) else {
         return false;
     };
-    let mut magic = [0u8; 2];
     use std::os::unix::fs::FileExt;
     f.read_exact_at(&mut magic, 1024 + 0x38).is_ok() && magic == [0x53, 0xEF]
 }
@@ -87,10 +94,20 @@ fn auto_path(device: &Path, profile: &Profile) -> Option<Choice> {
     if dir.is_empty() || dir == "none" || !ext4kit_device::host::access_writable(Path::new(&dir)) {
         return None;
     }
-    let base = device
-        .file_name()
-        .map(OsString::from)
-        .unwrap_or_else(|| device.as_os_str().to_owned());
+    // An NBD URI by its export name (its "path" would end in the socket's
+    // name), "nbd" for the default export.
+    let uri = device
+        .to_str()
+        .filter(|_| ext4kit_device::is_device_uri(device))
+        .and_then(|s| ext4kit_device::NbdUri::parse(s).ok());
+    let base = match uri {
+        Some(u) if u.export.is_empty() => OsString::from("nbd"),
+        Some(u) => OsString::from(u.export.replace('/', "_")),
+        None => device
+            .file_name()
+            .map(OsString::from)
+            .unwrap_or_else(|| device.as_os_str().to_owned()),
+    };
     let mut p = dir;
     p.push("/mke2fs-");
     p.push(base);

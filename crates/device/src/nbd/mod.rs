@@ -32,7 +32,8 @@ use crate::{Device, DeviceError, DiscardOutcome, OpenOptions, Result, check_rang
 /// maximum payload): big enough to amortise a round trip, small enough
 /// that a large call has several requests in flight.
 pub const MAX_REQUEST: u32 = 8 << 20;
-/// Requests one caller keeps in flight.
+/// Requests one caller keeps in flight (`EXT4KIT_NBD_WINDOW`, 1..=256,
+/// overrides it: `scripts/bench-nbd.sh` compares with one at a time).
 pub const WINDOW: usize = 16;
 /// The largest TRIM / WRITE_ZEROES / BLOCK_STATUS range asked at once.
 const MAX_RANGE: u64 = 1 << 30;
@@ -45,9 +46,19 @@ pub struct NbdDevice {
     conn: Conn,
     name: String,
     write: bool,
+    /// Requests one caller keeps in flight.
+    window: usize,
     /// Serialises read-modify-write of requests smaller than the server's
     /// minimum block size.
     rmw: Mutex<()>,
+}
+
+fn window() -> usize {
+    std::env::var("EXT4KIT_NBD_WINDOW")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|w| (1..=256).contains(w))
+        .unwrap_or(WINDOW)
 }
 
 fn timeout() -> Duration {
@@ -108,6 +119,7 @@ impl NbdDevice {
             conn,
             name: uri.to_string(),
             write: opts.write,
+            window: window(),
             rmw: Mutex::new(()),
         })
     }
@@ -153,7 +165,7 @@ impl NbdDevice {
         u64::from(self.conn.info.min_block)
     }
 
-    /// Run `reqs` (offset, len) of `cmd`, [`WINDOW`] in flight; `payload`
+    /// Run `reqs` (offset, len) of `cmd`, `window` in flight; `payload`
     /// gives a request's data, `done` takes a reply.
     fn pipeline<'a>(
         &self,
@@ -165,7 +177,7 @@ impl NbdDevice {
         let mut in_flight: VecDeque<(u64, u64, Ticket)> = VecDeque::new();
         let mut first_err = None;
         for &(off, len) in reqs {
-            if in_flight.len() >= WINDOW
+            if in_flight.len() >= self.window
                 && let Some((o, l, t)) = in_flight.pop_front()
             {
                 match self.conn.wait(t) {

@@ -104,6 +104,27 @@ impl NbdUri {
     }
 }
 
+impl NbdUri {
+    /// A key naming the export itself, equal for two URIs that reach the
+    /// same export (a unix socket by its inode, so two spellings of its
+    /// path agree): for refusing the same export twice in one run.
+    /// `None` when a unix socket cannot be stat'ed.
+    pub fn identity(&self) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        match &self.address {
+            Address::Tcp { host, port } => Some(format!(
+                "tcp:{}:{port}/{}",
+                host.to_ascii_lowercase(),
+                self.export
+            )),
+            Address::Unix(p) => {
+                let m = std::fs::metadata(p).ok()?;
+                Some(format!("unix:{}:{}/{}", m.dev(), m.ino(), self.export))
+            }
+        }
+    }
+}
+
 impl std::fmt::Display for NbdUri {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.address {
