@@ -1,7 +1,7 @@
 //! Standard output that never panics and never aborts the work.
 //!
 //! `println!` panics when stdout is a closed pipe (`ext4kit info IMG |
-//! head -1`). Every report line goes through [`outln!`] instead: the first
+//! head -1`). Every report line goes through `outln!` instead: the first
 //! failed write (EPIPE or any other error) closes our side, later lines are
 //! dropped, and the command finishes what it was doing (a format is never
 //! left half-written because nobody reads its report). At exit, [`status`]

@@ -171,7 +171,7 @@ pub fn probe(buf: &[u8]) -> Option<Found> {
 /// Reads `len` bytes at an offset (zeros where nothing can be read).
 type ReadAt<'a> = &'a dyn Fn(u64, usize) -> Vec<u8>;
 
-/// [`probe`], with `read` for what lies past the start (FAT root
+/// [`probe()`], with `read` for what lies past the start (FAT root
 /// directories).
 fn probe_with(buf: &[u8], read: ReadAt<'_>) -> Option<Found> {
     if buf.len() < HEAD {

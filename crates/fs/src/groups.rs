@@ -262,7 +262,7 @@ const SCAN_BLOCKS: u32 = 256;
 
 /// Visit descriptor blocks `0..nblocks` (block `i` lives at `loc(i)`),
 /// reading each physically contiguous run in large requests through
-/// [`BlockRead::read_blocks`] (at most [`SCAN_BLOCKS`] blocks, so memory
+/// [`BlockRead::read_blocks`] (at most `SCAN_BLOCKS` blocks, so memory
 /// stays bounded): `f(i, block number, bytes)`.
 pub fn scan_desc_blocks(
     rd: &dyn BlockRead,

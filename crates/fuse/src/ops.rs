@@ -1565,7 +1565,7 @@ impl fuser::Filesystem for FuseFs {
         reply.ok();
     }
 
-    /// READDIRPLUS: the entries of [`FuseFs::readdir`] with their inodes'
+    /// READDIRPLUS: the entries of READDIR (`readdir` above) with their inodes'
     /// attributes, so a listing that stats its entries (`ls -l`, `find`,
     /// `rm -r`) needs no LOOKUP per name. Every entry but "." and ".."
     /// is one more kernel reference to its inode (the kernel links it as

@@ -5,7 +5,7 @@
 //!   `create_journal_dev` zeroes every block (unless `lazy_journal_init`)
 //!   and writes the jbd2 superblock at the block after the ext2 superblock
 //!   (`s_nr_users` 0, `s_first` after it), and the close writes the ext2
-//!   superblock only. [`plan`] gives the [`Layout`] (0 groups), [`write`]
+//!   superblock only. `plan` gives the [`Layout`] (0 groups), [`write`]
 //!   the bytes, [`kbytes_written`] the `s_kbytes_written` mke2fs leaves.
 //! * `-J device=` formats a filesystem that uses one: the caller reads the
 //!   device with [`inspect`] (mke2fs's `ext2fs_open(JOURNAL_DEV_OK)` and the

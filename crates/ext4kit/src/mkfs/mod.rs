@@ -85,7 +85,7 @@ pub struct Report {
 }
 
 /// Write the prepared filesystem to `dev`: [`discard`] (when the options
-/// ask for it), then [`write`].
+/// ask for it), then [`write()`].
 pub fn execute(dev: &dyn Device, prepared: Prepared) -> Result<Report, MkfsError> {
     let mut prepared = prepared;
     let discarded = if prepared.resolved.discard {
