@@ -43,6 +43,11 @@ pub enum FsError {
     /// part of it) does not handle; the message names the feature.
     #[error("unsupported: {0}")]
     Unsupported(String),
+
+    /// Multiple mount protection refused the open (the one line names
+    /// the node that holds the device, see [`crate::mmp`]).
+    #[error("{0}")]
+    InUse(String),
     /// The journal was aborted by an earlier write error: no further
     /// changes are accepted (ext4's errors=remount-ro behaviour).
     #[error("the journal is aborted after an earlier error: {0}")]
@@ -117,6 +122,7 @@ impl FsError {
             FsError::NoSpace { .. } => 28,   // ENOSPC
             FsError::SpaceBusy { .. } => 28, // ENOSPC (after waiting)
             FsError::Unsupported(_) => 95,   // EOPNOTSUPP
+            FsError::InUse(_) => 16,         // EBUSY
             // EFSBADCRC (EBADMSG) for checksums, as ext4 returns them.
             FsError::Corrupt { detail, .. } if detail.contains("checksum") => 74,
             FsError::Corrupt { .. } => 117, // EUCLEAN (EFSCORRUPTED)

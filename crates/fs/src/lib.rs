@@ -29,6 +29,7 @@ pub mod groups;
 pub mod ialloc;
 pub mod inode;
 pub mod journal;
+pub mod mmp;
 pub mod orphan_file;
 pub mod path;
 pub mod rw;

@@ -52,6 +52,7 @@ use crate::journal::recover::{
     self, Journal, analyze, apply, read_superblock, read_superblock_with,
 };
 use crate::journal::{Handle, JournalOptions, JournalWriter};
+use crate::mmp::Mmp;
 use crate::{BlockRead, DeviceBlocks, FsError};
 
 /// incompat features the read-write engine handles.
@@ -61,7 +62,9 @@ pub const RW_INCOMPAT: u32 = Incompat::FILETYPE.bits()
     | Incompat::EXTENTS.bits()
     | Incompat::BIT64.bits()
     | Incompat::FLEX_BG.bits()
-    | Incompat::CSUM_SEED.bits();
+    | Incompat::CSUM_SEED.bits()
+    | Incompat::MMP.bits()
+    | Incompat::LARGEDIR.bits();
 
 /// ro_compat features the read-write engine handles.
 pub const RW_RO_COMPAT: u32 = RoCompat::SPARSE_SUPER.bits()
@@ -502,6 +505,8 @@ pub struct RwFs {
     /// close puts back what was found (`ext4_put_super` writes
     /// `s_mount_state`): an unchecked filesystem stays unchecked.
     valid_at_open: Option<bool>,
+    /// Multiple mount protection, with the mmp feature ([`crate::mmp`]).
+    mmp: Option<Mmp>,
 }
 
 /// The superblock changes of a read-write open, kept until they are
@@ -562,10 +567,15 @@ impl RwFs {
     /// features set (which the kernel's mount writes too). Closing an
     /// unmarked filesystem writes nothing.
     pub fn open_deferred(dev: Arc<dyn Device>, opts: RwOptions) -> Result<RwFs, FsError> {
+        let mmp;
         {
             let sb = read_superblock_with(&*dev, false).map_err(fs_err)?;
+            // Multiple mount protection first, before anything is
+            // written (the replay included), as ext4_fill_super.
+            check_writable(&sb)?;
+            mmp = Mmp::start(dev.clone(), &sb)?;
             if !Compat(sb.s_feature_compat.get()).contains(Compat::HAS_JOURNAL) {
-                return Self::open_without_journal(dev, opts);
+                return Self::open_without_journal(dev, opts, mmp);
             }
         }
         let (sb, sb_ok) = match read_superblock(&*dev) {
@@ -660,13 +670,18 @@ impl RwFs {
             })),
             marked: AtomicBool::new(false),
             valid_at_open: None,
+            mmp,
         })
     }
 
     /// [`RwFs::open_deferred`] of a filesystem without a journal: nothing
     /// to replay, a writer that commits in place
     /// ([`JournalWriter::without_journal`]).
-    fn open_without_journal(dev: Arc<dyn Device>, opts: RwOptions) -> Result<RwFs, FsError> {
+    fn open_without_journal(
+        dev: Arc<dyn Device>,
+        opts: RwOptions,
+        mmp: Option<Mmp>,
+    ) -> Result<RwFs, FsError> {
         let sb = read_superblock(&*dev).map_err(fs_err)?;
         check_writable(&sb)?;
         let bs = sb
@@ -717,6 +732,7 @@ impl RwFs {
             })),
             marked: AtomicBool::new(false),
             valid_at_open: Some(valid),
+            mmp,
         })
     }
 
@@ -765,6 +781,9 @@ impl RwFs {
         // copy must not be the base of a logged superblock (it lacks
         // needs_recovery).
         self.blocks().invalidate_clean(self.sb_block);
+        if let Some(p) = &self.mmp {
+            p.keep_on_drop();
+        }
         *m = None;
         self.marked.store(true, Ordering::Release);
         Ok(())
@@ -783,6 +802,9 @@ impl RwFs {
 
     /// `Some(why)` once an error made the filesystem read-only.
     pub fn read_only(&self) -> Option<String> {
+        if let Some(why) = self.mmp.as_ref().and_then(Mmp::lost) {
+            return Some(why);
+        }
         lock(&self.read_only).clone()
     }
 
@@ -905,7 +927,21 @@ impl RwFs {
     /// [`RwFs::close`] writing `counts` (free blocks, free inodes: the
     /// allocators' totals, as the kernel's unmount writes its counters)
     /// into the superblock instead of summing the descriptor table again.
-    pub fn close_with_counts(self, counts: Option<(u64, u32)>) -> Result<(), FsError> {
+    pub fn close_with_counts(mut self, counts: Option<(u64, u32)>) -> Result<(), FsError> {
+        if let Some(why) = self.mmp.as_ref().and_then(Mmp::lost) {
+            // Another node has the device: nothing more is written.
+            tracing::error!("{}: not closed: {why}", self.w.device().name());
+            return Ok(());
+        }
+        let mmp = self.mmp.take();
+        let r = self.close_inner(counts);
+        // The clean sequence last, also after a failed close (the
+        // kernel's kmmpd writes it at every unmount).
+        let m = mmp.map_or(Ok(()), |m| m.stop());
+        r.and(m)
+    }
+
+    fn close_inner(self, counts: Option<(u64, u32)>) -> Result<(), FsError> {
         if self.read_only().is_some() || !self.marked.load(Ordering::Acquire) {
             // Read-only after an error, or never marked in use: nothing
             // of this open reached the disk, nothing more is written.
@@ -973,7 +1009,11 @@ impl RwFs {
 
     /// Stop without writing anything more (a test hook: the device stays
     /// as after a power cut following the last commit's flush).
-    pub fn crash(self) {}
+    pub fn crash(self) {
+        if let Some(m) = &self.mmp {
+            m.abandon();
+        }
+    }
 
     // ------------------------------------------------------------------
     // The metadata-only client.

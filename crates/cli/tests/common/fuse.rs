@@ -65,13 +65,28 @@ impl FuseMount {
         Self::spawn(img, opts, Some(log))
     }
 
+    /// [`FuseMount::new`] with extra environment variables for the daemon.
+    pub fn with_env(img: &Path, opts: &[&str], env: &[(&str, &str)]) -> Result<FuseMount, String> {
+        Self::spawn_env(img, opts, None, env)
+    }
+
     fn spawn(img: &Path, opts: &[&str], log: Option<&Path>) -> Result<FuseMount, String> {
+        Self::spawn_env(img, opts, log, &[])
+    }
+
+    fn spawn_env(
+        img: &Path,
+        opts: &[&str],
+        log: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> Result<FuseMount, String> {
         let dir = tempfile::Builder::new()
             .prefix("ext4kit-fuse.")
             .tempdir()
             .map_err(|e| e.to_string())?;
         let mut c = ext4kit();
         c.arg("mount").arg("-f");
+        c.envs(env.iter().copied());
         for o in opts {
             c.arg("-o").arg(o);
         }

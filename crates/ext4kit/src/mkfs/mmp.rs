@@ -12,22 +12,10 @@
 
 use ext4kit_format::checksum::crc32c_raw;
 
-/// `EXT4_MMP_MAGIC`.
-pub const MMP_MAGIC: u32 = 0x004D_4D50;
-/// `EXT4_MMP_SEQ_CLEAN`: the sequence of a cleanly unmounted filesystem.
-pub const MMP_SEQ_CLEAN: u32 = 0xFF4D_4D50;
-/// `EXT4_MMP_UPDATE_INTERVAL`: the default update interval, in seconds.
-pub const MMP_UPDATE_INTERVAL: u16 = 5;
-/// `EXT4_MMP_MAX_UPDATE_INTERVAL`.
-pub const MMP_MAX_UPDATE_INTERVAL: u16 = 300;
-/// `EXT4_MMP_MIN_CHECK_INTERVAL`.
-pub const MMP_MIN_CHECK_INTERVAL: u16 = 5;
-/// `sizeof(struct mmp_struct)`: what `ext2fs_mmp_write` writes.
-pub const MMP_STRUCT_SIZE: usize = 1024;
-/// Offset of `mmp_time` (le64).
-pub const MMP_TIME_OFFSET: usize = 8;
-/// Offset of `mmp_checksum` (le32), the end of what it covers.
-pub const MMP_CHECKSUM_OFFSET: usize = 1020;
+pub use ext4kit_format::mmp::{
+    MMP_CHECKSUM_OFFSET, MMP_MAGIC, MMP_MAX_UPDATE_INTERVAL, MMP_MIN_CHECK_INTERVAL, MMP_SEQ_CLEAN,
+    MMP_STRUCT_SIZE, MMP_TIME_OFFSET, MMP_UPDATE_INTERVAL,
+};
 
 /// The host-dependent part of the MMP block, found by the caller (the
 /// library does no I/O of its own for it).

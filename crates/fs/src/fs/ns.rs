@@ -71,6 +71,9 @@ impl<'a, 'b> DirIo<'a, 'b> {
     }
 }
 
+/// The largest directory without large_dir (bytes).
+const DIR_SIZE_MAX_SMALL: u64 = 1 << 31;
+
 impl DirBlocks for DirIo<'_, '_> {
     fn params(&self) -> DirParams {
         self.params
@@ -92,6 +95,15 @@ impl DirBlocks for DirIo<'_, '_> {
     fn append(&mut self) -> Result<u32, FsError> {
         let bs = self.fs.block_size();
         let lblk = self.nblocks();
+        // Without large_dir a directory stays below 2 GiB (its size is
+        // i_size_lo only, and e2fsck takes a larger one for corrupt);
+        // with it, i_size_high counts (set_size writes both halves).
+        if !self.params.large_dir && (u64::from(lblk) + 1) * bs > DIR_SIZE_MAX_SMALL {
+            return Err(FsError::StructureFull(format!(
+                "directory inode {} would pass 2 GiB without large_dir",
+                self.dir.ino
+            )));
+        }
         let group = self.fs.inode_group(self.dir.ino);
         let goal = self
             .maps
