@@ -589,10 +589,8 @@ impl Writer<'_> {
             out.retain(|(n, _)| *n != q.ino);
             put(q.ino, &i, &mut out);
         }
-        // mkfs -d: the copied tree's inodes.
-        if let Some(p) = &l.populated {
-            out.extend(p.inodes.iter().cloned());
-        }
+        // (mkfs -d's inodes are copied from `Populated::table` by
+        // write_body, not held here a second time.)
         out.sort_by_key(|(i, _)| *i);
         out
     }
@@ -764,14 +762,39 @@ impl Writer<'_> {
         // (sorted by number, so each group's inodes are consecutive; with
         // fewer than 11 inodes per group they span several groups)
         let specials = self.special_inodes(&csum);
+        // mkfs -d: its inodes, consecutive from `first_ino` to `last`.
+        let pop = l
+            .populated
+            .as_ref()
+            .filter(|p| !p.table.is_empty())
+            .map(|p| {
+                let last = p.first_ino + (p.table.len() / usize::from(l.inode_size)) as u32 - 1;
+                (p, last)
+            });
+        let mut groups: std::collections::BTreeSet<u32> =
+            specials.iter().map(|(i, _)| l.inode_loc(*i).0).collect();
+        if let Some((p, last)) = pop {
+            groups.extend(l.inode_loc(p.first_ino).0..=l.inode_loc(last).0);
+        }
+        let ipg = l.inodes_per_group;
         let mut k = 0;
-        while k < specials.len() {
-            let (g, _) = l.inode_loc(specials[k].0);
-            let end = specials[k..]
+        for g in groups {
+            let end = k + specials[k..]
                 .iter()
-                .position(|(i, _)| l.inode_loc(*i).0 != g)
-                .map_or(specials.len(), |n| k + n);
-            let (_, last_slot) = l.inode_loc(specials[end - 1].0);
+                .take_while(|(i, _)| l.inode_loc(*i).0 == g)
+                .count();
+            // The populated inodes in this group: [a, b].
+            let part = pop.and_then(|(p, last)| {
+                let (a, b) = (p.first_ino.max(g * ipg + 1), last.min((g + 1) * ipg));
+                (a <= b).then_some((p, a, b))
+            });
+            let last_slot = specials[k..end]
+                .last()
+                .map(|(i, _)| l.inode_loc(*i).1)
+                .max(part.map(|(_, _, b)| l.inode_loc(b).1));
+            let Some(last_slot) = last_slot else {
+                continue;
+            };
             let nblocks = (u64::from(last_slot + 1) * isz).div_ceil(bs);
             let mut table = vec![0u8; (nblocks * bs) as usize];
             let start = l.groups[g as usize].inode_table;
@@ -787,6 +810,12 @@ impl Writer<'_> {
             for (ino, bytes) in &specials[k..end] {
                 let off = (u64::from(l.inode_loc(*ino).1) * isz) as usize;
                 table[off..off + bytes.len()].copy_from_slice(bytes);
+            }
+            if let Some((p, a, b)) = part {
+                let off = (u64::from(l.inode_loc(a).1) * isz) as usize;
+                let from = (u64::from(a - p.first_ino) * isz) as usize;
+                let len = (u64::from(b - a + 1) * isz) as usize;
+                table[off..off + len].copy_from_slice(&p.table[from..from + len]);
             }
             out.block(start, &table)?;
             k = end;

@@ -28,6 +28,8 @@ use super::source::{Kind, Node, Time, Tree};
 /// One member, before the tree is built.
 struct Member {
     node: Node,
+    /// Where it is, for messages: the archive's name and the member's.
+    shown: PathBuf,
     /// A hard link: the target's path.
     link: Option<Vec<u8>>,
 }
@@ -395,7 +397,6 @@ pub fn scan_tar(name: &Path, reader: impl Read) -> Result<Tree, PopulateError> {
         }
         let node = Node {
             name: Vec::new(),
-            path: shown,
             parent: 0,
             kind,
             perm: mode,
@@ -417,12 +418,12 @@ pub fn scan_tar(name: &Path, reader: impl Read) -> Result<Tree, PopulateError> {
         match path {
             None => {
                 if kind != Kind::Dir {
-                    return Err(bad(&node.path, "the archive's root is not a directory"));
+                    return Err(bad(&shown, "the archive's root is not a directory"));
                 }
                 root = Some(node);
             }
             Some(p) => {
-                members.insert(p, Member { node, link });
+                members.insert(p, Member { node, shown, link });
             }
         }
     }
@@ -435,11 +436,10 @@ pub fn scan_tar(name: &Path, reader: impl Read) -> Result<Tree, PopulateError> {
     build(name, root, members, spool)
 }
 
-fn implied_dir(path: PathBuf) -> Node {
+fn implied_dir() -> Node {
     let t = Time { sec: 0, nsec: 0 };
     Node {
         name: Vec::new(),
-        path,
         parent: 0,
         kind: Kind::Dir,
         perm: 0o755,
@@ -476,7 +476,7 @@ fn build(
             match members.get(q) {
                 Some(m) if m.node.kind != Kind::Dir => {
                     return Err(bad(
-                        &m.node.path,
+                        &m.shown,
                         "a member is inside it, but it is no directory",
                     ));
                 }
@@ -488,7 +488,8 @@ fn build(
     for q in implied {
         let shown = name.join(String::from_utf8_lossy(&q).as_ref());
         members.entry(q).or_insert(Member {
-            node: implied_dir(shown),
+            node: implied_dir(),
+            shown,
             link: None,
         });
     }
@@ -506,9 +507,10 @@ fn build(
     }
     let mut tree = Tree {
         nodes: Vec::new(),
+        root: name.to_path_buf(),
         spool: Some(std::sync::Arc::new(spool)),
     };
-    let mut r = root.unwrap_or_else(|| implied_dir(name.to_path_buf()));
+    let mut r = root.unwrap_or_else(implied_dir);
     r.name.clear();
     tree.nodes.push(r);
     let mut index: HashMap<Vec<u8>, usize> = HashMap::new();
@@ -572,17 +574,17 @@ fn resolve_links(tree: &mut Tree, index: &HashMap<Vec<u8>, usize>) -> Result<(),
             let t = &tree.nodes[cur].target;
             let Some(&next) = index.get(t) else {
                 return Err(bad(
-                    &tree.nodes[k].path,
+                    &tree.path(k),
                     "a hard link to a name not in the archive",
                 ));
             };
             if tree.nodes[next].kind == Kind::Dir {
-                return Err(bad(&tree.nodes[k].path, "a hard link to a directory"));
+                return Err(bad(&tree.path(k), "a hard link to a directory"));
             }
             cur = next;
             hops += 1;
             if hops > n {
-                return Err(bad(&tree.nodes[k].path, "a loop of hard links"));
+                return Err(bad(&tree.path(k), "a loop of hard links"));
             }
         }
         *o = cur;
@@ -601,11 +603,12 @@ fn resolve_links(tree: &mut Tree, index: &HashMap<Vec<u8>, usize>) -> Result<(),
             // The head takes the owner's inode data.
             let src = tree.nodes[o].clone();
             let h = &mut tree.nodes[head];
-            let (name, path, parent) = (h.name.clone(), h.path.clone(), h.parent);
+            let (name, parent, children) =
+                (h.name.clone(), h.parent, std::mem::take(&mut h.children));
             *h = src;
             h.name = name;
-            h.path = path;
             h.parent = parent;
+            h.children = children;
         }
         tree.nodes[head].link_to = None;
         tree.nodes[head].nlink = ks.len() as u32;

@@ -71,9 +71,13 @@ pub enum PopulateError {
 /// What [`populate`] leaves in the layout for the writer.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Populated {
-    /// The new inodes' slots (whole `inode_size` bytes, checksummed),
-    /// sorted by number.
-    pub inodes: Vec<(u32, Vec<u8>)>,
+    /// The new inodes' slots, one after another (whole `inode_size`
+    /// bytes each, checksummed): inode `first_ino + k` at `k *
+    /// inode_size`. The copy numbers its inodes consecutively, so this
+    /// is one flat buffer (no allocation per inode).
+    pub table: Vec<u8>,
+    /// Number of the first slot in `table`.
+    pub first_ino: u32,
     /// Highest inode number in use.
     pub last_ino: u32,
     /// The root's link count (3 + its subdirectories).
@@ -172,19 +176,22 @@ pub fn populate(
         allocs: Vec::new(),
         inos: vec![0; tree.nodes.len()],
         out: Populated::default(),
-        slots: Vec::new(),
+        table: Vec::new(),
+        first_ino: 0,
+        slot: Vec::new(),
         wbuf: Vec::new(),
         wat: 0,
     };
     p.cursor = p.l.used.next_free(p.l.first_data_block);
+    p.first_ino = p.l.last_used_ino() + 1;
     let (inos, last) = number(p.l, tree)?;
     p.inos = inos;
     p.out.last_ino = last;
     p.run()?;
     p.account();
     let mut out = std::mem::take(&mut p.out);
-    out.inodes = std::mem::take(&mut p.slots);
-    out.inodes.sort_by_key(|(i, _)| *i);
+    out.first_ino = p.first_ino;
+    out.table = std::mem::take(&mut p.table);
     layout.populated = Some(out);
     Ok(())
 }
@@ -199,20 +206,20 @@ fn number(l: &Layout, tree: &Tree) -> Result<(Vec<u32>, u32), PopulateError> {
     for (k, n) in tree.nodes.iter().enumerate().skip(1) {
         if n.name.len() > 255 {
             return Err(PopulateError::Invalid {
-                path: n.path.clone(),
+                path: tree.path(k),
                 what: format!("name longer than 255 bytes ({})", n.name.len()),
             });
         }
         if n.parent == 0 && n.name == LOST_FOUND {
             if n.kind != Kind::Dir {
                 return Err(PopulateError::Invalid {
-                    path: n.path.clone(),
+                    path: tree.path(k),
                     what: "lost+found exists in the new filesystem and is a directory".into(),
                 });
             }
             if !n.children.is_empty() {
                 return Err(PopulateError::Unsupported {
-                    path: n.path.clone(),
+                    path: tree.path(k),
                     what: "entries in lost+found".into(),
                 });
             }
@@ -231,7 +238,7 @@ fn number(l: &Layout, tree: &Tree) -> Result<(Vec<u32>, u32), PopulateError> {
                 .count();
             let free = l.inodes_count - l.last_used_ino();
             return Err(PopulateError::NoSpace {
-                path: n.path.clone(),
+                path: tree.path(k),
                 what: format!("no inode left for it (the tree needs {needed}, {free} are free)"),
             });
         }
@@ -257,7 +264,11 @@ struct Pop<'a> {
     /// Inode number of each node.
     inos: Vec<u32>,
     out: Populated,
-    slots: Vec<(u32, Vec<u8>)>,
+    /// The new inodes' slots from `first_ino` on ([`Populated::table`]).
+    table: Vec<u8>,
+    first_ino: u32,
+    /// The inode being stored (reused).
+    slot: Vec<u8>,
     /// Writes not yet sent: bytes for the device from `wat` on, so that
     /// the data of many small files placed one after another goes out in
     /// few large writes.
@@ -278,7 +289,7 @@ const CHUNK_BLOCKS: u64 = 256;
 
 impl Pop<'_> {
     fn path(&self, n: usize) -> PathBuf {
-        self.tree.nodes[n].path.clone()
+        self.tree.path(n)
     }
 
     fn run(&mut self) -> Result<(), PopulateError> {
@@ -503,7 +514,9 @@ impl Pop<'_> {
     /// Store the inode of node `k`, its xattrs added.
     fn store(&mut self, k: usize, i: &Inode) -> Result<(), PopulateError> {
         let ino = self.inos[k];
-        let mut slot = vec![0u8; usize::from(self.l.inode_size)];
+        let mut slot = std::mem::take(&mut self.slot);
+        slot.clear();
+        slot.resize(usize::from(self.l.inode_size), 0);
         i.write_to(&mut slot, ino, &self.csum);
         let tree = self.tree;
         let n = &tree.nodes[k];
@@ -539,7 +552,7 @@ impl Pop<'_> {
                     return Err(e);
                 }
                 r.map_err(|e| PopulateError::Invalid {
-                    path: n.path.clone(),
+                    path: tree.path(k),
                     what: format!("extended attribute {}: {e}", String::from_utf8_lossy(name)),
                 })?;
             }
@@ -551,7 +564,16 @@ impl Pop<'_> {
                 inode::set_checksum(&mut slot, ino, &self.csum);
             }
         }
-        self.slots.push((ino, slot));
+        // Inodes are stored in the order they are numbered in.
+        let at = (ino - self.first_ino) as usize * slot.len();
+        if ino < self.first_ino || at != self.table.len() {
+            return Err(PopulateError::Invalid {
+                path: self.path(k),
+                what: format!("inode {ino} stored out of order"),
+            });
+        }
+        self.table.extend_from_slice(&slot);
+        self.slot = slot;
         Ok(())
     }
 
@@ -605,7 +627,7 @@ impl Pop<'_> {
             indexed: false,
         };
         let fs_err = |e: FsError| PopulateError::Invalid {
-            path: n.path.clone(),
+            path: tree.path(k),
             what: format!("directory: {e}"),
         };
         {
@@ -622,7 +644,7 @@ impl Pop<'_> {
                 let t = cn.link_to.map_or(cn, |t| &tree.nodes[t]);
                 w.add(&cn.name, self.inos[c], t.file_type()).map_err(|e| {
                     PopulateError::Invalid {
-                        path: cn.path.clone(),
+                        path: tree.path(c),
                         what: format!("cannot link it: {e}"),
                     }
                 })?;
@@ -645,7 +667,7 @@ impl Pop<'_> {
             }
             if runs.len() > usize::from(extent::ENTRIES_IN_INODE) {
                 return Err(PopulateError::Unsupported {
-                    path: n.path.clone(),
+                    path: tree.path(k),
                     what: "a root directory in more than 4 pieces".into(),
                 });
             }
@@ -679,7 +701,7 @@ impl Pop<'_> {
     fn file(&mut self, k: usize) -> Result<(), PopulateError> {
         let tree = self.tree;
         let n = &tree.nodes[k];
-        let path = n.path.clone();
+        let path = tree.path(k);
         let bs = u64::from(self.l.block_size);
         // The data: an archive member's bytes in the spool, or the host
         // file (checked against the scan before and after).
@@ -809,7 +831,7 @@ impl Pop<'_> {
             let Some(block) = inode::slow_symlink_block(&n.target, self.l.block_size as usize)
             else {
                 return Err(PopulateError::Invalid {
-                    path: n.path.clone(),
+                    path: tree.path(k),
                     what: format!(
                         "symlink target of {} bytes does not fit a {}-byte block",
                         n.target.len(),

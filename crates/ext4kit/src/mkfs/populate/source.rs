@@ -43,10 +43,9 @@ pub struct Time {
 /// One name of the tree and, unless it is a hard link, its inode.
 #[derive(Clone, Debug)]
 pub struct Node {
-    /// The entry's name (empty for the root).
+    /// The entry's name (empty for the root); its path is
+    /// [`Tree::path`] (not kept per node).
     pub name: Vec<u8>,
-    /// Where it is on the host.
-    pub path: PathBuf,
     /// The parent node (the root is its own parent).
     pub parent: usize,
     pub kind: Kind,
@@ -98,11 +97,29 @@ impl Node {
 #[derive(Clone, Debug, Default)]
 pub struct Tree {
     pub nodes: Vec<Node>,
+    /// The source: the directory, or the archive's name (for messages).
+    pub root: PathBuf,
     /// Where an archive's file data was copied (unlinked temporary file).
     pub spool: Option<std::sync::Arc<std::fs::File>>,
 }
 
 impl Tree {
+    /// Where node `k` is: the source joined with the names from the
+    /// root down to it.
+    pub fn path(&self, k: usize) -> PathBuf {
+        let mut names = Vec::new();
+        let mut c = k;
+        while c != 0 && c < self.nodes.len() && names.len() < self.nodes.len() {
+            names.push(&self.nodes[c].name);
+            c = self.nodes[c].parent;
+        }
+        let mut p = self.root.clone();
+        for n in names.iter().rev() {
+            p.push(OsStr::from_bytes(n));
+        }
+        p
+    }
+
     /// What a populate's progress runs up to: the inodes (names that are
     /// not hard links to an earlier one) and the bytes of their files.
     pub fn totals(&self) -> (u64, u64) {
@@ -174,7 +191,6 @@ fn node_of(
     xattrs.sort();
     let node = Node {
         name: name.to_vec(),
-        path: path.to_path_buf(),
         parent,
         kind,
         perm: (md.mode() & 0o7777) as u16,
@@ -202,7 +218,10 @@ fn node_of(
 
 /// Scan the directory `root` (which must be a directory).
 pub fn scan(root: &Path) -> Result<Tree, PopulateError> {
-    let mut tree = Tree::default();
+    let mut tree = Tree {
+        root: root.to_path_buf(),
+        ..Tree::default()
+    };
     let (r, _) = node_of(root, b"", 0)?;
     if r.kind != Kind::Dir {
         return Err(PopulateError::Source {
@@ -212,9 +231,11 @@ pub fn scan(root: &Path) -> Result<Tree, PopulateError> {
     }
     tree.nodes.push(r);
     let mut links: HashMap<(u64, u64), usize> = HashMap::new();
-    // Preorder: a stack of (directory node, its sorted entry names, next).
-    let mut stack: Vec<(usize, Vec<Vec<u8>>, usize)> = vec![(0, sorted_names(root)?, 0)];
-    while let Some((dir, names, next)) = stack.last_mut() {
+    // Preorder: a stack of (directory node, its path, its sorted entry
+    // names, next).
+    let mut stack: Vec<(usize, PathBuf, Vec<Vec<u8>>, usize)> =
+        vec![(0, root.to_path_buf(), sorted_names(root)?, 0)];
+    while let Some((dir, dpath, names, next)) = stack.last_mut() {
         let dir = *dir;
         if *next == names.len() {
             stack.pop();
@@ -222,7 +243,7 @@ pub fn scan(root: &Path) -> Result<Tree, PopulateError> {
         }
         let name = std::mem::take(&mut names[*next]);
         *next += 1;
-        let path = tree.nodes[dir].path.join(OsStr::from_bytes(&name));
+        let path = dpath.join(OsStr::from_bytes(&name));
         let (mut n, md) = node_of(&path, &name, dir)?;
         let idx = tree.nodes.len();
         if n.kind != Kind::Dir && md.nlink() > 1 {
@@ -242,7 +263,7 @@ pub fn scan(root: &Path) -> Result<Tree, PopulateError> {
         if is_dir {
             tree.nodes[dir].subdirs += 1;
             let names = sorted_names(&path)?;
-            stack.push((idx, names, 0));
+            stack.push((idx, path, names, 0));
         }
     }
     Ok(tree)
