@@ -65,8 +65,9 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   default_permissions     always in effect (accepted)\n  \
                   writeback_cache         FUSE's writeback cache (default off): small writes \
                   go to the kernel's page cache and reach the filesystem merged, at writeback, \
-                  close or fsync (fsync keeps its promise); SEEK_DATA/SEEK_HOLE then see the \
-                  whole file as data, and st_blocks counts data once written back\n  \
+                  close or fsync (fsync keeps its promise); SEEK_DATA/SEEK_HOLE have the \
+                  kernel write the file's dirty pages back first, st_blocks counts data once \
+                  written back\n  \
                   sync, async             a synchronous mount (each write is fsynced, as \
                   ext4's sync); by default (async) small writes are answered from a \
                   write-behind buffer and reach the filesystem merged, within a second or \

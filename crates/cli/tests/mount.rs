@@ -1671,6 +1671,124 @@ fn writeback_cache_keeps_append_seek_and_ctime() {
     m.unmount().unwrap();
 }
 
+/// SEEK_DATA/SEEK_HOLE over data written into holes and not fsynced,
+/// in `root`: every answer (twice, with more writes between), the size,
+/// and a `cp --sparse=always` copy's bytes and answers.
+fn dirty_seek_script(root: &Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let p = root.join("s");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&p)
+        .unwrap();
+    let probes: Vec<u64> = vec![
+        0,
+        4096,
+        1 << 20,
+        (1 << 20) + 4095,
+        (1 << 20) + 4096,
+        2 << 20,
+        3 << 20,
+        (3 << 20) + 100,
+        (3 << 20) + 1024,
+        (3 << 20) + 4096,
+        (5 << 20) - 2,
+        5 << 20,
+        6 << 20,
+        8 << 20,
+        (8 << 20) + 9999,
+        (8 << 20) + 10_000,
+        9 << 20,
+    ];
+    let seeks = |f: &File, round: &str, out: &mut Vec<(String, String)>| {
+        for &o in &probes {
+            for (w, name) in [(libc::SEEK_DATA, "data"), (libc::SEEK_HOLE, "hole")] {
+                let r = outcome(host::seek_data_hole(f, o as i64, w));
+                out.push((format!("{round}: seek {name} from {o}"), r));
+            }
+        }
+        let md = f.metadata().unwrap();
+        out.push((format!("{round}: size"), md.len().to_string()));
+    };
+    for (off, len) in [
+        (1u64 << 20, 4096usize),
+        ((3 << 20) + 100, 1),
+        ((5 << 20) - 1, 2),
+        (8 << 20, 10_000),
+    ] {
+        f.write_all_at(&pattern(len, off), off).unwrap();
+    }
+    seeks(&f, "first", &mut out);
+    // More dirty pages, also before what the first round wrote back.
+    f.write_all_at(b"x", 2 << 20).unwrap();
+    f.write_all_at(&pattern(3000, 7), 6 << 20).unwrap();
+    seeks(&f, "second", &mut out);
+    let c = root.join("c");
+    run_ok(tool("cp").arg("--sparse=always").arg(&p).arg(&c)).unwrap();
+    let same = fs::read(&p).unwrap() == fs::read(&c).unwrap();
+    out.push(("cp keeps the bytes".into(), same.to_string()));
+    let cf = File::open(&c).unwrap();
+    seeks(&cf, "copy", &mut out);
+    out
+}
+
+/// `-o writeback_cache`: SEEK_DATA/SEEK_HOLE over dirty pages the kernel
+/// has not written back answer as the kernel's ext4 answers over its
+/// delayed-allocation pages (the mount has the kernel write the range
+/// back first); `cp --sparse=always` keeps the data and the holes;
+/// e2fsck clean. With 1 KiB blocks the kernel's FUSE writes back whole
+/// 4 KiB pages (zeros around a partial write included), so what ext4 calls
+/// a hole next to a partial write is data here: there no data is ever
+/// missed (SEEK_DATA no later, SEEK_HOLE no earlier than the kernel's).
+#[test]
+fn writeback_cache_seek_data_as_kernel_ext4() {
+    let what = "writeback_cache_seek_data_as_kernel_ext4";
+    if let Err(e) = fuse_available().and_then(|()| kernel_mount_available()) {
+        return skip(what, &e);
+    }
+    for bs in ["4096", "1024"] {
+        let dir = image_dir();
+        let img = mkimg(dir.path(), "fs.img", "64M", &["-b", bs]);
+        let copy = dir.path().join("kernel.img");
+        sparse_copy(&img, &copy);
+        let lo = LoopDev::attach(&copy).unwrap();
+        let km = Mount::new(lo.path(), "ext4", None).unwrap();
+        let kernel = dirty_seek_script(km.path());
+        km.unmount().unwrap();
+        drop(lo);
+        let m = FuseMount::new(&img, &["writeback_cache"]).unwrap();
+        let ours = dirty_seek_script(m.path());
+        m.unmount().unwrap();
+        assert_eq!(kernel.len(), ours.len());
+        let num = |r: &str| r.strip_prefix("ok ").and_then(|n| n.parse::<u64>().ok());
+        let diffs: Vec<String> = kernel
+            .iter()
+            .zip(&ours)
+            .filter(|((w, k), (_, o))| {
+                if bs == "4096" || k == o {
+                    return k != o;
+                }
+                // 1 KiB blocks: ours may see more data, never less.
+                match (num(k), num(o)) {
+                    (Some(k), Some(o)) if w.contains("seek data") => o > k,
+                    (Some(k), Some(o)) if w.contains("seek hole") => o < k,
+                    _ => true,
+                }
+            })
+            .map(|((w, k), (_, o))| format!("{w}: kernel {k}, ext4kit {o}"))
+            .collect();
+        assert!(diffs.is_empty(), "block size {bs}:\n{}", diffs.join("\n"));
+        assert!(
+            ours.iter()
+                .any(|(w, r)| w == "cp keeps the bytes" && r == "true")
+        );
+        e2fsck_clean(&img).unwrap();
+    }
+}
+
 /// The chattr/lsattr workload of [`lsattr_and_chattr_as_kernel_ext4`]:
 /// every command's exit status and every lsattr line, on the tree at $1.
 const FLAGS_SCRIPT: &str = r#"cd "$1" || exit 1

@@ -694,6 +694,9 @@ pub fn serve_wrapped(
             return Err(MountError::Mount { path: mnt, source });
         }
     };
+    // LSEEK with the writeback cache has dirty pages written back first
+    // through it (`FuseFs::lseek`).
+    let _ = shared.notifier.set(session.notifier());
     let conn = connection_id(&mnt);
     ready();
 

@@ -971,7 +971,7 @@ impl FuseFs {
     /// The file handle `fh` of `ino`, or EBADF; its O_APPEND flag.
     fn file_handle(&self, fh: u64, ino: u32) -> R<bool> {
         match self.s.state().handles.get(&fh) {
-            Some(Handle::File { ino: i, append }) if *i == ino => Ok(*append),
+            Some(Handle::File { ino: i, append, .. }) if *i == ino => Ok(*append),
             _ => Err(Errno::EBADF),
         }
     }
@@ -1421,7 +1421,11 @@ impl fuser::Filesystem for FuseFs {
             }
             crate::flags::may_open(&i, flags.0)?;
             let append = flags.0 & libc::O_APPEND != 0 && !self.writeback;
-            Ok(self.s.state().add_handle(Handle::File { ino, append }))
+            let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
+            Ok(self
+                .s
+                .state()
+                .add_handle(Handle::File { ino, append, write }))
         })();
         match r {
             Ok(fh) => {
@@ -1748,10 +1752,15 @@ impl fuser::Filesystem for FuseFs {
         match self.make(req, parent, name, umask, Make::Node { mode, rdev }) {
             Ok(i) => {
                 let append = flags & libc::O_APPEND != 0 && !self.writeback;
+                let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
                 let fh = {
                     let mut st = self.s.state();
                     st.looked_up(i.ino);
-                    st.add_handle(Handle::File { ino: i.ino, append })
+                    st.add_handle(Handle::File {
+                        ino: i.ino,
+                        append,
+                        write,
+                    })
                 };
                 reply.created(
                     &TTL,
@@ -1794,16 +1803,49 @@ impl fuser::Filesystem for FuseFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        if self.writeback {
-            // Dirty pages the kernel has not written back yet are holes
-            // in the engine's extent map, and the kernel does not write
-            // them back before asking: answering from the map would call
-            // data a hole (and `cp --sparse` would drop it). ENOSYS makes
-            // the kernel answer itself from then on (every byte is data,
-            // the hole is at its own end of file), as POSIX allows.
+        let i = match ext4_ino(ino) {
+            Ok(i) => i,
+            Err(e) => return reply.error(e),
+        };
+        if self.writeback && self.s.state().is_open_for_writing(i) {
+            // The kernel may hold dirty pages of the file that are still
+            // holes in the engine's extent map, and it does not write them
+            // back before asking. An inval notify of the range from
+            // `offset` on does: the kernel launders each dirty page (a
+            // WRITE, served by the other workers) and waits for it before
+            // dropping the page, and its LSEEK holds the inode lock, so no
+            // write(2) dirties the range again meanwhile. The notify
+            // blocks this thread until then, so it is sent from a thread
+            // of its own: every worker stays free to serve the WRITEs
+            // (also with `--threads 1`, or several such LSEEKs at once).
+            // Nothing of the mount is locked while it waits.
+            if let Some(n) = self.s.notifier.get().cloned() {
+                let me = FuseFs {
+                    s: self.s.clone(),
+                    writeback: self.writeback,
+                    killpriv: self.killpriv,
+                };
+                let spawned = std::thread::Builder::new()
+                    .name("ext4kit-lseek".into())
+                    .spawn(move || {
+                        if let Err(e) = n.inval_inode(ino, offset.max(0), 0) {
+                            tracing::debug!("inval before lseek of {i}: {e}");
+                        }
+                        match me.do_lseek(i, offset, whence) {
+                            Ok(o) => reply.offset(o),
+                            Err(e) => reply.error(e),
+                        }
+                    });
+                if let Err(e) = spawned {
+                    // The reply went with the closure (dropped: EIO).
+                    tracing::warn!("lseek thread: {e}");
+                }
+                return;
+            }
+            // No notifier (not expected): the kernel's own answer.
             return reply.error(Errno::ENOSYS);
         }
-        match ext4_ino(ino).and_then(|i| self.do_lseek(i, offset, whence)) {
+        match self.do_lseek(i, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(e),
         }

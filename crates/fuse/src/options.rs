@@ -58,10 +58,14 @@ pub struct MountOptions {
     /// engine by writeback (merged into requests of up to 1 MiB), as on a
     /// local filesystem; the kernel keeps size and times and handles
     /// `O_APPEND`. `fsync`, `close` and the unmount write the pages back
-    /// first, so what `fsync` promises is unchanged. What it gives up,
-    /// because the kernel's FUSE does not write back before asking:
-    /// `SEEK_DATA`/`SEEK_HOLE` see the whole file as data (the kernel's
-    /// own answer); `st_blocks` counts dirty data only once written back;
+    /// first, so what `fsync` promises is unchanged. `SEEK_DATA`/
+    /// `SEEK_HOLE` of a file open for writing first have the kernel write
+    /// its dirty pages back (an inval notify, see `FuseFs::lseek`), so
+    /// they answer from the extent map as ext4 does (with blocks smaller
+    /// than a page the kernel writes whole pages, so the zeros around a
+    /// partial write into a hole are data). What it gives up, because the
+    /// kernel's FUSE does not ask before: `st_blocks` counts dirty data
+    /// only once written back;
     /// a write past ext4's largest file size fails at writeback (EIO at
     /// fsync) instead of with EFBIG.
     pub writeback_cache: bool,

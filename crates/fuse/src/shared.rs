@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use ext4kit_format::jbd2::tid_gt;
 use ext4kit_fs::FsError;
@@ -90,6 +90,10 @@ pub enum Handle {
         ino: u32,
         /// O_APPEND: every write goes to the end of the file.
         append: bool,
+        /// Opened for writing: with the writeback cache the kernel may
+        /// hold dirty pages of `ino` while such a handle is open (its
+        /// close writes them back before the RELEASE).
+        write: bool,
     },
     Dir {
         ino: u32,
@@ -108,6 +112,8 @@ pub struct State {
     pub lookups: HashMap<u32, u64>,
     /// Open handles per inode.
     pub open: HashMap<u32, u32>,
+    /// Open handles per inode that were opened for writing.
+    pub writers: HashMap<u32, u32>,
     /// Inodes unlinked while open (link count 0, on the orphan list):
     /// freed when neither an open handle nor a kernel reference is left,
     /// or at unmount.
@@ -129,8 +135,11 @@ impl State {
             self.next_fh = self.next_fh.wrapping_add(1).max(1);
         }
         let fh = self.next_fh;
-        if let Handle::File { ino, .. } = &h {
+        if let Handle::File { ino, write, .. } = &h {
             *self.open.entry(*ino).or_insert(0) += 1;
+            if *write {
+                *self.writers.entry(*ino).or_insert(0) += 1;
+            }
         }
         self.handles.insert(fh, h);
         fh
@@ -139,9 +148,17 @@ impl State {
     /// Close a handle; for a file, whether that was the last handle of an
     /// orphan the kernel no longer references (free it now).
     pub fn close_handle(&mut self, fh: u64) -> Option<u32> {
-        let Some(Handle::File { ino, .. }) = self.handles.remove(&fh) else {
+        let Some(Handle::File { ino, write, .. }) = self.handles.remove(&fh) else {
             return None;
         };
+        if write {
+            match self.writers.get_mut(&ino) {
+                Some(n) if *n > 1 => *n -= 1,
+                _ => {
+                    self.writers.remove(&ino);
+                }
+            }
+        }
         let left = match self.open.get_mut(&ino) {
             Some(n) if *n > 1 => {
                 *n -= 1;
@@ -184,6 +201,12 @@ impl State {
     /// Is `ino` open?
     pub fn is_open(&self, ino: u32) -> bool {
         self.open.contains_key(&ino)
+    }
+
+    /// Is `ino` open for writing (with the writeback cache: may the
+    /// kernel hold dirty pages of it)?
+    pub fn is_open_for_writing(&self, ino: u32) -> bool {
+        self.writers.contains_key(&ino)
     }
 
     /// Remember that `ino` changed in transaction `tid`.
@@ -260,6 +283,10 @@ pub struct Shared {
     pub atimes: crate::atime::Pending,
     /// Changes waiting for the idle commit ([`crate::idle`]).
     pub idle: Arc<IdleCommit>,
+    /// The session's notifier (set once the session is up): with the
+    /// writeback cache, LSEEK has the kernel write back dirty pages
+    /// through it first (see `FuseFs::lseek`).
+    pub notifier: OnceLock<fuser::Notifier>,
 }
 
 /// The engine as the write-behind buffer's [`Sink`].
@@ -316,6 +343,7 @@ impl Shared {
             wbuf: WriteBuffer::default(),
             atimes: crate::atime::Pending::default(),
             idle,
+            notifier: OnceLock::new(),
         }
     }
 
@@ -425,10 +453,12 @@ mod tests {
         let a = s.add_handle(Handle::File {
             ino: 12,
             append: false,
+            write: true,
         });
         let b = s.add_handle(Handle::File {
             ino: 12,
             append: false,
+            write: true,
         });
         s.looked_up(12);
         s.orphans.insert(12);
@@ -442,6 +472,7 @@ mod tests {
         let c = s.add_handle(Handle::File {
             ino: 13,
             append: false,
+            write: true,
         });
         s.looked_up(13);
         s.orphans.insert(13);
@@ -451,9 +482,10 @@ mod tests {
         let d = s.add_handle(Handle::File {
             ino: 14,
             append: false,
+            write: true,
         });
         assert_eq!(s.close_handle(d), None);
-        assert!(s.open.is_empty() && s.handles.is_empty());
+        assert!(s.open.is_empty() && s.writers.is_empty() && s.handles.is_empty());
     }
 
     #[test]
