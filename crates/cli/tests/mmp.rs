@@ -14,6 +14,7 @@ mod common;
 
 use std::fs;
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::fuse::*;
@@ -91,6 +92,17 @@ fn at(img: &Path, p: &str) -> String {
     format!("{}:{p}", img.display())
 }
 
+/// `ext4kit cp FROM TO` with the mmp wait shortened to `wait_ms`.
+fn cp(
+    wait_ms: &str,
+    from: impl AsRef<std::ffi::OsStr>,
+    to: impl AsRef<std::ffi::OsStr>,
+) -> Command {
+    let mut c = ext4kit();
+    c.env(WAIT, wait_ms).arg("cp").arg(from).arg(to);
+    c
+}
+
 #[test]
 fn tools_write_an_mmp_image_and_refuse_a_running_fsck() {
     if let Err(e) = e2fs_tools() {
@@ -100,14 +112,7 @@ fn tools_write_an_mmp_image_and_refuse_a_running_fsck() {
     let img = mmp_image(dir.path());
     let host = dir.path().join("data");
     fs::write(&host, pattern(300_000, 3)).unwrap();
-    run_ok(
-        ext4kit()
-            .env(WAIT, "100")
-            .arg("cp")
-            .arg(&host)
-            .arg(at(&img, "/f")),
-    )
-    .unwrap();
+    run_ok(&mut cp("100", &host, at(&img, "/f"))).unwrap();
     run_ok(
         ext4kit()
             .env(WAIT, "100")
@@ -118,25 +123,13 @@ fn tools_write_an_mmp_image_and_refuse_a_running_fsck() {
     assert_eq!(mmp_seq(&img), MMP_SEQ_CLEAN, "clean sequence after close");
     e2fsck_clean(&img).unwrap();
     let out = dir.path().join("back");
-    run_ok(
-        ext4kit()
-            .env(WAIT, "100")
-            .arg("cp")
-            .arg(at(&img, "/f"))
-            .arg(&out),
-    )
-    .unwrap();
+    run_ok(&mut cp("100", at(&img, "/f"), &out)).unwrap();
     assert_eq!(fs::read(&out).unwrap(), fs::read(&host).unwrap());
     // e2fsck has it: refused at once, one line, nothing written.
     set_mmp_seq(&img, MMP_SEQ_FSCK);
     let before = file_hash(&img).unwrap();
     let t = Instant::now();
-    let o = run(ext4kit()
-        .env(WAIT, "5000")
-        .arg("cp")
-        .arg(&host)
-        .arg(at(&img, "/g")))
-    .unwrap();
+    let o = run(&mut cp("5000", &host, at(&img, "/g"))).unwrap();
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -177,12 +170,7 @@ fn mount_holds_the_device_and_a_killed_mount_is_waited_out() {
     assert_ne!(s1, MMP_SEQ_CLEAN);
     // (The tools' exclusive open refuses it on this host already; the
     // engine's own check is what another host sharing the disk meets.)
-    let o = run(ext4kit()
-        .env(WAIT, "100")
-        .arg("cp")
-        .arg(&host)
-        .arg(at(&img, "/c")))
-    .unwrap();
+    let o = run(&mut cp("100", &host, at(&img, "/c"))).unwrap();
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1);
     expect_in_use(&img);
@@ -193,14 +181,7 @@ fn mount_holds_the_device_and_a_killed_mount_is_waited_out() {
     let left = mmp_seq(&img);
     assert_ne!(left, MMP_SEQ_CLEAN);
     let t = Instant::now();
-    run_ok(
-        ext4kit()
-            .env(WAIT, "1500")
-            .arg("cp")
-            .arg(&host)
-            .arg(at(&img, "/c")),
-    )
-    .unwrap();
+    run_ok(&mut cp("1500", &host, at(&img, "/c"))).unwrap();
     assert!(
         t.elapsed() >= Duration::from_millis(3000),
         "{:?}",
@@ -209,14 +190,7 @@ fn mount_holds_the_device_and_a_killed_mount_is_waited_out() {
     assert_eq!(mmp_seq(&img), MMP_SEQ_CLEAN);
     e2fsck_clean(&img).unwrap();
     let out = dir.path().join("back");
-    run_ok(
-        ext4kit()
-            .env(WAIT, "100")
-            .arg("cp")
-            .arg(at(&img, "/b"))
-            .arg(&out),
-    )
-    .unwrap();
+    run_ok(&mut cp("100", at(&img, "/b"), &out)).unwrap();
     assert_eq!(fs::read(&out).unwrap(), b"second");
 }
 
@@ -230,14 +204,7 @@ fn the_kernel_and_ext4kit_take_turns_on_an_mmp_image() {
     let img = mmp_image(dir.path());
     let host = dir.path().join("data");
     fs::write(&host, pattern(200_000, 5)).unwrap();
-    run_ok(
-        ext4kit()
-            .env(WAIT, "100")
-            .arg("cp")
-            .arg(&host)
-            .arg(at(&img, "/ours")),
-    )
-    .unwrap();
+    run_ok(&mut cp("100", &host, at(&img, "/ours"))).unwrap();
     let lo = LoopDev::attach(&img).unwrap();
     let m = match Mount::new(lo.path(), "ext4", None) {
         Ok(m) => m,
@@ -255,22 +222,8 @@ fn the_kernel_and_ext4kit_take_turns_on_an_mmp_image() {
     drop(lo);
     e2fsck_clean(&img).unwrap();
     let out = dir.path().join("back");
-    run_ok(
-        ext4kit()
-            .env(WAIT, "100")
-            .arg("cp")
-            .arg(at(&img, "/theirs"))
-            .arg(&out),
-    )
-    .unwrap();
+    run_ok(&mut cp("100", at(&img, "/theirs"), &out)).unwrap();
     assert_eq!(fs::read(&out).unwrap(), b"kernel");
-    run_ok(
-        ext4kit()
-            .env(WAIT, "100")
-            .arg("cp")
-            .arg(&host)
-            .arg(at(&img, "/x")),
-    )
-    .unwrap();
+    run_ok(&mut cp("100", &host, at(&img, "/x"))).unwrap();
     e2fsck_clean(&img).unwrap();
 }
