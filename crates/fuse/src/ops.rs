@@ -66,6 +66,7 @@ const COPY_CHUNK: u64 = 8 << 20;
 const COPY_MAX: u64 = (u32::MAX as u64) & !0xfff;
 
 /// The filesystem served to the kernel.
+#[derive(Clone)]
 pub struct FuseFs {
     pub(crate) s: Arc<Shared>,
     /// The kernel's writeback cache is on (negotiated at INIT): it keeps
@@ -1820,11 +1821,7 @@ impl fuser::Filesystem for FuseFs {
             // (also with `--threads 1`, or several such LSEEKs at once).
             // Nothing of the mount is locked while it waits.
             if let Some(n) = self.s.notifier.get().cloned() {
-                let me = FuseFs {
-                    s: self.s.clone(),
-                    writeback: self.writeback,
-                    killpriv: self.killpriv,
-                };
+                let me = self.clone();
                 let spawned = std::thread::Builder::new()
                     .name("ext4kit-lseek".into())
                     .spawn(move || {

@@ -112,8 +112,6 @@ pub struct State {
     pub lookups: HashMap<u32, u64>,
     /// Open handles per inode.
     pub open: HashMap<u32, u32>,
-    /// Open handles per inode that were opened for writing.
-    pub writers: HashMap<u32, u32>,
     /// Inodes unlinked while open (link count 0, on the orphan list):
     /// freed when neither an open handle nor a kernel reference is left,
     /// or at unmount.
@@ -135,11 +133,8 @@ impl State {
             self.next_fh = self.next_fh.wrapping_add(1).max(1);
         }
         let fh = self.next_fh;
-        if let Handle::File { ino, write, .. } = &h {
+        if let Handle::File { ino, .. } = &h {
             *self.open.entry(*ino).or_insert(0) += 1;
-            if *write {
-                *self.writers.entry(*ino).or_insert(0) += 1;
-            }
         }
         self.handles.insert(fh, h);
         fh
@@ -148,17 +143,9 @@ impl State {
     /// Close a handle; for a file, whether that was the last handle of an
     /// orphan the kernel no longer references (free it now).
     pub fn close_handle(&mut self, fh: u64) -> Option<u32> {
-        let Some(Handle::File { ino, write, .. }) = self.handles.remove(&fh) else {
+        let Some(Handle::File { ino, .. }) = self.handles.remove(&fh) else {
             return None;
         };
-        if write {
-            match self.writers.get_mut(&ino) {
-                Some(n) if *n > 1 => *n -= 1,
-                _ => {
-                    self.writers.remove(&ino);
-                }
-            }
-        }
         let left = match self.open.get_mut(&ino) {
             Some(n) if *n > 1 => {
                 *n -= 1;
@@ -204,9 +191,14 @@ impl State {
     }
 
     /// Is `ino` open for writing (with the writeback cache: may the
-    /// kernel hold dirty pages of it)?
+    /// kernel hold dirty pages of it)? A walk of the handles: asked only
+    /// by LSEEK with the writeback cache.
     pub fn is_open_for_writing(&self, ino: u32) -> bool {
-        self.writers.contains_key(&ino)
+        self.open.contains_key(&ino)
+            && self
+                .handles
+                .values()
+                .any(|h| matches!(h, Handle::File { ino: i, write: true, .. } if *i == ino))
     }
 
     /// Remember that `ino` changed in transaction `tid`.
@@ -485,7 +477,7 @@ mod tests {
             write: true,
         });
         assert_eq!(s.close_handle(d), None);
-        assert!(s.open.is_empty() && s.writers.is_empty() && s.handles.is_empty());
+        assert!(s.open.is_empty() && s.handles.is_empty());
     }
 
     #[test]
