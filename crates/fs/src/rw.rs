@@ -588,7 +588,7 @@ impl RwFs {
                 (sb, false)
             }
         };
-        check_writable(&sb)?;
+        // (check_writable ran on these bytes above, before the mmp.)
         // The error fields survive the replay (ext4_load_journal).
         let saved_errors = sb_ok.then(|| ErrorFields::of(&sb));
         let j = Journal::open_with(&*dev, sb_ok).map_err(fs_err)?;
@@ -676,14 +676,14 @@ impl RwFs {
 
     /// [`RwFs::open_deferred`] of a filesystem without a journal: nothing
     /// to replay, a writer that commits in place
-    /// ([`JournalWriter::without_journal`]).
+    /// ([`JournalWriter::without_journal`]); the caller checked the
+    /// features and started the mmp.
     fn open_without_journal(
         dev: Arc<dyn Device>,
         opts: RwOptions,
         mmp: Option<Mmp>,
     ) -> Result<RwFs, FsError> {
         let sb = read_superblock(&*dev).map_err(fs_err)?;
-        check_writable(&sb)?;
         let bs = sb
             .block_size()
             .ok_or_else(|| FsError::corrupt("superblock", "block size out of range"))?;
