@@ -77,7 +77,7 @@ fn check_read_only(
 /// ([`Filesystem::open_checked`]); an image whose journal needs a replay
 /// is checked on a read-only open first (replayed in memory), so that a
 /// refused target is never written, not even by the replay.
-fn open_rw_checked(
+pub(crate) fn open_rw_checked(
     t: &Target,
     check: &impl Fn(&Target, &Fs<'_>) -> anyhow::Result<()>,
 ) -> anyhow::Result<Filesystem> {

@@ -81,11 +81,78 @@ pub struct MkdirArgs {
 
 fn with_fs(t: &Target, f: impl FnOnce(&Filesystem) -> anyhow::Result<()>) -> anyhow::Result<()> {
     let fs = open_rw(t)?;
+    closing(t, fs, f)
+}
+
+/// [`with_fs`] with `check` run read-only before anything is written
+/// ([`crate::cmd_attr::open_rw_checked`]): an operation it refuses leaves
+/// the image as it was, not even its mount count changed.
+fn with_fs_checked(
+    t: &Target,
+    check: impl Fn(&Target, &Fs<'_>) -> anyhow::Result<()>,
+    f: impl FnOnce(&Filesystem) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let fs = crate::cmd_attr::open_rw_checked(t, &check)?;
+    closing(t, fs, f)
+}
+
+/// Run `f` on `fs`, then close it cleanly; the first error wins.
+fn closing(
+    t: &Target,
+    fs: Filesystem,
+    f: impl FnOnce(&Filesystem) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
     let r = f(&fs);
     let c = fs
         .close()
         .map_err(|e| anyhow!("{}: closing: {e}", t.img.display()));
     r.and(c)
+}
+
+/// A directory of the read-only view (symlinks followed).
+fn ro_dir(f: &Fs<'_>, path: &[u8]) -> Result<InodeInfo, FsError> {
+    let d = f.resolve(path, true)?;
+    if !d.is_dir() {
+        return Err(FsError::NotADirectory);
+    }
+    Ok(d)
+}
+
+/// The inode `name` names in `dir` of the read-only view, if any.
+fn ro_lookup(f: &Fs<'_>, dir: &InodeInfo, name: &[u8]) -> Result<Option<InodeInfo>, FsError> {
+    match f.lookup(dir, name)? {
+        Some(e) => Ok(Some(f.inode(e.ino)?)),
+        None => Ok(None),
+    }
+}
+
+/// `mkdir`'s refusals, found read-only: a missing or non-directory
+/// parent, an existing name (without `-p`), a component that is not a
+/// directory (with `-p`).
+fn mkdir_check(parents: bool, t: &Target, f: &Fs<'_>) -> anyhow::Result<()> {
+    let e = |e: FsError| anyhow!("cannot create directory '{}': {e}", t.spec);
+    if parents {
+        let mut cur = ro_dir(f, b"/").map_err(e)?;
+        for comp in t.path.split(|&c| c == b'/').filter(|c| !c.is_empty()) {
+            match ro_lookup(f, &cur, comp).map_err(e)? {
+                Some(i) if i.is_dir() => cur = i,
+                // Followed by the operation itself.
+                Some(i) if i.is_symlink() => return Ok(()),
+                Some(_) => return Err(e(FsError::NotADirectory)),
+                None => return Ok(()),
+            }
+        }
+        return Ok(());
+    }
+    let (parent, name) = split_last(&t.path);
+    let Some(name) = name else {
+        return Err(e(FsError::Exists));
+    };
+    let d = ro_dir(f, &parent).map_err(e)?;
+    if ro_lookup(f, &d, &name).map_err(e)?.is_some() {
+        return Err(e(FsError::Exists));
+    }
+    Ok(())
 }
 
 /// Run `ext4kit mkdir`.
@@ -99,7 +166,8 @@ pub fn mkdir(args: &MkdirArgs) -> anyhow::Result<i32> {
     let mut failed = false;
     for arg in &args.targets {
         let t = parse_target(arg);
-        let res = with_fs(&t, |fs| {
+        let check = |t: &Target, f: &Fs<'_>| mkdir_check(args.parents, t, f);
+        let res = with_fs_checked(&t, check, |fs| {
             let spec = NewInode::new(S_IFDIR | perm, uid, gid);
             let e = |e: FsError| anyhow!("cannot create directory '{}': {e}", t.spec);
             if args.parents {
@@ -364,15 +432,7 @@ pub struct MvArgs {
 /// that lives elsewhere, in a damaged image); the engine's rename checks
 /// the same, but only after the image is open for writing. Operands that
 /// cannot be resolved are left to the rename's own errors.
-fn mv_check(dt: &Target, srcs: &[OsString], exchange: bool) -> anyhow::Result<()> {
-    // An image that does not open is reported by the open for writing.
-    let Ok(dev) = crate::cmd_ls::open_image(dt) else {
-        return Ok(());
-    };
-    let Ok(vol) = crate::cmd_ls::open_volume(dt, dev.as_ref()) else {
-        return Ok(());
-    };
-    let fs = vol.fs();
+fn mv_check(fs: &Fs<'_>, dt: &Target, srcs: &[OsString], exchange: bool) -> anyhow::Result<()> {
     let dir_of = |p: &[u8]| fs.resolve(p, true).ok().filter(|i| i.is_dir());
     let into = !exchange && dir_of(&dt.path).is_some();
     let (dparent, dname) = split_last(&dt.path);
@@ -423,6 +483,64 @@ fn mv_check(dt: &Target, srcs: &[OsString], exchange: bool) -> anyhow::Result<()
     Ok(())
 }
 
+/// The refusals of `mv`'s own steps that a read-only look finds (a
+/// missing source or destination directory, several sources into a
+/// non-directory, another image): `Ok` if at least one source may be
+/// moved (the others are then reported by the move itself), else the
+/// errors, all but the last printed here.
+fn mv_some_can_move(
+    f: &Fs<'_>,
+    dt: &Target,
+    srcs: &[OsString],
+    exchange: bool,
+) -> anyhow::Result<()> {
+    let into = !exchange && ro_dir(f, &dt.path).is_ok();
+    if srcs.len() > 1 && !into {
+        bail!("target '{}' is not a directory", dt.spec);
+    }
+    let mut errors = Vec::new();
+    for s in srcs {
+        let st = parse_target(s);
+        let r = (|| -> anyhow::Result<()> {
+            if st.img != dt.img {
+                bail!(
+                    "cannot move '{}' to '{}': not the same image",
+                    st.spec,
+                    dt.spec
+                );
+            }
+            let e = |e: FsError| anyhow!("cannot move '{}' to '{}': {e}", st.spec, dt.spec);
+            let (sp, sn) = split_last(&st.path);
+            let sn = sn.ok_or_else(|| e(FsError::InvalidName("the root")))?;
+            let sd = ro_dir(f, &sp).map_err(e)?;
+            ro_lookup(f, &sd, &sn)
+                .map_err(e)?
+                .ok_or_else(|| e(FsError::NotFound))?;
+            if !into {
+                let (dp, dn) = split_last(&dt.path);
+                let dn = dn.ok_or_else(|| e(FsError::InvalidName("the root")))?;
+                let dd = ro_dir(f, &dp).map_err(e)?;
+                if exchange && ro_lookup(f, &dd, &dn).map_err(e)?.is_none() {
+                    return Err(e(FsError::NotFound));
+                }
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => return Ok(()),
+            Err(e) => errors.push(e),
+        }
+    }
+    let last = errors.pop();
+    for e in errors {
+        eprintln!("ext4kit: {}", crate::errmsg::one_line(&e));
+    }
+    match last {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 /// Run `ext4kit mv`.
 pub fn mv(args: &MvArgs) -> anyhow::Result<i32> {
     let (dst, srcs) = args
@@ -435,14 +553,14 @@ pub fn mv(args: &MvArgs) -> anyhow::Result<i32> {
         exchange: args.exchange,
         whiteout: None,
     };
-    // Checked read-only first: a directory with two parents is refused
-    // before the image is opened for writing.
-    if let Err(e) = mv_check(&dt, srcs, args.exchange) {
-        eprintln!("ext4kit: {}", crate::errmsg::one_line(&e));
-        return Ok(1);
-    }
+    // Checked read-only first: a directory with two parents, or operands
+    // every one of which would be refused, leave the image unwritten.
+    let check = |dt: &Target, f: &Fs<'_>| {
+        mv_check(f, dt, srcs, args.exchange)?;
+        mv_some_can_move(f, dt, srcs, args.exchange)
+    };
     let mut failed = false;
-    let res = with_fs(&dt, |fs| {
+    let res = with_fs_checked(&dt, check, |fs| {
         let into = fs
             .read(|f| f.resolve(&dt.path, true))
             .is_ok_and(|i| i.is_dir())
@@ -508,10 +626,62 @@ pub struct LnArgs {
     pub link: OsString,
 }
 
+/// The name a link made inside an existing directory gets: the last
+/// component of its target.
+fn link_base(args: &LnArgs) -> Vec<u8> {
+    let base = if args.symbolic {
+        args.target.as_encoded_bytes().to_vec()
+    } else {
+        split_last(&parse_target(&args.target).path)
+            .1
+            .unwrap_or_default()
+    };
+    base.rsplit(|&c| c == b'/')
+        .find(|c| !c.is_empty())
+        .unwrap_or(b"")
+        .to_vec()
+}
+
+/// `ln`'s refusals, found read-only (the same steps as [`ln`]'s).
+fn ln_check(args: &LnArgs, lt: &Target, f: &Fs<'_>) -> anyhow::Result<()> {
+    let e = |e: FsError| anyhow!("failed to create link '{}': {e}", lt.spec);
+    let (lp, ln) = split_last(&lt.path);
+    let mut name = ln.ok_or_else(|| e(FsError::Exists))?;
+    let mut d = ro_dir(f, &lp).map_err(e)?;
+    if let Some(i) = ro_lookup(f, &d, &name).map_err(e)?
+        && i.is_dir()
+    {
+        d = i;
+        name = link_base(args);
+    }
+    if let Some(old) = ro_lookup(f, &d, &name).map_err(e)?
+        && (!args.force || old.is_dir())
+    {
+        return Err(e(FsError::Exists));
+    }
+    if !args.symbolic {
+        let tt = parse_target(&args.target);
+        if tt.img != lt.img {
+            bail!(
+                "failed to create hard link '{}': not the same image",
+                lt.spec
+            );
+        }
+        let i = f
+            .resolve(&tt.path, false)
+            .map_err(|x| anyhow!("failed to access '{}': {x}", tt.spec))?;
+        if i.is_dir() {
+            bail!("'{}': hard link not allowed for directory", tt.spec);
+        }
+    }
+    Ok(())
+}
+
 /// Run `ext4kit ln`.
 pub fn ln(args: &LnArgs) -> anyhow::Result<i32> {
     let lt = parse_target(&args.link);
-    let res = with_fs(&lt, |fs| {
+    let check = |t: &Target, f: &Fs<'_>| ln_check(args, t, f);
+    let res = with_fs_checked(&lt, check, |fs| {
         let e = |e: FsError| anyhow!("failed to create link '{}': {e}", lt.spec);
         let (lp, ln) = split_last(&lt.path);
         let ln = ln.ok_or_else(|| e(FsError::Exists))?;
@@ -521,20 +691,8 @@ pub fn ln(args: &LnArgs) -> anyhow::Result<i32> {
         if let Some(i) = fs.lookup(d.ino, &name).map_err(e)?
             && i.is_dir()
         {
-            let base = if args.symbolic {
-                args.target.as_encoded_bytes().to_vec()
-            } else {
-                split_last(&parse_target(&args.target).path)
-                    .1
-                    .unwrap_or_default()
-            };
-            let base = base
-                .rsplit(|&c| c == b'/')
-                .find(|c| !c.is_empty())
-                .unwrap_or(b"")
-                .to_vec();
             d = i;
-            name = base;
+            name = link_base(args);
         }
         if let Some(old) = fs.lookup(d.ino, &name).map_err(e)? {
             if !args.force || old.is_dir() {

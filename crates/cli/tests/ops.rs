@@ -1298,6 +1298,58 @@ fn mv_and_ln_tools() {
     e2fsck_clean(&img).unwrap();
 }
 
+/// Refused namespace tools leave the image byte for byte as it was (not
+/// even the mount count or write time changes): their refusals are found
+/// read-only before the image is opened for writing. A refusal that only
+/// the operation can find may still mark the image in use; these are the
+/// ones a user meets (missing or existing names, wrong types).
+#[test]
+fn refused_namespace_tools_write_nothing() {
+    if let Err(r) = e2fs_tools() {
+        return skip("refused_namespace_tools_write_nothing", &r);
+    }
+    let dir = image_dir();
+    let src = dir.path().join("src");
+    fs::create_dir_all(src.join("d/e")).unwrap();
+    fs::write(src.join("f"), b"file").unwrap();
+    let img = dir.path().join("r.img");
+    run_ok(tool("truncate").args(["-s", "32M"]).arg(&img)).unwrap();
+    run_ok(mke2fs(["-q", "-F", "-t", "ext4", "-d"]).arg(&src).arg(&img)).unwrap();
+    let at = |p: &str| format!("{}:{p}", img.display());
+    let before = fs::read(&img).unwrap();
+    let cases: &[(&[&str], &[&str], &str)] = &[
+        (&["mkdir"], &["/d"], "File exists"),
+        (&["mkdir"], &["/nope/x"], "No such file"),
+        (&["mkdir"], &["/f/x"], "Not a directory"),
+        (&["mkdir", "-p"], &["/f/x/y"], "Not a directory"),
+        (&["mv"], &["/nope", "/x"], "No such file"),
+        (&["mv"], &["/nope", "/nope2", "/d"], "No such file"),
+        (&["mv"], &["/f", "/d", "/f"], "not a directory"),
+        (&["mv"], &["/f", "/nope/x"], "No such file"),
+        (&["mv", "--exchange"], &["/f", "/zz"], "No such file"),
+        (&["ln"], &["/nope", "/y"], "No such file"),
+        (&["ln"], &["/d", "/y"], "not allowed for directory"),
+        (&["ln"], &["/f", "/d/e/../../f"], "File exists"),
+        (&["ln", "-s", "t"], &["/f"], "File exists"),
+        (&["ln", "-s", "t"], &["/nope/x"], "No such file"),
+    ];
+    for (args, paths, why) in cases {
+        let mut c = ext4kit();
+        c.args(*args);
+        for p in *paths {
+            c.arg(at(p));
+        }
+        let o = run(&mut c).unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?} {paths:?}: {err}");
+        assert!(err.contains(why), "{args:?} {paths:?}: {err}");
+        assert!(
+            fs::read(&img).unwrap() == before,
+            "{args:?} {paths:?} wrote to the image"
+        );
+    }
+}
+
 /// The namespace against a model: random create, mkdir, write, link,
 /// unlink, rmdir and rename (plain, over files, NOREPLACE, EXCHANGE)
 /// across directories; after each sequence the tree read back (names,

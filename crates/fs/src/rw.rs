@@ -5,8 +5,9 @@
 //! `needs_recovery` is set *and* the journal's `s_start` is nonzero; with
 //! the flag clear a nonempty log is thrown away, as `jbd2_journal_wipe`
 //! does), set the journal features the kernel sets at mount while the log
-//! is empty, then set `needs_recovery` (and the mount count and time) in
-//! the primary superblock and flush before any commit.
+//! is empty (in memory: the journal superblock goes to disk with the first
+//! commit or the clean close), then set `needs_recovery` (and the mount
+//! count and time) in the primary superblock and flush before any commit.
 //!
 //! [`RwFs::close`]: commit, checkpoint everything, mark the journal empty
 //! (`s_start = 0`, `s_sequence` = next tid), flush, then clear
@@ -563,9 +564,9 @@ impl RwFs {
     /// ([`RwFs::mark_in_use`], done by the first handle at the latest):
     /// a caller can check the rest of the filesystem (the descriptor
     /// table, what it was asked to change) and give up without having
-    /// written anything, unless the journal had to be replayed or its
-    /// features set (which the kernel's mount writes too). Closing an
-    /// unmarked filesystem writes nothing.
+    /// written anything, unless the journal had to be replayed (which the
+    /// kernel's mount writes too) or the mmp feature asks for its block
+    /// to be claimed. Closing an unmarked filesystem writes nothing.
     pub fn open_deferred(dev: Arc<dyn Device>, opts: RwOptions) -> Result<RwFs, FsError> {
         let mmp;
         {

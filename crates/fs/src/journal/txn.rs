@@ -185,9 +185,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl JournalWriter {
     /// Start writing an empty journal (`s_start == 0`: replay first).
     /// Sets the journal features the kernel sets at mount (csum v3 with
-    /// `metadata_csum`, 64bit with `64bit`), writes the journal superblock
-    /// if they changed and flushes. The next transaction is `s_sequence`,
-    /// logged from `s_first`.
+    /// `metadata_csum`, 64bit with `64bit`) in memory; the journal
+    /// superblock goes to disk with the first commit or the shutdown. The
+    /// next transaction is `s_sequence`, logged from `s_first`.
     pub fn new(
         dev: Arc<dyn Device>,
         journal: Journal,
@@ -287,13 +287,12 @@ impl JournalWriter {
             stats: Mutex::new(JournalStats::default()),
             journal: Some(journal),
         };
-        {
-            let mut log = lock(&w.log);
-            if log.jsb_dirty {
-                w.write_jsb(&mut log)?;
-                w.dev.flush()?;
-            }
-        }
+        // A changed journal superblock is written by the first commit
+        // (before its commit block) or the clean shutdown, not here: an
+        // open that gives up before its first handle writes nothing, and
+        // the error state the open found reaches the filesystem's
+        // superblock (the in-use marks) before the journal's record of
+        // it is cleared.
         Ok(w)
     }
 
