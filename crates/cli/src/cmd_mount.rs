@@ -67,7 +67,8 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   go to the kernel's page cache and reach the filesystem merged, at writeback, \
                   close or fsync (fsync keeps its promise); SEEK_DATA/SEEK_HOLE have the \
                   kernel write the file's dirty pages back first, st_blocks counts data once \
-                  written back\n  \
+                  written back (exact after fsync and close); ENOSPC and EFBIG come from \
+                  fsync or close, not write\n  \
                   sync, async             a synchronous mount (each write is fsynced, as \
                   ext4's sync); by default (async) small writes are answered from a \
                   write-behind buffer and reach the filesystem merged, within a second or \

@@ -1481,6 +1481,23 @@ impl fuser::Filesystem for FuseFs {
         let r =
             ext4_ino(ino).and_then(|i| self.do_write(i, fh.0, offset, data, kill, flags.0, pid));
         match r {
+            Ok(n)
+                if (n as usize) < data.len()
+                    && write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) =>
+            {
+                // A write-back of pages (writeback cache, mmap): the kernel
+                // looks only at the error of the reply, not at the count
+                // (`fuse_writepage_end`), so a short write would lose the
+                // rest while fsync succeeds. An error is kept in the
+                // mapping (`mapping_set_error`) and returned by the next
+                // fsync or close; what fitted is written.
+                let end = offset.saturating_add(u64::from(n));
+                reply.error(if end >= self.s.max_file {
+                    Errno::EFBIG
+                } else {
+                    Errno::ENOSPC
+                })
+            }
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),
         }
@@ -1530,7 +1547,21 @@ impl fuser::Filesystem for FuseFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply_empty(ext4_ino(ino).and_then(|i| self.fsync_ino(i)), reply);
+        let r = ext4_ino(ino).and_then(|i| self.fsync_ino(i));
+        if r.is_ok() && self.writeback {
+            // The kernel's FUSE does not keep i_blocks with the cache: its
+            // close invalidates the cached STATX_BLOCKS (`fuse_flush`), its
+            // fsync does not. An inval notify of the attributes only
+            // (offset < 0: no page is touched, nothing waits) before the
+            // reply has the next stat ask, so after fsync/fdatasync
+            // st_blocks is what the write-back allocated, as on ext4.
+            if let Some(n) = self.s.notifier.get()
+                && let Err(e) = n.inval_inode(ino, -1, 0)
+            {
+                tracing::debug!("attribute inval after fsync of {ino:?}: {e}");
+            }
+        }
+        reply_empty(r, reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

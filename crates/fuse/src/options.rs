@@ -65,9 +65,10 @@ pub struct MountOptions {
     /// than a page the kernel writes whole pages, so the zeros around a
     /// partial write into a hole are data). What it gives up, because the
     /// kernel's FUSE does not ask before: `st_blocks` counts dirty data
-    /// only once written back;
-    /// a write past ext4's largest file size fails at writeback (EIO at
-    /// fsync) instead of with EFBIG.
+    /// only once written back (exact after fsync, which invalidates the
+    /// kernel's cached attributes, and close); ENOSPC and a write past
+    /// ext4's largest file size come from the fsync or close after the
+    /// write-back (EFBIG, ENOSPC), not from `write(2)`.
     pub writeback_cache: bool,
     /// `sync` / `async` (default async): the kernel mount is synchronous
     /// (every write is followed by an fsync of its file, as on ext4), and
