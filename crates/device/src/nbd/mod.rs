@@ -11,6 +11,14 @@
 //! maximum payload (and [`MAX_REQUEST`]) and pipelined, [`WINDOW`] at a
 //! time per caller. Known-zero ranges come from `NBD_CMD_BLOCK_STATUS` in
 //! the `base:allocation` context (`NBD_STATE_ZERO`).
+//!
+//! Writes are write-behind: `write_at` returns once its requests are
+//! sent (at most [`BEHIND_PER_WINDOW`] × the window of them, and
+//! [`MAX_BEHIND_BYTES`], outstanding). Any call touching a range with an
+//! outstanding write first waits for it (servers may reorder concurrent
+//! requests), `flush` and drop wait for all (so an acknowledged FLUSH
+//! covers every earlier write), and a behind write's error is reported by
+//! the next call and by every call after it.
 
 mod conn;
 pub(crate) mod proto;
@@ -37,6 +45,10 @@ pub const MAX_REQUEST: u32 = 8 << 20;
 pub const WINDOW: usize = 16;
 /// The largest TRIM / WRITE_ZEROES / BLOCK_STATUS range asked at once.
 const MAX_RANGE: u64 = 1 << 30;
+/// Behind (unacknowledged) writes allowed per request of the window.
+pub const BEHIND_PER_WINDOW: usize = 4;
+/// Bytes of behind writes allowed.
+pub const MAX_BEHIND_BYTES: u64 = 64 << 20;
 /// Default time a request may wait for its reply (`EXT4KIT_NBD_TIMEOUT`,
 /// seconds, overrides it).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -51,6 +63,20 @@ pub struct NbdDevice {
     /// Serialises read-modify-write of requests smaller than the server's
     /// minimum block size.
     rmw: Mutex<()>,
+    /// Writes sent whose replies were not yet seen.
+    behind: Mutex<Behind>,
+}
+
+/// Write-behind state.
+#[derive(Default)]
+struct Behind {
+    /// (offset, length, ticket) of each outstanding write, oldest first.
+    reqs: VecDeque<(u64, u64, Ticket)>,
+    /// Their bytes.
+    bytes: u64,
+    /// The first behind write that failed (its error message): every
+    /// later call reports it.
+    error: Option<String>,
 }
 
 fn window() -> usize {
@@ -121,6 +147,7 @@ impl NbdDevice {
             write: opts.write,
             window: window(),
             rmw: Mutex::new(()),
+            behind: Mutex::new(Behind::default()),
         })
     }
 
@@ -143,6 +170,103 @@ impl NbdDevice {
             server: self.name.clone(),
             message: format!("{what} of {len} bytes at byte {offset} failed: {e}"),
         }
+    }
+
+    fn behind(&self) -> std::sync::MutexGuard<'_, Behind> {
+        self.behind.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Drop the finished writes from `b`, keeping the first error.
+    fn reap(&self, b: &mut Behind) {
+        let mut freed = 0;
+        let mut err = None;
+        b.reqs.retain(|(o, l, t)| {
+            if !t.is_done() {
+                return true;
+            }
+            freed += l;
+            if let Err(e) = self.conn.settle(t) {
+                err.get_or_insert_with(|| format!("write of {l} bytes at byte {o} failed: {e}"));
+            }
+            false
+        });
+        b.bytes -= freed;
+        if b.error.is_none() {
+            b.error = err;
+        }
+    }
+
+    /// The sticky error of a failed behind write.
+    fn sticky(&self, b: &Behind) -> Result<()> {
+        match &b.error {
+            Some(m) => Err(DeviceError::Nbd {
+                server: self.name.clone(),
+                message: m.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Wait for the behind writes overlapping `[offset, offset+len)` (all
+    /// of them: `None`), then report any behind write's error.
+    fn wait_behind(&self, range: Option<(u64, u64)>) -> Result<()> {
+        let waits: Vec<Ticket> = {
+            let mut b = self.behind();
+            self.reap(&mut b);
+            b.reqs
+                .iter()
+                .filter(|(o, l, _)| range.is_none_or(|(s, n)| *o < s + n && s < o + l))
+                .map(|(_, _, t)| t.clone())
+                .collect()
+        };
+        for t in &waits {
+            // Its outcome is picked up by the reap below.
+            let _ = self.conn.settle(t);
+        }
+        let mut b = self.behind();
+        self.reap(&mut b);
+        self.sticky(&b)
+    }
+
+    /// Wait until a write of `len` more bytes fits the write-behind
+    /// bounds (oldest first).
+    fn make_room(&self, len: u64) -> Result<()> {
+        let max_reqs = self.window * BEHIND_PER_WINDOW;
+        loop {
+            let oldest = {
+                let mut b = self.behind();
+                self.reap(&mut b);
+                self.sticky(&b)?;
+                match b.reqs.front() {
+                    Some((_, _, t))
+                        if b.reqs.len() >= max_reqs || b.bytes + len > MAX_BEHIND_BYTES =>
+                    {
+                        t.clone()
+                    }
+                    _ => return Ok(()),
+                }
+            };
+            let _ = self.conn.settle(&oldest);
+        }
+    }
+
+    /// Write an aligned range behind: return once its requests are sent.
+    fn write_behind(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.wait_behind(Some((offset, buf.len() as u64)))?;
+        for (o, l) in Self::split(offset, buf.len() as u64, self.max_request()) {
+            self.make_room(l)?;
+            let s = (o - offset) as usize;
+            // Requests are split far below 4 GiB.
+            let len32 = u32::try_from(l).unwrap_or(u32::MAX);
+            let t = self
+                .conn
+                .submit(NBD_CMD_WRITE, 0, o, len32, &buf[s..s + l as usize])
+                .map_err(|e| self.err("write", o, l, e))?;
+            let mut b = self.behind();
+            b.reqs.push_back((o, l, t));
+            b.bytes += l;
+        }
+        Ok(())
     }
 
     fn check_write(&self) -> Result<()> {
@@ -232,8 +356,9 @@ impl NbdDevice {
         offset.is_multiple_of(m) && len.is_multiple_of(m)
     }
 
-    /// Read an aligned range.
+    /// Read an aligned range (after the behind writes it overlaps).
     fn read_aligned(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.wait_behind(Some((offset, buf.len() as u64)))?;
         let reqs = Self::split(offset, buf.len() as u64, self.max_request());
         self.pipeline(NBD_CMD_READ, &reqs, &|_, _| &[], &mut |o, d| {
             let s = (o - offset) as usize;
@@ -242,8 +367,13 @@ impl NbdDevice {
         .map_err(|f| self.failed("read", f))
     }
 
-    /// Write an aligned range.
+    /// Write an aligned range: behind, or one window at a time when the
+    /// window is 1 (the one-request-at-a-time client).
     fn write_aligned(&self, buf: &[u8], offset: u64) -> Result<()> {
+        if self.window > 1 {
+            return self.write_behind(buf, offset);
+        }
+        self.wait_behind(Some((offset, buf.len() as u64)))?;
         let reqs = Self::split(offset, buf.len() as u64, self.max_request());
         self.pipeline(
             NBD_CMD_WRITE,
@@ -269,6 +399,7 @@ impl NbdDevice {
         if self.conn.info.alloc_ctx.is_none() || len == 0 {
             return Ok(out);
         }
+        self.wait_behind(Some((offset, len)))?;
         let end = offset + len;
         let mut cur = offset;
         while cur < end {
@@ -329,6 +460,14 @@ impl NbdDevice {
     }
 }
 
+impl Drop for NbdDevice {
+    /// Wait for the behind writes (their errors are lost here: callers
+    /// that care flush first), then the connection says NBD_CMD_DISC.
+    fn drop(&mut self) {
+        let _ = self.wait_behind(None);
+    }
+}
+
 /// A request that failed: its offset, length and why.
 struct Failed(u64, u64, ReqError);
 
@@ -379,7 +518,10 @@ impl Device for NbdDevice {
         self.write_aligned(&tmp, s)
     }
 
+    /// Waits for every behind write first: the server's FLUSH covers
+    /// only writes it has replied to.
     fn flush(&self) -> Result<()> {
+        self.wait_behind(None)?;
         if !self.write || !self.conn.info.has(NBD_FLAG_SEND_FLUSH) {
             // Without NBD_FLAG_SEND_FLUSH the server has no write cache
             // to flush (the client must not send it).
@@ -402,6 +544,7 @@ impl Device for NbdDevice {
         if len == 0 {
             return Ok(());
         }
+        self.wait_behind(Some((offset, len)))?;
         // Edges smaller than the server's minimum block: zeros written
         // (read-modify-write).
         let m = self.min_block();
@@ -435,6 +578,7 @@ impl Device for NbdDevice {
     fn discard(&self, offset: u64, len: u64) -> Result<DiscardOutcome> {
         self.check_write()?;
         check_range(offset, len, self.size())?;
+        self.wait_behind(Some((offset, len)))?;
         if !self.conn.info.has(NBD_FLAG_SEND_TRIM) {
             return Ok(DiscardOutcome::Unsupported);
         }
