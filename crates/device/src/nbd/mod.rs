@@ -400,40 +400,56 @@ impl NbdDevice {
             return Ok(out);
         }
         self.wait_behind(Some((offset, len)))?;
-        let end = offset + len;
-        let mut cur = offset;
-        while cur < end {
-            let n = (end - cur).min(MAX_RANGE);
-            let d = self
-                .conn
-                .call(NBD_CMD_BLOCK_STATUS, 0, cur, n as u32, &[])
-                .map_err(|e| self.err("block status", cur, n, e))?;
-            if d.extents.is_empty() {
-                return Err(self.err(
-                    "block status",
-                    cur,
-                    n,
-                    ReqError::Conn("the server sent no base:allocation extents".into()),
-                ));
-            }
-            for (l, flags) in d.extents {
-                if cur >= end {
-                    break;
-                }
-                if l == 0 {
+        // Slices of MAX_RANGE asked a window at a time; a reply that
+        // covers less than its slice is followed up one at a time.
+        let slices = Self::split(offset, len, MAX_RANGE);
+        let mut got: Vec<Vec<(u32, u32)>> = vec![Vec::new(); slices.len()];
+        self.pipeline(NBD_CMD_BLOCK_STATUS, &slices, &|_, _| &[], &mut |o, d| {
+            got[((o - offset) / MAX_RANGE) as usize] = d.extents;
+        })
+        .map_err(|f| self.failed("block status", f))?;
+        for (&(s, n), descs) in slices.iter().zip(got) {
+            let end = s + n;
+            let mut cur = s;
+            let mut descs = descs;
+            loop {
+                let asked = end - cur;
+                if descs.is_empty() {
                     return Err(self.err(
                         "block status",
                         cur,
-                        n,
-                        ReqError::Conn("the server sent an empty extent".into()),
+                        asked,
+                        ReqError::Conn("the server sent no base:allocation extents".into()),
                     ));
                 }
-                let e = (cur + u64::from(l)).min(end);
-                match out.last_mut() {
-                    Some(last) if last.1 == cur && last.2 == flags => last.1 = e,
-                    _ => out.push((cur, e, flags)),
+                for (l, flags) in descs {
+                    if cur >= end {
+                        break;
+                    }
+                    if l == 0 {
+                        return Err(self.err(
+                            "block status",
+                            cur,
+                            asked,
+                            ReqError::Conn("the server sent an empty extent".into()),
+                        ));
+                    }
+                    let e = (cur + u64::from(l)).min(end);
+                    match out.last_mut() {
+                        Some(last) if last.1 == cur && last.2 == flags => last.1 = e,
+                        _ => out.push((cur, e, flags)),
+                    }
+                    cur = e;
                 }
-                cur = e;
+                if cur >= end {
+                    break;
+                }
+                let n = end - cur;
+                descs = self
+                    .conn
+                    .call(NBD_CMD_BLOCK_STATUS, 0, cur, n as u32, &[])
+                    .map_err(|e| self.err("block status", cur, n, e))?
+                    .extents;
             }
         }
         Ok(out)

@@ -33,6 +33,8 @@ struct Fake {
     /// Hold write replies until no request came for 20 ms (so that the
     /// client's write-behind shows; other replies go at once).
     hold_writes: bool,
+    /// Answer BLOCK_STATUS with one extent only (the client asks again).
+    short_status: bool,
 }
 
 impl Default for Fake {
@@ -54,6 +56,7 @@ impl Default for Fake {
             holes: true,
             export: "",
             hold_writes: false,
+            short_status: false,
         }
     }
 }
@@ -280,6 +283,9 @@ fn serve_inner(
                         p.extend((len as u32).to_be_bytes());
                         p.extend(st.to_be_bytes());
                         at += 4096;
+                        if f.short_status {
+                            break;
+                        }
                     }
                     encode_chunk(
                         NBD_REPLY_FLAG_DONE,
@@ -404,6 +410,29 @@ fn block_status_gives_known_zero_ranges() {
     dev.write_at(&[1u8; 10], 0).unwrap();
     assert_eq!(dev.discard(0, 4096).unwrap(), DiscardOutcome::Zeroed);
     assert!(dev.discard_zeroes_data());
+}
+
+#[test]
+fn short_block_status_replies_are_followed_up() {
+    let (srv, dev) = connect(Fake {
+        short_status: true,
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    dev.write_at(&[1u8; 10], 8192 + 100).unwrap();
+    assert_eq!(
+        dev.known_zero_ranges(1000, 20000).unwrap(),
+        vec![(1000, 8192), (12288, 21000)]
+    );
+    let n = srv
+        .seen
+        .lock()
+        .unwrap()
+        .cmds
+        .iter()
+        .filter(|c| c.0 == NBD_CMD_BLOCK_STATUS)
+        .count();
+    assert_eq!(n, 6, "one request per 4 KiB extent");
 }
 
 #[test]
