@@ -43,8 +43,11 @@ pub const MAX_REQUEST: u32 = 8 << 20;
 /// Requests one caller keeps in flight (`EXT4KIT_NBD_WINDOW`, 1..=256,
 /// overrides it: `scripts/bench-nbd.sh` compares with one at a time).
 pub const WINDOW: usize = 16;
-/// The largest TRIM / WRITE_ZEROES / BLOCK_STATUS range asked at once.
-const MAX_RANGE: u64 = 1 << 30;
+/// The largest TRIM / WRITE_ZEROES / BLOCK_STATUS range asked at once:
+/// the largest 32-bit length that is a multiple of any minimum block size
+/// (4 GiB − 64 KiB), so a whole-device TRIM or zero check of 1 TiB is 257
+/// requests, not 1024.
+const MAX_RANGE: u64 = 0xFFFF_0000;
 /// Behind (unacknowledged) writes allowed per request of the window.
 pub const BEHIND_PER_WINDOW: usize = 4;
 /// Bytes of behind writes allowed.
