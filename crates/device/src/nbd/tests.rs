@@ -436,6 +436,32 @@ fn short_block_status_replies_are_followed_up() {
 }
 
 #[test]
+fn discard_of_holes_sends_no_trim() {
+    for short_status in [false, true] {
+        let (srv, dev) = connect(Fake {
+            short_status,
+            ..Fake::default()
+        });
+        let dev = dev.unwrap();
+        let trims = || {
+            srv.seen
+                .lock()
+                .unwrap()
+                .cmds
+                .iter()
+                .filter(|c| c.0 == NBD_CMD_TRIM)
+                .count()
+        };
+        assert_eq!(dev.discard(0, 1 << 20).unwrap(), DiscardOutcome::Zeroed);
+        assert_eq!(trims(), 0);
+        dev.write_at(&[1u8; 10], 65536).unwrap();
+        assert_eq!(dev.discard(0, 1 << 20).unwrap(), DiscardOutcome::Zeroed);
+        assert_eq!(trims(), 1);
+        assert!(srv.data.lock().unwrap().iter().all(|&b| b == 0));
+    }
+}
+
+#[test]
 fn hole_chunks_read_as_zeros() {
     let (_srv, dev) = connect(Fake::default());
     let dev = dev.unwrap();
@@ -514,6 +540,8 @@ fn error_replies_are_clean_errors() {
         ..Fake::default()
     });
     let dev = dev.unwrap();
+    // (Allocated first: a TRIM of a hole is not sent.)
+    dev.write_at(&[2u8; 4096], 0).unwrap();
     let e = dev.discard(0, 4096).unwrap_err().to_string();
     assert!(e.starts_with("test: trim of ") && e.contains("EIO"), "{e}");
     dev.write_at(&[1u8; 4], 0).unwrap();
