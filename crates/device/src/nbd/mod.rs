@@ -647,10 +647,17 @@ impl Device for NbdDevice {
         let (a, b) = (offset.div_ceil(m) * m, (offset + len) / m * m);
         // A TRIM of what is already a hole does nothing: skip it (mkfs's
         // whole-device discard of a fresh thin export).
-        if a < b && !self.all_holes(a, b - a)? {
-            let reqs = Self::split(a, b - a, MAX_RANGE);
-            self.pipeline(NBD_CMD_TRIM, &reqs, &|_, _| &[], &mut |_, _| {})
-                .map_err(|f| self.failed("trim", f))?;
+        if a < b {
+            if self.all_holes(a, b - a)? {
+                if (a, b) == (offset, offset + len) {
+                    // Known zero already: no second look.
+                    return Ok(DiscardOutcome::Zeroed);
+                }
+            } else {
+                let reqs = Self::split(a, b - a, MAX_RANGE);
+                self.pipeline(NBD_CMD_TRIM, &reqs, &|_, _| &[], &mut |_, _| {})
+                    .map_err(|f| self.failed("trim", f))?;
+            }
         }
         if self.is_known_zero(offset, len)? {
             Ok(DiscardOutcome::Zeroed)
