@@ -379,8 +379,17 @@ impl Shared {
     }
 }
 
-/// A request in flight.
+/// A request in flight (clones share it: [`Conn::settle`] waits for it
+/// from any of them).
+#[derive(Clone)]
 pub(crate) struct Ticket(Arc<Slot>);
+
+impl Ticket {
+    /// Whether its reply (or the connection's end) has come.
+    pub(crate) fn is_done(&self) -> bool {
+        self.0.lock().done
+    }
+}
 
 /// What a completed request returned.
 pub(crate) struct Done {
@@ -504,6 +513,35 @@ impl Conn {
     /// Wait for a request's reply.
     pub(crate) fn wait(&self, t: Ticket) -> Result<Done, ReqError> {
         let slot = t.0;
+        let mut st = self.wait_slot(&slot);
+        if let Some(e) = st.error.take() {
+            return Err(e);
+        }
+        if let Kind::Read { len, .. } = slot.kind
+            && st.covered != u64::from(len)
+        {
+            return Err(ReqError::Conn(format!(
+                "the server's reply to a read of {len} bytes covered {} bytes",
+                st.covered
+            )));
+        }
+        Ok(Done {
+            data: std::mem::take(&mut st.data),
+            extents: std::mem::take(&mut st.extents),
+        })
+    }
+
+    /// Wait for a request that carries no reply data (a write), leaving
+    /// its outcome in place for other holders of the ticket.
+    pub(crate) fn settle(&self, t: &Ticket) -> Result<(), ReqError> {
+        match self.wait_slot(&t.0).error.clone() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Wait until `slot` is done (or the connection timed out and died).
+    fn wait_slot<'a>(&self, slot: &'a Slot) -> MutexGuard<'a, SlotState> {
         let deadline = Instant::now() + self.timeout;
         let mut st = slot.lock();
         while !st.done {
@@ -524,21 +562,7 @@ impl Conn {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        if let Some(e) = st.error.take() {
-            return Err(e);
-        }
-        if let Kind::Read { len, .. } = slot.kind
-            && st.covered != u64::from(len)
-        {
-            return Err(ReqError::Conn(format!(
-                "the server's reply to a read of {len} bytes covered {} bytes",
-                st.covered
-            )));
-        }
-        Ok(Done {
-            data: std::mem::take(&mut st.data),
-            extents: std::mem::take(&mut st.extents),
-        })
+        st
     }
 
     /// Send one request and wait for it.

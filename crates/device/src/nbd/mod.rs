@@ -11,6 +11,14 @@
 //! maximum payload (and [`MAX_REQUEST`]) and pipelined, [`WINDOW`] at a
 //! time per caller. Known-zero ranges come from `NBD_CMD_BLOCK_STATUS` in
 //! the `base:allocation` context (`NBD_STATE_ZERO`).
+//!
+//! Writes are write-behind: `write_at` returns once its requests are
+//! sent (at most [`BEHIND_PER_WINDOW`] × the window of them, and
+//! [`MAX_BEHIND_BYTES`], outstanding). Any call touching a range with an
+//! outstanding write first waits for it (servers may reorder concurrent
+//! requests), `flush` and drop wait for all (so an acknowledged FLUSH
+//! covers every earlier write), and a behind write's error is reported by
+//! the next call and by every call after it.
 
 mod conn;
 pub(crate) mod proto;
@@ -35,8 +43,15 @@ pub const MAX_REQUEST: u32 = 8 << 20;
 /// Requests one caller keeps in flight (`EXT4KIT_NBD_WINDOW`, 1..=256,
 /// overrides it: `scripts/bench-nbd.sh` compares with one at a time).
 pub const WINDOW: usize = 16;
-/// The largest TRIM / WRITE_ZEROES / BLOCK_STATUS range asked at once.
-const MAX_RANGE: u64 = 1 << 30;
+/// The largest TRIM / WRITE_ZEROES / BLOCK_STATUS range asked at once:
+/// the largest 32-bit length that is a multiple of any minimum block size
+/// (4 GiB − 64 KiB), so a whole-device TRIM or zero check of 1 TiB is 257
+/// requests, not 1024.
+const MAX_RANGE: u64 = 0xFFFF_0000;
+/// Behind (unacknowledged) writes allowed per request of the window.
+pub const BEHIND_PER_WINDOW: usize = 4;
+/// Bytes of behind writes allowed.
+pub const MAX_BEHIND_BYTES: u64 = 64 << 20;
 /// Default time a request may wait for its reply (`EXT4KIT_NBD_TIMEOUT`,
 /// seconds, overrides it).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -51,6 +66,20 @@ pub struct NbdDevice {
     /// Serialises read-modify-write of requests smaller than the server's
     /// minimum block size.
     rmw: Mutex<()>,
+    /// Writes sent whose replies were not yet seen.
+    behind: Mutex<Behind>,
+}
+
+/// Write-behind state.
+#[derive(Default)]
+struct Behind {
+    /// (offset, length, ticket) of each outstanding write, oldest first.
+    reqs: VecDeque<(u64, u64, Ticket)>,
+    /// Their bytes.
+    bytes: u64,
+    /// The first behind write that failed (its error message): every
+    /// later call reports it.
+    error: Option<String>,
 }
 
 fn window() -> usize {
@@ -121,6 +150,7 @@ impl NbdDevice {
             write: opts.write,
             window: window(),
             rmw: Mutex::new(()),
+            behind: Mutex::new(Behind::default()),
         })
     }
 
@@ -143,6 +173,103 @@ impl NbdDevice {
             server: self.name.clone(),
             message: format!("{what} of {len} bytes at byte {offset} failed: {e}"),
         }
+    }
+
+    fn behind(&self) -> std::sync::MutexGuard<'_, Behind> {
+        self.behind.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Drop the finished writes from `b`, keeping the first error.
+    fn reap(&self, b: &mut Behind) {
+        let mut freed = 0;
+        let mut err = None;
+        b.reqs.retain(|(o, l, t)| {
+            if !t.is_done() {
+                return true;
+            }
+            freed += l;
+            if let Err(e) = self.conn.settle(t) {
+                err.get_or_insert_with(|| format!("write of {l} bytes at byte {o} failed: {e}"));
+            }
+            false
+        });
+        b.bytes -= freed;
+        if b.error.is_none() {
+            b.error = err;
+        }
+    }
+
+    /// The sticky error of a failed behind write.
+    fn sticky(&self, b: &Behind) -> Result<()> {
+        match &b.error {
+            Some(m) => Err(DeviceError::Nbd {
+                server: self.name.clone(),
+                message: m.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Wait for the behind writes overlapping `[offset, offset+len)` (all
+    /// of them: `None`), then report any behind write's error.
+    fn wait_behind(&self, range: Option<(u64, u64)>) -> Result<()> {
+        let waits: Vec<Ticket> = {
+            let mut b = self.behind();
+            self.reap(&mut b);
+            b.reqs
+                .iter()
+                .filter(|(o, l, _)| range.is_none_or(|(s, n)| *o < s + n && s < o + l))
+                .map(|(_, _, t)| t.clone())
+                .collect()
+        };
+        for t in &waits {
+            // Its outcome is picked up by the reap below.
+            let _ = self.conn.settle(t);
+        }
+        let mut b = self.behind();
+        self.reap(&mut b);
+        self.sticky(&b)
+    }
+
+    /// Wait until a write of `len` more bytes fits the write-behind
+    /// bounds (oldest first).
+    fn make_room(&self, len: u64) -> Result<()> {
+        let max_reqs = self.window * BEHIND_PER_WINDOW;
+        loop {
+            let oldest = {
+                let mut b = self.behind();
+                self.reap(&mut b);
+                self.sticky(&b)?;
+                match b.reqs.front() {
+                    Some((_, _, t))
+                        if b.reqs.len() >= max_reqs || b.bytes + len > MAX_BEHIND_BYTES =>
+                    {
+                        t.clone()
+                    }
+                    _ => return Ok(()),
+                }
+            };
+            let _ = self.conn.settle(&oldest);
+        }
+    }
+
+    /// Write an aligned range behind: return once its requests are sent.
+    fn write_behind(&self, buf: &[u8], offset: u64) -> Result<()> {
+        self.wait_behind(Some((offset, buf.len() as u64)))?;
+        for (o, l) in Self::split(offset, buf.len() as u64, self.max_request()) {
+            self.make_room(l)?;
+            let s = (o - offset) as usize;
+            // Requests are split far below 4 GiB.
+            let len32 = u32::try_from(l).unwrap_or(u32::MAX);
+            let t = self
+                .conn
+                .submit(NBD_CMD_WRITE, 0, o, len32, &buf[s..s + l as usize])
+                .map_err(|e| self.err("write", o, l, e))?;
+            let mut b = self.behind();
+            b.reqs.push_back((o, l, t));
+            b.bytes += l;
+        }
+        Ok(())
     }
 
     fn check_write(&self) -> Result<()> {
@@ -232,8 +359,9 @@ impl NbdDevice {
         offset.is_multiple_of(m) && len.is_multiple_of(m)
     }
 
-    /// Read an aligned range.
+    /// Read an aligned range (after the behind writes it overlaps).
     fn read_aligned(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.wait_behind(Some((offset, buf.len() as u64)))?;
         let reqs = Self::split(offset, buf.len() as u64, self.max_request());
         self.pipeline(NBD_CMD_READ, &reqs, &|_, _| &[], &mut |o, d| {
             let s = (o - offset) as usize;
@@ -242,8 +370,13 @@ impl NbdDevice {
         .map_err(|f| self.failed("read", f))
     }
 
-    /// Write an aligned range.
+    /// Write an aligned range: behind, or one window at a time when the
+    /// window is 1 (the one-request-at-a-time client).
     fn write_aligned(&self, buf: &[u8], offset: u64) -> Result<()> {
+        if self.window > 1 {
+            return self.write_behind(buf, offset);
+        }
+        self.wait_behind(Some((offset, buf.len() as u64)))?;
         let reqs = Self::split(offset, buf.len() as u64, self.max_request());
         self.pipeline(
             NBD_CMD_WRITE,
@@ -269,43 +402,102 @@ impl NbdDevice {
         if self.conn.info.alloc_ctx.is_none() || len == 0 {
             return Ok(out);
         }
-        let end = offset + len;
-        let mut cur = offset;
-        while cur < end {
-            let n = (end - cur).min(MAX_RANGE);
-            let d = self
-                .conn
-                .call(NBD_CMD_BLOCK_STATUS, 0, cur, n as u32, &[])
-                .map_err(|e| self.err("block status", cur, n, e))?;
-            if d.extents.is_empty() {
-                return Err(self.err(
-                    "block status",
-                    cur,
-                    n,
-                    ReqError::Conn("the server sent no base:allocation extents".into()),
-                ));
-            }
-            for (l, flags) in d.extents {
-                if cur >= end {
-                    break;
-                }
-                if l == 0 {
+        self.wait_behind(Some((offset, len)))?;
+        // Slices of MAX_RANGE asked a window at a time; a reply that
+        // covers less than its slice is followed up one at a time.
+        let slices = Self::split(offset, len, MAX_RANGE);
+        let mut got: Vec<Vec<(u32, u32)>> = vec![Vec::new(); slices.len()];
+        self.pipeline(NBD_CMD_BLOCK_STATUS, &slices, &|_, _| &[], &mut |o, d| {
+            got[((o - offset) / MAX_RANGE) as usize] = d.extents;
+        })
+        .map_err(|f| self.failed("block status", f))?;
+        for (&(s, n), descs) in slices.iter().zip(got) {
+            let end = s + n;
+            let mut cur = s;
+            let mut descs = descs;
+            loop {
+                let asked = end - cur;
+                if descs.is_empty() {
                     return Err(self.err(
                         "block status",
                         cur,
-                        n,
-                        ReqError::Conn("the server sent an empty extent".into()),
+                        asked,
+                        ReqError::Conn("the server sent no base:allocation extents".into()),
                     ));
                 }
-                let e = (cur + u64::from(l)).min(end);
-                match out.last_mut() {
-                    Some(last) if last.1 == cur && last.2 == flags => last.1 = e,
-                    _ => out.push((cur, e, flags)),
+                for (l, flags) in descs {
+                    if cur >= end {
+                        break;
+                    }
+                    if l == 0 {
+                        return Err(self.err(
+                            "block status",
+                            cur,
+                            asked,
+                            ReqError::Conn("the server sent an empty extent".into()),
+                        ));
+                    }
+                    let e = (cur + u64::from(l)).min(end);
+                    match out.last_mut() {
+                        Some(last) if last.1 == cur && last.2 == flags => last.1 = e,
+                        _ => out.push((cur, e, flags)),
+                    }
+                    cur = e;
                 }
-                cur = e;
+                if cur >= end {
+                    break;
+                }
+                let n = end - cur;
+                descs = self
+                    .conn
+                    .call(NBD_CMD_BLOCK_STATUS, 0, cur, n as u32, &[])
+                    .map_err(|e| self.err("block status", cur, n, e))?
+                    .extents;
             }
         }
         Ok(out)
+    }
+
+    /// Whether BLOCK_STATUS reports all of `[offset, offset+len)` as a
+    /// zero hole. Cheap either way: the slices are asked a window at a
+    /// time, the first allocated extent answers false, and only short
+    /// replies over holes are followed up.
+    fn all_holes(&self, offset: u64, len: u64) -> Result<bool> {
+        const BOTH: u32 = NBD_STATE_HOLE | NBD_STATE_ZERO;
+        if self.conn.info.alloc_ctx.is_none() || len == 0 {
+            return Ok(false);
+        }
+        self.wait_behind(Some((offset, len)))?;
+        let slices = Self::split(offset, len, MAX_RANGE);
+        let mut holes = true;
+        let mut rest: Vec<(u64, u64)> = Vec::new();
+        self.pipeline(NBD_CMD_BLOCK_STATUS, &slices, &|_, _| &[], &mut |o, d| {
+            let end = (o + MAX_RANGE).min(offset + len);
+            let mut cur = o;
+            for (l, f) in d.extents {
+                if cur >= end {
+                    break;
+                }
+                if l == 0 || f & BOTH != BOTH {
+                    holes = false;
+                    return;
+                }
+                cur += u64::from(l);
+            }
+            if cur < end {
+                rest.push((cur, end - cur));
+            }
+        })
+        .map_err(|f| self.failed("block status", f))?;
+        if !holes {
+            return Ok(false);
+        }
+        for (s, n) in rest {
+            if !self.extents(s, n)?.iter().all(|e| e.2 & BOTH == BOTH) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// WRITE_ZEROES over an aligned range (the server may punch holes).
@@ -326,6 +518,14 @@ impl NbdDevice {
             &mut |_, _| {},
         )
         .map_err(|f| self.failed("write", f))
+    }
+}
+
+impl Drop for NbdDevice {
+    /// Wait for the behind writes (their errors are lost here: callers
+    /// that care flush first), then the connection says NBD_CMD_DISC.
+    fn drop(&mut self) {
+        let _ = self.wait_behind(None);
     }
 }
 
@@ -379,7 +579,10 @@ impl Device for NbdDevice {
         self.write_aligned(&tmp, s)
     }
 
+    /// Waits for every behind write first: the server's FLUSH covers
+    /// only writes it has replied to.
     fn flush(&self) -> Result<()> {
+        self.wait_behind(None)?;
         if !self.write || !self.conn.info.has(NBD_FLAG_SEND_FLUSH) {
             // Without NBD_FLAG_SEND_FLUSH the server has no write cache
             // to flush (the client must not send it).
@@ -402,6 +605,7 @@ impl Device for NbdDevice {
         if len == 0 {
             return Ok(());
         }
+        self.wait_behind(Some((offset, len)))?;
         // Edges smaller than the server's minimum block: zeros written
         // (read-modify-write).
         let m = self.min_block();
@@ -435,15 +639,25 @@ impl Device for NbdDevice {
     fn discard(&self, offset: u64, len: u64) -> Result<DiscardOutcome> {
         self.check_write()?;
         check_range(offset, len, self.size())?;
+        self.wait_behind(Some((offset, len)))?;
         if !self.conn.info.has(NBD_FLAG_SEND_TRIM) {
             return Ok(DiscardOutcome::Unsupported);
         }
         let m = self.min_block();
         let (a, b) = (offset.div_ceil(m) * m, (offset + len) / m * m);
+        // A TRIM of what is already a hole does nothing: skip it (mkfs's
+        // whole-device discard of a fresh thin export).
         if a < b {
-            let reqs = Self::split(a, b - a, MAX_RANGE);
-            self.pipeline(NBD_CMD_TRIM, &reqs, &|_, _| &[], &mut |_, _| {})
-                .map_err(|f| self.failed("trim", f))?;
+            if self.all_holes(a, b - a)? {
+                if (a, b) == (offset, offset + len) {
+                    // Known zero already: no second look.
+                    return Ok(DiscardOutcome::Zeroed);
+                }
+            } else {
+                let reqs = Self::split(a, b - a, MAX_RANGE);
+                self.pipeline(NBD_CMD_TRIM, &reqs, &|_, _| &[], &mut |_, _| {})
+                    .map_err(|f| self.failed("trim", f))?;
+            }
         }
         if self.is_known_zero(offset, len)? {
             Ok(DiscardOutcome::Zeroed)

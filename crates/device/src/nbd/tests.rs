@@ -30,6 +30,14 @@ struct Fake {
     holes: bool,
     /// An export name the server knows ("" answers any).
     export: &'static str,
+    /// Hold write replies until no request came for 20 ms (so that the
+    /// client's write-behind shows; other replies go at once).
+    hold_writes: bool,
+    /// While set, held write replies are not released even when idle
+    /// (the test clears it): write-behind shown without timing.
+    gate: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Answer BLOCK_STATUS with one extent only (the client asks again).
+    short_status: bool,
 }
 
 impl Default for Fake {
@@ -50,6 +58,9 @@ impl Default for Fake {
             reorder: false,
             holes: true,
             export: "",
+            hold_writes: false,
+            gate: None,
+            short_status: false,
         }
     }
 }
@@ -59,6 +70,9 @@ impl Default for Fake {
 struct Seen {
     cmds: Vec<(u16, u16, u64, u32)>,
     disconnected: bool,
+    /// Per request: (cmd, offset, unreplied writes it overlaps, unreplied
+    /// writes in all) when it arrived.
+    unreplied: Vec<(u16, u64, usize, usize)>,
 }
 
 struct Server {
@@ -138,16 +152,55 @@ fn serve_inner(
     }
     let mut served = 0usize;
     let mut held: Vec<Vec<u8>> = Vec::new();
+    // Held write replies: (offset, len, reply).
+    let mut held_w: Vec<(u64, u32, Vec<u8>)> = Vec::new();
     loop {
         let mut h = [0u8; Request::SIZE];
-        if s.read_exact(&mut h).is_err() {
+        if f.hold_writes {
+            // The first byte with a timeout: when none comes, the held
+            // replies go out.
+            s.set_read_timeout(Some(Duration::from_millis(20)))?;
+            loop {
+                match s.read(&mut h[..1]) {
+                    Ok(0) => return Ok(()),
+                    Ok(_) => break,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        let closed = f
+                            .gate
+                            .as_ref()
+                            .is_some_and(|g| g.load(std::sync::atomic::Ordering::SeqCst));
+                        if !closed {
+                            for (_, _, r) in held_w.drain(..) {
+                                s.write_all(&r)?;
+                            }
+                        }
+                    }
+                    Err(_) => return Ok(()),
+                }
+            }
+            s.set_read_timeout(None)?;
+            if s.read_exact(&mut h[1..]).is_err() {
+                return Ok(());
+            }
+        } else if s.read_exact(&mut h).is_err() {
             return Ok(());
         }
         let r = Request::decode(&h)?;
-        seen.lock()
-            .unwrap()
-            .cmds
-            .push((r.cmd, r.flags, r.offset, r.len));
+        {
+            let mut sn = seen.lock().unwrap();
+            sn.cmds.push((r.cmd, r.flags, r.offset, r.len));
+            let end = r.offset + u64::from(r.len.max(1));
+            let over = held_w
+                .iter()
+                .filter(|(o, l, _)| *o < end && r.offset < o + u64::from(*l))
+                .count();
+            sn.unreplied.push((r.cmd, r.offset, over, held_w.len()));
+        }
         if r.cmd == NBD_CMD_DISC {
             seen.lock().unwrap().disconnected = true;
             return Ok(());
@@ -240,6 +293,9 @@ fn serve_inner(
                         p.extend((len as u32).to_be_bytes());
                         p.extend(st.to_be_bytes());
                         at += 4096;
+                        if f.short_status {
+                            break;
+                        }
                     }
                     encode_chunk(
                         NBD_REPLY_FLAG_DONE,
@@ -251,7 +307,9 @@ fn serve_inner(
                 _ => encode_simple_reply(NBD_EINVAL, r.cookie),
             }
         };
-        if f.reorder {
+        if f.hold_writes && r.cmd == NBD_CMD_WRITE {
+            held_w.push((r.offset, r.len, reply));
+        } else if f.reorder {
             held.push(reply);
             if held.len() == 2 {
                 for r in held.drain(..).rev() {
@@ -365,6 +423,55 @@ fn block_status_gives_known_zero_ranges() {
 }
 
 #[test]
+fn short_block_status_replies_are_followed_up() {
+    let (srv, dev) = connect(Fake {
+        short_status: true,
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    dev.write_at(&[1u8; 10], 8192 + 100).unwrap();
+    assert_eq!(
+        dev.known_zero_ranges(1000, 20000).unwrap(),
+        vec![(1000, 8192), (12288, 21000)]
+    );
+    let n = srv
+        .seen
+        .lock()
+        .unwrap()
+        .cmds
+        .iter()
+        .filter(|c| c.0 == NBD_CMD_BLOCK_STATUS)
+        .count();
+    assert_eq!(n, 6, "one request per 4 KiB extent");
+}
+
+#[test]
+fn discard_of_holes_sends_no_trim() {
+    for short_status in [false, true] {
+        let (srv, dev) = connect(Fake {
+            short_status,
+            ..Fake::default()
+        });
+        let dev = dev.unwrap();
+        let trims = || {
+            srv.seen
+                .lock()
+                .unwrap()
+                .cmds
+                .iter()
+                .filter(|c| c.0 == NBD_CMD_TRIM)
+                .count()
+        };
+        assert_eq!(dev.discard(0, 1 << 20).unwrap(), DiscardOutcome::Zeroed);
+        assert_eq!(trims(), 0);
+        dev.write_at(&[1u8; 10], 65536).unwrap();
+        assert_eq!(dev.discard(0, 1 << 20).unwrap(), DiscardOutcome::Zeroed);
+        assert_eq!(trims(), 1);
+        assert!(srv.data.lock().unwrap().iter().all(|&b| b == 0));
+    }
+}
+
+#[test]
 fn hole_chunks_read_as_zeros() {
     let (_srv, dev) = connect(Fake::default());
     let dev = dev.unwrap();
@@ -424,12 +531,33 @@ fn error_replies_are_clean_errors() {
         ..Fake::default()
     });
     let dev = dev.unwrap();
-    let e = dev.write_at(&[1u8; 200_000], 0).unwrap_err().to_string();
+    // A behind write's error: at the write or at the next call.
+    let e = dev
+        .write_at(&[1u8; 200_000], 0)
+        .and_then(|()| dev.flush())
+        .unwrap_err()
+        .to_string();
     assert!(e.starts_with("test: write of "), "{e}");
     assert!(e.contains("ENOSPC") && e.contains("nope!"), "{e}");
-    // The connection is still usable.
+    // It sticks (the export no longer holds what was written).
     let mut b = [0u8; 4];
+    assert_eq!(dev.read_at(&mut b, 0).unwrap_err().to_string(), e);
+    assert_eq!(dev.flush().unwrap_err().to_string(), e);
+
+    // A synchronous request's error leaves the connection usable.
+    let (_srv, dev) = connect(Fake {
+        fail: Some((NBD_CMD_TRIM, NBD_EIO)),
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    // (Allocated first: a TRIM of a hole is not sent.)
+    dev.write_at(&[2u8; 4096], 0).unwrap();
+    let e = dev.discard(0, 4096).unwrap_err().to_string();
+    assert!(e.starts_with("test: trim of ") && e.contains("EIO"), "{e}");
+    dev.write_at(&[1u8; 4], 0).unwrap();
     dev.read_at(&mut b, 0).unwrap();
+    assert_eq!(b, [1u8; 4]);
+    dev.flush().unwrap();
 
     let (_srv, dev) = connect(Fake {
         structured: false,
@@ -477,16 +605,129 @@ fn disconnect_mid_run_fails_every_request_cleanly() {
         ..Fake::default()
     });
     let dev = dev.unwrap();
+    // Behind writes: the error comes at the write or at the flush.
     let e = dev
         .write_at(&vec![1u8; 1 << 20], 0)
+        .and_then(|()| dev.flush())
         .unwrap_err()
         .to_string();
     assert!(e.contains("the server closed the connection"), "{e}");
+    assert!(!e.contains('\n'), "{e}");
     // Later requests fail at once with the same reason.
     let mut b = [0u8; 4];
     let e = dev.read_at(&mut b, 0).unwrap_err().to_string();
     assert!(e.contains("the server closed the connection"), "{e}");
     assert!(dev.flush().is_err());
+    assert!(dev.write_at(&[1u8; 4], 0).is_err());
+}
+
+/// The server dies with writes behind: one clear error, no hang, also at
+/// drop.
+#[test]
+fn server_dying_with_writes_behind_fails_cleanly() {
+    let (srv, dev) = connect(Fake {
+        hang_up_after: Some(2),
+        hold_writes: true,
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    for i in 0..4u64 {
+        // Small writes: all sent before any reply (write-behind), unless
+        // the connection is already gone.
+        if dev.write_at(&[7u8; 4096], i * 8192).is_err() {
+            break;
+        }
+    }
+    let e = dev.flush().unwrap_err().to_string();
+    assert!(
+        e.starts_with("test: write of 4096 bytes at byte ")
+            && e.ends_with("failed: the server closed the connection"),
+        "{e}"
+    );
+    assert_eq!(dev.flush().unwrap_err().to_string(), e);
+    drop(dev);
+    drop(srv);
+}
+
+/// Writes return before their replies; a read or write overlapping an
+/// outstanding write waits for it; FLUSH is sent only once every earlier
+/// write was acknowledged; reads see the data written.
+#[test]
+fn write_behind_orders_overlaps_and_flushes() {
+    let gate = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (mut srv, dev) = connect(Fake {
+        hold_writes: true,
+        gate: Some(Arc::clone(&gate)),
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    // Four separate calls, each one request: they return while the
+    // server holds every reply (the gate is closed).
+    for i in 0..4u64 {
+        dev.write_at(&[i as u8 + 1; 4096], i * 65536).unwrap();
+    }
+    // A read elsewhere need not wait.
+    let mut b = vec![0u8; 4096];
+    dev.read_at(&mut b, 1 << 19).unwrap();
+    assert_eq!(b, vec![0u8; 4096]);
+    assert_eq!(srv.seen.lock().unwrap().unreplied.last().unwrap().3, 4);
+    // Replies go once the server is idle; one over a written range waits.
+    gate.store(false, std::sync::atomic::Ordering::SeqCst);
+    dev.read_at(&mut b[..100], 65536 + 4000).unwrap();
+    assert_eq!(b[..96], [2u8; 96]);
+    assert_eq!(b[96..100], [0u8; 4]);
+    // An overlapping write (waits for the one at 2×64 KiB).
+    dev.write_at(&[9u8; 10], 2 * 65536 + 4090).unwrap();
+    dev.write_at(&[5u8; 4096], 3 * 65536 + 8192).unwrap();
+    dev.flush().unwrap();
+    // Crash safety: everything before the acknowledged FLUSH is there.
+    {
+        let d = srv.data.lock().unwrap();
+        assert_eq!(d[2 * 65536 + 4089..2 * 65536 + 4101], {
+            let mut v = [9u8; 12];
+            v[0] = 3;
+            v[11] = 0;
+            v
+        });
+        assert_eq!(d[3 * 65536 + 8192], 5);
+    }
+    drop(dev);
+    srv.join();
+    let seen = srv.seen.lock().unwrap();
+    for &(cmd, off, over, all) in &seen.unreplied {
+        if cmd != NBD_CMD_FLUSH && cmd != NBD_CMD_DISC {
+            assert_eq!(
+                over, 0,
+                "cmd {cmd} at {off} sent over an unacknowledged write"
+            );
+        }
+        if cmd == NBD_CMD_FLUSH || cmd == NBD_CMD_DISC {
+            assert_eq!(all, 0, "cmd {cmd} sent before every write was acknowledged");
+        }
+    }
+}
+
+/// `EXT4KIT_NBD_WINDOW=1` is the one-request-at-a-time client: no write
+/// is outstanding when the next request goes.
+#[test]
+fn window_of_one_writes_one_at_a_time() {
+    let (mut srv, sock) = Server::start(Fake {
+        hold_writes: true,
+        ..Fake::default()
+    });
+    let mut dev = NbdDevice::over_unix(sock, "", OpenOptions::read_write(), T).unwrap();
+    dev.window = 1;
+    for i in 0..3u64 {
+        dev.write_at(&[1u8; 4096], i * 8192).unwrap();
+    }
+    drop(dev);
+    srv.join();
+    let seen = srv.seen.lock().unwrap();
+    assert!(
+        seen.unreplied.iter().all(|u| u.3 == 0),
+        "{:?}",
+        seen.unreplied
+    );
 }
 
 #[test]
