@@ -2659,3 +2659,53 @@ fn cached_listings_stay_exact() {
     m.unmount().unwrap();
     e2fsck_clean(&img).unwrap();
 }
+
+/// A name that is not there is a negative entry the kernel keeps: a
+/// second stat of it asks the daemon nothing; a create, a rename onto
+/// it, a link and a mkdir through the mount then show the new inode,
+/// and an unlink shows it gone again.
+#[test]
+fn negative_entries_are_cached_and_replaced() {
+    let what = "negative_entries_are_cached_and_replaced";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "64M");
+    let m = FuseMount::new(&img, &[]).unwrap();
+    let p = |s: &str| m.path().join(s);
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    let gone = |s: &str| {
+        let e = fs::symlink_metadata(p(s)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{s}");
+    };
+    gone("x");
+    let c0 = request_counts(m.path());
+    gone("x");
+    let c1 = request_counts(m.path());
+    assert_eq!(
+        n(&c1, "lookup"),
+        n(&c0, "lookup"),
+        "a second miss asked again"
+    );
+    fs::write(p("x"), b"1").unwrap();
+    assert_eq!(fs::read(p("x")).unwrap(), b"1");
+    for s in ["y", "z", "d"] {
+        gone(s);
+    }
+    fs::write(p("t"), b"2").unwrap();
+    fs::rename(p("t"), p("y")).unwrap();
+    assert_eq!(fs::read(p("y")).unwrap(), b"2");
+    gone("t");
+    fs::hard_link(p("y"), p("z")).unwrap();
+    assert_eq!(
+        fs::metadata(p("z")).unwrap().ino(),
+        fs::metadata(p("y")).unwrap().ino()
+    );
+    fs::create_dir(p("d")).unwrap();
+    assert!(fs::metadata(p("d")).unwrap().is_dir());
+    fs::remove_file(p("x")).unwrap();
+    gone("x");
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+}

@@ -1264,6 +1264,17 @@ impl fuser::Filesystem for FuseFs {
         RequestCounts::bump(&self.s.requests.lookup);
         match self.do_lookup(parent, name) {
             Ok(i) => self.entry(&i, reply),
+            // A name that is not there is a negative entry the kernel
+            // keeps for the TTL (as the kernel's ext4 keeps a negative
+            // dentry), not an ENOENT it would ask again at every open or
+            // stat: `rsync` stats a name, creates a temporary beside it and
+            // renames it over, `git` and `make` probe names that are not
+            // there. The mount is the only writer, and every name it
+            // creates is created by a kernel request that replaces the
+            // negative dentry with the new inode.
+            Err(e) if e == Errno::ENOENT => {
+                reply.entry(&TTL, &crate::attr::negative_attr(), Generation(0))
+            }
             Err(e) => reply.error(e),
         }
     }
