@@ -2570,3 +2570,142 @@ fn ext4kit_sync_refuses_other_filesystems() {
         "{help}"
     );
 }
+
+/// `ls -fai DIR`: (inode number, name) of every entry, "." and ".."
+/// included, in the directory's order.
+fn listing(d: &Path) -> Vec<(u64, String)> {
+    let out = run_ok(Command::new("ls").arg("-fai").arg(d)).unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let (i, n) = l.trim_start().split_once(' ').unwrap();
+            (i.parse().unwrap(), n.to_string())
+        })
+        .collect()
+}
+
+/// Listings the kernel keeps (`FOPEN_CACHE_DIR`): a second listing of
+/// an unchanged directory asks the daemon nothing; one after a change
+/// through the mount shows it; a directory moved to another parent lists
+/// the new parent as ".."; with relatime, a listing after a chmod (ctime
+/// past the atime) still updates the atime, as on the kernel's ext4.
+#[test]
+fn cached_listings_stay_exact() {
+    let what = "cached_listings_stay_exact";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "64M");
+    let m = FuseMount::new(&img, &[]).unwrap();
+    let p = |s: &str| m.path().join(s);
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    let reads = |v: &serde_json::Value| n(v, "readdir") + n(v, "readdirplus");
+    for d in ["a", "b", "a/sub"] {
+        fs::create_dir(p(d)).unwrap();
+    }
+    for k in 0..20 {
+        fs::write(p(&format!("a/sub/f{k}")), b"x").unwrap();
+    }
+    let first = listing(&p("a/sub"));
+    assert_eq!(first.len(), 22);
+    let c0 = request_counts(m.path());
+    assert_eq!(listing(&p("a/sub")), first);
+    let c1 = request_counts(m.path());
+    assert_eq!(reads(&c1), reads(&c0), "a second listing was not cached");
+    fs::write(p("a/sub/new"), b"").unwrap();
+    fs::remove_file(p("a/sub/f0")).unwrap();
+    let names: Vec<String> = listing(&p("a/sub")).into_iter().map(|e| e.1).collect();
+    assert!(names.contains(&"new".to_string()) && !names.contains(&"f0".to_string()));
+    let dotdot = |d: &str| {
+        let l = listing(&p(d));
+        l.iter().find(|e| e.1 == "..").unwrap().0
+    };
+    let ino = |s: &str| fs::metadata(p(s)).unwrap().ino();
+    assert_eq!(dotdot("a/sub"), ino("a"));
+    fs::rename(p("a/sub"), p("b/sub")).unwrap();
+    assert_eq!(dotdot("b/sub"), ino("b"), "\"..\" after a move");
+    // relatime: listed once (atime set), listed again (kept), chmod
+    // (ctime past the atime), listed again: the atime moves on.
+    fs::create_dir(p("t")).unwrap();
+    listing(&p("t"));
+    let a1 = fs::metadata(p("t")).unwrap();
+    listing(&p("t"));
+    let a2 = fs::metadata(p("t")).unwrap();
+    assert_eq!((a2.atime(), a2.atime_nsec()), (a1.atime(), a1.atime_nsec()));
+    std::thread::sleep(Duration::from_millis(20));
+    fs::set_permissions(p("t"), fs::Permissions::from_mode(0o700)).unwrap();
+    let c = fs::metadata(p("t")).unwrap();
+    listing(&p("t"));
+    let a3 = fs::metadata(p("t")).unwrap();
+    assert!(
+        (a3.atime(), a3.atime_nsec()) >= (c.ctime(), c.ctime_nsec()),
+        "atime not updated by a listing after a chmod"
+    );
+    m.unmount().unwrap();
+    // noatime: no listing is dropped for its atime, so the move's own
+    // notify is what drops the moved directory's.
+    let m = FuseMount::new(&img, &["noatime"]).unwrap();
+    let p = |s: &str| m.path().join(s);
+    let dotdot = |d: &str| {
+        let l = listing(&p(d));
+        l.iter().find(|e| e.1 == "..").unwrap().0
+    };
+    let ino = |s: &str| fs::metadata(p(s)).unwrap().ino();
+    assert_eq!(dotdot("b/sub"), ino("b"));
+    assert_eq!(dotdot("b/sub"), ino("b"));
+    fs::rename(p("b/sub"), p("a/sub")).unwrap();
+    assert_eq!(dotdot("a/sub"), ino("a"), "\"..\" after a move (noatime)");
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+}
+
+/// A name that is not there is a negative entry the kernel keeps: a
+/// second stat of it asks the daemon nothing; a create, a rename onto
+/// it, a link and a mkdir through the mount then show the new inode,
+/// and an unlink shows it gone again.
+#[test]
+fn negative_entries_are_cached_and_replaced() {
+    let what = "negative_entries_are_cached_and_replaced";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "64M");
+    let m = FuseMount::new(&img, &[]).unwrap();
+    let p = |s: &str| m.path().join(s);
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    let gone = |s: &str| {
+        let e = fs::symlink_metadata(p(s)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{s}");
+    };
+    gone("x");
+    let c0 = request_counts(m.path());
+    gone("x");
+    let c1 = request_counts(m.path());
+    assert_eq!(
+        n(&c1, "lookup"),
+        n(&c0, "lookup"),
+        "a second miss asked again"
+    );
+    fs::write(p("x"), b"1").unwrap();
+    assert_eq!(fs::read(p("x")).unwrap(), b"1");
+    for s in ["y", "z", "d"] {
+        gone(s);
+    }
+    fs::write(p("t"), b"2").unwrap();
+    fs::rename(p("t"), p("y")).unwrap();
+    assert_eq!(fs::read(p("y")).unwrap(), b"2");
+    gone("t");
+    fs::hard_link(p("y"), p("z")).unwrap();
+    assert_eq!(
+        fs::metadata(p("z")).unwrap().ino(),
+        fs::metadata(p("y")).unwrap().ino()
+    );
+    fs::create_dir(p("d")).unwrap();
+    assert!(fs::metadata(p("d")).unwrap().is_dir());
+    fs::remove_file(p("x")).unwrap();
+    gone("x");
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+}

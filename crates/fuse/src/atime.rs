@@ -149,7 +149,7 @@ impl FuseFs {
 
     /// Is an atime update of `ino` due at an access now? (`None`: no
     /// read-write engine, or the inode is gone.)
-    fn atime_due(&self, ino: u32) -> Option<(InodeInfo, Timestamp)> {
+    pub(crate) fn atime_due(&self, ino: u32) -> Option<(InodeInfo, Timestamp)> {
         if !matches!(self.s.backend, Backend::Rw(_)) || self.atime_mode() == AtimeMode::Never {
             return None;
         }

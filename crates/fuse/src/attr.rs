@@ -134,6 +134,30 @@ pub fn file_attr(i: &InodeInfo, block_size: u32) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry (a LOOKUP's "no such name" with a
+/// TTL: node id 0, which the kernel caches as a negative dentry; the
+/// rest it ignores).
+pub fn negative_attr() -> FileAttr {
+    let t = UNIX_EPOCH;
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        crtime: t,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 /// The errno kernel ext4 returns for an engine error.
 pub fn errno(e: &FsError) -> Errno {
     match e {

@@ -155,6 +155,34 @@ impl FuseFs {
         FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
     }
 
+    /// The flags of an open directory: the kernel keeps the listing it
+    /// read (`FOPEN_CACHE_DIR`, kept across opens with
+    /// `FOPEN_KEEP_CACHE`) and answers the next readdir of the directory
+    /// from it, without a READDIR(PLUS). It drops the listing itself
+    /// when it changes the directory (create, unlink, rename, link, mkdir,
+    /// rmdir, symlink, mknod bump its i_version) or sees another mtime;
+    /// the daemon is the only writer and changes no name on its own, and
+    /// the one change the kernel does not see as a change of the directory,
+    /// the ".." of a directory moved to another parent, is notified
+    /// (`do_rename`). Besides the READDIRPLUS saved, a cached listing does
+    /// not refresh its entries' attributes, and with them forget their
+    /// POSIX ACLs the kernel cached (`fuse_direntplus_link`): a second
+    /// `rsync -A` asks no GETXATTR.
+    ///
+    /// A listing answered from the cache reaches no `accessed` here, so
+    /// when a readdir would update the directory's atime now (always
+    /// with `strictatime`; with `relatime` when the atime is older than
+    /// the mtime or ctime, or a day old) the listing is dropped instead of
+    /// kept (no `FOPEN_KEEP_CACHE`: the kernel invalidates it at this
+    /// open), and this open's readdir reaches the daemon and its atime.
+    fn dir_flags(&self, ino: u32) -> FopenFlags {
+        if self.atime_due(ino).is_some() {
+            FopenFlags::FOPEN_CACHE_DIR
+        } else {
+            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+        }
+    }
+
     fn fs(&self) -> R<&Filesystem> {
         self.s.backend.rw()
     }
@@ -700,10 +728,34 @@ impl FuseFs {
         st.changed(sd, t);
         st.changed(dd, t);
         st.changed(src.ino, t);
-        if let Some(d) = dst {
+        if let Some(d) = &dst {
             st.changed(d.ino, t);
         }
+        drop(st);
+        // A directory moved to another parent has a new "..", and the
+        // kernel does not count that as a change of the moved directory
+        // (its mtime stays, as ext4's): its cached listing (FOPEN_CACHE_DIR,
+        // see `opendir`) would keep the old "..". An inval notify drops it
+        // (and the attributes). Sent before the reply: the kernel holds the
+        // moved directory locked for the rename, so no readdir of it is
+        // filling the cache meanwhile, and a directory has no dirty pages
+        // to wait for.
+        if sd != dd {
+            let moved = [Some(&src), dst.as_ref().filter(|_| rf.exchange)];
+            for d in moved.into_iter().flatten().filter(|d| d.is_dir()) {
+                self.drop_listing(d.ino);
+            }
+        }
         Ok(())
+    }
+
+    /// Have the kernel drop its cached listing of directory `ino`.
+    fn drop_listing(&self, ino: u32) {
+        if let Some(n) = self.s.notifier.get()
+            && let Err(e) = n.inval_inode(fuse_ino(ino), 0, 0)
+        {
+            tracing::debug!("inval of directory {ino}'s listing: {e}");
+        }
     }
 
     fn statfs_values(&self) -> R<[u64; 5]> {
@@ -1212,6 +1264,17 @@ impl fuser::Filesystem for FuseFs {
         RequestCounts::bump(&self.s.requests.lookup);
         match self.do_lookup(parent, name) {
             Ok(i) => self.entry(&i, reply),
+            // A name that is not there is a negative entry the kernel
+            // keeps for the TTL (as the kernel's ext4 keeps a negative
+            // dentry), not an ENOENT it would ask again at every open or
+            // stat: `rsync` stats a name, creates a temporary beside it and
+            // renames it over, `git` and `make` probe names that are not
+            // there. The mount is the only writer, and every name it
+            // creates is created by a kernel request that replaces the
+            // negative dentry with the new inode.
+            Err(e) if e == Errno::ENOENT => {
+                reply.entry(&TTL, &crate::attr::negative_attr(), Generation(0))
+            }
             Err(e) => reply.error(e),
         }
     }
@@ -1567,10 +1630,11 @@ impl fuser::Filesystem for FuseFs {
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let r = ext4_ino(ino).and_then(|ino| {
             self.dir(ino)?;
-            Ok(self.s.state().add_handle(Handle::Dir { ino, snap: None }))
+            let fh = self.s.state().add_handle(Handle::Dir { ino, snap: None });
+            Ok((fh, self.dir_flags(ino)))
         });
         match r {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Ok((fh, flags)) => reply.opened(FileHandle(fh), flags),
             Err(e) => reply.error(e),
         }
     }
