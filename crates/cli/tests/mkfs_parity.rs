@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use common::*;
@@ -4966,34 +4966,70 @@ fn parity_journal_dev_conf() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// e2fsprogs 1.47.0's `-d` tests, as shipped (`tests/e2fsprogs/`: each
-/// `script`, and its `expect` and `output.sed` where it has them).
-const ROOTDIR_TESTS: &[(&str, &str, Option<&str>, Option<&str>)] = &[
-    (
-        "m_rootdir",
-        include_str!("e2fsprogs/m_rootdir/script"),
-        Some(include_str!("e2fsprogs/m_rootdir/output.sed")),
-        Some(include_str!("e2fsprogs/m_rootdir/expect")),
-    ),
-    (
-        "m_rootdir_acl",
-        include_str!("e2fsprogs/m_rootdir_acl/script"),
-        Some(include_str!("e2fsprogs/m_rootdir_acl/output.sed")),
-        Some(include_str!("e2fsprogs/m_rootdir_acl/expect")),
-    ),
-    (
-        "m_minrootdir",
-        include_str!("e2fsprogs/m_minrootdir/script"),
-        Some(include_str!("e2fsprogs/m_minrootdir/output.sed")),
-        Some(include_str!("e2fsprogs/m_minrootdir/expect")),
-    ),
-    (
-        "m_devdir",
-        include_str!("e2fsprogs/m_devdir/script"),
-        None,
-        None,
-    ),
-];
+/// e2fsprogs 1.47.0's `-d` tests, run as shipped: each has a `script`,
+/// and all but m_devdir an `expect` and an `output.sed`.
+const ROOTDIR_TESTS: &[&str] = &["m_rootdir", "m_rootdir_acl", "m_minrootdir", "m_devdir"];
+
+/// The tag whose `tests/` the scripts come from.
+const E2FSPROGS_TAG: &str = "v1.47.0";
+
+/// e2fsprogs' `tests/` directory at [`E2FSPROGS_TAG`]: `$E2FSPROGS_SRC/tests`
+/// (a source tree at that tag) if set, else a shallow clone of the tag kept
+/// in cargo's target tmpdir (made once, needs git and the network). The
+/// scripts are e2fsprogs' (GPL-2.0) and are not copied into this
+/// repository; without them the test skips, saying so.
+fn e2fsprogs_tests() -> Result<PathBuf, String> {
+    if let Some(src) = std::env::var_os("E2FSPROGS_SRC") {
+        let t = PathBuf::from(src).join("tests");
+        return if t.join("m_rootdir").join("script").is_file() {
+            Ok(t)
+        } else {
+            Err(format!(
+                "E2FSPROGS_SRC: {} has no m_rootdir/script",
+                t.display()
+            ))
+        };
+    }
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("e2fsprogs-{E2FSPROGS_TAG}"));
+    let tests = cache.join("tests");
+    if tests.join("m_rootdir").join("script").is_file() {
+        return Ok(tests);
+    }
+    if !have("git") {
+        return Err(
+            "e2fsprogs' test scripts: set E2FSPROGS_SRC (git is absent to clone them)".into(),
+        );
+    }
+    let _ = std::fs::remove_dir_all(&cache);
+    let part = cache.with_extension("part");
+    let _ = std::fs::remove_dir_all(&part);
+    let out = std::process::Command::new("timeout")
+        .args([
+            "120",
+            "git",
+            "clone",
+            "-q",
+            "--depth",
+            "1",
+            "--branch",
+            E2FSPROGS_TAG,
+        ])
+        .arg("https://github.com/tytso/e2fsprogs.git")
+        .arg(&part)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("git clone: {e}"))?;
+    if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&part);
+        return Err(format!(
+            "e2fsprogs {E2FSPROGS_TAG}'s test scripts: git clone failed (no network? set E2FSPROGS_SRC): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    std::fs::rename(&part, &cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+    Ok(tests)
+}
 
 /// Runs one of [`ROOTDIR_TESTS`] as e2fsprogs' `test_one` does: in a
 /// directory of its own holding test_config's `mke2fs.conf`, filter.sed
@@ -5003,21 +5039,24 @@ const ROOTDIR_TESTS: &[(&str, &str, Option<&str>, Option<&str>)] = &[
 /// line and its filtered log (`$test_name.log`).
 fn run_rootdir_script(
     top: &Path,
-    t: &(&str, &str, Option<&str>, Option<&str>),
+    src: &Path,
+    name: &str,
     ours: bool,
 ) -> Result<(String, String), String> {
-    let (name, script, sed, expect) = *t;
+    let read = |f: &str| std::fs::read_to_string(src.join(name).join(f)).ok();
+    let script = read("script").ok_or_else(|| format!("{name}/script is missing"))?;
+    let (sed, expect) = (read("output.sed"), read("expect"));
     let w = top.join(if ours { "ours" } else { "ref" }).join(name);
     let td = w.join("test_dir");
     std::fs::create_dir_all(&td).map_err(|e| format!("{}: {e}", td.display()))?;
     let put = |p: &Path, s: &str| std::fs::write(p, s).map_err(|e| format!("{}: {e}", p.display()));
     put(&w.join("filter.sed"), FILTER_SED)?;
     put(&w.join("mke2fs.conf"), &MConf::Tests.text())?;
-    put(&w.join("script"), script)?;
-    if let Some(s) = sed {
+    put(&w.join("script"), &script)?;
+    if let Some(s) = &sed {
         put(&td.join("output.sed"), s)?;
     }
-    if let Some(e) = expect {
+    if let Some(e) = &expect {
         put(&td.join("expect"), e)?;
     }
     let mke2fs = if ours {
@@ -5154,11 +5193,15 @@ fn e2fsprogs_m_rootdir_scripts() {
         .prefix("ext4kit-test.")
         .tempdir()
         .expect("creating a temporary directory");
+    let src = match e2fsprogs_tests() {
+        Ok(s) => s,
+        Err(why) => return skip(test, &why),
+    };
     let mut failures = Vec::new();
-    for t in ROOTDIR_TESTS {
-        let name = t.0;
+    for &name in ROOTDIR_TESTS {
         let t0 = Instant::now();
-        let (rv, rlog) = run_rootdir_script(top.path(), t, false).expect("running mke2fs's");
+        let (rv, rlog) =
+            run_rootdir_script(top.path(), &src, name, false).expect("running mke2fs's");
         if rv.contains("skipped") {
             skip(&format!("{test} {name}"), &rv);
             continue;
@@ -5170,7 +5213,7 @@ fn e2fsprogs_m_rootdir_scripts() {
             );
             continue;
         }
-        let (ov, olog) = run_rootdir_script(top.path(), t, true).expect("running ours");
+        let (ov, olog) = run_rootdir_script(top.path(), &src, name, true).expect("running ours");
         if name == "m_devdir"
             && !ov.ends_with(": ok")
             && olog.contains("changed while it was copied")
