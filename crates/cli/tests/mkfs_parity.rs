@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use common::*;
@@ -2028,9 +2028,8 @@ impl Replay {
 ///   on every system: its OS test ends in a bare `-o "FreeBSD"`).
 /// - m_mmp_bad_csum, m_mmp_bad_magic: no mke2fs run (they check e2fsck
 ///   and `dumpe2fs -m` on a shipped image with a corrupted MMP block).
-/// - m_devdir, m_minrootdir, m_rootdir, m_rootdir_acl: not yet, they
-///   populate the filesystem with `-d`, which ext4kit refuses until the
-///   populate issue lands (m_minrootdir then shrinks it with resize2fs).
+/// - m_devdir, m_minrootdir, m_rootdir, m_rootdir_acl (`-d`): their
+///   scripts run as shipped, [`e2fsprogs_m_rootdir_scripts`].
 ///
 /// `M_CASES` keeps the same invocations on pre-sized sparse files, with
 /// `-q` (a target with a size is discarded and its tables claimed zeroed;
@@ -4965,4 +4964,292 @@ fn parity_journal_dev_conf() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// e2fsprogs 1.47.0's `-d` tests, run as shipped: each has a `script`,
+/// and all but m_devdir an `expect` and an `output.sed`.
+const ROOTDIR_TESTS: &[&str] = &["m_rootdir", "m_rootdir_acl", "m_minrootdir", "m_devdir"];
+
+/// The tag whose `tests/` the scripts come from.
+const E2FSPROGS_TAG: &str = "v1.47.0";
+
+/// e2fsprogs' `tests/` directory at [`E2FSPROGS_TAG`]: `$E2FSPROGS_SRC/tests`
+/// (a source tree at that tag) if set, else a shallow clone of the tag kept
+/// in cargo's target tmpdir (made once, needs git and the network). The
+/// scripts are e2fsprogs' (GPL-2.0) and are not copied into this
+/// repository; without them the test skips, saying so.
+fn e2fsprogs_tests() -> Result<PathBuf, String> {
+    if let Some(src) = std::env::var_os("E2FSPROGS_SRC") {
+        let t = PathBuf::from(src).join("tests");
+        return if t.join("m_rootdir").join("script").is_file() {
+            Ok(t)
+        } else {
+            Err(format!(
+                "E2FSPROGS_SRC: {} has no m_rootdir/script",
+                t.display()
+            ))
+        };
+    }
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("e2fsprogs-{E2FSPROGS_TAG}"));
+    let tests = cache.join("tests");
+    if tests.join("m_rootdir").join("script").is_file() {
+        return Ok(tests);
+    }
+    if !have("git") {
+        return Err(
+            "e2fsprogs' test scripts: set E2FSPROGS_SRC (git is absent to clone them)".into(),
+        );
+    }
+    let _ = std::fs::remove_dir_all(&cache);
+    let part = cache.with_extension("part");
+    let _ = std::fs::remove_dir_all(&part);
+    let out = std::process::Command::new("timeout")
+        .args([
+            "120",
+            "git",
+            "clone",
+            "-q",
+            "--depth",
+            "1",
+            "--branch",
+            E2FSPROGS_TAG,
+        ])
+        .arg("https://github.com/tytso/e2fsprogs.git")
+        .arg(&part)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("git clone: {e}"))?;
+    if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&part);
+        return Err(format!(
+            "e2fsprogs {E2FSPROGS_TAG}'s test scripts: git clone failed (no network? set E2FSPROGS_SRC): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    std::fs::rename(&part, &cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+    Ok(tests)
+}
+
+/// Runs one of [`ROOTDIR_TESTS`] as e2fsprogs' `test_one` does: in a
+/// directory of its own holding test_config's `mke2fs.conf`, filter.sed
+/// and the test's files, the script sourced by sh with test_config's
+/// variables and environment, `$MKE2FS` being `mke2fs`, or ext4kit
+/// installed as a link named mke2fs (`ours`). Gives the script's verdict
+/// line and its filtered log (`$test_name.log`).
+fn run_rootdir_script(
+    top: &Path,
+    src: &Path,
+    name: &str,
+    ours: bool,
+) -> Result<(String, String), String> {
+    let read = |f: &str| std::fs::read_to_string(src.join(name).join(f)).ok();
+    let script = read("script").ok_or_else(|| format!("{name}/script is missing"))?;
+    let (sed, expect) = (read("output.sed"), read("expect"));
+    let w = top.join(if ours { "ours" } else { "ref" }).join(name);
+    let td = w.join("test_dir");
+    std::fs::create_dir_all(&td).map_err(|e| format!("{}: {e}", td.display()))?;
+    let put = |p: &Path, s: &str| std::fs::write(p, s).map_err(|e| format!("{}: {e}", p.display()));
+    put(&w.join("filter.sed"), FILTER_SED)?;
+    put(&w.join("mke2fs.conf"), &MConf::Tests.text())?;
+    put(&w.join("script"), &script)?;
+    if let Some(s) = &sed {
+        put(&td.join("output.sed"), s)?;
+    }
+    if let Some(e) = &expect {
+        put(&td.join("expect"), e)?;
+    }
+    let mke2fs = if ours {
+        let link = top.join("bin").join("mke2fs");
+        if !link.exists() {
+            std::fs::create_dir_all(top.join("bin")).map_err(|e| e.to_string())?;
+            std::os::unix::fs::symlink(ext4kit_path(), &link).map_err(|e| e.to_string())?;
+        }
+        link
+    } else {
+        find_tool("mke2fs").ok_or("mke2fs not found")?
+    };
+    let path_of = |t: &str| find_tool(t).unwrap_or_else(|| std::path::PathBuf::from(t));
+    let tmpfile = w.join("test.img");
+    std::fs::write(&tmpfile, b"").map_err(|e| e.to_string())?;
+    let mut c = std::process::Command::new("sh");
+    c.arg("-c").arg(". ./script");
+    for v in SCRIPT_UNSET {
+        c.env_remove(v);
+    }
+    c.envs(TEST_CONFIG_ENV.iter().copied())
+        .env("MKE2FS_CONFIG", w.join("mke2fs.conf"))
+        .env("test_name", name)
+        .env("test_dir", &td)
+        .env("cmd_dir", &w)
+        .env("TMPFILE", &tmpfile)
+        .env("MKE2FS", &mke2fs)
+        .env("DUMPE2FS", path_of("dumpe2fs"))
+        .env("DEBUGFS", path_of("debugfs"))
+        .env("DEBUGFS_EXE", path_of("debugfs"))
+        .env("FSCK", path_of("e2fsck"))
+        .env("TUNE2FS", path_of("tune2fs"))
+        .env("RESIZE2FS", path_of("resize2fs"))
+        .env("RESIZE2FS_EXE", path_of("resize2fs"))
+        .env("DIFF_OPTS", "-u")
+        .current_dir(&w)
+        .stdin(std::process::Stdio::null());
+    let out = run_ok(&mut c)?;
+    let verdict = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let log = std::fs::read_to_string(w.join(format!("{name}.log"))).unwrap_or_default();
+    Ok((verdict, log))
+}
+
+/// What m_rootdir_acl's log may differ in, ours against mke2fs's: mke2fs
+/// stores the small directories (and `dir/file`, `acl_dir/file`) inline
+/// under `-O inline_data`; our populator writes every file and directory
+/// extent-mapped (valid ext4, e2fsck-clean; inline placement is not done
+/// yet). That moves the block counts, a directory's `Size:` (60 inline,
+/// 1024 in a block), and drops the empty `system.data` attribute from
+/// `ea_list`. Everything else (the superblock, the ACLs, types, sizes of
+/// files, e2fsck's inode count) must be the same.
+fn inline_placement_only(ref_log: &str, our_log: &str) -> Result<(), String> {
+    let lines: Vec<&str> = ref_log.lines().collect();
+    let mut want = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        if *l == "  system.data (0)" {
+            continue;
+        }
+        // The heading of an attribute list that held only system.data.
+        let rest: Vec<&&str> = lines[i + 1..]
+            .iter()
+            .take_while(|n| n.starts_with("  "))
+            .collect();
+        if *l == "Extended attributes:" && rest.iter().all(|n| **n == "  system.data (0)") {
+            continue;
+        }
+        want.push(*l);
+    }
+    let got: Vec<&str> = our_log.lines().collect();
+    if want.len() != got.len() {
+        return Err(format!(
+            "{} lines, mke2fs's has {} (without system.data):\n--- mke2fs\n{ref_log}--- ours\n{our_log}",
+            got.len(),
+            want.len()
+        ));
+    }
+    let may_differ = |a: &str, b: &str| {
+        let prefixed = |p: &str| a.starts_with(p) && b.starts_with(p);
+        prefixed("Free blocks:")
+            || prefixed("  Free blocks: ")
+            || (a.contains(" free blocks, ") && b.contains(" free blocks, "))
+            || (a == "Size: 60" && b == "Size: 1024")
+            || (prefixed("test.img: 21/1024 files (0.0% non-contiguous), ")
+                && a.ends_with("/16384 blocks")
+                && b.ends_with("/16384 blocks"))
+    };
+    let bad: Vec<String> = want
+        .iter()
+        .zip(&got)
+        .filter(|(a, b)| a != b && !may_differ(a, b))
+        .map(|(a, b)| format!("- {a}\n+ {b}"))
+        .collect();
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "differs beyond inline placement:\n{}",
+            bad.join("\n")
+        ))
+    }
+}
+
+/// e2fsprogs 1.47.0's m_rootdir, m_rootdir_acl, m_minrootdir and
+/// m_devdir, the scripts as shipped, with mke2fs and then with ext4kit
+/// installed as mke2fs. mke2fs's run must pass (on this machine's mke2fs
+/// 1.47.0 its log is the shipped expect file). Ours:
+///
+/// - m_rootdir, m_minrootdir (mkfs -d, dumpe2fs, debugfs stat/ex, e2fsck,
+///   then tune2fs and resize2fs -M twice), m_devdir (the host's /dev;
+///   the script checks mke2fs's and e2fsck's exit statuses only): the
+///   script's own verdict is ok, the log byte for byte its expect file.
+/// - m_rootdir_acl (`-O inline_data`, ACLs): see [`inline_placement_only`];
+///   its image must be e2fsck-clean (the script's log ends in e2fsck's
+///   summary, checked there) and the same but for inline placement.
+#[test]
+fn e2fsprogs_m_rootdir_scripts() {
+    let test = "e2fsprogs_m_rootdir_scripts";
+    for t in [
+        "mke2fs",
+        "e2fsck",
+        "dumpe2fs",
+        "debugfs",
+        "tune2fs",
+        "resize2fs",
+        "sed",
+        "sh",
+    ] {
+        if !have(t) {
+            return skip(test, &format!("{t} not found"));
+        }
+    }
+    // Not in /dev/shm: m_devdir copies /dev, which would hold the image.
+    let top = tempfile::Builder::new()
+        .prefix("ext4kit-test.")
+        .tempdir()
+        .expect("creating a temporary directory");
+    let src = match e2fsprogs_tests() {
+        Ok(s) => s,
+        Err(why) => return skip(test, &why),
+    };
+    let mut failures = Vec::new();
+    for &name in ROOTDIR_TESTS {
+        let t0 = Instant::now();
+        let (rv, rlog) =
+            run_rootdir_script(top.path(), &src, name, false).expect("running mke2fs's");
+        if rv.contains("skipped") {
+            skip(&format!("{test} {name}"), &rv);
+            continue;
+        }
+        if !rv.ends_with(": ok") {
+            skip(
+                &format!("{test} {name}"),
+                &format!("this mke2fs fails it ({rv}), nothing to compare with"),
+            );
+            continue;
+        }
+        let (ov, olog) = run_rootdir_script(top.path(), &src, name, true).expect("running ours");
+        if name == "m_devdir"
+            && !ov.ends_with(": ok")
+            && olog.contains("changed while it was copied")
+        {
+            // /dev/shm is other tests' scratch space: a file there that
+            // is written during the copy is refused (mke2fs copies it
+            // torn).
+            skip(
+                &format!("{test} {name}"),
+                "a file in /dev changed while it was copied",
+            );
+            continue;
+        }
+        let res = if name == "m_rootdir_acl" {
+            if olog.contains("test.img: 21/1024 files") && !olog.contains("WARNING") {
+                inline_placement_only(&rlog, &olog)
+            } else {
+                Err(format!("e2fsck is not clean:\n{olog}"))
+            }
+        } else if !ov.ends_with(": ok") {
+            Err(format!("{ov}\n--- mke2fs\n{rlog}--- ours\n{olog}"))
+        } else {
+            Ok(())
+        };
+        match res {
+            Ok(()) => eprintln!("ok     {name} ({:.1}s)", t0.elapsed().as_secs_f64()),
+            Err(e) => {
+                eprintln!("FAIL   {name}: {e}");
+                failures.push(format!("{name}: {e}"));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} -d script(s) fail with ext4kit as mke2fs:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
