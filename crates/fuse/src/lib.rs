@@ -19,6 +19,8 @@
 //! - [`ops`]: the operations, one `op_*` method per FUSE request with
 //!   plain arguments and answers (no transport's types).
 //! - `fuser_fs`: the `fuser::Filesystem` adapter over them.
+//! - [`proto`]: our own transport's kernel ABI and codec (not used by
+//!   the mount yet).
 //! - [`trim`]: `FITRIM` (fstrim on the mount point).
 //! - [`wbuf`]: the write-behind buffer of the default (write-through)
 //!   mount: small writes answered at once, merged, flushed in order.
@@ -35,6 +37,7 @@ pub mod idle;
 pub mod mount;
 pub mod ops;
 pub mod options;
+pub mod proto;
 pub mod shared;
 pub mod trim;
 pub mod wbuf;

@@ -1,0 +1,198 @@
+//! The `fuse.h` structs the transport reads and writes, declared once
+//! (`repr(C)`, no implicit padding: zerocopy checks it). Sizes are the
+//! kernel's, asserted below.
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+/// The protocol version this transport speaks (`FUSE_KERNEL_VERSION`).
+pub const KERNEL_VERSION: u32 = 7;
+/// The minor version it knows (`FUSE_KERNEL_MINOR_VERSION`, 7.43:
+/// `fuse_init_out.request_timeout`).
+pub const KERNEL_MINOR_VERSION: u32 = 43;
+/// `FUSE_ROOT_ID`.
+pub const ROOT_ID: u64 = 1;
+
+/// Opcodes (`enum fuse_opcode`).
+pub mod opcode {
+    pub const LOOKUP: u32 = 1;
+    pub const FORGET: u32 = 2;
+    pub const GETATTR: u32 = 3;
+    pub const SETATTR: u32 = 4;
+    pub const READLINK: u32 = 5;
+    pub const SYMLINK: u32 = 6;
+    pub const MKNOD: u32 = 8;
+    pub const MKDIR: u32 = 9;
+    pub const UNLINK: u32 = 10;
+    pub const RMDIR: u32 = 11;
+    pub const RENAME: u32 = 12;
+    pub const LINK: u32 = 13;
+    pub const OPEN: u32 = 14;
+    pub const READ: u32 = 15;
+    pub const WRITE: u32 = 16;
+    pub const STATFS: u32 = 17;
+    pub const RELEASE: u32 = 18;
+    pub const FSYNC: u32 = 20;
+    pub const SETXATTR: u32 = 21;
+    pub const GETXATTR: u32 = 22;
+    pub const LISTXATTR: u32 = 23;
+    pub const REMOVEXATTR: u32 = 24;
+    pub const FLUSH: u32 = 25;
+    pub const INIT: u32 = 26;
+    pub const OPENDIR: u32 = 27;
+    pub const READDIR: u32 = 28;
+    pub const RELEASEDIR: u32 = 29;
+    pub const FSYNCDIR: u32 = 30;
+    pub const ACCESS: u32 = 34;
+    pub const CREATE: u32 = 35;
+    pub const INTERRUPT: u32 = 36;
+    pub const DESTROY: u32 = 38;
+    pub const IOCTL: u32 = 39;
+    pub const BATCH_FORGET: u32 = 42;
+    pub const FALLOCATE: u32 = 43;
+    pub const READDIRPLUS: u32 = 44;
+    pub const RENAME2: u32 = 45;
+    pub const LSEEK: u32 = 46;
+    pub const COPY_FILE_RANGE: u32 = 47;
+    pub const SYNCFS: u32 = 50;
+    pub const TMPFILE: u32 = 51;
+    pub const STATX: u32 = 52;
+}
+
+/// `struct fuse_in_header`: every request starts with it; `len` is the
+/// whole request, `total_extlen` the extensions after the arguments in
+/// 8-byte units.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct InHeader {
+    pub len: u32,
+    pub opcode: u32,
+    pub unique: u64,
+    pub nodeid: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+    pub total_extlen: u16,
+    pub padding: u16,
+}
+
+/// `struct fuse_out_header`: every reply starts with it; `error` is a
+/// negative errno or 0.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct OutHeader {
+    pub len: u32,
+    pub error: i32,
+    pub unique: u64,
+}
+
+/// `struct fuse_init_in` (7.36+: `flags2` is the upper half of the
+/// flags when `FUSE_INIT_EXT` is set). Older kernels send only the
+/// first 16 bytes.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct InitIn {
+    pub major: u32,
+    pub minor: u32,
+    pub max_readahead: u32,
+    pub flags: u32,
+    pub flags2: u32,
+    pub unused: [u32; 11],
+}
+
+/// The size of `fuse_init_in` before 7.36.
+pub const INIT_IN_COMPAT_SIZE: usize = 16;
+
+/// `struct fuse_init_out` (7.43).
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct InitOut {
+    pub major: u32,
+    pub minor: u32,
+    pub max_readahead: u32,
+    pub flags: u32,
+    pub max_background: u16,
+    pub congestion_threshold: u16,
+    pub max_write: u32,
+    pub time_gran: u32,
+    pub max_pages: u16,
+    pub map_alignment: u16,
+    pub flags2: u32,
+    pub max_stack_depth: u32,
+    pub request_timeout: u16,
+    pub unused: [u16; 11],
+}
+
+/// `struct fuse_forget_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct ForgetIn {
+    pub nlookup: u64,
+}
+
+/// `struct fuse_batch_forget_in`, followed by `count` [`ForgetOne`].
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct BatchForgetIn {
+    pub count: u32,
+    pub dummy: u32,
+}
+
+/// `struct fuse_forget_one`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct ForgetOne {
+    pub nodeid: u64,
+    pub nlookup: u64,
+}
+
+/// `struct fuse_getattr_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct GetattrIn {
+    pub getattr_flags: u32,
+    pub dummy: u32,
+    pub fh: u64,
+}
+
+/// `struct fuse_interrupt_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct InterruptIn {
+    pub unique: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_the_kernels() {
+        assert_eq!(size_of::<InHeader>(), 40);
+        assert_eq!(size_of::<OutHeader>(), 16);
+        assert_eq!(size_of::<InitIn>(), 64);
+        assert_eq!(size_of::<InitOut>(), 64);
+        assert_eq!(size_of::<ForgetIn>(), 8);
+        assert_eq!(size_of::<BatchForgetIn>(), 8);
+        assert_eq!(size_of::<ForgetOne>(), 16);
+        assert_eq!(size_of::<GetattrIn>(), 16);
+        assert_eq!(size_of::<InterruptIn>(), 8);
+    }
+}

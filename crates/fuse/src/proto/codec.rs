@@ -1,0 +1,342 @@
+//! Request decoding and reply encoding. Decoding only borrows from the
+//! buffer read from `/dev/fuse`; every malformed request (short,
+//! a length that is not the buffer's, a name without its NUL, a batch
+//! longer than the request) is a [`ProtoError`], never a panic.
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use super::abi::{
+    BatchForgetIn, ForgetIn, ForgetOne, GetattrIn, INIT_IN_COMPAT_SIZE, InHeader, InitIn,
+    InterruptIn, OutHeader, opcode,
+};
+
+/// A request the transport cannot decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtoError {
+    #[error("FUSE request of {0} bytes is shorter than its header")]
+    ShortHeader(usize),
+    #[error("FUSE request says {said} bytes, {got} were read")]
+    BadLength { said: u32, got: usize },
+    #[error("FUSE request {opcode}: its arguments are cut short")]
+    ShortArgs { opcode: u32 },
+    #[error("FUSE request {opcode}: a name without its terminating NUL")]
+    BadName { opcode: u32 },
+    #[error("FUSE request {opcode}: extensions longer than the request")]
+    BadExtensions { opcode: u32 },
+}
+
+/// A decoded request: its header and its operation.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Request<'a> {
+    pub header: InHeader,
+    pub op: Operation<'a>,
+}
+
+/// The operations decoded so far (the rest come with the session loop).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Operation<'a> {
+    Init(InitIn),
+    Lookup {
+        name: &'a [u8],
+    },
+    Forget {
+        nlookup: u64,
+    },
+    BatchForget(Vec<ForgetOne>),
+    Getattr(GetattrIn),
+    Interrupt {
+        unique: u64,
+    },
+    Destroy,
+    /// An opcode not decoded here (answered ENOSYS), with its bytes.
+    Other {
+        opcode: u32,
+        args: &'a [u8],
+    },
+}
+
+/// A cursor over a request's argument bytes.
+struct Args<'a> {
+    rest: &'a [u8],
+    opcode: u32,
+}
+
+impl<'a> Args<'a> {
+    fn take<T: FromBytes + KnownLayout + Immutable>(&mut self) -> Result<T, ProtoError> {
+        let (v, rest) = T::read_from_prefix(self.rest).map_err(|_| ProtoError::ShortArgs {
+            opcode: self.opcode,
+        })?;
+        self.rest = rest;
+        Ok(v)
+    }
+
+    /// A NUL-terminated name (the NUL not included).
+    fn name(&mut self) -> Result<&'a [u8], ProtoError> {
+        let opcode = self.opcode;
+        let end = self
+            .rest
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or(ProtoError::BadName { opcode })?;
+        let (name, rest) = self.rest.split_at(end);
+        self.rest = &rest[1..];
+        Ok(name)
+    }
+}
+
+impl<'a> Request<'a> {
+    /// Decode one request: `buf` is exactly what one read(2) of
+    /// `/dev/fuse` returned.
+    pub fn parse(buf: &'a [u8]) -> Result<Request<'a>, ProtoError> {
+        let (header, rest) =
+            InHeader::read_from_prefix(buf).map_err(|_| ProtoError::ShortHeader(buf.len()))?;
+        if header.len as usize != buf.len() {
+            return Err(ProtoError::BadLength {
+                said: header.len,
+                got: buf.len(),
+            });
+        }
+        let opcode = header.opcode;
+        // The extensions (security context, supplementary groups) come
+        // last; they are not used yet.
+        let ext = usize::from(header.total_extlen) * 8;
+        let Some(body) = rest.len().checked_sub(ext).map(|n| &rest[..n]) else {
+            return Err(ProtoError::BadExtensions { opcode });
+        };
+        let mut a = Args { rest: body, opcode };
+        let op = match opcode {
+            opcode::INIT => {
+                // A kernel before 7.36 sends only the first four fields.
+                if body.len() < INIT_IN_COMPAT_SIZE {
+                    return Err(ProtoError::ShortArgs { opcode });
+                }
+                let mut full = [0u8; size_of::<InitIn>()];
+                let n = body.len().min(full.len());
+                full[..n].copy_from_slice(&body[..n]);
+                let mut b = Args {
+                    rest: &full,
+                    opcode,
+                };
+                Operation::Init(b.take()?)
+            }
+            opcode::LOOKUP => Operation::Lookup { name: a.name()? },
+            opcode::FORGET => Operation::Forget {
+                nlookup: a.take::<ForgetIn>()?.nlookup,
+            },
+            opcode::BATCH_FORGET => {
+                let n = a.take::<BatchForgetIn>()?.count as usize;
+                // Bounded by the request's length before anything is
+                // allocated.
+                if a.rest.len() / size_of::<ForgetOne>() < n {
+                    return Err(ProtoError::ShortArgs { opcode });
+                }
+                let mut v = Vec::with_capacity(n);
+                for _ in 0..n {
+                    v.push(a.take::<ForgetOne>()?);
+                }
+                Operation::BatchForget(v)
+            }
+            opcode::GETATTR => Operation::Getattr(a.take()?),
+            opcode::INTERRUPT => Operation::Interrupt {
+                unique: a.take::<InterruptIn>()?.unique,
+            },
+            opcode::DESTROY => Operation::Destroy,
+            _ => Operation::Other { opcode, args: body },
+        };
+        Ok(Request { header, op })
+    }
+}
+
+/// A reply to request `unique`: the out header, then `body`.
+pub fn reply(unique: u64, body: &[&[u8]]) -> Vec<u8> {
+    let len: usize = size_of::<OutHeader>() + body.iter().map(|b| b.len()).sum::<usize>();
+    let h = OutHeader {
+        len: len as u32,
+        error: 0,
+        unique,
+    };
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(h.as_bytes());
+    for b in body {
+        out.extend_from_slice(b);
+    }
+    out
+}
+
+/// A reply carrying one struct.
+pub fn reply_struct<T: IntoBytes + Immutable>(unique: u64, v: &T) -> Vec<u8> {
+    reply(unique, &[v.as_bytes()])
+}
+
+/// An error reply: `errno` positive (sent negated), no body.
+pub fn reply_error(unique: u64, errno: i32) -> Vec<u8> {
+    let h = OutHeader {
+        len: size_of::<OutHeader>() as u32,
+        error: -errno.abs(),
+        unique,
+    };
+    h.as_bytes().to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::abi::InitOut;
+    use super::*;
+
+    fn request(opcode: u32, unique: u64, nodeid: u64, args: &[u8]) -> Vec<u8> {
+        let h = InHeader {
+            len: (size_of::<InHeader>() + args.len()) as u32,
+            opcode,
+            unique,
+            nodeid,
+            uid: 1000,
+            gid: 100,
+            pid: 42,
+            total_extlen: 0,
+            padding: 0,
+        };
+        let mut v = h.as_bytes().to_vec();
+        v.extend_from_slice(args);
+        v
+    }
+
+    #[test]
+    fn header_is_little_endian_at_the_kernels_offsets() {
+        let b = request(opcode::LOOKUP, 0x1122, 1, b"a\0");
+        assert_eq!(&b[0..4], &42u32.to_le_bytes());
+        assert_eq!(&b[4..8], &1u32.to_le_bytes());
+        assert_eq!(&b[8..16], &0x1122u64.to_le_bytes());
+        assert_eq!(&b[32..36], &42u32.to_le_bytes());
+    }
+
+    #[test]
+    fn lookup_init_forget_decode() {
+        let b = request(opcode::LOOKUP, 7, 1, b"name\0");
+        let r = Request::parse(&b).unwrap();
+        assert_eq!(r.header.unique, 7);
+        assert_eq!((r.header.uid, r.header.gid, r.header.pid), (1000, 100, 42));
+        assert_eq!(r.op, Operation::Lookup { name: b"name" });
+
+        // An old kernel's 16-byte INIT, and a 7.36+ one with flags2.
+        let mut init = Vec::new();
+        for v in [7u32, 31, 131072, 0x8000_0001] {
+            init.extend_from_slice(&v.to_le_bytes());
+        }
+        let b = request(opcode::INIT, 1, 0, &init);
+        let Operation::Init(i) = Request::parse(&b).unwrap().op else {
+            panic!("not INIT");
+        };
+        assert_eq!(
+            (i.major, i.minor, i.flags, i.flags2),
+            (7, 31, 0x8000_0001, 0)
+        );
+        init.extend_from_slice(&3u32.to_le_bytes());
+        init.resize(64, 0);
+        let b = request(opcode::INIT, 1, 0, &init);
+        let Operation::Init(i) = Request::parse(&b).unwrap().op else {
+            panic!("not INIT");
+        };
+        assert_eq!(i.flags2, 3);
+
+        let b = request(opcode::FORGET, 2, 9, &5u64.to_le_bytes());
+        assert_eq!(
+            Request::parse(&b).unwrap().op,
+            Operation::Forget { nlookup: 5 }
+        );
+        let mut bf = Vec::new();
+        bf.extend_from_slice(&2u32.to_le_bytes());
+        bf.extend_from_slice(&0u32.to_le_bytes());
+        for (n, l) in [(9u64, 1u64), (10, 3)] {
+            bf.extend_from_slice(&n.to_le_bytes());
+            bf.extend_from_slice(&l.to_le_bytes());
+        }
+        let b = request(opcode::BATCH_FORGET, 3, 0, &bf);
+        assert_eq!(
+            Request::parse(&b).unwrap().op,
+            Operation::BatchForget(vec![
+                ForgetOne {
+                    nodeid: 9,
+                    nlookup: 1
+                },
+                ForgetOne {
+                    nodeid: 10,
+                    nlookup: 3
+                },
+            ])
+        );
+        let b = request(opcode::STATX, 4, 1, &[0; 8]);
+        assert!(matches!(
+            Request::parse(&b).unwrap().op,
+            Operation::Other { opcode: 52, .. }
+        ));
+    }
+
+    #[test]
+    fn every_malformed_request_is_an_error() {
+        assert_eq!(Request::parse(&[0; 10]), Err(ProtoError::ShortHeader(10)));
+        let mut b = request(opcode::LOOKUP, 1, 1, b"x\0");
+        b.push(0);
+        assert!(matches!(
+            Request::parse(&b),
+            Err(ProtoError::BadLength { .. })
+        ));
+        let b = request(opcode::LOOKUP, 1, 1, b"no-nul");
+        assert_eq!(Request::parse(&b), Err(ProtoError::BadName { opcode: 1 }));
+        let b = request(opcode::INIT, 1, 0, &[0; 12]);
+        assert!(matches!(
+            Request::parse(&b),
+            Err(ProtoError::ShortArgs { .. })
+        ));
+        let b = request(opcode::FORGET, 1, 1, &[0; 7]);
+        assert!(matches!(
+            Request::parse(&b),
+            Err(ProtoError::ShortArgs { .. })
+        ));
+        // A batch claiming more entries than the request holds.
+        let mut bf = u32::MAX.to_le_bytes().to_vec();
+        bf.extend_from_slice(&[0; 4 + 16]);
+        let b = request(opcode::BATCH_FORGET, 1, 0, &bf);
+        assert!(matches!(
+            Request::parse(&b),
+            Err(ProtoError::ShortArgs { .. })
+        ));
+        // Extensions longer than the request.
+        let mut b = request(opcode::GETATTR, 1, 1, &[0; 16]);
+        b[36..38].copy_from_slice(&100u16.to_le_bytes());
+        assert!(matches!(
+            Request::parse(&b),
+            Err(ProtoError::BadExtensions { .. })
+        ));
+        // Every prefix of a valid request, and every byte value at
+        // every position of it, decodes or fails without a panic.
+        let valid = request(opcode::BATCH_FORGET, 1, 0, &bf[..8]);
+        for n in 0..valid.len() {
+            let _ = Request::parse(&valid[..n]);
+        }
+        for i in 0..valid.len() {
+            for v in [0u8, 1, 0x7f, 0xff] {
+                let mut m = valid.clone();
+                m[i] = v;
+                let _ = Request::parse(&m);
+            }
+        }
+    }
+
+    #[test]
+    fn replies_encode_header_and_body() {
+        let out = InitOut {
+            major: 7,
+            minor: 43,
+            ..Default::default()
+        };
+        let r = reply_struct(9, &out);
+        assert_eq!(r.len(), 16 + 64);
+        assert_eq!(&r[0..4], &80u32.to_le_bytes());
+        assert_eq!(&r[4..8], &0i32.to_le_bytes());
+        assert_eq!(&r[8..16], &9u64.to_le_bytes());
+        assert_eq!(&r[16..20], &7u32.to_le_bytes());
+        let e = reply_error(5, libc::ENOSYS);
+        assert_eq!(e.len(), 16);
+        assert_eq!(&e[4..8], &(-libc::ENOSYS).to_le_bytes());
+    }
+}
