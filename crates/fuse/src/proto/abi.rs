@@ -179,6 +179,98 @@ pub struct InterruptIn {
     pub unique: u64,
 }
 
+/// `struct fuse_attr`: times are seconds (signed, as the kernel reads
+/// them) and nanoseconds.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct FuseAttr {
+    pub ino: u64,
+    pub size: u64,
+    pub blocks: u64,
+    pub atime: u64,
+    pub mtime: u64,
+    pub ctime: u64,
+    pub atimensec: u32,
+    pub mtimensec: u32,
+    pub ctimensec: u32,
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub blksize: u32,
+    pub flags: u32,
+}
+
+/// `struct fuse_entry_out`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct EntryOut {
+    pub nodeid: u64,
+    pub generation: u64,
+    pub entry_valid: u64,
+    pub attr_valid: u64,
+    pub entry_valid_nsec: u32,
+    pub attr_valid_nsec: u32,
+    pub attr: FuseAttr,
+}
+
+/// `struct fuse_attr_out`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct AttrOut {
+    pub attr_valid: u64,
+    pub attr_valid_nsec: u32,
+    pub dummy: u32,
+    pub attr: FuseAttr,
+}
+
+/// `struct fuse_sx_time` (statx's `statx_timestamp`).
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct SxTime {
+    pub tv_sec: i64,
+    pub tv_nsec: u32,
+    pub reserved: i32,
+}
+
+/// `struct fuse_statx` (7.39, as the kernel's statx(2) struct).
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct Statx {
+    pub mask: u32,
+    pub blksize: u32,
+    pub attributes: u64,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u16,
+    pub spare0: u16,
+    pub ino: u64,
+    pub size: u64,
+    pub blocks: u64,
+    pub attributes_mask: u64,
+    pub atime: SxTime,
+    pub btime: SxTime,
+    pub ctime: SxTime,
+    pub mtime: SxTime,
+    pub rdev_major: u32,
+    pub rdev_minor: u32,
+    pub dev_major: u32,
+    pub dev_minor: u32,
+    pub spare2: [u64; 14],
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,5 +286,10 @@ mod tests {
         assert_eq!(size_of::<ForgetOne>(), 16);
         assert_eq!(size_of::<GetattrIn>(), 16);
         assert_eq!(size_of::<InterruptIn>(), 8);
+        assert_eq!(size_of::<FuseAttr>(), 88);
+        assert_eq!(size_of::<EntryOut>(), 128);
+        assert_eq!(size_of::<AttrOut>(), 104);
+        assert_eq!(size_of::<SxTime>(), 16);
+        assert_eq!(size_of::<Statx>(), 256);
     }
 }

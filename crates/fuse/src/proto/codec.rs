@@ -5,9 +5,14 @@
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::attr::{Attr, decode_rdev};
+use crate::ops::Entry;
+
 use super::abi::{
-    BatchForgetIn, ForgetIn, ForgetOne, GetattrIn, INIT_IN_COMPAT_SIZE, InHeader, InitIn,
-    InterruptIn, OutHeader, opcode,
+    AttrOut, BatchForgetIn, EntryOut, ForgetIn, ForgetOne, FuseAttr, GetattrIn,
+    INIT_IN_COMPAT_SIZE, InHeader, InitIn, InterruptIn, OutHeader, Statx, SxTime, opcode,
 };
 
 /// A request the transport cannot decode.
@@ -178,6 +183,107 @@ pub fn reply_error(unique: u64, errno: i32) -> Vec<u8> {
     h.as_bytes().to_vec()
 }
 
+/// A time as seconds since the epoch (negative before it) and
+/// nanoseconds (always forward, as `struct timespec`).
+pub fn split_time(t: SystemTime) -> (i64, u32) {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (
+            i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            d.subsec_nanos(),
+        ),
+        Err(e) => {
+            let d = e.duration();
+            let secs = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+            match d.subsec_nanos() {
+                0 => (-secs, 0),
+                n => (-secs - 1, 1_000_000_000 - n),
+            }
+        }
+    }
+}
+
+/// Our attributes as `fuse_attr`.
+pub fn fuse_attr(a: &Attr) -> FuseAttr {
+    let (atime, atimensec) = split_time(a.atime);
+    let (mtime, mtimensec) = split_time(a.mtime);
+    let (ctime, ctimensec) = split_time(a.ctime);
+    FuseAttr {
+        ino: a.ino,
+        size: a.size,
+        blocks: a.blocks,
+        atime: atime as u64,
+        mtime: mtime as u64,
+        ctime: ctime as u64,
+        atimensec,
+        mtimensec,
+        ctimensec,
+        mode: u32::from(a.mode),
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+/// An entry answer valid for `ttl` (names and attributes alike).
+pub fn entry_out(e: &Entry, ttl: Duration) -> EntryOut {
+    EntryOut {
+        nodeid: e.attr.ino,
+        generation: e.generation,
+        entry_valid: ttl.as_secs(),
+        attr_valid: ttl.as_secs(),
+        entry_valid_nsec: ttl.subsec_nanos(),
+        attr_valid_nsec: ttl.subsec_nanos(),
+        attr: fuse_attr(&e.attr),
+    }
+}
+
+/// A GETATTR/SETATTR answer valid for `ttl`.
+pub fn attr_out(a: &Attr, ttl: Duration) -> AttrOut {
+    AttrOut {
+        attr_valid: ttl.as_secs(),
+        attr_valid_nsec: ttl.subsec_nanos(),
+        dummy: 0,
+        attr: fuse_attr(a),
+    }
+}
+
+/// `STATX_BASIC_STATS | STATX_BTIME`.
+pub const STATX_MASK: u32 = 0x7ff | 0x800;
+
+/// Our attributes as `fuse_statx`, the birth time (`i_crtime`) included.
+pub fn statx(a: &Attr) -> Statx {
+    let t = |t: SystemTime| {
+        let (tv_sec, tv_nsec) = split_time(t);
+        SxTime {
+            tv_sec,
+            tv_nsec,
+            reserved: 0,
+        }
+    };
+    let (rdev_major, rdev_minor) = decode_rdev(a.rdev);
+    Statx {
+        mask: STATX_MASK,
+        blksize: a.blksize,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        mode: a.mode,
+        ino: a.ino,
+        size: a.size,
+        blocks: a.blocks,
+        atime: t(a.atime),
+        btime: t(a.crtime),
+        ctime: t(a.ctime),
+        mtime: t(a.mtime),
+        rdev_major,
+        rdev_minor,
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::abi::InitOut;
@@ -338,5 +444,49 @@ mod tests {
         let e = reply_error(5, libc::ENOSYS);
         assert_eq!(e.len(), 16);
         assert_eq!(&e[4..8], &(-libc::ENOSYS).to_le_bytes());
+    }
+
+    #[test]
+    fn attributes_encode_with_times_before_1970() {
+        assert_eq!(split_time(UNIX_EPOCH + Duration::new(5, 7)), (5, 7));
+        assert_eq!(
+            split_time(UNIX_EPOCH - Duration::new(1, 250_000_000)),
+            (-2, 750_000_000)
+        );
+        assert_eq!(split_time(UNIX_EPOCH - Duration::from_secs(3)), (-3, 0));
+        let t = UNIX_EPOCH + Duration::new(100, 1);
+        let a = Attr {
+            ino: 12,
+            size: 4096,
+            blocks: 8,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: UNIX_EPOCH - Duration::new(0, 1),
+            mode: 0o20644,
+            nlink: 1,
+            uid: 1,
+            gid: 2,
+            rdev: crate::attr::encode_rdev(8, 300),
+            blksize: 4096,
+        };
+        let e = entry_out(
+            &Entry {
+                attr: a,
+                generation: 3,
+            },
+            Duration::from_millis(1500),
+        );
+        assert_eq!((e.nodeid, e.generation), (12, 3));
+        assert_eq!((e.entry_valid, e.entry_valid_nsec), (1, 500_000_000));
+        assert_eq!(
+            (e.attr.mtime, e.attr.mtimensec, e.attr.mode),
+            (100, 1, 0o20644)
+        );
+        let s = statx(&a);
+        assert_eq!((s.btime.tv_sec, s.btime.tv_nsec), (-1, 999_999_999));
+        assert_eq!((s.rdev_major, s.rdev_minor), (8, 300));
+        assert_eq!(s.mask & 0x800, 0x800);
+        assert_eq!(attr_out(&a, Duration::ZERO).attr, e.attr);
     }
 }
