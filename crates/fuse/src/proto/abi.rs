@@ -271,6 +271,152 @@ pub struct Statx {
     pub spare2: [u64; 14],
 }
 
+/// `struct fuse_setattr_in` (`valid`: the `FATTR_*` bits).
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct SetattrIn {
+    pub valid: u32,
+    pub padding: u32,
+    pub fh: u64,
+    pub size: u64,
+    pub lock_owner: u64,
+    pub atime: u64,
+    pub mtime: u64,
+    pub ctime: u64,
+    pub atimensec: u32,
+    pub mtimensec: u32,
+    pub ctimensec: u32,
+    pub mode: u32,
+    pub unused4: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub unused5: u32,
+}
+
+/// `struct fuse_mknod_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct MknodIn {
+    pub mode: u32,
+    pub rdev: u32,
+    pub umask: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_mkdir_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct MkdirIn {
+    pub mode: u32,
+    pub umask: u32,
+}
+
+/// `struct fuse_rename_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct RenameIn {
+    pub newdir: u64,
+}
+
+/// `struct fuse_rename2_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct Rename2In {
+    pub newdir: u64,
+    pub flags: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_link_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct LinkIn {
+    pub oldnodeid: u64,
+}
+
+/// `struct fuse_open_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct OpenIn {
+    pub flags: u32,
+    pub open_flags: u32,
+}
+
+/// `struct fuse_create_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct CreateIn {
+    pub flags: u32,
+    pub mode: u32,
+    pub umask: u32,
+    pub open_flags: u32,
+}
+
+/// `struct fuse_read_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct ReadIn {
+    pub fh: u64,
+    pub offset: u64,
+    pub size: u32,
+    pub read_flags: u32,
+    pub lock_owner: u64,
+    pub flags: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_write_in` (the data follows).
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct WriteIn {
+    pub fh: u64,
+    pub offset: u64,
+    pub size: u32,
+    pub write_flags: u32,
+    pub lock_owner: u64,
+    pub flags: u32,
+    pub padding: u32,
+}
+
+/// `FATTR_*` bits of [`SetattrIn::valid`].
+pub mod fattr {
+    pub const MODE: u32 = 1 << 0;
+    pub const UID: u32 = 1 << 1;
+    pub const GID: u32 = 1 << 2;
+    pub const SIZE: u32 = 1 << 3;
+    pub const ATIME: u32 = 1 << 4;
+    pub const MTIME: u32 = 1 << 5;
+    pub const FH: u32 = 1 << 6;
+    pub const ATIME_NOW: u32 = 1 << 7;
+    pub const MTIME_NOW: u32 = 1 << 8;
+    pub const LOCKOWNER: u32 = 1 << 9;
+    pub const CTIME: u32 = 1 << 10;
+    pub const KILL_SUIDGID: u32 = 1 << 11;
+}
+
+/// `FUSE_WRITE_KILL_SUIDGID` in [`WriteIn::write_flags`].
+pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,5 +437,12 @@ mod tests {
         assert_eq!(size_of::<AttrOut>(), 104);
         assert_eq!(size_of::<SxTime>(), 16);
         assert_eq!(size_of::<Statx>(), 256);
+        assert_eq!(size_of::<SetattrIn>(), 88);
+        assert_eq!(size_of::<MknodIn>(), 16);
+        assert_eq!(size_of::<MkdirIn>(), 8);
+        assert_eq!(size_of::<Rename2In>(), 16);
+        assert_eq!(size_of::<CreateIn>(), 16);
+        assert_eq!(size_of::<ReadIn>(), 40);
+        assert_eq!(size_of::<WriteIn>(), 40);
     }
 }

@@ -3,16 +3,17 @@
 //! a length that is not the buffer's, a name without its NUL, a batch
 //! longer than the request) is a [`ProtoError`], never a panic.
 
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
-
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::attr::{Attr, decode_rdev};
 use crate::ops::Entry;
 
 use super::abi::{
-    AttrOut, BatchForgetIn, EntryOut, ForgetIn, ForgetOne, FuseAttr, GetattrIn,
-    INIT_IN_COMPAT_SIZE, InHeader, InitIn, InterruptIn, OutHeader, Statx, SxTime, opcode,
+    AttrOut, BatchForgetIn, CreateIn, EntryOut, ForgetIn, ForgetOne, FuseAttr, GetattrIn,
+    INIT_IN_COMPAT_SIZE, InHeader, InitIn, InterruptIn, LinkIn, MkdirIn, MknodIn, OpenIn,
+    OutHeader, ReadIn, Rename2In, RenameIn, SetattrIn, Statx, SxTime, WriteIn, opcode,
 };
 
 /// A request the transport cannot decode.
@@ -49,6 +50,46 @@ pub enum Operation<'a> {
     },
     BatchForget(Vec<ForgetOne>),
     Getattr(GetattrIn),
+    Setattr(SetattrIn),
+    Mknod {
+        arg: MknodIn,
+        name: &'a [u8],
+    },
+    Mkdir {
+        arg: MkdirIn,
+        name: &'a [u8],
+    },
+    Unlink {
+        name: &'a [u8],
+    },
+    Rmdir {
+        name: &'a [u8],
+    },
+    Symlink {
+        name: &'a [u8],
+        target: &'a [u8],
+    },
+    /// RENAME and RENAME2 (flags 0 for RENAME).
+    Rename {
+        newdir: u64,
+        flags: u32,
+        name: &'a [u8],
+        newname: &'a [u8],
+    },
+    Link {
+        oldnodeid: u64,
+        name: &'a [u8],
+    },
+    Open(OpenIn),
+    Create {
+        arg: CreateIn,
+        name: &'a [u8],
+    },
+    Read(ReadIn),
+    Write {
+        arg: WriteIn,
+        data: &'a [u8],
+    },
     Interrupt {
         unique: u64,
     },
@@ -142,6 +183,55 @@ impl<'a> Request<'a> {
                 Operation::BatchForget(v)
             }
             opcode::GETATTR => Operation::Getattr(a.take()?),
+            opcode::SETATTR => Operation::Setattr(a.take()?),
+            opcode::MKNOD => Operation::Mknod {
+                arg: a.take()?,
+                name: a.name()?,
+            },
+            opcode::MKDIR => Operation::Mkdir {
+                arg: a.take()?,
+                name: a.name()?,
+            },
+            opcode::UNLINK => Operation::Unlink { name: a.name()? },
+            opcode::RMDIR => Operation::Rmdir { name: a.name()? },
+            opcode::SYMLINK => Operation::Symlink {
+                name: a.name()?,
+                target: a.name()?,
+            },
+            opcode::RENAME => Operation::Rename {
+                newdir: a.take::<RenameIn>()?.newdir,
+                flags: 0,
+                name: a.name()?,
+                newname: a.name()?,
+            },
+            opcode::RENAME2 => {
+                let r: Rename2In = a.take()?;
+                Operation::Rename {
+                    newdir: r.newdir,
+                    flags: r.flags,
+                    name: a.name()?,
+                    newname: a.name()?,
+                }
+            }
+            opcode::LINK => Operation::Link {
+                oldnodeid: a.take::<LinkIn>()?.oldnodeid,
+                name: a.name()?,
+            },
+            opcode::OPEN | opcode::OPENDIR => Operation::Open(a.take()?),
+            opcode::CREATE => Operation::Create {
+                arg: a.take()?,
+                name: a.name()?,
+            },
+            opcode::READ | opcode::READDIR | opcode::READDIRPLUS => Operation::Read(a.take()?),
+            opcode::WRITE => {
+                let arg: WriteIn = a.take()?;
+                let n = arg.size as usize;
+                // The data is exactly what the header says it is.
+                if a.rest.len() != n {
+                    return Err(ProtoError::ShortArgs { opcode });
+                }
+                Operation::Write { arg, data: a.rest }
+            }
             opcode::INTERRUPT => Operation::Interrupt {
                 unique: a.take::<InterruptIn>()?.unique,
             },
@@ -375,6 +465,78 @@ mod tests {
             Request::parse(&b).unwrap().op,
             Operation::Other { opcode: 52, .. }
         ));
+    }
+
+    #[test]
+    fn name_and_payload_requests_decode() {
+        let mut m = Vec::new();
+        for v in [0o100644u32, 0, 0o022, 0] {
+            m.extend_from_slice(&v.to_le_bytes());
+        }
+        m.extend_from_slice(b"f\0");
+        let b = request(opcode::MKNOD, 1, 1, &m);
+        let Operation::Mknod { arg, name } = Request::parse(&b).unwrap().op else {
+            panic!("not MKNOD");
+        };
+        assert_eq!((arg.mode, arg.umask, name), (0o100644, 0o022, &b"f"[..]));
+
+        let b = request(opcode::SYMLINK, 1, 1, b"l\0/t/x\0");
+        assert_eq!(
+            Request::parse(&b).unwrap().op,
+            Operation::Symlink {
+                name: b"l",
+                target: b"/t/x"
+            }
+        );
+        let mut r = 9u64.to_le_bytes().to_vec();
+        r.extend_from_slice(&2u32.to_le_bytes());
+        r.extend_from_slice(&0u32.to_le_bytes());
+        r.extend_from_slice(b"a\0b\0");
+        let b = request(opcode::RENAME2, 1, 1, &r);
+        assert_eq!(
+            Request::parse(&b).unwrap().op,
+            Operation::Rename {
+                newdir: 9,
+                flags: 2,
+                name: b"a",
+                newname: b"b"
+            }
+        );
+        let w = WriteIn {
+            fh: 4,
+            offset: 8192,
+            size: 3,
+            ..Default::default()
+        };
+        let mut wb = w.as_bytes().to_vec();
+        wb.extend_from_slice(b"xyz");
+        let b = request(opcode::WRITE, 1, 5, &wb);
+        assert_eq!(
+            Request::parse(&b).unwrap().op,
+            Operation::Write {
+                arg: w,
+                data: b"xyz"
+            }
+        );
+        // A write whose data is not the size it says.
+        wb.push(b'!');
+        let b = request(opcode::WRITE, 1, 5, &wb);
+        assert!(matches!(
+            Request::parse(&b),
+            Err(ProtoError::ShortArgs { .. })
+        ));
+        // A rename with one name only.
+        let b = request(opcode::RENAME, 1, 1, &[9, 0, 0, 0, 0, 0, 0, 0, b'a', 0]);
+        assert!(matches!(
+            Request::parse(&b),
+            Err(ProtoError::BadName { .. })
+        ));
+        // Every truncation of a SETATTR is an error.
+        let sa = SetattrIn::default();
+        for n in 0..size_of::<SetattrIn>() {
+            let b = request(opcode::SETATTR, 1, 1, &sa.as_bytes()[..n]);
+            assert!(Request::parse(&b).is_err());
+        }
     }
 
     #[test]
