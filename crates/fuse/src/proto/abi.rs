@@ -417,6 +417,150 @@ pub mod fattr {
 /// `FUSE_WRITE_KILL_SUIDGID` in [`WriteIn::write_flags`].
 pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
 
+/// `struct fuse_release_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct ReleaseIn {
+    pub fh: u64,
+    pub flags: u32,
+    pub release_flags: u32,
+    pub lock_owner: u64,
+}
+
+/// `struct fuse_flush_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct FlushIn {
+    pub fh: u64,
+    pub unused: u32,
+    pub padding: u32,
+    pub lock_owner: u64,
+}
+
+/// `struct fuse_fsync_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct FsyncIn {
+    pub fh: u64,
+    pub fsync_flags: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_setxattr_in`'s first 8 bytes (`FUSE_COMPAT_SETXATTR_IN_SIZE`: without `FUSE_SETXATTR_EXT`, not negotiated).
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct SetxattrCompatIn {
+    pub size: u32,
+    pub flags: u32,
+}
+
+/// `struct fuse_getxattr_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct GetxattrIn {
+    pub size: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_access_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct AccessIn {
+    pub mask: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_lseek_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct LseekIn {
+    pub fh: u64,
+    pub offset: u64,
+    pub whence: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_fallocate_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct FallocateIn {
+    pub fh: u64,
+    pub offset: u64,
+    pub length: u64,
+    pub mode: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_copy_file_range_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct CopyFileRangeIn {
+    pub fh_in: u64,
+    pub off_in: u64,
+    pub nodeid_out: u64,
+    pub fh_out: u64,
+    pub off_out: u64,
+    pub len: u64,
+    pub flags: u64,
+}
+
+/// `struct fuse_ioctl_in` (the in data follows).
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct IoctlIn {
+    pub fh: u64,
+    pub flags: u32,
+    pub cmd: u32,
+    pub arg: u64,
+    pub in_size: u32,
+    pub out_size: u32,
+}
+
+/// `struct fuse_statx_in`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct StatxIn {
+    pub getattr_flags: u32,
+    pub reserved: u32,
+    pub fh: u64,
+    pub sx_flags: u32,
+    pub sx_mask: u32,
+}
+
+/// `struct fuse_dirent`'s fixed part (the name follows, the whole padded to 8 bytes).
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct Dirent {
+    pub ino: u64,
+    pub off: u64,
+    pub namelen: u32,
+    pub typ: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -444,5 +588,14 @@ mod tests {
         assert_eq!(size_of::<CreateIn>(), 16);
         assert_eq!(size_of::<ReadIn>(), 40);
         assert_eq!(size_of::<WriteIn>(), 40);
+        assert_eq!(size_of::<ReleaseIn>(), 24);
+        assert_eq!(size_of::<FlushIn>(), 24);
+        assert_eq!(size_of::<FsyncIn>(), 16);
+        assert_eq!(size_of::<LseekIn>(), 24);
+        assert_eq!(size_of::<FallocateIn>(), 32);
+        assert_eq!(size_of::<CopyFileRangeIn>(), 56);
+        assert_eq!(size_of::<IoctlIn>(), 32);
+        assert_eq!(size_of::<StatxIn>(), 24);
+        assert_eq!(size_of::<Dirent>(), 24);
     }
 }

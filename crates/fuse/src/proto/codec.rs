@@ -11,9 +11,11 @@ use crate::attr::{Attr, decode_rdev};
 use crate::ops::Entry;
 
 use super::abi::{
-    AttrOut, BatchForgetIn, CreateIn, EntryOut, ForgetIn, ForgetOne, FuseAttr, GetattrIn,
-    INIT_IN_COMPAT_SIZE, InHeader, InitIn, InterruptIn, LinkIn, MkdirIn, MknodIn, OpenIn,
-    OutHeader, ReadIn, Rename2In, RenameIn, SetattrIn, Statx, SxTime, WriteIn, opcode,
+    AccessIn, AttrOut, BatchForgetIn, CopyFileRangeIn, CreateIn, Dirent, EntryOut, FallocateIn,
+    FlushIn, ForgetIn, ForgetOne, FsyncIn, FuseAttr, GetattrIn, GetxattrIn, INIT_IN_COMPAT_SIZE,
+    InHeader, InitIn, InterruptIn, IoctlIn, LinkIn, LseekIn, MkdirIn, MknodIn, OpenIn, OutHeader,
+    ReadIn, ReleaseIn, Rename2In, RenameIn, SetattrIn, SetxattrCompatIn, Statx, StatxIn, SxTime,
+    WriteIn, opcode,
 };
 
 /// A request the transport cannot decode.
@@ -90,6 +92,39 @@ pub enum Operation<'a> {
         arg: WriteIn,
         data: &'a [u8],
     },
+    /// RELEASE and RELEASEDIR.
+    Release(ReleaseIn),
+    Flush(FlushIn),
+    /// FSYNC and FSYNCDIR.
+    Fsync(FsyncIn),
+    Statfs,
+    Setxattr {
+        flags: u32,
+        name: &'a [u8],
+        value: &'a [u8],
+    },
+    Getxattr {
+        size: u32,
+        name: &'a [u8],
+    },
+    Listxattr {
+        size: u32,
+    },
+    Removexattr {
+        name: &'a [u8],
+    },
+    Access {
+        mask: u32,
+    },
+    Lseek(LseekIn),
+    Fallocate(FallocateIn),
+    CopyFileRange(CopyFileRangeIn),
+    Ioctl {
+        arg: IoctlIn,
+        data: &'a [u8],
+    },
+    Statx(StatxIn),
+    Syncfs,
     Interrupt {
         unique: u64,
     },
@@ -232,6 +267,48 @@ impl<'a> Request<'a> {
                 }
                 Operation::Write { arg, data: a.rest }
             }
+            opcode::RELEASE | opcode::RELEASEDIR => Operation::Release(a.take()?),
+            opcode::FLUSH => Operation::Flush(a.take()?),
+            opcode::FSYNC | opcode::FSYNCDIR => Operation::Fsync(a.take()?),
+            opcode::STATFS => Operation::Statfs,
+            opcode::SETXATTR => {
+                let x: SetxattrCompatIn = a.take()?;
+                let name = a.name()?;
+                if a.rest.len() != x.size as usize {
+                    return Err(ProtoError::ShortArgs { opcode });
+                }
+                Operation::Setxattr {
+                    flags: x.flags,
+                    name,
+                    value: a.rest,
+                }
+            }
+            opcode::GETXATTR => Operation::Getxattr {
+                size: a.take::<GetxattrIn>()?.size,
+                name: a.name()?,
+            },
+            opcode::LISTXATTR => Operation::Listxattr {
+                size: a.take::<GetxattrIn>()?.size,
+            },
+            opcode::REMOVEXATTR => Operation::Removexattr { name: a.name()? },
+            opcode::ACCESS => Operation::Access {
+                mask: a.take::<AccessIn>()?.mask,
+            },
+            opcode::LSEEK => Operation::Lseek(a.take()?),
+            opcode::FALLOCATE => Operation::Fallocate(a.take()?),
+            opcode::COPY_FILE_RANGE => Operation::CopyFileRange(a.take()?),
+            opcode::IOCTL => {
+                let arg: IoctlIn = a.take()?;
+                if a.rest.len() < arg.in_size as usize {
+                    return Err(ProtoError::ShortArgs { opcode });
+                }
+                Operation::Ioctl {
+                    arg,
+                    data: &a.rest[..arg.in_size as usize],
+                }
+            }
+            opcode::STATX => Operation::Statx(a.take()?),
+            opcode::SYNCFS => Operation::Syncfs,
             opcode::INTERRUPT => Operation::Interrupt {
                 unique: a.take::<InterruptIn>()?.unique,
             },
@@ -338,6 +415,51 @@ pub fn attr_out(a: &Attr, ttl: Duration) -> AttrOut {
         dummy: 0,
         attr: fuse_attr(a),
     }
+}
+
+/// Append one `fuse_dirent` to a READDIR reply of at most `max` bytes;
+/// false (nothing added) when it does not fit.
+pub fn push_dirent(
+    out: &mut Vec<u8>,
+    max: usize,
+    ino: u64,
+    off: u64,
+    typ: u32,
+    name: &[u8],
+) -> bool {
+    let len = (size_of::<Dirent>() + name.len()).next_multiple_of(8);
+    if out.len() + len > max {
+        return false;
+    }
+    let d = Dirent {
+        ino,
+        off,
+        namelen: name.len() as u32,
+        typ,
+    };
+    let start = out.len();
+    out.extend_from_slice(d.as_bytes());
+    out.extend_from_slice(name);
+    out.resize(start + len, 0);
+    true
+}
+
+/// Append one `fuse_direntplus` (entry, then dirent) to a READDIRPLUS
+/// reply of at most `max` bytes; false when it does not fit.
+pub fn push_direntplus(
+    out: &mut Vec<u8>,
+    max: usize,
+    entry: &EntryOut,
+    off: u64,
+    typ: u32,
+    name: &[u8],
+) -> bool {
+    let len = size_of::<EntryOut>() + (size_of::<Dirent>() + name.len()).next_multiple_of(8);
+    if out.len() + len > max {
+        return false;
+    }
+    out.extend_from_slice(entry.as_bytes());
+    push_dirent(out, usize::MAX, entry.nodeid, off, typ, name)
 }
 
 /// `STATX_BASIC_STATS | STATX_BTIME`.
@@ -460,10 +582,11 @@ mod tests {
                 },
             ])
         );
-        let b = request(opcode::STATX, 4, 1, &[0; 8]);
+        // An opcode not decoded (SETUPMAPPING, virtiofs only).
+        let b = request(48, 4, 1, &[0; 8]);
         assert!(matches!(
             Request::parse(&b).unwrap().op,
-            Operation::Other { opcode: 52, .. }
+            Operation::Other { opcode: 48, .. }
         ));
     }
 
@@ -537,6 +660,67 @@ mod tests {
             let b = request(opcode::SETATTR, 1, 1, &sa.as_bytes()[..n]);
             assert!(Request::parse(&b).is_err());
         }
+    }
+
+    #[test]
+    fn xattr_and_file_requests_decode() {
+        let mut x = 3u32.to_le_bytes().to_vec();
+        x.extend_from_slice(&1u32.to_le_bytes());
+        x.extend_from_slice(b"user.a\0val");
+        let b = request(opcode::SETXATTR, 1, 5, &x);
+        assert_eq!(
+            Request::parse(&b).unwrap().op,
+            Operation::Setxattr {
+                flags: 1,
+                name: b"user.a",
+                value: b"val"
+            }
+        );
+        x.push(0);
+        let b = request(opcode::SETXATTR, 1, 5, &x);
+        assert!(Request::parse(&b).is_err());
+        let io = IoctlIn {
+            cmd: 0xc018_6679,
+            in_size: 24,
+            ..Default::default()
+        };
+        let mut ib = io.as_bytes().to_vec();
+        ib.extend_from_slice(&[7; 10]);
+        let b = request(opcode::IOCTL, 1, 5, &ib);
+        assert!(matches!(
+            Request::parse(&b),
+            Err(ProtoError::ShortArgs { .. })
+        ));
+        let b = request(opcode::SYNCFS, 1, 1, &[0; 8]);
+        assert_eq!(Request::parse(&b).unwrap().op, Operation::Syncfs);
+        let sx = StatxIn {
+            sx_mask: 0x800,
+            ..Default::default()
+        };
+        let b = request(opcode::STATX, 1, 5, sx.as_bytes());
+        assert_eq!(Request::parse(&b).unwrap().op, Operation::Statx(sx));
+    }
+
+    #[test]
+    fn dirents_are_padded_and_stop_when_full() {
+        let mut out = Vec::new();
+        assert!(push_dirent(&mut out, 64, 5, 1, 4, b"abc"));
+        assert_eq!(out.len(), 32);
+        assert_eq!(&out[16..20], &3u32.to_le_bytes());
+        assert_eq!(&out[24..27], b"abc");
+        assert_eq!(&out[27..32], &[0; 5]);
+        // 24 + 9 = 33, padded to 40: does not fit in the 32 left.
+        assert!(!push_dirent(&mut out, 64, 6, 2, 8, b"123456789"));
+        assert_eq!(out.len(), 32);
+        let e = EntryOut {
+            nodeid: 7,
+            ..Default::default()
+        };
+        let mut p = Vec::new();
+        assert!(push_direntplus(&mut p, 160, &e, 1, 8, b"x"));
+        assert_eq!(p.len(), 128 + 32);
+        assert_eq!(&p[128..136], &7u64.to_le_bytes());
+        assert!(!push_direntplus(&mut p, 200, &e, 2, 8, b"y"));
     }
 
     #[test]
