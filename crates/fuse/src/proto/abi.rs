@@ -561,6 +561,118 @@ pub struct Dirent {
     pub typ: u32,
 }
 
+/// `struct fuse_open_out` (`backing_id`: passthrough, unused).
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct OpenOut {
+    pub fh: u64,
+    pub open_flags: u32,
+    pub backing_id: i32,
+}
+
+/// `struct fuse_write_out`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct WriteOut {
+    pub size: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_kstatfs` (all of `fuse_statfs_out``.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct Kstatfs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+    pub padding: u32,
+    pub spare: [u32; 6],
+}
+
+/// `struct fuse_getxattr_out`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct GetxattrOut {
+    pub size: u32,
+    pub padding: u32,
+}
+
+/// `struct fuse_lseek_out`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct LseekOut {
+    pub offset: u64,
+}
+
+/// `struct fuse_ioctl_out` (the out data follows).
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct IoctlOut {
+    pub result: i32,
+    pub flags: u32,
+    pub in_iovs: u32,
+    pub out_iovs: u32,
+}
+
+/// `struct fuse_statx_out`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct StatxOut {
+    pub attr_valid: u64,
+    pub attr_valid_nsec: u32,
+    pub flags: u32,
+    pub spare: [u64; 2],
+    pub stat: Statx,
+}
+
+/// `struct fuse_notify_inval_inode_out` (`off`, `len`: the page-cache range; len 0 up to the end, off -1 the attributes only).
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct NotifyInvalInodeOut {
+    pub ino: u64,
+    pub off: i64,
+    pub len: i64,
+}
+
+/// `struct fuse_notify_inval_entry_out` (the name and its NUL follow).
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct NotifyInvalEntryOut {
+    pub parent: u64,
+    pub namelen: u32,
+    pub flags: u32,
+}
+
+/// `enum fuse_notify_code`: sent as the out header's `error`, with
+/// `unique` 0.
+pub mod notify {
+    pub const INVAL_INODE: i32 = 2;
+    pub const INVAL_ENTRY: i32 = 3;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -597,5 +709,12 @@ mod tests {
         assert_eq!(size_of::<IoctlIn>(), 32);
         assert_eq!(size_of::<StatxIn>(), 24);
         assert_eq!(size_of::<Dirent>(), 24);
+        assert_eq!(size_of::<OpenOut>(), 16);
+        assert_eq!(size_of::<WriteOut>(), 8);
+        assert_eq!(size_of::<Kstatfs>(), 80);
+        assert_eq!(size_of::<IoctlOut>(), 16);
+        assert_eq!(size_of::<StatxOut>(), 288);
+        assert_eq!(size_of::<NotifyInvalInodeOut>(), 24);
+        assert_eq!(size_of::<NotifyInvalEntryOut>(), 16);
     }
 }

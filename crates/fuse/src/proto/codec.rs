@@ -8,14 +8,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 use crate::attr::{Attr, decode_rdev};
-use crate::ops::Entry;
+use crate::ops::{Entry, Opened, Statfs};
 
 use super::abi::{
     AccessIn, AttrOut, BatchForgetIn, CopyFileRangeIn, CreateIn, Dirent, EntryOut, FallocateIn,
     FlushIn, ForgetIn, ForgetOne, FsyncIn, FuseAttr, GetattrIn, GetxattrIn, INIT_IN_COMPAT_SIZE,
-    InHeader, InitIn, InterruptIn, IoctlIn, LinkIn, LseekIn, MkdirIn, MknodIn, OpenIn, OutHeader,
-    ReadIn, ReleaseIn, Rename2In, RenameIn, SetattrIn, SetxattrCompatIn, Statx, StatxIn, SxTime,
-    WriteIn, opcode,
+    InHeader, InitIn, InterruptIn, IoctlIn, Kstatfs, LinkIn, LseekIn, MkdirIn, MknodIn,
+    NotifyInvalEntryOut, NotifyInvalInodeOut, OpenIn, OpenOut, OutHeader, ReadIn, ReleaseIn,
+    Rename2In, RenameIn, SetattrIn, SetxattrCompatIn, Statx, StatxIn, StatxOut, SxTime, WriteIn,
+    notify, opcode,
 };
 
 /// A request the transport cannot decode.
@@ -417,6 +418,65 @@ pub fn attr_out(a: &Attr, ttl: Duration) -> AttrOut {
     }
 }
 
+/// An OPEN/OPENDIR/CREATE answer's open part.
+pub fn open_out(o: &Opened) -> OpenOut {
+    OpenOut {
+        fh: o.fh,
+        open_flags: o.flags,
+        backing_id: 0,
+    }
+}
+
+/// A STATFS answer.
+pub fn statfs_out(s: &Statfs) -> Kstatfs {
+    Kstatfs {
+        blocks: s.blocks,
+        bfree: s.bfree,
+        bavail: s.bavail,
+        files: s.files,
+        ffree: s.ffree,
+        bsize: s.bsize,
+        namelen: s.namelen,
+        frsize: s.frsize,
+        ..Default::default()
+    }
+}
+
+/// A STATX answer valid for `ttl`.
+pub fn statx_out(a: &Attr, ttl: Duration) -> StatxOut {
+    StatxOut {
+        attr_valid: ttl.as_secs(),
+        attr_valid_nsec: ttl.subsec_nanos(),
+        stat: statx(a),
+        ..Default::default()
+    }
+}
+
+/// A notify message: the header (`unique` 0, the code as `error`), then
+/// the parts.
+fn notify_msg(code: i32, body: &[&[u8]]) -> Vec<u8> {
+    let mut m = reply(0, body);
+    m[4..8].copy_from_slice(&code.to_ne_bytes());
+    m
+}
+
+/// `FUSE_NOTIFY_INVAL_INODE` of node `ino`'s pages from `off`, `len`
+/// bytes (0: to the end).
+pub fn notify_inval_inode(ino: u64, off: i64, len: i64) -> Vec<u8> {
+    let n = NotifyInvalInodeOut { ino, off, len };
+    notify_msg(notify::INVAL_INODE, &[n.as_bytes()])
+}
+
+/// `FUSE_NOTIFY_INVAL_ENTRY` of `name` in directory node `parent`.
+pub fn notify_inval_entry(parent: u64, name: &[u8]) -> Vec<u8> {
+    let n = NotifyInvalEntryOut {
+        parent,
+        namelen: name.len() as u32,
+        flags: 0,
+    };
+    notify_msg(notify::INVAL_ENTRY, &[n.as_bytes(), name, &[0]])
+}
+
 /// Append one `fuse_dirent` to a READDIR reply of at most `max` bytes;
 /// false (nothing added) when it does not fit.
 pub fn push_dirent(
@@ -699,6 +759,22 @@ mod tests {
         };
         let b = request(opcode::STATX, 1, 5, sx.as_bytes());
         assert_eq!(Request::parse(&b).unwrap().op, Operation::Statx(sx));
+    }
+
+    #[test]
+    fn notifies_and_reply_bodies_encode() {
+        let m = notify_inval_entry(1, b"ab");
+        assert_eq!(m.len(), 16 + 16 + 3);
+        assert_eq!(&m[0..4], &35u32.to_ne_bytes());
+        assert_eq!(&m[4..8], &3i32.to_ne_bytes());
+        assert_eq!(&m[8..16], &0u64.to_ne_bytes());
+        assert_eq!(&m[32..35], b"ab\0");
+        let m = notify_inval_inode(9, -1, 0);
+        assert_eq!(m.len(), 40);
+        assert_eq!(&m[4..8], &2i32.to_ne_bytes());
+        assert_eq!(&m[24..32], &(-1i64).to_ne_bytes());
+        let o = open_out(&Opened { fh: 5, flags: 3 });
+        assert_eq!((o.fh, o.open_flags), (5, 3));
     }
 
     #[test]
