@@ -105,8 +105,56 @@ pub fn decode_rdev(dev: u32) -> (u32, u32) {
     ((dev & 0xfff00) >> 8, (dev & 0xff) | ((dev >> 12) & 0xfff00))
 }
 
+/// An inode's attributes as a transport answers them (fuser's
+/// `FileAttr`, the kernel's `fuse_attr`/`fuse_statx`): no transport's
+/// type, so every transport encodes the same values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attr {
+    /// The FUSE node id (root 1).
+    pub ino: u64,
+    pub size: u64,
+    /// 512-byte units.
+    pub blocks: u64,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+    /// `i_crtime` (ctime for an inode too small to hold it).
+    pub crtime: SystemTime,
+    /// Type and permission bits (`st_mode`).
+    pub mode: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// The kernel's `new_encode_dev` form.
+    pub rdev: u32,
+    pub blksize: u32,
+}
+
+impl Attr {
+    /// As fuser's type.
+    pub fn to_fuser(&self) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(self.ino),
+            size: self.size,
+            blocks: self.blocks,
+            atime: self.atime,
+            mtime: self.mtime,
+            ctime: self.ctime,
+            crtime: self.crtime,
+            kind: file_type(self.mode),
+            perm: self.mode & 0o7777,
+            nlink: self.nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: self.rdev,
+            blksize: self.blksize,
+            flags: 0,
+        }
+    }
+}
+
 /// The attributes the kernel sees for inode `i`.
-pub fn file_attr(i: &InodeInfo, block_size: u32) -> FileAttr {
+pub fn attr_of(i: &InodeInfo, block_size: u32) -> Attr {
     let rdev = match i.mode & S_IFMT {
         S_IFCHR | S_IFBLK => {
             let (ma, mi) = i.rdev();
@@ -115,46 +163,42 @@ pub fn file_attr(i: &InodeInfo, block_size: u32) -> FileAttr {
         _ => 0,
     };
     let ctime = system_time(i.ctime);
-    FileAttr {
-        ino: fuse_ino(i.ino),
+    Attr {
+        ino: fuse_ino(i.ino).0,
         size: i.size,
         blocks: i.blocks_512,
         atime: system_time(i.atime),
         mtime: system_time(i.mtime),
         ctime,
         crtime: i.crtime.map(system_time).unwrap_or(ctime),
-        kind: file_type(i.mode),
-        perm: i.mode & 0o7777,
+        mode: i.mode,
         nlink: u32::from(i.links),
         uid: i.uid,
         gid: i.gid,
         rdev,
         blksize: block_size,
-        flags: 0,
     }
 }
 
 /// The attributes of a negative entry (a LOOKUP's "no such name" with a
 /// TTL: node id 0, which the kernel caches as a negative dentry; the
 /// rest it ignores).
-pub fn negative_attr() -> FileAttr {
+pub fn negative_attr() -> Attr {
     let t = UNIX_EPOCH;
-    FileAttr {
-        ino: INodeNo(0),
+    Attr {
+        ino: 0,
         size: 0,
         blocks: 0,
         atime: t,
         mtime: t,
         ctime: t,
         crtime: t,
-        kind: FileType::RegularFile,
-        perm: 0,
+        mode: 0o100000,
         nlink: 0,
         uid: 0,
         gid: 0,
         rdev: 0,
         blksize: 0,
-        flags: 0,
     }
 }
 

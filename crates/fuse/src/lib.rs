@@ -16,7 +16,11 @@
 //!   (what fsync commits).
 //! - [`idle`]: the idle commit (what `sync(1)` cannot ask a FUSE
 //!   server for: commit once the mount went quiet).
-//! - [`ops`]: the `fuser::Filesystem` implementation.
+//! - [`ops`]: the operations, one `op_*` method per FUSE request with
+//!   plain arguments and answers (no transport's types).
+//! - `fuser_fs`: the `fuser::Filesystem` adapter over them.
+//! - [`proto`]: our own transport's kernel ABI and codec (not used by
+//!   the mount yet).
 //! - [`trim`]: `FITRIM` (fstrim on the mount point).
 //! - [`wbuf`]: the write-behind buffer of the default (write-through)
 //!   mount: small writes answered at once, merged, flushed in order.
@@ -27,11 +31,13 @@
 pub mod atime;
 pub mod attr;
 pub mod flags;
+mod fuser_fs;
 mod fusermount;
 pub mod idle;
 pub mod mount;
 pub mod ops;
 pub mod options;
+pub mod proto;
 pub mod shared;
 pub mod trim;
 pub mod wbuf;

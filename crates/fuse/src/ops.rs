@@ -1,5 +1,7 @@
-//! The `fuser::Filesystem` implementation: every FUSE request turned into
-//! engine calls, with the errno kernel ext4 would return.
+//! The operations of the mount: every FUSE request turned into engine
+//! calls, with the errno kernel ext4 would return. One `op_*` method of
+//! [`FuseFs`] per request, with plain arguments and answers (no
+//! transport's reply types): [`crate::fuser_fs`] adapts fuser to them.
 //!
 //! Permissions are checked by the kernel (`default_permissions`, and
 //! POSIX ACLs with `FUSE_POSIX_ACL`), as for a local filesystem; new
@@ -9,7 +11,6 @@
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -22,15 +23,11 @@ use ext4kit_fs::fs::{Falloc, Filesystem, NewInode, RenameFlags as EngineRename, 
 use ext4kit_fs::inode::InodeInfo;
 use ext4kit_fs::rw::InodeAttrs;
 use ext4kit_fs::xattr_write::{self as xw, SetMode};
-use fuser::{
-    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FopenFlags,
-    Generation, INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
-};
+use fuser::{Errno, FileType, FopenFlags, INodeNo};
 
+pub use crate::attr::Attr;
 use crate::attr::{
-    decode_rdev, dirent_type, errno, ext4_ino, file_attr, file_type, fuse_ino, setattr_time,
+    attr_of, decode_rdev, dirent_type, errno, ext4_ino, file_type, fuse_ino, setattr_time,
     xattr_errno,
 };
 use crate::shared::{Backend, DirItem, Handle, RequestCounts, Shared};
@@ -47,7 +44,7 @@ use crate::wbuf::{self, InodeBuf};
 /// every open of a name last looked up more than the TTL ago, and a
 /// GETATTR per stat. (One thing it can show late: `st_blocks` of a file
 /// whose deep extent tree a sync repacked, `Filesystem::tidy_trees`.)
-const TTL: Duration = Duration::from_secs(3600);
+pub const TTL: Duration = Duration::from_secs(3600);
 
 const S_ISGID: u16 = 0o2000;
 const XATTR_CREATE: i32 = 1;
@@ -130,8 +127,8 @@ pub(crate) fn retry<T>(
 }
 
 impl FuseFs {
-    fn attr(&self, i: &InodeInfo) -> FileAttr {
-        let mut a = file_attr(i, self.s.block_size);
+    fn attr(&self, i: &InodeInfo) -> Attr {
+        let mut a = attr_of(i, self.s.block_size);
         // A lazytime atime not written yet is the inode's atime.
         if self.s.opts.lazytime
             && let Some(t) = self.s.atimes.get(i.ino, i.generation)
@@ -141,9 +138,17 @@ impl FuseFs {
         a
     }
 
-    fn entry(&self, i: &InodeInfo, reply: ReplyEntry) {
+    /// A LOOKUP-like answer: one more kernel reference to `i`.
+    fn entry(&self, i: &InodeInfo) -> Entry {
         self.s.state().looked_up(i.ino);
-        reply.entry(&TTL, &self.attr(i), Generation(u64::from(i.generation)));
+        self.entry_of(i)
+    }
+
+    fn entry_of(&self, i: &InodeInfo) -> Entry {
+        Entry {
+            attr: self.attr(i),
+            generation: u64::from(i.generation),
+        }
     }
 
     /// The flags of an open file: the page cache kept across opens (the
@@ -230,7 +235,7 @@ impl FuseFs {
     /// ACLs from the parent's default ACL (else the umask).
     fn make(
         &self,
-        req: &Request,
+        req: &Caller,
         parent: INodeNo,
         name: &OsStr,
         umask: u32,
@@ -274,9 +279,9 @@ impl FuseFs {
             }
             p.gid
         } else {
-            req.gid()
+            req.gid
         };
-        let mut spec = NewInode::new(mode, req.uid(), gid);
+        let mut spec = NewInode::new(mode, req.uid, gid);
         if let Make::Node { rdev, .. } = what
             && matches!(mode & S_IFMT, S_IFCHR | S_IFBLK)
         {
@@ -336,10 +341,10 @@ impl FuseFs {
         {
             return Err(Errno::EFBIG);
         }
-        let conv = |t: Option<TimeOrNow>| {
+        let conv = |t: Option<SetTime>| {
             t.map(|t| match t {
-                TimeOrNow::SpecificTime(t) => setattr_time(t),
-                TimeOrNow::Now => ext4kit_fs::fs::now(),
+                SetTime::At(t) => setattr_time(t),
+                SetTime::Now => ext4kit_fs::fs::now(),
             })
         };
         let times = Times {
@@ -657,40 +662,38 @@ impl FuseFs {
 
     fn do_rename(
         &self,
-        req: &Request,
+        req: &Caller,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
         newname: &OsStr,
-        flags: RenameFlags,
+        flags: u32,
     ) -> R<()> {
         let fs = self.fs()?;
         self.s.flush_all();
         let (name, newname) = (name_ok(name)?, name_ok(newname)?);
         let (sd, dd) = (ext4_ino(parent)?, ext4_ino(newparent)?);
-        let known = RenameFlags::RENAME_NOREPLACE
-            | RenameFlags::RENAME_EXCHANGE
-            | RenameFlags::RENAME_WHITEOUT;
-        if !(flags - known).is_empty() {
+        let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE | libc::RENAME_WHITEOUT;
+        if flags & !known != 0 {
             return Err(Errno::EINVAL);
         }
         // RENAME_WHITEOUT (the VFS checked CAP_MKNOD and refused it with
         // EXCHANGE): the whiteout is the caller's, its group the
         // directory's when that is set-group-ID (ext4's inode_init_owner).
-        let whiteout = if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+        let whiteout = if flags & libc::RENAME_WHITEOUT != 0 {
             let p = self.dir(sd)?;
             let gid = if p.mode & S_ISGID != 0 {
                 p.gid
             } else {
-                req.gid()
+                req.gid
             };
-            Some((req.uid(), gid))
+            Some((req.uid, gid))
         } else {
             None
         };
         let rf = EngineRename {
-            noreplace: flags.contains(RenameFlags::RENAME_NOREPLACE),
-            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+            noreplace: flags & libc::RENAME_NOREPLACE != 0,
+            exchange: flags & libc::RENAME_EXCHANGE != 0,
             whiteout,
         };
         // The kernel holds both directories locked: these names stay put
@@ -964,7 +967,7 @@ impl FuseFs {
         }
     }
 
-    fn xattr_list(&self, req: &Request, ino: u32) -> R<Vec<u8>> {
+    fn xattr_list(&self, req: &Caller, ino: u32) -> R<Vec<u8>> {
         self.s.inode(ino)?;
         let attrs = self
             .s
@@ -974,7 +977,7 @@ impl FuseFs {
         let mut out = Vec::new();
         for a in attrs {
             // trusted.* is listed to CAP_SYS_ADMIN only (root here).
-            if a.name.starts_with(b"trusted.") && req.uid() != 0 {
+            if a.name.starts_with(b"trusted.") && req.uid != 0 {
                 continue;
             }
             if fx::split_name(&a.name).is_none() && a.name != b"system.data" {
@@ -1045,9 +1048,9 @@ impl FuseFs {
         (ino_in, fh_in, off_in): (u32, u64, u64),
         (ino_out, fh_out, off_out): (u32, u64, u64),
         len: u64,
-        flags: CopyFileRangeFlags,
+        flags: u64,
     ) -> R<u64> {
-        if !flags.is_empty() {
+        if flags != 0 {
             return Err(Errno::EINVAL);
         }
         self.s.flush_all();
@@ -1225,45 +1228,125 @@ struct SetArgs {
     uid: Option<u32>,
     gid: Option<u32>,
     size: Option<u64>,
-    atime: Option<TimeOrNow>,
-    mtime: Option<TimeOrNow>,
+    atime: Option<SetTime>,
+    mtime: Option<SetTime>,
     ctime: Option<SystemTime>,
 }
 
-fn reply_xattr(data: R<Vec<u8>>, size: u32, reply: ReplyXattr) {
-    match data {
-        Ok(v) if size == 0 => reply.size(v.len() as u32),
-        Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
-        Ok(v) => reply.data(&v),
-        Err(e) => reply.error(e),
+/// Who sent a request (the request header's uid, gid, pid).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+/// The answer to LOOKUP, MKNOD, MKDIR, SYMLINK, LINK (and the entry part
+/// of CREATE and READDIRPLUS): valid for [`TTL`], one more kernel
+/// reference to the inode (counted before the answer is returned).
+#[derive(Clone, Copy, Debug)]
+pub struct Entry {
+    pub attr: Attr,
+    pub generation: u64,
+}
+
+/// The answer to OPEN, OPENDIR: the handle and the `FOPEN_*` bits.
+#[derive(Clone, Copy, Debug)]
+pub struct Opened {
+    pub fh: u64,
+    pub flags: u32,
+}
+
+/// The answer to STATFS.
+#[derive(Clone, Copy, Debug)]
+pub struct Statfs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+}
+
+/// The answer to GETXATTR, LISTXATTR: the size asked for with a size of
+/// 0, else the bytes (ERANGE when they do not fit).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum XattrReply {
+    Size(u32),
+    Data(Vec<u8>),
+}
+
+impl XattrReply {
+    fn of(data: Vec<u8>, size: u32) -> R<XattrReply> {
+        if size == 0 {
+            Ok(XattrReply::Size(data.len() as u32))
+        } else if data.len() > size as usize {
+            Err(Errno::ERANGE)
+        } else {
+            Ok(XattrReply::Data(data))
+        }
     }
 }
 
-fn reply_empty(r: R<()>, reply: ReplyEmpty) {
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(e),
-    }
+/// A time SETATTR sets.
+#[derive(Clone, Copy, Debug)]
+pub enum SetTime {
+    Now,
+    At(SystemTime),
 }
 
-impl fuser::Filesystem for FuseFs {
-    /// At the end of the session (before the engine is closed): the
-    /// lazytime atimes still in memory are written.
-    fn destroy(&mut self) {
+/// SETATTR's fields (each `None` when its `FATTR_*` bit is clear).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetAttrIn {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+    pub ctime: Option<SystemTime>,
+}
+
+/// One READDIR entry: the d_type kind, its position for the next request.
+#[derive(Clone, Copy, Debug)]
+pub struct DirEntry<'a> {
+    pub ino: u64,
+    pub offset: u64,
+    pub kind: FileType,
+    pub name: &'a [u8],
+}
+
+/// One READDIRPLUS entry.
+#[derive(Clone, Copy, Debug)]
+pub struct DirEntryPlus<'a> {
+    pub offset: u64,
+    pub name: &'a [u8],
+    pub entry: Entry,
+}
+
+/// The operations, one method per FUSE request, with no transport's
+/// types in them (but fuser's `Errno` and `FileType`, plain values): the
+/// `fuser::Filesystem` adapter ([`crate::fuser_fs`]) calls them, and so
+/// can another transport. Node ids are FUSE's (root 1).
+impl FuseFs {
+    /// After INIT: what was negotiated.
+    pub fn set_negotiated(&mut self, writeback: bool, killpriv: bool) {
+        self.writeback = writeback;
+        self.killpriv = killpriv;
+    }
+
+    /// DESTROY, at the end of the session (before the engine is closed):
+    /// the lazytime atimes still in memory are written.
+    pub fn op_destroy(&self) {
         self.write_pending_atimes();
     }
 
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let got = crate::mount::negotiate(&self.s, config);
-        self.writeback = got.writeback;
-        self.killpriv = got.killpriv;
-        Ok(())
-    }
-
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    pub fn op_lookup(&self, parent: u64, name: &[u8]) -> R<Entry> {
         RequestCounts::bump(&self.s.requests.lookup);
-        match self.do_lookup(parent, name) {
-            Ok(i) => self.entry(&i, reply),
+        match self.do_lookup(INodeNo(parent), OsStr::from_bytes(name)) {
+            Ok(i) => Ok(self.entry(&i)),
             // A name that is not there is a negative entry the kernel
             // keeps for the TTL (as the kernel's ext4 keeps a negative
             // dentry), not an ENOENT it would ask again at every open or
@@ -1272,206 +1355,162 @@ impl fuser::Filesystem for FuseFs {
             // there. The mount is the only writer, and every name it
             // creates is created by a kernel request that replaces the
             // negative dentry with the new inode.
-            Err(e) if e == Errno::ENOENT => {
-                reply.entry(&TTL, &crate::attr::negative_attr(), Generation(0))
-            }
-            Err(e) => reply.error(e),
+            Err(e) if e == Errno::ENOENT => Ok(Entry {
+                attr: crate::attr::negative_attr(),
+                generation: 0,
+            }),
+            Err(e) => Err(e),
         }
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        let Ok(ino) = ext4_ino(ino) else { return };
+    pub fn op_forget(&self, ino: u64, nlookup: u64) {
+        let Ok(ino) = ext4_ino(INodeNo(ino)) else {
+            return;
+        };
         let free = self.s.state().forget(ino, nlookup);
         self.fire_orphan(free);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    pub fn op_getattr(&self, ino: u64) -> R<Attr> {
         RequestCounts::bump(&self.s.requests.getattr);
-        let r = ext4_ino(ino).and_then(|i| {
-            self.settle(i);
-            self.s.inode(i)
-        });
-        match r {
-            Ok(i) => reply.attr(&TTL, &self.attr(&i)),
-            Err(e) => reply.error(e),
-        }
+        let i = ext4_ino(INodeNo(ino))?;
+        self.settle(i);
+        Ok(self.attr(&self.s.inode(i)?))
     }
 
-    fn setattr(
+    /// `kill_suidgid`: the kernel's `FATTR_KILL_SUIDGID`; `None` when the
+    /// transport cannot tell (fuser 0.18 does not pass it on): then the
+    /// kernel's rule is applied here, with root standing for CAP_FSETID.
+    pub fn op_setattr(
         &self,
-        req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
+        req: &Caller,
+        ino: u64,
+        a: SetAttrIn,
+        kill_suidgid: Option<bool>,
+    ) -> R<Attr> {
         // With killpriv the kernel asks the filesystem to clear the bits
-        // (`FATTR_KILL_SUIDGID`) on every chown of a non-directory and on
-        // a truncate by a caller without CAP_FSETID; fuser 0.18 does not
-        // pass that flag on, so the same rule is applied here, with root
-        // standing for CAP_FSETID.
-        let kill = self.killpriv
-            && mode.is_none()
-            && (uid.is_some() || gid.is_some() || (size.is_some() && req.uid() != 0));
+        // on every chown of a non-directory and on a truncate by a caller
+        // without CAP_FSETID.
+        let rule = a.mode.is_none()
+            && (a.uid.is_some() || a.gid.is_some() || (a.size.is_some() && req.uid != 0));
+        let kill = self.killpriv && kill_suidgid.unwrap_or(rule);
         // An explicit atime replaces a lazytime one not written yet.
-        if atime.is_some()
-            && let Ok(i) = ext4_ino(ino)
+        if a.atime.is_some()
+            && let Ok(i) = ext4_ino(INodeNo(ino))
         {
             self.s.atimes.discard(i);
         }
         let a = SetArgs {
             kill,
-            mode,
-            uid,
-            gid,
-            size,
-            atime,
-            mtime,
-            ctime,
+            mode: a.mode,
+            uid: a.uid,
+            gid: a.gid,
+            size: a.size,
+            atime: a.atime,
+            mtime: a.mtime,
+            ctime: a.ctime,
         };
-        match self.do_setattr(ino, a) {
-            Ok(i) => reply.attr(&TTL, &self.attr(&i)),
-            Err(e) => reply.error(e),
-        }
+        let i = self.do_setattr(INodeNo(ino), a)?;
+        Ok(self.attr(&i))
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let r = ext4_ino(ino).and_then(|ino| {
-            self.s.inode(ino)?;
-            self.s
-                .backend
-                .read_inode(ino, |f, i| f.read_link(i))
-                .map_err(|e| errno(&e))
-        });
-        match r {
-            Ok(t) => {
-                if let Ok(i) = ext4_ino(ino) {
-                    self.accessed(i);
-                }
-                reply.data(&t)
-            }
-            Err(e) => reply.error(e),
-        }
+    pub fn op_readlink(&self, ino: u64) -> R<Vec<u8>> {
+        let ino = ext4_ino(INodeNo(ino))?;
+        self.s.inode(ino)?;
+        let t = self
+            .s
+            .backend
+            .read_inode(ino, |f, i| f.read_link(i))
+            .map_err(|e| errno(&e))?;
+        self.accessed(ino);
+        Ok(t)
     }
 
-    fn mknod(
+    pub fn op_mknod(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
+        req: &Caller,
+        parent: u64,
+        name: &[u8],
         mode: u32,
         umask: u32,
         rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        match self.make(req, parent, name, umask, Make::Node { mode, rdev }) {
-            Ok(i) => self.entry(&i, reply),
-            Err(e) => reply.error(e),
-        }
+    ) -> R<Entry> {
+        let name = OsStr::from_bytes(name);
+        let i = self.make(req, INodeNo(parent), name, umask, Make::Node { mode, rdev })?;
+        Ok(self.entry(&i))
     }
 
-    fn mkdir(
+    pub fn op_mkdir(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
+        req: &Caller,
+        parent: u64,
+        name: &[u8],
         mode: u32,
         umask: u32,
-        reply: ReplyEntry,
-    ) {
-        match self.make(req, parent, name, umask, Make::Dir { mode }) {
-            Ok(i) => self.entry(&i, reply),
-            Err(e) => reply.error(e),
-        }
+    ) -> R<Entry> {
+        let name = OsStr::from_bytes(name);
+        let i = self.make(req, INodeNo(parent), name, umask, Make::Dir { mode })?;
+        Ok(self.entry(&i))
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        reply_empty(self.do_unlink(parent, name), reply);
+    pub fn op_unlink(&self, parent: u64, name: &[u8]) -> R<()> {
+        self.do_unlink(INodeNo(parent), OsStr::from_bytes(name))
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = (|| {
-            let fs = self.fs()?;
-            self.s.flush_all();
-            let name = name_ok(name)?;
-            let p = ext4_ino(parent)?;
-            let tid = fs.rmdir(p, name).map_err(|e| errno(&e))?;
-            self.s.state().changed(p, tid);
-            Ok(())
-        })();
-        reply_empty(r, reply);
+    pub fn op_rmdir(&self, parent: u64, name: &[u8]) -> R<()> {
+        let fs = self.fs()?;
+        self.s.flush_all();
+        let name = name_ok(OsStr::from_bytes(name))?;
+        let p = ext4_ino(INodeNo(parent))?;
+        let tid = fs.rmdir(p, name).map_err(|e| errno(&e))?;
+        self.s.state().changed(p, tid);
+        Ok(())
     }
 
-    fn symlink(
+    pub fn op_symlink(&self, req: &Caller, parent: u64, name: &[u8], target: &[u8]) -> R<Entry> {
+        let name = OsStr::from_bytes(name);
+        let i = self.make(req, INodeNo(parent), name, 0, Make::Symlink { target })?;
+        Ok(self.entry(&i))
+    }
+
+    /// `flags`: `RENAME_NOREPLACE`/`EXCHANGE`/`WHITEOUT` (RENAME2).
+    pub fn op_rename(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
-        let target = target.as_os_str().as_bytes();
-        match self.make(req, parent, link_name, 0, Make::Symlink { target }) {
-            Ok(i) => self.entry(&i, reply),
-            Err(e) => reply.error(e),
-        }
+        req: &Caller,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: u32,
+    ) -> R<()> {
+        self.do_rename(
+            req,
+            INodeNo(parent),
+            OsStr::from_bytes(name),
+            INodeNo(newparent),
+            OsStr::from_bytes(newname),
+            flags,
+        )
     }
 
-    fn rename(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        reply_empty(
-            self.do_rename(req, parent, name, newparent, newname, flags),
-            reply,
-        );
+    pub fn op_link(&self, ino: u64, newparent: u64, newname: &[u8]) -> R<Entry> {
+        let fs = self.fs()?;
+        self.s.flush_all();
+        let name = name_ok(OsStr::from_bytes(newname))?;
+        let (ino, p) = (ext4_ino(INodeNo(ino))?, ext4_ino(INodeNo(newparent))?);
+        let tid = retry(fs, || fs.link(ino, p, name)).map_err(|e| errno(&e))?;
+        let mut st = self.s.state();
+        st.changed(ino, tid);
+        st.changed(p, tid);
+        drop(st);
+        let i = self.s.inode(ino)?;
+        Ok(self.entry(&i))
     }
 
-    fn link(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        let r = (|| {
-            let fs = self.fs()?;
-            self.s.flush_all();
-            let name = name_ok(newname)?;
-            let (ino, p) = (ext4_ino(ino)?, ext4_ino(newparent)?);
-            let tid = retry(fs, || fs.link(ino, p, name)).map_err(|e| errno(&e))?;
-            let mut st = self.s.state();
-            st.changed(ino, tid);
-            st.changed(p, tid);
-            drop(st);
-            self.s.inode(ino)
-        })();
-        match r {
-            Ok(i) => self.entry(&i, reply),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let r = (|| {
-            let ino = ext4_ino(ino)?;
+    /// `flags`: the open(2) flags.
+    pub fn op_open(&self, ino: u64, flags: i32) -> R<Opened> {
+        let ino = ext4_ino(INodeNo(ino))?;
+        let fh = {
             // Under the inode's engine lock: an unlink decides "open or
             // not" under it too, so it sees this handle, or this open
             // sees the inode gone.
@@ -1483,135 +1522,83 @@ impl fuser::Filesystem for FuseFs {
             if i.is_dir() {
                 return Err(Errno::EISDIR);
             }
-            crate::flags::may_open(&i, flags.0)?;
-            let append = flags.0 & libc::O_APPEND != 0 && !self.writeback;
-            let write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
-            Ok(self
-                .s
+            crate::flags::may_open(&i, flags)?;
+            let append = flags & libc::O_APPEND != 0 && !self.writeback;
+            let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+            self.s
                 .state()
-                .add_handle(Handle::File { ino, append, write }))
-        })();
-        match r {
-            Ok(fh) => {
-                let f = match ext4_ino(ino) {
-                    Ok(i) => self.atime_open_flags(i, flags.0, self.open_flags()),
-                    Err(_) => self.open_flags(),
-                };
-                reply.opened(FileHandle(fh), f)
-            }
-            Err(e) => reply.error(e),
-        }
+                .add_handle(Handle::File { ino, append, write })
+        };
+        let f = self.atime_open_flags(ino, flags, self.open_flags());
+        Ok(Opened {
+            fh,
+            flags: f.bits(),
+        })
     }
 
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
+    pub fn op_read(&self, ino: u64, offset: u64, size: u32) -> R<Vec<u8>> {
         // The atime is updated before the reply, as the kernel's read
         // does it: a stat after the read sees it.
-        let r = ext4_ino(ino).and_then(|i| {
-            let d = self.read_data(i, offset, size)?;
-            self.accessed(i);
-            Ok(d)
-        });
-        match r {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(e),
-        }
+        let i = ext4_ino(INodeNo(ino))?;
+        let d = self.read_data(i, offset, size)?;
+        self.accessed(i);
+        Ok(d)
     }
 
-    fn write(
+    /// `kill`: `FUSE_WRITE_KILL_SUIDGID`; `flags`: the open(2) flags.
+    #[allow(clippy::too_many_arguments)]
+    pub fn op_write(
         &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
+        req: &Caller,
+        ino: u64,
+        fh: u64,
         offset: u64,
         data: &[u8],
-        write_flags: WriteFlags,
-        flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        let pid = Some(req.pid()).filter(|&p| p != 0);
-        let r =
-            ext4_ino(ino).and_then(|i| self.do_write(i, fh.0, offset, data, kill, flags.0, pid));
-        match r {
-            Ok(n)
-                if (n as usize) < data.len()
-                    && write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) =>
-            {
-                // A write-back of pages (writeback cache, mmap): the kernel
-                // looks only at the error of the reply, not at the count
-                // (`fuse_writepage_end`), so a short write would lose the
-                // rest while fsync succeeds. An error is kept in the
-                // mapping (`mapping_set_error`) and returned by the next
-                // fsync or close; what fitted is written.
-                let end = offset.saturating_add(u64::from(n));
-                reply.error(if end >= self.s.max_file {
-                    Errno::EFBIG
-                } else {
-                    Errno::ENOSPC
-                })
-            }
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(e),
+        kill: bool,
+        cached: bool,
+        flags: i32,
+    ) -> R<u32> {
+        let pid = Some(req.pid).filter(|&p| p != 0);
+        let i = ext4_ino(INodeNo(ino))?;
+        let n = self.do_write(i, fh, offset, data, kill, flags, pid)?;
+        if (n as usize) < data.len() && cached {
+            // A write-back of pages (`FUSE_WRITE_CACHE`: writeback cache,
+            // mmap): the kernel looks only at the error of the reply, not
+            // at the count (`fuse_writepage_end`), so a short write would
+            // lose the rest while fsync succeeds. An error is kept in the
+            // mapping (`mapping_set_error`) and returned by the next fsync
+            // or close; what fitted is written.
+            let end = offset.saturating_add(u64::from(n));
+            return Err(if end >= self.s.max_file {
+                Errno::EFBIG
+            } else {
+                Errno::ENOSPC
+            });
         }
+        Ok(n)
     }
 
-    fn flush(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
+    pub fn op_flush(&self, ino: u64) -> R<()> {
         // close(2) does not sync on ext4 either (and the opens ask for no
         // FLUSH); the buffered writes reach the engine, and a flush error
         // not returned yet is returned here.
-        let r = ext4_ino(ino).and_then(|i| {
-            let flushed = self.s.flush_ino(i);
-            if let Some(e) = self.s.wbuf.take_error(i) {
-                return Err(e);
-            }
-            flushed
-        });
-        reply_empty(r, reply);
+        let i = ext4_ino(INodeNo(ino))?;
+        let flushed = self.s.flush_ino(i);
+        if let Some(e) = self.s.wbuf.take_error(i) {
+            return Err(e);
+        }
+        flushed
     }
 
-    fn release(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        let free = self.s.state().close_handle(fh.0);
+    pub fn op_release(&self, fh: u64) {
+        let free = self.s.state().close_handle(fh);
         self.fire_orphan(free);
-        reply.ok();
     }
 
-    fn fsync(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        let r = ext4_ino(ino).and_then(|i| self.fsync_ino(i));
-        if r.is_ok() && self.writeback {
+    /// FSYNC and FSYNCDIR.
+    pub fn op_fsync(&self, ino: u64) -> R<()> {
+        self.fsync_ino(ext4_ino(INodeNo(ino))?)?;
+        if self.writeback {
             // The kernel's FUSE does not keep i_blocks with the cache: its
             // close invalidates the cached STATX_BLOCKS (`fuse_flush`), its
             // fsync does not. An inval notify of the attributes only
@@ -1619,80 +1606,76 @@ impl fuser::Filesystem for FuseFs {
             // reply has the next stat ask, so after fsync/fdatasync
             // st_blocks is what the write-back allocated, as on ext4.
             if let Some(n) = self.s.notifier.get()
-                && let Err(e) = n.inval_inode(ino, -1, 0)
+                && let Err(e) = n.inval_inode(INodeNo(ino), -1, 0)
             {
-                tracing::debug!("attribute inval after fsync of {ino:?}: {e}");
+                tracing::debug!("attribute inval after fsync of {ino}: {e}");
             }
         }
-        reply_empty(r, reply);
+        Ok(())
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let r = ext4_ino(ino).and_then(|ino| {
-            self.dir(ino)?;
-            let fh = self.s.state().add_handle(Handle::Dir { ino, snap: None });
-            Ok((fh, self.dir_flags(ino)))
-        });
-        match r {
-            Ok((fh, flags)) => reply.opened(FileHandle(fh), flags),
-            Err(e) => reply.error(e),
-        }
+    pub fn op_opendir(&self, ino: u64) -> R<Opened> {
+        let ino = ext4_ino(INodeNo(ino))?;
+        self.dir(ino)?;
+        let fh = self.s.state().add_handle(Handle::Dir { ino, snap: None });
+        Ok(Opened {
+            fh,
+            flags: self.dir_flags(ino).bits(),
+        })
     }
 
-    fn readdir(
+    /// READDIR from `offset`: `add` takes each entry and says whether
+    /// the reply is full (that entry not taken).
+    pub fn op_readdir(
         &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
+        ino: u64,
+        fh: u64,
         offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
+        add: &mut dyn FnMut(DirEntry<'_>) -> bool,
+    ) -> R<()> {
         RequestCounts::bump(&self.s.requests.readdir);
-        let snap = match ext4_ino(ino).and_then(|i| self.do_readdir(i, fh.0, offset)) {
-            Ok(s) => s,
-            Err(e) => return reply.error(e),
-        };
+        let d = ext4_ino(INodeNo(ino))?;
+        let snap = self.do_readdir(d, fh, offset)?;
         let start = usize::try_from(offset).unwrap_or(usize::MAX);
         for (k, item) in snap.iter().enumerate().skip(start) {
-            let name = OsStr::from_bytes(&item.name);
-            if reply.add(fuse_ino(item.ino), k as u64 + 1, item.kind, name) {
+            let e = DirEntry {
+                ino: fuse_ino(item.ino).0,
+                offset: k as u64 + 1,
+                kind: item.kind,
+                name: &item.name,
+            };
+            if add(e) {
                 break;
             }
         }
-        if let Ok(d) = ext4_ino(ino) {
-            self.accessed(d);
-        }
-        reply.ok();
+        self.accessed(d);
+        Ok(())
     }
 
-    /// READDIRPLUS: the entries of READDIR (`readdir` above) with their inodes'
-    /// attributes, so a listing that stats its entries (`ls -l`, `find`,
-    /// `rm -r`) needs no LOOKUP per name. Every entry but "." and ".."
-    /// is one more kernel reference to its inode (the kernel links it as
-    /// a dentry). The snapshot's names are what the directory holds when
-    /// the snapshot is taken by this request (offset 0: the kernel holds
-    /// the directory locked for the whole request, so nothing is created,
-    /// removed or renamed in it meanwhile); at a later offset each name is
-    /// looked up again, so an entry never names an inode the name no
-    /// longer has (a name gone since is left out, one that now names
-    /// another inode is answered with that one).
-    fn readdirplus(
+    /// READDIRPLUS: the entries of READDIR ([`FuseFs::op_readdir`]) with
+    /// their inodes' attributes, so a listing that stats its entries
+    /// (`ls -l`, `find`, `rm -r`) needs no LOOKUP per name. Every entry
+    /// `add` takes but "." and ".." is one more kernel reference to its
+    /// inode (the kernel links it as a dentry). The snapshot's names are
+    /// what the directory holds when the snapshot is taken by this
+    /// request (offset 0: the kernel holds the directory locked for the
+    /// whole request, so nothing is created, removed or renamed in it
+    /// meanwhile); at a later offset each name is looked up again, so an
+    /// entry never names an inode the name no longer has (a name gone
+    /// since is left out, one that now names another inode is answered
+    /// with that one). The references are counted before this returns
+    /// (before the reply: a FORGET may follow it at once), so a
+    /// transport must send what `add` took.
+    pub fn op_readdirplus(
         &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
+        ino: u64,
+        fh: u64,
         offset: u64,
-        mut reply: fuser::ReplyDirectoryPlus,
-    ) {
+        add: &mut dyn FnMut(DirEntryPlus<'_>) -> bool,
+    ) -> R<()> {
         RequestCounts::bump(&self.s.requests.readdirplus);
-        let dir = match ext4_ino(ino) {
-            Ok(d) => d,
-            Err(e) => return reply.error(e),
-        };
-        let snap = match self.do_readdir(dir, fh.0, offset) {
-            Ok(s) => s,
-            Err(e) => return reply.error(e),
-        };
+        let dir = ext4_ino(INodeNo(ino))?;
+        let snap = self.do_readdir(dir, fh, offset)?;
         let fresh = offset == 0;
         let start = usize::try_from(offset).unwrap_or(usize::MAX);
         let mut linked = Vec::new();
@@ -1701,14 +1684,11 @@ impl fuser::Filesystem for FuseFs {
             let now = if fresh || dots {
                 Some(item.ino)
             } else {
-                match self
-                    .s
+                self.s
                     .backend
                     .read_inode(dir, |f, d| f.lookup(d, &item.name))
-                {
-                    Ok(e) => e.map(|e| e.ino),
-                    Err(e) => return reply.error(errno(&e)),
-                }
+                    .map_err(|e| errno(&e))?
+                    .map(|e| e.ino)
             };
             let Some(cur) = now else { continue };
             self.settle(cur);
@@ -1718,23 +1698,18 @@ impl fuser::Filesystem for FuseFs {
                 // directory): left out.
                 Err(_) => continue,
             };
-            let name = OsStr::from_bytes(&item.name);
-            let full = reply.add(
-                fuse_ino(cur),
-                k as u64 + 1,
-                name,
-                &TTL,
-                &self.attr(&i),
-                Generation(u64::from(i.generation)),
-            );
-            if full {
+            let e = DirEntryPlus {
+                offset: k as u64 + 1,
+                name: &item.name,
+                entry: self.entry_of(&i),
+            };
+            if add(e) {
                 break;
             }
             if !dots {
                 linked.push(cur);
             }
         }
-        // Counted before the reply: a FORGET may follow it at once.
         {
             let mut st = self.s.state();
             for i in linked {
@@ -1742,166 +1717,131 @@ impl fuser::Filesystem for FuseFs {
             }
         }
         self.accessed(dir);
-        reply.ok();
+        Ok(())
     }
 
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        self.s.state().handles.remove(&fh.0);
-        reply.ok();
+    pub fn op_releasedir(&self, fh: u64) {
+        self.s.state().handles.remove(&fh);
     }
 
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        reply_empty(ext4_ino(ino).and_then(|i| self.fsync_ino(i)), reply);
+    pub fn op_statfs(&self) -> R<Statfs> {
+        let [blocks, bfree, bavail, files, ffree] = self.statfs_values()?;
+        let bs = self.s.block_size;
+        Ok(Statfs {
+            blocks,
+            bfree,
+            bavail,
+            files,
+            ffree,
+            bsize: bs,
+            namelen: NAME_MAX as u32,
+            frsize: bs,
+        })
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.statfs_values() {
-            Ok([blocks, bfree, bavail, files, ffree]) => {
-                let bs = self.s.block_size;
-                reply.statfs(blocks, bfree, bavail, files, ffree, bs, NAME_MAX as u32, bs)
-            }
-            Err(e) => reply.error(e),
+    pub fn op_setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> R<()> {
+        self.xattr_set(ext4_ino(INodeNo(ino))?, name, Some(value), flags)
+    }
+
+    pub fn op_getxattr(&self, ino: u64, name: &[u8], size: u32) -> R<XattrReply> {
+        RequestCounts::bump(&self.s.requests.getxattr);
+        let v = self.xattr_get(ext4_ino(INodeNo(ino))?, name)?;
+        XattrReply::of(v, size)
+    }
+
+    pub fn op_listxattr(&self, req: &Caller, ino: u64, size: u32) -> R<XattrReply> {
+        let v = self.xattr_list(req, ext4_ino(INodeNo(ino))?)?;
+        XattrReply::of(v, size)
+    }
+
+    pub fn op_removexattr(&self, ino: u64, name: &[u8]) -> R<()> {
+        self.xattr_set(ext4_ino(INodeNo(ino))?, name, None, 0)
+    }
+
+    /// `mask`: access(2)'s `R_OK|W_OK|X_OK` (0: `F_OK`).
+    pub fn op_access(&self, req: &Caller, ino: u64, mask: i32) -> R<()> {
+        // Only reached without default_permissions (never, as mounted
+        // here); answer with the classic mode-bit check anyway.
+        let i = self.s.inode(ext4_ino(INodeNo(ino))?)?;
+        if mask == libc::F_OK || req.uid == 0 {
+            return Ok(());
+        }
+        let bits = if req.uid == i.uid {
+            i.mode >> 6
+        } else if req.gid == i.gid {
+            i.mode >> 3
+        } else {
+            i.mode
+        } & 7;
+        let want = (mask & 7) as u16;
+        if bits & want == want {
+            Ok(())
+        } else {
+            Err(Errno::EACCES)
         }
     }
 
-    fn setxattr(
+    /// CREATE: the entry (one more kernel reference) and the open file.
+    pub fn op_create(
         &self,
-        _req: &Request,
-        ino: INodeNo,
-        name: &OsStr,
-        value: &[u8],
-        flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        let r = ext4_ino(ino).and_then(|i| self.xattr_set(i, name.as_bytes(), Some(value), flags));
-        reply_empty(r, reply);
-    }
-
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        RequestCounts::bump(&self.s.requests.getxattr);
-        let r = ext4_ino(ino).and_then(|i| self.xattr_get(i, name.as_bytes()));
-        reply_xattr(r, size, reply);
-    }
-
-    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let r = ext4_ino(ino).and_then(|i| self.xattr_list(req, i));
-        reply_xattr(r, size, reply);
-    }
-
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let r = ext4_ino(ino).and_then(|i| self.xattr_set(i, name.as_bytes(), None, 0));
-        reply_empty(r, reply);
-    }
-
-    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        // Only reached without default_permissions (never, as mounted
-        // here); answer with the classic mode-bit check anyway.
-        let r = ext4_ino(ino).and_then(|ino| {
-            let i = self.s.inode(ino)?;
-            if mask == AccessFlags::F_OK || req.uid() == 0 {
-                return Ok(());
-            }
-            let bits = if req.uid() == i.uid {
-                i.mode >> 6
-            } else if req.gid() == i.gid {
-                i.mode >> 3
-            } else {
-                i.mode
-            } & 7;
-            let want = (mask.bits() & 7) as u16;
-            if bits & want == want {
-                Ok(())
-            } else {
-                Err(Errno::EACCES)
-            }
-        });
-        reply_empty(r, reply);
-    }
-
-    fn create(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
+        req: &Caller,
+        parent: u64,
+        name: &[u8],
         mode: u32,
         umask: u32,
         flags: i32,
-        reply: ReplyCreate,
-    ) {
+    ) -> R<(Entry, Opened)> {
         let rdev = 0;
         let mode = (mode & !u32::from(S_IFMT)) | u32::from(S_IFREG);
-        match self.make(req, parent, name, umask, Make::Node { mode, rdev }) {
-            Ok(i) => {
-                let append = flags & libc::O_APPEND != 0 && !self.writeback;
-                let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
-                let fh = {
-                    let mut st = self.s.state();
-                    st.looked_up(i.ino);
-                    st.add_handle(Handle::File {
-                        ino: i.ino,
-                        append,
-                        write,
-                    })
-                };
-                reply.created(
-                    &TTL,
-                    &self.attr(&i),
-                    Generation(u64::from(i.generation)),
-                    FileHandle(fh),
-                    self.open_flags(),
-                );
-            }
-            Err(e) => reply.error(e),
-        }
+        let name = OsStr::from_bytes(name);
+        let i = self.make(req, INodeNo(parent), name, umask, Make::Node { mode, rdev })?;
+        let append = flags & libc::O_APPEND != 0 && !self.writeback;
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let fh = {
+            let mut st = self.s.state();
+            st.looked_up(i.ino);
+            st.add_handle(Handle::File {
+                ino: i.ino,
+                append,
+                write,
+            })
+        };
+        let opened = Opened {
+            fh,
+            flags: self.open_flags().bits(),
+        };
+        Ok((self.entry_of(&i), opened))
     }
 
-    fn fallocate(
+    pub fn op_fallocate(
         &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        req: &Caller,
+        ino: u64,
         offset: u64,
         length: u64,
         mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        let r = ext4_ino(ino).and_then(|i| {
-            self.do_fallocate(i, offset, length, mode)?;
-            if req.uid() != 0 {
-                self.kill_suid_sgid(i)?;
-            }
-            Ok(())
-        });
-        reply_empty(r, reply);
+    ) -> R<()> {
+        let i = ext4_ino(INodeNo(ino))?;
+        self.do_fallocate(i, offset, length, mode)?;
+        if req.uid != 0 {
+            self.kill_suid_sgid(i)?;
+        }
+        Ok(())
     }
 
-    fn lseek(
+    /// LSEEK: `done` gets the answer, on this thread or (SEEK_DATA/HOLE
+    /// with the writeback cache and the file open for writing) on a
+    /// thread of its own, after the kernel wrote dirty pages back.
+    pub fn op_lseek(
         &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        ino: u64,
         offset: i64,
         whence: i32,
-        reply: ReplyLseek,
+        done: impl FnOnce(R<i64>) + Send + 'static,
     ) {
-        let i = match ext4_ino(ino) {
+        let i = match ext4_ino(INodeNo(ino)) {
             Ok(i) => i,
-            Err(e) => return reply.error(e),
+            Err(e) => return done(Err(e)),
         };
         if self.writeback && self.s.state().is_open_for_writing(i) {
             // The kernel may hold dirty pages of the file that are still
@@ -1920,44 +1860,37 @@ impl fuser::Filesystem for FuseFs {
                 let spawned = std::thread::Builder::new()
                     .name("ext4kit-lseek".into())
                     .spawn(move || {
-                        if let Err(e) = n.inval_inode(ino, offset.max(0), 0) {
+                        if let Err(e) = n.inval_inode(INodeNo(ino), offset.max(0), 0) {
                             tracing::debug!("inval before lseek of {i}: {e}");
                         }
-                        match me.do_lseek(i, offset, whence) {
-                            Ok(o) => reply.offset(o),
-                            Err(e) => reply.error(e),
-                        }
+                        done(me.do_lseek(i, offset, whence));
                     });
                 if let Err(e) = spawned {
-                    // The reply went with the closure (dropped: EIO).
+                    // The answer went with the closure (dropped: the
+                    // transport's EIO).
                     tracing::warn!("lseek thread: {e}");
                 }
                 return;
             }
             // No notifier (not expected): the kernel's own answer.
-            return reply.error(Errno::ENOSYS);
+            return done(Err(Errno::ENOSYS));
         }
-        match self.do_lseek(i, offset, whence) {
-            Ok(o) => reply.offset(o),
-            Err(e) => reply.error(e),
-        }
+        done(self.do_lseek(i, offset, whence))
     }
 
     /// `FITRIM` (on any file or directory of the mount, as ext4; see
     /// [`crate::trim`]), the inode flags of lsattr/chattr
-    /// ([`crate::flags`]); every other command is ENOTTY, as ext4 answers
-    /// commands it does not know.
-    fn ioctl(
+    /// ([`crate::flags`]), `ext4kit sync`; every other command is
+    /// ENOTTY, as ext4 answers commands it does not know. The answer is
+    /// the out data (the result is always 0).
+    pub fn op_ioctl(
         &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: fuser::IoctlFlags,
+        req: &Caller,
+        ino: u64,
         cmd: u32,
         in_data: &[u8],
         out_size: u32,
-        reply: fuser::ReplyIoctl,
-    ) {
+    ) -> R<Vec<u8>> {
         // Flag changes (chattr +i must refuse the writes after it) and
         // FITRIM (free space exact) come after the buffered writes.
         self.s.flush_all();
@@ -1968,60 +1901,42 @@ impl fuser::Filesystem for FuseFs {
             // does the idle commit).
             self.write_pending_atimes();
             self.s.idle.note_sync();
-            return match self.s.commit_all() {
-                Ok(()) => reply.ioctl(0, &[]),
-                Err(e) => reply.error(errno(&e)),
-            };
+            return self
+                .s
+                .commit_all()
+                .map(|()| Vec::new())
+                .map_err(|e| errno(&e));
         }
         if crate::flags::is_flags_ioctl(cmd) {
-            let r = ext4_ino(ino).and_then(|i| crate::flags::ioctl(&self.s, i, cmd, in_data));
+            let r =
+                ext4_ino(INodeNo(ino)).and_then(|i| crate::flags::ioctl(&self.s, i, cmd, in_data));
             self.s.idle.note();
-            return match r {
-                Ok(data) => reply.ioctl(0, &data),
-                Err(e) => reply.error(e),
-            };
+            return r;
         }
         if cmd != crate::trim::FITRIM {
-            return reply.error(Errno::ENOTTY);
+            return Err(Errno::ENOTTY);
         }
-        match crate::trim::fitrim(&self.s, req.uid(), in_data, out_size) {
-            Ok(range) => reply.ioctl(0, &range.to_bytes()),
-            Err(e) => reply.error(e),
-        }
+        let range = crate::trim::fitrim(&self.s, req.uid, in_data, out_size)?;
+        Ok(range.to_bytes().to_vec())
     }
 
-    fn copy_file_range(
+    /// `(ino, fh, offset)` of each side; the bytes copied.
+    pub fn op_copy_file_range(
         &self,
-        req: &Request,
-        ino_in: INodeNo,
-        fh_in: FileHandle,
-        offset_in: u64,
-        ino_out: INodeNo,
-        fh_out: FileHandle,
-        offset_out: u64,
+        req: &Caller,
+        (ino_in, fh_in, offset_in): (u64, u64, u64),
+        (ino_out, fh_out, offset_out): (u64, u64, u64),
         len: u64,
-        flags: CopyFileRangeFlags,
-        reply: ReplyWrite,
-    ) {
-        let r = ext4_ino(ino_in).and_then(|i| {
-            let o = ext4_ino(ino_out)?;
-            self.do_copy_file_range(
-                (i, fh_in.0, offset_in),
-                (o, fh_out.0, offset_out),
-                len,
-                flags,
-            )
-        });
-        let r = r.and_then(|n| {
-            if n > 0 && req.uid() != 0 {
-                self.kill_suid_sgid(ext4_ino(ino_out)?)?;
-            }
-            Ok(n)
-        });
-        match r {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(e),
+        flags: u64,
+    ) -> R<u32> {
+        let i = ext4_ino(INodeNo(ino_in))?;
+        let o = ext4_ino(INodeNo(ino_out))?;
+        let n =
+            self.do_copy_file_range((i, fh_in, offset_in), (o, fh_out, offset_out), len, flags)?;
+        if n > 0 && req.uid != 0 {
+            self.kill_suid_sgid(o)?;
         }
+        Ok(n as u32)
     }
 }
 
