@@ -12,6 +12,7 @@ pub mod group_desc;
 pub mod htree;
 pub mod inode;
 pub mod jbd2;
+pub mod layout;
 pub mod mmp;
 pub mod orphan;
 pub mod superblock;

@@ -12,8 +12,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::thread::{self, ThreadId};
 
-use ext4kit_format::features::{Compat, Incompat, RoCompat};
+use ext4kit_format::features::{Incompat, RoCompat};
 use ext4kit_format::group_desc::GroupDesc;
+use ext4kit_format::layout::Backups;
 use ext4kit_format::{Csum, Superblock};
 
 use crate::{BlockRead, FsError};
@@ -42,9 +43,7 @@ pub struct Layout {
     pub flex_size: u32,
     pub meta_bg: bool,
     pub first_meta_bg: u32,
-    sparse_super: bool,
-    sparse_super2: bool,
-    backup_bgs: [u32; 2],
+    backups: Backups,
     /// Descriptor checksums (metadata_csum or gdt_csum) are kept, and with
     /// them `bg_itable_unused` and the UNINIT flags.
     pub group_csum: bool,
@@ -64,7 +63,6 @@ impl Layout {
             .ok_or_else(|| bad_sb("block size out of range"))?;
         let ro = RoCompat(sb.s_feature_ro_compat.get());
         let inc = Incompat(sb.s_feature_incompat.get());
-        let compat = Compat(sb.s_feature_compat.get());
         if ro.contains(RoCompat::BIGALLOC) {
             return Err(FsError::Unsupported("bigalloc (cluster allocation)".into()));
         }
@@ -128,9 +126,7 @@ impl Layout {
             flex_size,
             meta_bg: inc.contains(Incompat::META_BG),
             first_meta_bg: sb.s_first_meta_bg.get(),
-            sparse_super: ro.contains(RoCompat::SPARSE_SUPER),
-            sparse_super2: compat.contains(Compat::SPARSE_SUPER2),
-            backup_bgs: [sb.s_backup_bgs[0].get(), sb.s_backup_bgs[1].get()],
+            backups: Backups::of(sb),
             group_csum: ro.contains(RoCompat::METADATA_CSUM) || ro.contains(RoCompat::GDT_CSUM),
             csum: Csum::from_superblock(sb),
         })
@@ -166,28 +162,7 @@ impl Layout {
 
     /// Does group `g` hold a superblock backup (`ext4_bg_has_super`)?
     pub fn has_super(&self, g: u32) -> bool {
-        if g == 0 {
-            return true;
-        }
-        if self.sparse_super2 {
-            return self.backup_bgs.contains(&g);
-        }
-        if g <= 1 || !self.sparse_super {
-            return true;
-        }
-        if g.is_multiple_of(2) {
-            return false;
-        }
-        [3u32, 5, 7].iter().any(|&base| {
-            let mut p = base;
-            while p < g {
-                match p.checked_mul(base) {
-                    Some(n) => p = n,
-                    None => return false,
-                }
-            }
-            p == g
-        })
+        self.backups.has_super(g)
     }
 
     /// Blocks at the start of group `g` taken by the superblock backup, the

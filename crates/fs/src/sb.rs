@@ -92,33 +92,7 @@ impl std::fmt::Debug for FsInfo {
 /// Does group `g` hold a superblock backup (libext2fs's
 /// `ext2fs_bg_has_super`)? With sparse_super2 only the two groups of
 /// `s_backup_bgs` do, else the sparse_super rule applies.
-pub fn group_has_super(sb: &Superblock, g: u32) -> bool {
-    if g == 0 {
-        return true;
-    }
-    if Compat(sb.s_feature_compat.get()).contains(Compat::SPARSE_SUPER2) {
-        return sb.s_backup_bgs.iter().any(|b| b.get() == g);
-    }
-    if g <= 1 || !RoCompat(sb.s_feature_ro_compat.get()).contains(RoCompat::SPARSE_SUPER) {
-        return true;
-    }
-    if g.is_multiple_of(2) {
-        return false;
-    }
-    for base in [3u32, 5, 7] {
-        let mut p = base;
-        while p < g {
-            match p.checked_mul(base) {
-                Some(n) => p = n,
-                None => break,
-            }
-        }
-        if p == g {
-            return true;
-        }
-    }
-    false
-}
+pub use ext4kit_format::layout::group_has_super;
 
 impl FsInfo {
     /// Read and validate the superblock and descriptors through `blocks`.

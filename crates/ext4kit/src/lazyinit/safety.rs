@@ -42,7 +42,7 @@
 
 use std::collections::HashMap;
 
-use ext4kit_format::features::{Compat, Incompat, RoCompat};
+use ext4kit_format::features::{Compat, Incompat};
 use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT};
 use ext4kit_format::superblock::Superblock;
 
@@ -117,32 +117,7 @@ impl Extent {
 }
 
 /// Does `group` hold a superblock backup (and descriptor copies)?
-pub fn group_has_super(sb: &Superblock, group: u32) -> bool {
-    if group == 0 {
-        return true;
-    }
-    let compat = Compat(sb.s_feature_compat.get());
-    if compat.contains(Compat::SPARSE_SUPER2) {
-        return sb.s_backup_bgs.iter().any(|b| b.get() == group);
-    }
-    let ro = RoCompat(sb.s_feature_ro_compat.get());
-    if group == 1 || !ro.contains(RoCompat::SPARSE_SUPER) {
-        return true;
-    }
-    if group.is_multiple_of(2) {
-        return false;
-    }
-    [3u32, 5, 7].iter().any(|&base| {
-        let mut p = base;
-        while p < group {
-            match p.checked_mul(base) {
-                Some(n) => p = n,
-                None => return false,
-            }
-        }
-        p == group
-    })
-}
+pub use ext4kit_format::layout::group_has_super;
 
 /// Reads one block at a time, within a budget: a corrupt block map that
 /// sends the check around in circles ends in a refusal, not in hours.
@@ -972,6 +947,7 @@ mod tests {
     use crate::image::test_support::{ITB, synthetic, table_start};
     use crate::lazyinit::{Job, LazyError};
     use ext4kit_device::{Device, MemDevice};
+    use ext4kit_format::features::RoCompat;
     use ext4kit_format::group_desc::GroupDesc;
 
     const GROUPS: u32 = 4;

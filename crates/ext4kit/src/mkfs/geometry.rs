@@ -8,6 +8,7 @@
 
 use ext4kit_format::features::{Compat, Incompat, RoCompat};
 use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT, BG_INODE_ZEROED};
+use ext4kit_format::layout::Backups;
 use ext4kit_format::{Features, extent::EXT_INIT_MAX_LEN};
 
 use super::blockset::BlockSet;
@@ -248,17 +249,6 @@ pub struct GroupMeta {
     pub used: u64,
 }
 
-/// Powers of 3, 5 and 7 test for sparse_super backups.
-fn is_power_of(mut n: u32, base: u32) -> bool {
-    if n == 0 {
-        return false;
-    }
-    while n.is_multiple_of(base) {
-        n /= base;
-    }
-    n == 1
-}
-
 impl Layout {
     /// Where inode `ino` lives: its group and its slot in that group's
     /// table, `((ino - 1) / ipg, (ino - 1) % ipg)`. Every table write,
@@ -442,19 +432,12 @@ impl Layout {
 
 /// `ext2fs_bg_has_super`; `bgs` is `s_backup_bgs` (sparse_super2).
 fn has_super(features: &Features, bgs: &[u32; 2], g: u32) -> bool {
-    if g == 0 {
-        return true;
+    Backups {
+        sparse_super: features.ro_compat.contains(RoCompat::SPARSE_SUPER),
+        sparse_super2: features.compat.contains(Compat::SPARSE_SUPER2),
+        backup_bgs: *bgs,
     }
-    if features.compat.contains(Compat::SPARSE_SUPER2) {
-        return g == bgs[0] || g == bgs[1];
-    }
-    if g <= 1 || !features.ro_compat.contains(RoCompat::SPARSE_SUPER) {
-        return true;
-    }
-    if g & 1 == 0 {
-        return false;
-    }
-    is_power_of(g, 3) || is_power_of(g, 5) || is_power_of(g, 7)
+    .has_super(g)
 }
 
 /// Iterates the sparse_super backup groups 1, 3, 5, 7, 9, 25, 27, ... in
