@@ -22,6 +22,7 @@
 use ext4kit_device::{Device, DeviceError};
 use ext4kit_format::features::{Compat, Incompat, RoCompat};
 use ext4kit_format::group_desc::GroupDesc;
+use ext4kit_format::layout::{Backups, DescLayout};
 use ext4kit_format::superblock::{
     EXT4_MAGIC, STATE_ERROR, STATE_VALID, SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock,
 };
@@ -939,17 +940,15 @@ pub fn descriptor_locations(
     desc_blocks: u32,
     first_meta_bg: Option<u32>,
 ) -> Vec<u64> {
-    (0..desc_blocks)
-        .map(|i| match first_meta_bg {
-            Some(f) if i >= f && i > 0 => {
-                let g = i.saturating_mul(descs_per_block);
-                first_data_block
-                    + u64::from(g) * u64::from(blocks_per_group)
-                    + u64::from(crate::lazyinit::safety::group_has_super(sb, g))
-            }
-            _ => gdt_start + u64::from(i),
-        })
-        .collect()
+    let layout = DescLayout {
+        gdt_start,
+        first_data_block,
+        blocks_per_group,
+        descs_per_block,
+        first_meta_bg,
+        backups: Backups::of(sb),
+    };
+    (0..desc_blocks).map(|i| layout.primary(i)).collect()
 }
 
 /// Where the backup of primary descriptor block `index` is read from, as
@@ -964,18 +963,15 @@ pub fn backup_descriptor_location(
     backup_sb: u64,
     index: u32,
 ) -> Option<u64> {
-    match geom.first_meta_bg {
-        Some(f) if index >= f => {
-            let g = index.saturating_mul(geom.descs_per_block);
-            let bpg = u64::from(geom.blocks_per_group);
-            let first = geom.first_data_block + u64::from(g) * bpg;
-            let sup = u64::from(crate::lazyinit::safety::group_has_super(sb, g));
-            (first + sup + bpg < geom.blocks_count).then(|| {
-                first + bpg + u64::from(crate::lazyinit::safety::group_has_super(sb, g + 1))
-            })
-        }
-        _ => Some(backup_sb + 1 + u64::from(index)),
+    DescLayout {
+        gdt_start: geom.gdt_start,
+        first_data_block: geom.first_data_block,
+        blocks_per_group: geom.blocks_per_group,
+        descs_per_block: geom.descs_per_block,
+        first_meta_bg: geom.first_meta_bg,
+        backups: Backups::of(sb),
     }
+    .backup(backup_sb, geom.blocks_count, index)
 }
 
 /// `s_blocks_count`: the high word only with `64bit` (without it the field

@@ -14,7 +14,7 @@ use std::thread::{self, ThreadId};
 
 use ext4kit_format::features::{Incompat, RoCompat};
 use ext4kit_format::group_desc::GroupDesc;
-use ext4kit_format::layout::Backups;
+use ext4kit_format::layout::{Backups, DescLayout};
 use ext4kit_format::{Csum, Superblock};
 
 use crate::{BlockRead, FsError};
@@ -191,11 +191,15 @@ impl Layout {
 
     /// Block number of primary descriptor block `i` (`descriptor_loc`).
     pub fn desc_block(&self, i: u32) -> u64 {
-        if !self.meta_bg || i < self.first_meta_bg {
-            return self.first_data_block + 1 + u64::from(i);
+        DescLayout {
+            gdt_start: self.first_data_block + 1,
+            first_data_block: self.first_data_block,
+            blocks_per_group: self.blocks_per_group,
+            descs_per_block: self.desc_per_block,
+            first_meta_bg: self.meta_bg.then_some(self.first_meta_bg),
+            backups: self.backups,
         }
-        let g = i.saturating_mul(self.desc_per_block);
-        self.group_start(g) + u64::from(self.has_super(g))
+        .primary(i)
     }
 
     /// Index of the descriptor block holding group `g`'s descriptor.

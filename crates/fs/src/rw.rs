@@ -330,13 +330,15 @@ impl Geometry {
     pub fn desc_block(&self, i: u32) -> u64 {
         let sb = &self.sb;
         let meta_bg = Incompat(sb.s_feature_incompat.get()).contains(Incompat::META_BG);
-        if !meta_bg || i < sb.s_first_meta_bg.get() {
-            return self.first_data_block + 1 + u64::from(i);
+        ext4kit_format::layout::DescLayout {
+            gdt_start: self.first_data_block + 1,
+            first_data_block: self.first_data_block,
+            blocks_per_group: sb.s_blocks_per_group.get(),
+            descs_per_block: self.block_size / self.desc_size,
+            first_meta_bg: meta_bg.then(|| sb.s_first_meta_bg.get()),
+            backups: ext4kit_format::layout::Backups::of(sb),
         }
-        let g = i.saturating_mul(self.block_size / self.desc_size);
-        self.first_data_block
-            + u64::from(g) * u64::from(sb.s_blocks_per_group.get())
-            + u64::from(crate::sb::group_has_super(sb, g))
+        .primary(i)
     }
 
     /// From a superblock already checked for its block size and count.

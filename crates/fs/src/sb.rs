@@ -93,6 +93,7 @@ impl std::fmt::Debug for FsInfo {
 /// `ext2fs_bg_has_super`)? With sparse_super2 only the two groups of
 /// `s_backup_bgs` do, else the sparse_super rule applies.
 pub use ext4kit_format::layout::group_has_super;
+use ext4kit_format::layout::{Backups, DescLayout};
 
 impl FsInfo {
     /// Read and validate the superblock and descriptors through `blocks`.
@@ -284,23 +285,23 @@ impl FsInfo {
 
     /// Where descriptor block `index` lives (meta_bg aware).
     pub fn desc_block(&self, index: u32) -> u64 {
-        let meta_bg = self.features.incompat.contains(Incompat::META_BG);
-        let first_meta = self.sb.s_first_meta_bg.get();
         // 1 KiB blocks with bigalloc: group 0 starts at block 0, its
         // superblock is block 1 (libext2fs's super_and_bgd_loc2).
-        let base = |b: u64| {
-            if b == 0 && self.block_size == 1024 {
-                1
-            } else {
-                b
-            }
-        };
-        if meta_bg && index >= first_meta {
-            let g = index.saturating_mul(self.descs_per_block());
-            base(self.group_first_block(g)) + u64::from(group_has_super(&self.sb, g))
+        let sb_block = if self.first_data_block == 0 && self.block_size == 1024 {
+            1
         } else {
-            base(self.first_data_block) + 1 + u64::from(index)
+            self.first_data_block
+        };
+        DescLayout {
+            gdt_start: sb_block + 1,
+            first_data_block: self.first_data_block,
+            blocks_per_group: self.blocks_per_group,
+            descs_per_block: self.descs_per_block(),
+            first_meta_bg: (self.features.incompat.contains(Incompat::META_BG))
+                .then(|| self.sb.s_first_meta_bg.get()),
+            backups: Backups::of(&self.sb),
         }
+        .primary(index)
     }
 
     /// Check every descriptor (checksum, locations inside the
