@@ -42,32 +42,16 @@ impl Fs {
 
 /// dumpe2fs's "Free blocks:" list of every group.
 fn dumpe2fs_free(img: &Path) -> Vec<Vec<(u64, u32)>> {
-    let out = run_ok(tool("dumpe2fs").arg(img)).expect("dumpe2fs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut groups = Vec::new();
-    let mut in_groups = false;
-    for line in text.lines() {
-        if line.starts_with("Group ") {
-            in_groups = true;
-            continue;
-        }
-        let t = line.trim();
-        if in_groups && let Some(list) = t.strip_prefix("Free blocks:") {
-            let mut v = Vec::new();
-            for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-                let (a, b) = match item.split_once('-') {
-                    Some((a, b)) => (a.parse::<u64>().unwrap(), b.parse::<u64>().unwrap()),
-                    None => {
-                        let a = item.parse::<u64>().unwrap();
-                        (a, a)
-                    }
-                };
-                v.push((a, (b - a + 1) as u32));
-            }
-            groups.push(v);
-        }
-    }
-    groups
+    let text = dumpe2fs::dumpe2fs(img).expect("dumpe2fs");
+    dumpe2fs::groups(&text)
+        .iter()
+        .map(|g| {
+            g.free_blocks
+                .iter()
+                .map(|&(a, e)| (a, (e - a) as u32))
+                .collect()
+        })
+        .collect()
 }
 
 fn mkfs(dir: &Path, name: &str, size: u64, args: &[&str]) -> std::path::PathBuf {

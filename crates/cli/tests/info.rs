@@ -348,39 +348,8 @@ fn bad_journal_inode_is_one_line() {
 /// "Group descriptor at X" of the first group of each meta group
 /// (`dpb` groups each).
 fn dumpe2fs_desc_blocks(img: &Path, dpb: u64) -> Vec<u64> {
-    let out = run_ok(tool("dumpe2fs").arg(img)).unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let mut group: Option<u64> = None;
-    let mut v = Vec::new();
-    let num = |s: &str| -> u64 {
-        s.trim_end_matches(',')
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{s:?}"))
-    };
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("Group ")
-            && let Some((n, _)) = rest.split_once(':')
-            && let Ok(n) = n.parse::<u64>()
-        {
-            group = Some(n);
-            continue;
-        }
-        let Some(g) = group else { continue };
-        if g == 0
-            && let Some(r) = line.split("Group descriptors at ").nth(1)
-        {
-            let r = r.split(',').next().unwrap();
-            let (a, b) = r.split_once('-').unwrap_or((r, r));
-            v.extend(num(a)..=num(b));
-        }
-        if g.is_multiple_of(dpb)
-            && let Some(r) = line.split("Group descriptor at ").nth(1)
-        {
-            v.push(num(r.split(',').next().unwrap()));
-        }
-    }
-    v
+    let text = dumpe2fs::dumpe2fs(img).unwrap();
+    dumpe2fs::primary_desc_blocks(&dumpe2fs::groups(&text), dpb)
 }
 
 /// Issue 20: `info` opens meta_bg filesystems (it refused them): every

@@ -17,6 +17,9 @@ use ext4kit::lazyinit::engine::{Engine, Options};
 use ext4kit::lazyinit::{FakeClock, Job, Pace};
 use ext4kit_device::{Device, FaultDevice, FileDevice, MemDevice, OpenOptions};
 
+mod common;
+use common::dumpe2fs;
+
 // ---------------------------------------------------------------- helpers
 
 fn tool(name: &str) -> bool {
@@ -124,16 +127,7 @@ impl Layout {
 }
 
 fn field<'a>(text: &'a str, name: &str) -> &'a str {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name))
-        .map(|r| r.trim_start_matches(':').trim())
-        .unwrap_or_else(|| panic!("dumpe2fs: no {name}"))
-}
-
-fn range(s: &str) -> (u64, u64) {
-    let s = s.split_whitespace().next().unwrap().trim_end_matches(',');
-    let (a, b) = s.split_once('-').unwrap_or((s, s));
-    (a.parse().unwrap(), b.parse().unwrap())
+    dumpe2fs::field(text, name).unwrap_or_else(|| panic!("dumpe2fs: no {name}"))
 }
 
 /// Parse `dumpe2fs` output: independent of our own parser.
@@ -154,47 +148,17 @@ fn layout(path: &Path) -> Layout {
         .find_map(|l| l.strip_prefix("Group descriptor size:"))
         .map_or(32, |v| v.trim().parse().unwrap());
     let dpb = block_size / desc_size;
-    let mut groups: Vec<Group> = Vec::new();
-    let mut gdt = Vec::new();
-    for line in text.lines() {
-        if let Some(rest) = line
-            .strip_prefix("Group ")
-            .filter(|r| r.starts_with(|c: char| c.is_ascii_digit()))
-        {
-            let flags = rest
-                .rsplit_once('[')
-                .map(|(_, f)| f.to_string())
-                .unwrap_or_default();
-            groups.push(Group {
-                itable: 0,
-                inode_uninit: flags.contains("INODE_UNINIT"),
-                zeroed: flags.contains("ITABLE_ZEROED"),
-                unused: 0,
-            });
-        } else if let Some(rest) = line.trim().strip_prefix("Inode table at ") {
-            groups.last_mut().unwrap().itable = range(rest).0;
-        } else if line.contains("Primary superblock at")
-            && let Some(r) = line.split("Group descriptors at ").nth(1)
-        {
-            let (a, b) = range(r);
-            gdt.extend(a..=b);
-            if let Some(r) = line.split("Group descriptor at ").nth(1) {
-                gdt.push(range(r).0);
-            }
-        } else if let Some(r) = line.split("Group descriptor at ").nth(1) {
-            // meta_bg: the primary copy is in the meta group's first group.
-            if (groups.len() as u64 - 1).is_multiple_of(dpb) {
-                gdt.push(range(r).0);
-            }
-        } else if line.contains(" free inodes, ") {
-            let g = groups.last_mut().unwrap();
-            g.unused = line
-                .split(", ")
-                .find_map(|p| p.trim().strip_suffix(" unused inodes"))
-                .map(|n| n.parse().unwrap())
-                .unwrap_or(0);
-        }
-    }
+    let dump = dumpe2fs::groups(&text);
+    let gdt = dumpe2fs::primary_desc_blocks(&dump, dpb);
+    let groups = dump
+        .iter()
+        .map(|g| Group {
+            itable: g.itable,
+            inode_uninit: g.inode_uninit,
+            zeroed: g.zeroed,
+            unused: g.unused,
+        })
+        .collect();
     Layout {
         block_size,
         ipg,

@@ -23,6 +23,7 @@ use std::fs::{self, File};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use common::dumpe2fs::{self, DumpGroup as Group, dumpe2fs, field};
 use common::{ext4kit, ext4kit_mkfs, have, image_dir, mke2fs, run, run_ok, skip, tool};
 use ext4kit_format::Csum;
 use ext4kit_format::superblock::Superblock;
@@ -46,15 +47,6 @@ impl Rng {
 }
 
 /// One group of the original image, from dumpe2fs.
-#[derive(Clone, Debug, Default)]
-struct Group {
-    itable: u64,
-    inode_uninit: bool,
-    zeroed: bool,
-    unused: u64,
-    free_blocks: Vec<(u64, u64)>,
-}
-
 /// What the original image looks like (dumpe2fs, not our parser).
 #[derive(Clone, Debug)]
 struct Base {
@@ -102,26 +94,6 @@ impl Base {
     }
 }
 
-fn field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name))
-        .map(|r| r.trim_start_matches(':').trim())
-}
-
-fn range(s: &str) -> Option<(u64, u64)> {
-    let s = s.split_whitespace().next()?.trim_end_matches(',');
-    let (a, b) = s.split_once('-').unwrap_or((s, s));
-    Some((a.parse().ok()?, b.parse().ok()?))
-}
-
-fn dumpe2fs(path: &Path) -> Result<String, String> {
-    let out = run(tool("dumpe2fs").arg(path))?;
-    if !out.status.success() {
-        return Err(format!("dumpe2fs {} failed", path.display()));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 fn parse_base(name: &str, path: &Path) -> Result<Base, String> {
     let text = dumpe2fs(path)?;
     let num = |k: &str| -> Result<u64, String> {
@@ -144,78 +116,27 @@ fn parse_base(name: &str, path: &Path) -> Result<Base, String> {
         32
     };
     let dpb = bs / desc_size as u64;
-    let mut groups: Vec<Group> = Vec::new();
-    let mut gdt = None;
-    let mut backup_gdt = None;
-    // meta_bg: "Group descriptor at X" in the first and second group of
-    // each meta group (primary and the backup lazy init compares with).
-    let mut meta_primary: Vec<u64> = Vec::new();
-    let mut meta_backup: Vec<(u64, u64)> = Vec::new();
-    for line in text.lines() {
-        if let Some(r) = line.split("Group descriptor at ").nth(1)
-            && let Some((x, _)) = range(r)
-            && let Some(g) = (groups.len() as u64).checked_sub(1)
-        {
-            match g % dpb {
-                0 => meta_primary.push(x),
-                1 => meta_backup.push((g / dpb, x)),
-                _ => {}
-            }
-        }
-        let t = line.trim();
-        if let Some(rest) = line
-            .strip_prefix("Group ")
-            .filter(|r| r.starts_with(|c: char| c.is_ascii_digit()))
-        {
-            let flags = rest
-                .rsplit_once('[')
-                .map(|(_, f)| f.to_string())
-                .unwrap_or_default();
-            groups.push(Group {
-                inode_uninit: flags.contains("INODE_UNINIT"),
-                zeroed: flags.contains("ITABLE_ZEROED"),
-                ..Group::default()
-            });
-        } else if let Some(rest) = t.strip_prefix("Inode table at ") {
-            if let (Some(g), Some(r)) = (groups.last_mut(), range(rest)) {
-                g.itable = r.0;
-            }
-        } else if line.contains("Primary superblock at") {
-            gdt = line.split("Group descriptors at ").nth(1).and_then(range);
-        } else if line.contains("Backup superblock at") && backup_gdt.is_none() {
-            backup_gdt = line
-                .split("Group descriptors at ")
-                .nth(1)
-                .and_then(range)
-                .map(|r| r.0);
-        } else if line.contains(" free inodes, ") {
-            if let Some(g) = groups.last_mut() {
-                g.unused = line
-                    .split(", ")
-                    .find_map(|p| p.trim().strip_suffix(" unused inodes"))
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(0);
-            }
-        } else if let Some(rest) = t.strip_prefix("Free blocks: ")
-            && let Some(g) = groups.last_mut()
-        {
-            for part in rest.split(", ").filter(|p| !p.is_empty()) {
-                if let Some((a, b)) = range(part) {
-                    g.free_blocks.push((a, b + 1));
-                }
-            }
-        }
-    }
+    let groups = dumpe2fs::groups(&text);
     // The contiguous table (absent with meta_bg and s_first_meta_bg 0),
-    // then the meta groups' blocks.
-    let (gs, ge) = gdt.map_or((1, 0), |r| r);
-    let mut table: Vec<u64> = (gs..=ge).collect();
-    let old = table.len() as u64;
+    // then the meta groups' blocks (in the first group of each meta
+    // group); the backups lazy init compares with: the first backup
+    // superblock's table, and meta_bg's block in a meta group's second
+    // group.
+    let table = dumpe2fs::primary_desc_blocks(&groups, dpb);
+    let backup_gdt = groups
+        .iter()
+        .filter(|g| g.backup_sb)
+        .find_map(|g| g.gdt)
+        .map(|r| r.0);
+    let old = groups
+        .iter()
+        .find(|g| g.primary_sb)
+        .and_then(|g| g.gdt)
+        .map_or(0, |(a, b)| b + 1 - a);
     let mut backups: Vec<Option<u64>> = (0..old).map(|i| backup_gdt.map(|b| b + i)).collect();
-    for (k, &p) in meta_primary.iter().enumerate() {
-        let index = old + k as u64;
-        table.push(p);
-        backups.push(meta_backup.iter().find(|m| m.0 == index).map(|m| m.1));
+    for k in 0..(table.len() as u64 - old) {
+        let index = old + k;
+        backups.push(groups.get((index * dpb + 1) as usize).and_then(|g| g.desc));
     }
     if table.is_empty() {
         return Err("dumpe2fs: no primary descriptors".into());

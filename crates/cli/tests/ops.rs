@@ -1838,19 +1838,11 @@ fn unlink_while_open_and_orphans_after_a_crash() {
 
 /// Group `g`'s inode table start from `dumpe2fs` ("Inode table at X-Y").
 fn dumpe2fs_itable(img: &Path, g: u32) -> u64 {
-    let out = run_ok(tool("dumpe2fs").arg(img)).unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let start = text
-        .find(&format!("\nGroup {g}: "))
-        .unwrap_or_else(|| panic!("no group {g} in dumpe2fs"));
-    let rest = &text[start..];
-    let at = rest.find("Inode table at ").unwrap() + "Inode table at ".len();
-    rest[at..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
+    let text = dumpe2fs::dumpe2fs(img).unwrap();
+    dumpe2fs::groups(&text)
+        .get(g as usize)
+        .unwrap_or_else(|| panic!("no group {g} in dumpe2fs"))
+        .itable
 }
 
 /// meta_bg and sparse_super2 images (made by mke2fs and by ext4kit mkfs;

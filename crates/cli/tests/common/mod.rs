@@ -16,6 +16,7 @@ use std::process::{Command, Output, Stdio};
 
 use ext4kit_device::{Device, FileDevice, OpenOptions};
 
+pub mod dumpe2fs;
 pub mod fuse;
 
 /// The UUID every comparison uses (`-U`).
