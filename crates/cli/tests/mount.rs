@@ -1013,14 +1013,11 @@ fn errnos_match_kernel_ext4() {
     }
     let dir = image_dir();
     let img = mkfs(dir.path(), "64M");
-    let copy = dir.path().join("kernel.img");
-    sparse_copy(&img, &copy);
-    let lo = LoopDev::attach(&copy).unwrap();
-    let km = Mount::new(lo.path(), "ext4", None).unwrap();
+    let km = KernelTwin::new(&img, dir.path().join("kernel.img"), None).unwrap();
     let kernel = errno_script(km.path());
     // A device (or image) the kernel has mounted is refused, with one line.
     let other = tempfile::tempdir().unwrap();
-    for target in [lo.path(), copy.as_path()] {
+    for target in [km.lo.path(), km.copy.as_path()] {
         let out = run(ext4kit()
             .args(["mount", "-f"])
             .arg(target)
@@ -1031,8 +1028,8 @@ fn errnos_match_kernel_ext4() {
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.contains("mounted"), "{err}");
     }
+    let copy = km.copy.clone();
     km.unmount().unwrap();
-    drop(lo);
     let m = FuseMount::new(&img, &[]).unwrap();
     let ours = errno_script(m.path());
     m.unmount().unwrap();
@@ -1199,13 +1196,10 @@ fn unlinked_open_file_calls_match_kernel_ext4() {
     }
     let dir = image_dir();
     let img = mkfs(dir.path(), "64M");
-    let copy = dir.path().join("kernel.img");
-    sparse_copy(&img, &copy);
-    let lo = LoopDev::attach(&copy).unwrap();
-    let km = Mount::new(lo.path(), "ext4", None).unwrap();
+    let km = KernelTwin::new(&img, dir.path().join("kernel.img"), None).unwrap();
     let kernel = orphan_script(km.path());
+    let copy = km.copy.clone();
     km.unmount().unwrap();
-    drop(lo);
     let m = FuseMount::new(&img, &[]).unwrap();
     let before = free_blocks(m.path());
     let ours = orphan_script(m.path());
@@ -1752,13 +1746,9 @@ fn writeback_cache_seek_data_as_kernel_ext4() {
     for bs in ["4096", "1024"] {
         let dir = image_dir();
         let img = mkimg(dir.path(), "fs.img", "64M", &["-b", bs]);
-        let copy = dir.path().join("kernel.img");
-        sparse_copy(&img, &copy);
-        let lo = LoopDev::attach(&copy).unwrap();
-        let km = Mount::new(lo.path(), "ext4", None).unwrap();
+        let km = KernelTwin::new(&img, dir.path().join("kernel.img"), None).unwrap();
         let kernel = dirty_seek_script(km.path());
         km.unmount().unwrap();
-        drop(lo);
         let m = FuseMount::new(&img, &["writeback_cache"]).unwrap();
         let ours = dirty_seek_script(m.path());
         m.unmount().unwrap();

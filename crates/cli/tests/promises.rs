@@ -45,11 +45,8 @@ fn mkfs_inodes(dir: &Path, name: &str, inode_size: u32) -> PathBuf {
 /// A loop-mount of a copy of `img` by the kernel's ext4, or why not.
 fn kernel_copy(img: &Path, name: &str) -> Result<(PathBuf, LoopDev, Mount), String> {
     kernel_mount_available()?;
-    let copy = img.with_file_name(name);
-    sparse_copy(img, &copy);
-    let lo = LoopDev::attach(&copy)?;
-    let m = Mount::new(lo.path(), "ext4", None)?;
-    Ok((copy, lo, m))
+    let t = KernelTwin::new(img, img.with_file_name(name), None)?;
+    Ok((t.copy, t.lo, t.mount))
 }
 
 /// (atime, mtime) of `p` as (seconds, nanoseconds).
@@ -269,15 +266,17 @@ fn statfs_matches_kernel_ext4() {
             .unwrap();
             assert!(!dumpe2fs_h(&img).contains("Overhead clusters"));
         }
-        let copy = dir.path().join(format!("k{size}.img"));
-        sparse_copy(&img, &copy);
-        let lo = LoopDev::attach(&copy).unwrap();
-        let km = Mount::new(lo.path(), "ext4", Some("noinit_itable")).unwrap();
+        let km = KernelTwin::new(
+            &img,
+            dir.path().join(format!("k{size}.img")),
+            Some("noinit_itable"),
+        )
+        .unwrap();
         let k_fresh = statfs_line(km.path());
         fill(km.path());
         let k_full = statfs_line(km.path());
+        let copy = km.copy.clone();
         km.unmount().unwrap();
-        drop(lo);
         let fsid = k_fresh.rsplit(' ').next().unwrap_or_default().to_string();
         assert_eq!(fsid, want_fsid, "{size}: the kernel's f_fsid");
 
@@ -440,13 +439,10 @@ fn atime_as_kernel_ext4() {
     ] {
         let img = mkfs(dir.path(), "32M");
         let copy = dir.path().join("kernel.img");
-        sparse_copy(&img, &copy);
-        let lo = LoopDev::attach(&copy).unwrap();
-        let km = Mount::new(lo.path(), "ext4", (!opts.is_empty()).then_some(opts)).unwrap();
+        let km = KernelTwin::new(&img, copy, (!opts.is_empty()).then_some(opts)).unwrap();
         let kernel = atime_script(km.path());
         eprintln!("kernel ext4, -o {opts:?}: {kernel:?}");
         km.unmount().unwrap();
-        drop(lo);
         let o: Vec<&str> = if opts.is_empty() { vec![] } else { vec![opts] };
         let m = FuseMount::new(&img, &o).unwrap();
         let ours = atime_script(m.path());
@@ -579,13 +575,9 @@ fn suid_dev_exec_as_mount8() {
     let dir = image_dir();
     let img = mkfs(dir.path(), "32M");
     // The kernel's ext4 (mount's defaults: suid, dev, exec).
-    let copy = dir.path().join("kernel.img");
-    sparse_copy(&img, &copy);
-    let lo = LoopDev::attach(&copy).unwrap();
-    let km = Mount::new(lo.path(), "ext4", Some("dev,exec")).unwrap();
+    let km = KernelTwin::new(&img, dir.path().join("kernel.img"), Some("dev,exec")).unwrap();
     let kernel = dev_exec_script(km.path());
     km.unmount().unwrap();
-    drop(lo);
     assert_eq!(kernel, ("ok".to_string(), "ok".to_string()));
     let eacces = format!("{:?}", Some(libc::EACCES));
     for (opts, flags, want) in [

@@ -621,6 +621,40 @@ impl Drop for Mount {
     }
 }
 
+/// The "kernel twin" of an image: a sparse copy (`copy`), loop-attached
+/// and mounted by the kernel's ext4 with `options`, to run the same
+/// script on as on ext4kit's mount. Dropping it unmounts, then detaches.
+pub struct KernelTwin {
+    /// The kernel's mount (declared first: dropped before the loop device).
+    pub mount: Mount,
+    pub lo: LoopDev,
+    /// The copy the kernel mounted (it stays after [`KernelTwin::unmount`]).
+    pub copy: PathBuf,
+}
+
+impl KernelTwin {
+    /// Copy `img` to `copy`, attach it and mount it with the kernel's ext4.
+    pub fn new(img: &Path, copy: PathBuf, options: Option<&str>) -> Result<KernelTwin, String> {
+        sparse_copy(img, &copy);
+        let lo = LoopDev::attach(&copy)?;
+        let mount = Mount::new(lo.path(), "ext4", options)?;
+        Ok(KernelTwin { mount, lo, copy })
+    }
+
+    /// The kernel's mount point.
+    pub fn path(&self) -> &Path {
+        self.mount.path()
+    }
+
+    /// Unmount (a failure is an `Err`), then detach.
+    pub fn unmount(self) -> Result<(), String> {
+        let KernelTwin { mount, lo, .. } = self;
+        mount.unmount()?;
+        drop(lo);
+        Ok(())
+    }
+}
+
 /// Can this process attach loop devices and mount ext4? `Err` says why not.
 pub fn kernel_mount_available() -> Result<(), String> {
     if !is_root() {
