@@ -147,6 +147,48 @@ pub fn new_dir_block(p: &DirParams, block_size: u32, parent: u32) -> Vec<u8> {
     b
 }
 
+/// The first block of a directory converted out of inline data
+/// (`ext4_finish_convert_inline_dir`): `.` and `..` (`parent`), then
+/// `entries` (no dots) packed in order, the last one's `rec_len` running
+/// to the end of the block (less the checksum tail). `None` when they do
+/// not fit one block (an inode as large as a block can hold more).
+pub fn dir_block_from_entries(
+    p: &DirParams,
+    block_size: u32,
+    parent: u32,
+    entries: &[(u32, &[u8], u8)],
+) -> Option<Vec<u8>> {
+    let bs = block_size as usize;
+    let csum = if p.csum.metadata { TAIL_SIZE } else { 0 };
+    let end = bs - csum;
+    let ft_dir = if p.filetype { FT_DIR } else { 0 };
+    let mut b = vec![0u8; bs];
+    let mut recs: Vec<(u32, &[u8], u8)> = vec![(p.ino, b".", ft_dir), (parent, b"..", ft_dir)];
+    recs.extend(
+        entries
+            .iter()
+            .map(|&(i, n, t)| (i, n, if p.filetype { t } else { 0 })),
+    );
+    let need: usize = recs.iter().map(|(_, n, _)| rec_len(n.len())).sum();
+    if need > end {
+        return None;
+    }
+    let mut off = 0usize;
+    let last = recs.len() - 1;
+    for (k, (ino, name, ft)) in recs.iter().enumerate() {
+        let rl = if k == last {
+            end - off
+        } else {
+            rec_len(name.len())
+        };
+        off = ext4kit_format::dir::put_entry(&mut b, off, *ino, rec_len_to_disk(rl, bs), name, *ft);
+    }
+    if p.csum.metadata {
+        put_tail(&mut b, p.ino, p.generation, &p.csum);
+    }
+    Some(b)
+}
+
 /// Directory writer over some [`DirBlocks`].
 pub struct DirWriter<'a, D: DirBlocks + ?Sized> {
     d: &'a mut D,
