@@ -303,6 +303,8 @@ fn engine_round(kernel: bool) {
     fs.mkdir(kdir, b"sub", &NewInode::new(S_IFDIR | 0o755, 0, 0))
         .unwrap();
     fs.unlink(ROOT_INO, b"keep.txt").unwrap();
+    // An inline symlink (mke2fs -d makes one) or a block one (the kernel).
+    fs.unlink(ROOT_INO, b"long").unwrap();
     fs.close().unwrap();
     e2fsck_clean(&img).unwrap();
     let lo = LoopDev::attach(&img).unwrap();
@@ -313,6 +315,7 @@ fn engine_round(kernel: bool) {
     );
     assert!(m.path().join("kdir/sub").is_dir());
     assert!(!m.path().join("keep.txt").exists());
+    assert!(fs::symlink_metadata(m.path().join("long")).is_err());
     m.unmount().unwrap();
 }
 

@@ -1344,6 +1344,30 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn converted_inline_dir_block() {
+        let p = params(true, 1, false, false);
+        let names: Vec<Vec<u8>> = (0..5).map(|i| format!("n{i}").into_bytes()).collect();
+        let ents: Vec<(u32, &[u8], u8)> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (20 + i as u32, n.as_slice(), FT_REG_FILE))
+            .collect();
+        let b = dir_block_from_entries(&p, 1024, 2, &ents).unwrap();
+        let got = ext4kit_format::dir::parse_block(&b[..1024 - TAIL_SIZE]).unwrap();
+        let seen: Vec<(u32, Vec<u8>)> = got.iter().map(|e| (e.inode, e.name.clone())).collect();
+        let mut want = vec![(12, b".".to_vec()), (2, b"..".to_vec())];
+        want.extend(ents.iter().map(|(i, n, _)| (*i, n.to_vec())));
+        assert_eq!(seen, want);
+        let total: usize = got.iter().map(|e| usize::from(e.rec_len)).sum();
+        assert_eq!(total, 1024 - TAIL_SIZE);
+        assert_eq!(got[0].rec_len, 12);
+        // More than a block holds: refused.
+        let long = vec![b'x'; 255];
+        let many: Vec<(u32, &[u8], u8)> = (0..4).map(|i| (30 + i, long.as_slice(), 1)).collect();
+        assert!(dir_block_from_entries(&p, 1024, 2, &many).is_none());
+    }
+
+    #[test]
     fn names_are_checked() {
         let mut d = MemDir::new(params(true, 1, false, false), 1024);
         let mut w = DirWriter::new(&mut d);
