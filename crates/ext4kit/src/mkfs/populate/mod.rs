@@ -1322,6 +1322,33 @@ mod tests {
     }
 
     #[test]
+    fn inline_ea_is_libext2fs_system_data() {
+        let at = 128 + usize::from(EXTRA_ISIZE);
+        let mut slot = vec![0u8; 256];
+        put_inline_ea(&mut slot, InlineEa::Data(b"abcde"));
+        assert_eq!(slot[at..at + 4], XATTR_MAGIC.to_le_bytes());
+        let e = &slot[at + 4..];
+        // name_len 4, index 7 (system.), value at 92 - 8 = 84, size 5,
+        // hash 0, "data", end marker.
+        assert_eq!(e[..4], [4, 7, 84, 0]);
+        assert_eq!(e[8..12], 5u32.to_le_bytes());
+        assert_eq!(e[12..16], [0; 4]);
+        assert_eq!(&e[16..20], b"data");
+        assert_eq!(e[20..24], [0; 4]);
+        assert_eq!(&e[84..89], b"abcde");
+        assert_eq!(e[89..92], [0; 3]);
+        // Empty: the value's offset is the area's end; only the magic
+        // for an expanded inode.
+        let mut slot = vec![0u8; 256];
+        put_inline_ea(&mut slot, InlineEa::Data(b""));
+        assert_eq!(slot[at + 4..at + 8], [4, 7, 92, 0]);
+        let mut slot = vec![0u8; 256];
+        put_inline_ea(&mut slot, InlineEa::Magic);
+        assert!(slot[at + 4..].iter().all(|&b| b == 0));
+        assert_eq!(slot[at..at + 4], XATTR_MAGIC.to_le_bytes());
+    }
+
+    #[test]
     fn big_xattr_goes_to_a_block() {
         let csum = Csum::new(true, false, false, 0, [7; 16]);
         let geo = XattrGeometry {
