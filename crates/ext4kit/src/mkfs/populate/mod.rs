@@ -15,6 +15,10 @@
 //! placed in the first free run at or after the cursor that holds all of
 //! it (so it is one extent where it fits), holes and all-zero blocks are
 //! not allocated, tree blocks follow their data.
+//!
+//! With `-O inline_data` small files, symlinks and directories are
+//! stored inline (`i_block` and `system.data`) exactly where mke2fs 1.47
+//! does; see `docs/ARCHITECTURE.md`, "Inline data".
 
 pub mod archive;
 pub mod source;
