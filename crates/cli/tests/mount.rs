@@ -2741,3 +2741,52 @@ fn negative_entries_are_cached_and_replaced() {
     m.unmount().unwrap();
     e2fsck_clean(&img).unwrap();
 }
+
+/// `statx(2)`'s birth time through our own transport (FUSE_STATX) is the
+/// inode's `i_crtime`: what `ext4kit stat` shows and what the kernel's
+/// ext4 returns for the same image. (fuser's mount has no btime.)
+#[test]
+fn own_transport_statx_btime_is_the_crtime() {
+    let what = "own_transport_statx_btime_is_the_crtime";
+    if let Err(e) = fuse_available().and_then(|()| kernel_mount_available()) {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "64M");
+    let m = FuseMount::new(&img, OWN).unwrap();
+    fs::write(m.path().join("f"), b"born").unwrap();
+    fs::create_dir(m.path().join("d")).unwrap();
+    let ours: Vec<std::time::SystemTime> = ["f", "d"]
+        .iter()
+        .map(|n| fs::metadata(m.path().join(n)).unwrap().created().unwrap())
+        .collect();
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+    let lo = LoopDev::attach(&img).unwrap();
+    let km = Mount::new(lo.path(), "ext4", Some("ro")).unwrap();
+    let theirs: Vec<std::time::SystemTime> = ["f", "d"]
+        .iter()
+        .map(|n| fs::metadata(km.path().join(n)).unwrap().created().unwrap())
+        .collect();
+    km.unmount().unwrap();
+    drop(lo);
+    eprintln!("{what}: btime {ours:?}");
+    assert_eq!(ours, theirs);
+    for (n, t) in ["f", "d"].iter().zip(&ours) {
+        let out = run_ok(
+            ext4kit()
+                .arg("stat")
+                .arg("--json")
+                .arg(format!("{}:/{n}", img.display())),
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let d = t.duration_since(std::time::UNIX_EPOCH).unwrap();
+        assert_eq!(v["crtime"]["sec"].as_u64(), Some(d.as_secs()), "{n}");
+        assert_eq!(
+            v["crtime"]["nsec"].as_u64(),
+            Some(u64::from(d.subsec_nanos())),
+            "{n}"
+        );
+    }
+}

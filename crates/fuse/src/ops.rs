@@ -1724,6 +1724,13 @@ impl FuseFs {
         self.s.state().handles.remove(&fh);
     }
 
+    /// SYNCFS (our own transport; the kernel sends it only where
+    /// `fc->sync_fs` is set): every change answered so far made durable,
+    /// as `ext4kit sync` does.
+    pub fn op_syncfs(&self) -> R<()> {
+        self.s.commit_all().map_err(|e| errno(&e))
+    }
+
     pub fn op_statfs(&self) -> R<Statfs> {
         let [blocks, bfree, bavail, files, ffree] = self.statfs_values()?;
         let bs = self.s.block_size;

@@ -7,7 +7,7 @@
 //! calls the `op_*` method ([`crate::ops`]) and writes the reply with
 //! one write(2). FORGET/BATCH_FORGET and INTERRUPT get no reply (an
 //! interrupted request is simply answered when done); opcodes not served
-//! are ENOSYS; a request that does not decode is EIO (when its header
+//! are ENOSYS (TMPFILE too, for now); a request that does not decode is EIO (when its header
 //! does). ENODEV on read: the mount is gone, the loop ends. The notifies
 //! ([`Notify`]) are writes of an out header with `unique` 0.
 
@@ -577,7 +577,8 @@ pub(crate) fn dispatch(
             Ok(d) => codec::reply(u, &[&d]),
             Err(e) => err(u, e),
         },
-        Operation::Syncfs | Operation::Other { .. } => codec::reply_error(u, libc::ENOSYS),
+        Operation::Syncfs => empty(u, fs.op_syncfs()),
+        Operation::Other { .. } => codec::reply_error(u, libc::ENOSYS),
     };
     Some(msg)
 }
@@ -759,8 +760,21 @@ mod tests {
         assert!(serve(&fs, &request(opcode::BATCH_FORGET, 9, 0, &bf)).is_none());
         let intr = request(opcode::INTERRUPT, 10, 0, &6u64.to_le_bytes());
         assert!(serve(&fs, &intr).is_none());
-        // Not served: ENOSYS (SYNCFS for now, an unknown opcode, TMPFILE).
-        for op in [opcode::SYNCFS, 99, opcode::TMPFILE] {
+        // SYNCFS commits: the mkdir is in a committed transaction.
+        let Backend::Rw(e) = &fs.s.backend else {
+            unreachable!()
+        };
+        let before = e.rw().journal().last_committed();
+        let (h, _) = serve(&fs, &request(opcode::SYNCFS, 15, 1, &[0; 8])).unwrap();
+        assert_eq!(h.error, 0);
+        assert!(e.rw().journal().last_committed() > before);
+        // STATX: the birth time (i_crtime) in the mask.
+        let (h, b) = serve(&fs, &request(opcode::STATX, 16, sub.nodeid, &[0; 24])).unwrap();
+        assert_eq!(h.error, 0);
+        let (sx, _) = crate::proto::abi::StatxOut::read_from_prefix(&b).unwrap();
+        assert_ne!(sx.stat.mask & 0x800, 0);
+        // Not served: ENOSYS (an unknown opcode, TMPFILE).
+        for op in [99, opcode::TMPFILE] {
             let (h, _) = serve(&fs, &request(op, 11, 1, &[0; 8])).unwrap();
             assert_eq!(h.error, -libc::ENOSYS, "opcode {op}");
         }
