@@ -801,4 +801,81 @@ mod tests {
         let ts = crate::attr::setattr_time(time(5, 7));
         assert_eq!((ts.sec, ts.nsec), (5, 7));
     }
+
+    /// A stand-in for `/dev/fuse`: a SEQPACKET socket pair keeps each
+    /// write one message and each read one request, as the device does.
+    fn fake_dev() -> (OwnedFd, File) {
+        use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+        let (a, b) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        (a, File::from(b))
+    }
+
+    fn init_req(unique: u64, minor: u32) -> Vec<u8> {
+        let i = InitIn {
+            major: 7,
+            minor,
+            max_readahead: 1 << 17,
+            flags: u32::MAX,
+            flags2: 0,
+            unused: [0; 11],
+        };
+        request(opcode::INIT, unique, 0, i.as_bytes())
+    }
+
+    fn read_reply(k: &File) -> (OutHeader, Vec<u8>) {
+        let mut buf = vec![0u8; 1 << 16];
+        let n = (&*k).read(&mut buf).unwrap();
+        let (h, body) = OutHeader::read_from_prefix(&buf[..n]).unwrap();
+        assert_eq!(h.len as usize, n);
+        (h, body.to_vec())
+    }
+
+    #[test]
+    fn an_init_older_than_7_31_is_refused() {
+        let (fd, kernel) = fake_dev();
+        let mut s = Session::new(fd, shared(MountOptions::default()));
+        (&kernel).write_all(&init_req(1, 30)).unwrap();
+        assert!(s.handshake().is_err());
+        let (h, _) = read_reply(&kernel);
+        assert_eq!((h.unique, h.error), (1, -libc::EPROTO));
+    }
+
+    #[test]
+    fn the_loop_serves_until_the_connection_ends() {
+        let (fd, kernel) = fake_dev();
+        let mut s = Session::new(fd, shared(MountOptions::default()));
+        (&kernel).write_all(&init_req(1, 43)).unwrap();
+        s.handshake().unwrap();
+        let (h, b) = read_reply(&kernel);
+        assert_eq!(h.error, 0);
+        let (out, _) = InitOut::read_from_prefix(&b).unwrap();
+        assert_eq!((out.major, out.minor, out.max_write), (7, 43, MAX_WRITE));
+        // A notify: unique 0, the code as error.
+        s.notifier().inval_inode(1, -1, 0).unwrap();
+        let (h, _) = read_reply(&kernel);
+        assert_eq!((h.unique, h.error), (0, 2));
+        let t = thread::spawn(move || s.run(2));
+        // Requests to two workers: a FORGET (no reply), then LOOKUPs.
+        (&kernel)
+            .write_all(&request(opcode::FORGET, 2, 11, &1u64.to_le_bytes()))
+            .unwrap();
+        for u in 3..7u64 {
+            (&kernel)
+                .write_all(&request(opcode::LOOKUP, u, 1, b"lost+found\0"))
+                .unwrap();
+        }
+        let mut seen: Vec<u64> = (0..4).map(|_| read_reply(&kernel).0.unique).collect();
+        seen.sort();
+        assert_eq!(seen, [3, 4, 5, 6]);
+        // The end of the connection (ENODEV on the device, EOF here)
+        // ends every worker.
+        drop(kernel);
+        t.join().unwrap().unwrap();
+    }
 }
