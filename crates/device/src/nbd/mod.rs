@@ -20,10 +20,10 @@
 //! covers every earlier write), and a behind write's error is reported by
 //! the next call and by every call after it.
 //!
-//! Small writes are merged: a write shorter than the merge bound
-//! ([`MAX_MERGE`], capped by the server's maximum payload) is queued
-//! unsent, and a later write that starts where the queued one ends joins
-//! it while the total fits the bound. The queue is sent by the next write
+//! Small writes are merged: a write shorter than [`MERGE_SMALL`] is
+//! queued unsent, and a later small write that starts where the queue
+//! ends joins it while the total fits the merge bound ([`MAX_MERGE`],
+//! capped by the server's maximum payload). The queue is sent by the next write
 //! that cannot join, by any call over a range it overlaps, and by `flush`
 //! and drop (no timer: correctness never depends on timing).
 
@@ -62,7 +62,11 @@ pub const MAX_BEHIND_BYTES: u64 = 64 << 20;
 /// The largest merged write request (also capped by the server's maximum
 /// payload and [`MAX_REQUEST`]): adjacent small writes are queued and sent
 /// as one request of at most this many bytes.
-pub const MAX_MERGE: u64 = 4 << 20;
+pub const MAX_MERGE: u64 = 1 << 20;
+/// Writes shorter than this are small: queued for merging. Larger ones
+/// are sent at once (they already amortise a round trip, and holding
+/// them back would only delay the server's work).
+pub const MERGE_SMALL: u64 = 128 << 10;
 /// Default time a request may wait for its reply (`EXT4KIT_NBD_TIMEOUT`,
 /// seconds, overrides it).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -352,12 +356,14 @@ impl NbdDevice {
     fn write_behind(&self, buf: &[u8], offset: u64) -> Result<()> {
         let len = buf.len() as u64;
         let bound = self.max_merge();
+        let small = len < MERGE_SMALL.min(bound);
         loop {
             let waits: Vec<Ticket> = {
                 let mut b = self.behind();
                 self.reap(&mut b);
                 self.sticky(&b)?;
                 if let Some(q) = b.queued.as_mut()
+                    && small
                     && q.offset + q.data.len() as u64 == offset
                     && q.data.len() as u64 + len <= bound
                 {
@@ -374,7 +380,7 @@ impl NbdDevice {
                     .map(|r| r.ticket.clone())
                     .collect();
                 if waits.is_empty() {
-                    if len < bound {
+                    if small {
                         b.queued = Some(Queued {
                             offset,
                             data: buf.to_vec(),
