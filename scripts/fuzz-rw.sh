@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The long mutation campaign over the read-write tools and the mount
-# (crates/cli/tests/fuzz_rw.rs): N mutated images from five seed recipes,
+# (crates/cli/tests/fuzz_rw.rs): N mutated images from six seed recipes,
 # every rw subcommand on each and, as root with /dev/fuse, a mount with a
 # small workload. Prints the counts (panic / signal / hang / refused / ok /
 # new damage, per tool) and saves reproducers of every finding to OUT.

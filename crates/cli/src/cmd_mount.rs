@@ -89,7 +89,9 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   (set-user-ID bits and device nodes of the image are not honoured); suid \
                   and dev need root\n  \
                   defaults                ext4kit's defaults (rw, relatime, nosuid, nodev, \
-                  exec, async)\n\n\
+                  exec, async)\n  \
+                  transport=fuser|ext4kit the FUSE session: fuser's (the default) or \
+                  ext4kit's own loop on /dev/fuse (experimental)\n\n\
                   A mounted or busy device is refused; an unknown option is refused with \
                   one line before anything is opened.";
 

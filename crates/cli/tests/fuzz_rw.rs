@@ -1,9 +1,10 @@
 //! A mutation fuzzer for the read-write tools and the mount (issue 24).
 //!
-//! Seed images come from five mkfs recipes (mke2fs defaults, no
-//! metadata_csum, 128-byte inodes without 64bit, 4 KiB blocks, and a
-//! dirty journal: the default recipe with committed but not checkpointed
-//! transactions left by `Filesystem::crash`), each populated with the
+//! Seed images come from six mkfs recipes (mke2fs defaults, no
+//! metadata_csum, 128-byte inodes without 64bit, 4 KiB blocks, a dirty
+//! journal: the default recipe with committed but not checkpointed
+//! transactions left by `Filesystem::crash`, and inline_data with small
+//! inline files, dirs and a symlink from `mke2fs -d`), each populated with the
 //! same tree (nested directories, an htree directory, a file with an
 //! extent tree below its inode, an xattr block, a symlink). Each case
 //! mutates one seed: bytes of one metadata structure (superblock, group
@@ -124,10 +125,24 @@ fn build_seed(dir: &Path, recipe: &'static str) -> Seed {
         "no-csum" => ("8M", &["-O", "^metadata_csum"]),
         "i128-no64bit" => ("8M", &["-I", "128", "-O", "^64bit"]),
         "4k" => ("16M", &["-b", "4096"]),
+        "inline" => ("8M", &["-O", "inline_data"]),
         _ => unreachable!(),
     };
     let mut a = vec!["-E", "hash_seed=7f3a9e21-4c5b-4d8e-a6f7-1b2c3d4e5f60"];
     a.extend_from_slice(args);
+    // inline_data: mke2fs -d stores these small files, the symlink and
+    // the small directories inline (the engine creates extent-mapped
+    // inodes only), so the mutations also hit inline inodes.
+    let src = dir.join(format!("src-{recipe}"));
+    let src_arg = src.to_string_lossy().into_owned();
+    if recipe == "inline" {
+        std::fs::create_dir_all(src.join("id/sub")).unwrap();
+        for (n, len) in [("id/a", 10), ("id/b", 59), ("id/sub/c", 100), ("tiny", 1)] {
+            std::fs::write(src.join(n), pattern(len, len as u64)).unwrap();
+        }
+        std::os::unix::fs::symlink("id/sub/c", src.join("islink")).unwrap();
+        a.extend_from_slice(&["-d", &src_arg]);
+    }
     let img = mkimg(dir, &format!("seed-{recipe}.img"), size, &a);
     let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
     let reg = NewInode::new(S_IFREG | 0o644, 0, 0);
@@ -842,6 +857,14 @@ fn tool_runs(host: &Path) -> Vec<(&'static str, Vec<String>)> {
             "fallocate -p",
             v(&["fallocate", "-p", "-o", "4096", "-l", "8192", "@:/f2"]),
         ),
+        // Inline inodes (the inline recipe's; absent elsewhere: refused).
+        (
+            "inline grow",
+            v(&["truncate", "-s", "5000", "@:/tiny", "@:/id/a"]),
+        ),
+        ("inline mkdir", v(&["mkdir", "@:/id/sub/nd", "@:/id/n2"])),
+        ("inline mv", v(&["mv", "@:/id/sub", "@:/d1/idsub"])),
+        ("inline rm -r", v(&["rm", "-r", "@:/id"])),
         ("fstrim", v(&["fstrim", "@"])),
         ("journal replay", v(&["journal", "replay", "@"])),
         ("lazyinit", v(&["lazyinit", "@"])),
@@ -1246,7 +1269,14 @@ fn fuzz_rw_tools_and_mount() {
         );
     }
     let dir = image_dir();
-    let recipes = ["default", "no-csum", "i128-no64bit", "4k", "dirty-journal"];
+    let recipes = [
+        "default",
+        "no-csum",
+        "i128-no64bit",
+        "4k",
+        "dirty-journal",
+        "inline",
+    ];
     let seeds: Vec<Seed> = recipes.iter().map(|r| build_seed(dir.path(), r)).collect();
     let next = AtomicUsize::new(0);
     let tally = Mutex::new(Tally::default());

@@ -324,9 +324,25 @@ fn build_tree(m: &Path) {
     assert!(String::from_utf8_lossy(&df.stdout).lines().count() == 2);
 }
 
+/// `o` with the transport's options `t` first.
+fn with<'a>(t: &[&'a str], o: &[&'a str]) -> Vec<&'a str> {
+    [t, o].concat()
+}
+
+/// Our own FUSE session loop (experimental, not the default).
+const OWN: &[&str] = &["transport=ext4kit"];
+
 #[test]
 fn tree_through_the_mount_reads_back_on_the_kernel() {
-    let what = "tree_through_the_mount_reads_back_on_the_kernel";
+    tree_readback("tree_through_the_mount_reads_back_on_the_kernel", &[]);
+}
+
+#[test]
+fn own_transport_tree_reads_back_on_the_kernel() {
+    tree_readback("own_transport_tree_reads_back_on_the_kernel", OWN);
+}
+
+fn tree_readback(what: &str, t: &[&str]) {
     if let Err(e) = fuse_available().and_then(|()| kernel_mount_available()) {
         return skip(what, &e);
     }
@@ -337,7 +353,7 @@ fn tree_through_the_mount_reads_back_on_the_kernel() {
     }
     let dir = image_dir();
     let img = mkfs(dir.path(), "512M");
-    let m = FuseMount::new(&img, &[]).unwrap();
+    let m = FuseMount::new(&img, t).unwrap();
     build_tree(m.path());
     // Past the attribute TTL: the walk sees what the engine has, not
     // what the kernel cached.
@@ -369,7 +385,7 @@ fn tree_through_the_mount_reads_back_on_the_kernel() {
     assert!(acl_ours.contains("user:1234:rw-"), "{acl_ours}");
     // Mounted again, ext4kit reads what it wrote (and the kernel's
     // readback wrote nothing).
-    let m = FuseMount::new(&img, &["ro"]).unwrap();
+    let m = FuseMount::new(&img, &with(t, &["ro"])).unwrap();
     let again = walk(m.path());
     m.unmount().unwrap();
     assert_eq!(again, ours);
@@ -575,7 +591,15 @@ fn bad_options_are_refused_before_anything_is_written() {
 
 #[test]
 fn kill9_during_fsyncs_then_replay() {
-    let what = "kill9_during_fsyncs_then_replay";
+    kill9_replay("kill9_during_fsyncs_then_replay", &[]);
+}
+
+#[test]
+fn own_transport_kill9_during_fsyncs_then_replay() {
+    kill9_replay("own_transport_kill9_during_fsyncs_then_replay", OWN);
+}
+
+fn kill9_replay(what: &str, t: &[&str]) {
     if let Err(e) = fuse_available() {
         return skip(what, &e);
     }
@@ -586,7 +610,7 @@ fn kill9_during_fsyncs_then_replay() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(7u64);
     for round in 0..3u64 {
-        let m = FuseMount::new(&img, &["commit=30"]).unwrap();
+        let m = FuseMount::new(&img, &with(t, &["commit=30"])).unwrap();
         let root = m.path().join(format!("r{round}"));
         fs::create_dir(&root).unwrap();
         File::open(m.path()).unwrap().sync_all().unwrap();
@@ -629,19 +653,19 @@ fn kill9_during_fsyncs_then_replay() {
             // fsynced files are there, nothing is written); with noload
             // not at all.
             let hash = file_hash(&img).unwrap();
-            let m = FuseMount::new(&img, &["ro"]).unwrap();
+            let m = FuseMount::new(&img, &with(t, &["ro"])).unwrap();
             let root = m.path().join("r0");
             let (name, len) = synced.last().unwrap();
             let i: usize = name[5..].parse().unwrap();
             assert_eq!(fs::read(root.join(name)).unwrap(), pattern(*len, i as u64));
             m.unmount().unwrap();
-            let m = FuseMount::new(&img, &["ro,noload"]).unwrap();
+            let m = FuseMount::new(&img, &with(t, &["ro,noload"])).unwrap();
             assert!(m.path().join("lost+found").is_dir());
             m.unmount().unwrap();
             assert_eq!(file_hash(&img).unwrap(), hash);
         }
         // The next mount replays the journal; every fsynced file is there.
-        let m = FuseMount::new(&img, &[]).unwrap();
+        let m = FuseMount::new(&img, t).unwrap();
         let root = m.path().join(format!("r{round}"));
         for (name, len) in &synced {
             let i: usize = name[5..].parse().unwrap();
@@ -702,7 +726,15 @@ fn pjdfstest_bin() -> Option<PathBuf> {
 
 #[test]
 fn pjdfstest_on_the_mount() {
-    let what = "pjdfstest_on_the_mount";
+    pjdfstest("pjdfstest_on_the_mount", &[]);
+}
+
+#[test]
+fn own_transport_pjdfstest() {
+    pjdfstest("own_transport_pjdfstest", OWN);
+}
+
+fn pjdfstest(what: &str, t: &[&str]) {
     if let Err(e) = fuse_available() {
         return skip(what, &e);
     }
@@ -720,7 +752,7 @@ fn pjdfstest_on_the_mount() {
     }
     let dir = image_dir();
     let img = mkfs(dir.path(), "256M");
-    let m = FuseMount::new(&img, &["allow_other"]).unwrap();
+    let m = FuseMount::new(&img, &with(t, &["allow_other"])).unwrap();
     let work = m.path().join("pjd");
     fs::create_dir(&work).unwrap();
     fs::set_permissions(&work, fs::Permissions::from_mode(0o777)).unwrap();
@@ -2698,4 +2730,53 @@ fn negative_entries_are_cached_and_replaced() {
     gone("x");
     m.unmount().unwrap();
     e2fsck_clean(&img).unwrap();
+}
+
+/// `statx(2)`'s birth time through our own transport (FUSE_STATX) is the
+/// inode's `i_crtime`: what `ext4kit stat` shows and what the kernel's
+/// ext4 returns for the same image. (fuser's mount has no btime.)
+#[test]
+fn own_transport_statx_btime_is_the_crtime() {
+    let what = "own_transport_statx_btime_is_the_crtime";
+    if let Err(e) = fuse_available().and_then(|()| kernel_mount_available()) {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "64M");
+    let m = FuseMount::new(&img, OWN).unwrap();
+    fs::write(m.path().join("f"), b"born").unwrap();
+    fs::create_dir(m.path().join("d")).unwrap();
+    let ours: Vec<std::time::SystemTime> = ["f", "d"]
+        .iter()
+        .map(|n| fs::metadata(m.path().join(n)).unwrap().created().unwrap())
+        .collect();
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+    let lo = LoopDev::attach(&img).unwrap();
+    let km = Mount::new(lo.path(), "ext4", Some("ro")).unwrap();
+    let theirs: Vec<std::time::SystemTime> = ["f", "d"]
+        .iter()
+        .map(|n| fs::metadata(km.path().join(n)).unwrap().created().unwrap())
+        .collect();
+    km.unmount().unwrap();
+    drop(lo);
+    eprintln!("{what}: btime {ours:?}");
+    assert_eq!(ours, theirs);
+    for (n, t) in ["f", "d"].iter().zip(&ours) {
+        let out = run_ok(
+            ext4kit()
+                .arg("stat")
+                .arg("--json")
+                .arg(format!("{}:/{n}", img.display())),
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let d = t.duration_since(std::time::UNIX_EPOCH).unwrap();
+        assert_eq!(v["crtime"]["sec"].as_u64(), Some(d.as_secs()), "{n}");
+        assert_eq!(
+            v["crtime"]["nsec"].as_u64(),
+            Some(u64::from(d.subsec_nanos())),
+            "{n}"
+        );
+    }
 }

@@ -147,6 +147,48 @@ pub fn new_dir_block(p: &DirParams, block_size: u32, parent: u32) -> Vec<u8> {
     b
 }
 
+/// The first block of a directory converted out of inline data
+/// (`ext4_finish_convert_inline_dir`): `.` and `..` (`parent`), then
+/// `entries` (no dots) packed in order, the last one's `rec_len` running
+/// to the end of the block (less the checksum tail). `None` when they do
+/// not fit one block (an inode as large as a block can hold more).
+pub fn dir_block_from_entries(
+    p: &DirParams,
+    block_size: u32,
+    parent: u32,
+    entries: &[(u32, &[u8], u8)],
+) -> Option<Vec<u8>> {
+    let bs = block_size as usize;
+    let csum = if p.csum.metadata { TAIL_SIZE } else { 0 };
+    let end = bs - csum;
+    let ft_dir = if p.filetype { FT_DIR } else { 0 };
+    let mut b = vec![0u8; bs];
+    let mut recs: Vec<(u32, &[u8], u8)> = vec![(p.ino, b".", ft_dir), (parent, b"..", ft_dir)];
+    recs.extend(
+        entries
+            .iter()
+            .map(|&(i, n, t)| (i, n, if p.filetype { t } else { 0 })),
+    );
+    let need: usize = recs.iter().map(|(_, n, _)| rec_len(n.len())).sum();
+    if need > end {
+        return None;
+    }
+    let mut off = 0usize;
+    let last = recs.len() - 1;
+    for (k, (ino, name, ft)) in recs.iter().enumerate() {
+        let rl = if k == last {
+            end - off
+        } else {
+            rec_len(name.len())
+        };
+        off = ext4kit_format::dir::put_entry(&mut b, off, *ino, rec_len_to_disk(rl, bs), name, *ft);
+    }
+    if p.csum.metadata {
+        put_tail(&mut b, p.ino, p.generation, &p.csum);
+    }
+    Some(b)
+}
+
 /// Directory writer over some [`DirBlocks`].
 pub struct DirWriter<'a, D: DirBlocks + ?Sized> {
     d: &'a mut D,
@@ -1299,6 +1341,30 @@ pub(crate) mod tests {
         }
         n.truncate(len.max(9));
         n
+    }
+
+    #[test]
+    fn converted_inline_dir_block() {
+        let p = params(true, 1, false, false);
+        let names: Vec<Vec<u8>> = (0..5).map(|i| format!("n{i}").into_bytes()).collect();
+        let ents: Vec<(u32, &[u8], u8)> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (20 + i as u32, n.as_slice(), FT_REG_FILE))
+            .collect();
+        let b = dir_block_from_entries(&p, 1024, 2, &ents).unwrap();
+        let got = ext4kit_format::dir::parse_block(&b[..1024 - TAIL_SIZE]).unwrap();
+        let seen: Vec<(u32, Vec<u8>)> = got.iter().map(|e| (e.inode, e.name.clone())).collect();
+        let mut want = vec![(12, b".".to_vec()), (2, b"..".to_vec())];
+        want.extend(ents.iter().map(|(i, n, _)| (*i, n.to_vec())));
+        assert_eq!(seen, want);
+        let total: usize = got.iter().map(|e| usize::from(e.rec_len)).sum();
+        assert_eq!(total, 1024 - TAIL_SIZE);
+        assert_eq!(got[0].rec_len, 12);
+        // More than a block holds: refused.
+        let long = vec![b'x'; 255];
+        let many: Vec<(u32, &[u8], u8)> = (0..4).map(|i| (30 + i, long.as_slice(), 1)).collect();
+        assert!(dir_block_from_entries(&p, 1024, 2, &many).is_none());
     }
 
     #[test]

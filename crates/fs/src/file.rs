@@ -43,7 +43,10 @@ impl Fs<'_> {
     }
 
     /// The bytes of an inline-data inode: `i_block` then the value of
-    /// `system.data`, cut (or zero-padded) to `i_size`.
+    /// `system.data`, cut to `i_size`. A regular file may be larger than
+    /// that (mke2fs -d leaves a file of zeros inline and empty, whatever
+    /// its size; e2fsck and the kernel accept it): the rest reads as
+    /// zeros ([`Fs::read_at`]), not padded here.
     pub fn inline_data(&self, inode: &InodeInfo) -> Result<Vec<u8>, FsError> {
         if !self
             .info
@@ -64,7 +67,7 @@ impl Fs<'_> {
             data.extend_from_slice(&v);
         }
         let size = usize::try_from(inode.size).unwrap_or(usize::MAX);
-        if size > data.len() {
+        if size > data.len() && !inode.is_regular() {
             return Err(FsError::corrupt(
                 "inode",
                 format!(
@@ -95,8 +98,12 @@ impl Fs<'_> {
         let buf = &mut buf[..n];
         match content {
             Content::Inline(d) => {
-                let s = off as usize;
-                buf.copy_from_slice(&d[s..s + n]);
+                // Past the inline bytes (a regular file's i_size may be
+                // larger): zeros.
+                let s = (off as usize).min(d.len());
+                let have = (d.len() - s).min(n);
+                buf[..have].copy_from_slice(&d[s..s + have]);
+                buf[have..].fill(0);
             }
             Content::Blocks(maps) => {
                 let bs = u64::from(self.info.block_size);

@@ -1711,6 +1711,10 @@ impl Filesystem {
         }
         let inode = self.inode_any(ino)?;
         flags::may_write_data(&inode)?;
+        if inode.is_regular() && !ranges.iter().all(|r| r.1.is_empty()) {
+            self.uninline(ino, true)?;
+        }
+        let inode = self.inode_any(ino)?;
         data_inode_writable(ino, &inode)?;
         let begin = || {
             let d = root_depth(&self.inode_any(ino)?.i_block);
@@ -1812,6 +1816,9 @@ impl Filesystem {
         flags::may_write_data(&self.inode_any(ino)?)?;
         if data.is_empty() {
             return Ok((self.rw.journal().running_tid(), 0, None));
+        }
+        if self.inode_any(ino)?.is_regular() {
+            self.uninline(ino, true)?;
         }
         let mut tid = 0;
         let mut pos = off;
@@ -2165,6 +2172,14 @@ impl Filesystem {
         if inode.is_dir() {
             return Err(FsError::IsADirectory);
         }
+        if inode.is_regular() && inode.has_inline_data() {
+            // Out of the inode first (to nothing for a truncate to 0).
+            let tid = self.uninline(ino, size != 0)?;
+            if size == 0 {
+                return Ok(tid.unwrap_or_else(|| self.rw.journal().running_tid()));
+            }
+            return self.truncate_with(ino, size, protect);
+        }
         if !inode.has_extents() && inode.blocks_512 == 0 {
             // Nothing mapped (devices, fifos, fast symlinks, empty files).
             return self.set_size_only(ino, size);
@@ -2415,6 +2430,7 @@ impl Filesystem {
                 FsError::InvalidRequest(format!("inode {ino} is not a regular file"))
             });
         }
+        self.uninline(ino, true)?;
         // Whole blocks of the range (punch/zero), all touched ones (alloc).
         let (w0, w1) = if mode.punch_hole || mode.zero_range {
             (off.div_ceil(bs), end / bs)
@@ -2760,6 +2776,7 @@ pub(crate) fn normalize(mut v: Vec<Mapping>) -> Vec<Mapping> {
 
 mod errors;
 pub mod flags;
+mod inline;
 mod lazy;
 mod locks;
 mod ns;

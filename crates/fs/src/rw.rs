@@ -65,7 +65,8 @@ pub const RW_INCOMPAT: u32 = Incompat::FILETYPE.bits()
     | Incompat::FLEX_BG.bits()
     | Incompat::CSUM_SEED.bits()
     | Incompat::MMP.bits()
-    | Incompat::LARGEDIR.bits();
+    | Incompat::LARGEDIR.bits()
+    | Incompat::INLINE_DATA.bits();
 
 /// ro_compat features the read-write engine handles.
 pub const RW_RO_COMPAT: u32 = RoCompat::SPARSE_SUPER.bits()

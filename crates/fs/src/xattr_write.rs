@@ -1022,6 +1022,27 @@ pub fn remove_xattr(
     set_xattr(geo, blocks, ino, slot, name, None, SetMode::Replace)
 }
 
+/// Remove `system.data` (the inline data beyond `i_block`) from the
+/// inode (or its block): the inline-data conversion's last step. Returns
+/// whether it was there.
+pub fn remove_inline_data(
+    geo: &XattrGeometry,
+    blocks: &mut dyn XattrBlocks,
+    ino: u32,
+    slot: &mut [u8],
+) -> Result<bool, XattrError> {
+    set_raw(
+        geo,
+        blocks,
+        ino,
+        slot,
+        fx::INDEX_SYSTEM,
+        b"data",
+        None,
+        SetMode::Any,
+    )
+}
+
 /// Set (`Some`) or remove (`None`) an ACL, as `ext4_set_acl`: the ACL is
 /// validated (`posix_acl_valid`); an access ACL that the mode bits can
 /// express is not stored (and removes a stored one), and the mode's

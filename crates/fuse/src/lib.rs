@@ -25,6 +25,8 @@
 //! - [`wbuf`]: the write-behind buffer of the default (write-through)
 //!   mount: small writes answered at once, merged, flushed in order.
 //! - [`mount`]: open, mount, serve, unmount on signals, close cleanly.
+//! - `session`: our own FUSE session loop on `/dev/fuse`
+//!   (`-o transport=ext4kit`, experimental).
 //! - `fusermount`: the mount of a user who is not root, through the
 //!   set-user-ID `fusermount3` (the `/dev/fuse` fd passed back).
 
@@ -38,6 +40,7 @@ pub mod mount;
 pub mod ops;
 pub mod options;
 pub mod proto;
+mod session;
 pub mod shared;
 pub mod trim;
 pub mod wbuf;

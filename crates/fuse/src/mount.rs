@@ -252,6 +252,123 @@ fn start_session(
     }
 }
 
+/// The session serving the mount: fuser's (default) or our own
+/// (`-o transport=ext4kit`, [`crate::session`]).
+enum Served {
+    Fuser(Box<fuser::Session<FuseFs>>),
+    Own(crate::session::Session),
+}
+
+impl Served {
+    fn notifier(&self) -> Arc<dyn crate::shared::Notify> {
+        match self {
+            Served::Fuser(s) => Arc::new(s.notifier()),
+            Served::Own(s) => s.notifier(),
+        }
+    }
+
+    fn run(self, threads: usize) -> io::Result<()> {
+        match self {
+            Served::Fuser(s) => s.run(),
+            Served::Own(s) => s.run(threads),
+        }
+    }
+}
+
+/// The kernel mount options of our own transport's mount(2), as fuser
+/// passes them: `fd=N,rootmode=,user_id=,group_id=`, then
+/// `default_permissions` and `allow_other` (see [`fuser_config`]).
+fn own_mount_data(fd: i32, rootmode: u32, config: &Config) -> String {
+    let mut data = format!(
+        "fd={fd},rootmode={rootmode:o},user_id={},group_id={}",
+        nix::unistd::getuid(),
+        nix::unistd::getgid()
+    );
+    if config
+        .mount_options
+        .contains(&MountOption::DefaultPermissions)
+    {
+        data.push_str(",default_permissions");
+    }
+    if config.acl != SessionACL::Owner {
+        data.push_str(",allow_other");
+    }
+    data
+}
+
+/// The VFS flags of the mount: nosuid,nodev unless asked otherwise (as
+/// fuser), ro, sync, noatime, noexec.
+fn own_mount_flags(config: &Config) -> nix::mount::MsFlags {
+    use nix::mount::MsFlags;
+    let o = &config.mount_options;
+    let mut f = MsFlags::empty();
+    for (opt, flag) in [
+        (MountOption::RO, MsFlags::MS_RDONLY),
+        (MountOption::Sync, MsFlags::MS_SYNCHRONOUS),
+        (MountOption::NoAtime, MsFlags::MS_NOATIME),
+        (MountOption::NoExec, MsFlags::MS_NOEXEC),
+    ] {
+        if o.contains(&opt) {
+            f |= flag;
+        }
+    }
+    if !o.contains(&MountOption::Suid) {
+        f |= MsFlags::MS_NOSUID;
+    }
+    if !o.contains(&MountOption::Dev) {
+        f |= MsFlags::MS_NODEV;
+    }
+    f
+}
+
+/// Our own transport's step 2: as root our own mount(2) of
+/// `fuse.ext4kit` on a `/dev/fuse` fd, otherwise `fusermount3`; then
+/// INIT ([`crate::session::Session::handshake`]).
+fn start_own_session(
+    shared: &Arc<Shared>,
+    req: &MountRequest,
+    mnt: &Path,
+) -> io::Result<(Served, Option<fusermount::Helper>)> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::PermissionsExt;
+    let config = fuser_config(req);
+    let (fd, helper) = if nix::unistd::geteuid().is_root() {
+        let dev = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .map_err(|e| io::Error::new(e.kind(), format!("/dev/fuse: {e}")))?;
+        let rootmode = std::fs::metadata(mnt)?.permissions().mode();
+        let data = own_mount_data(dev.as_raw_fd(), rootmode, &config);
+        let source = req.device.to_string_lossy().replace(',', "_");
+        nix::mount::mount(
+            Some(source.as_str()),
+            mnt,
+            Some("fuse.ext4kit"),
+            own_mount_flags(&config),
+            Some(data.as_str()),
+        )
+        .map_err(io::Error::from)?;
+        (std::os::fd::OwnedFd::from(dev), None)
+    } else {
+        let bin = fusermount::locate().map_err(io::Error::other)?;
+        let opts =
+            fusermount::option_string(&config.mount_options, config.acl != SessionACL::Owner);
+        let m = fusermount::mount(&bin, mnt, &opts)?;
+        (m.fd, Some(m.helper))
+    };
+    let mut s = crate::session::Session::new(fd, shared.clone());
+    if let Err(e) = s.handshake() {
+        // Not served: take the mount down again (fusermount3 does it
+        // when its helper is dropped).
+        if helper.is_none() {
+            let _ = nix::mount::umount2(mnt, nix::mount::MntFlags::MNT_DETACH);
+        }
+        return Err(e);
+    }
+    Ok((Served::Own(s), helper))
+}
+
 /// What INIT settled on (see [`negotiate`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Negotiated {
@@ -687,7 +804,13 @@ pub fn serve_wrapped(
         );
     }
     let shared = Arc::new(Shared::new(backend, req.opts.clone()));
-    let (session, helper) = match start_session(&shared, req, &mnt) {
+    let started = match req.opts.transport {
+        crate::options::Transport::Fuser => {
+            start_session(&shared, req, &mnt).map(|(s, h)| (Served::Fuser(Box::new(s)), h))
+        }
+        crate::options::Transport::Ext4kit => start_own_session(&shared, req, &mnt),
+    };
+    let (session, helper) = match started {
         Ok(s) => s,
         Err(source) => {
             close(shared, &req.device)?;
@@ -752,7 +875,7 @@ pub fn serve_wrapped(
             }
         })
     };
-    let served = session.run();
+    let served = session.run(req.threads);
     // fusermount3's auto_unmount sees its socket close (the mount is
     // gone already) and exits.
     drop(helper);

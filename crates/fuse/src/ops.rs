@@ -755,7 +755,7 @@ impl FuseFs {
     /// Have the kernel drop its cached listing of directory `ino`.
     fn drop_listing(&self, ino: u32) {
         if let Some(n) = self.s.notifier.get()
-            && let Err(e) = n.inval_inode(fuse_ino(ino), 0, 0)
+            && let Err(e) = n.inval_inode(fuse_ino(ino).0, 0, 0)
         {
             tracing::debug!("inval of directory {ino}'s listing: {e}");
         }
@@ -1606,7 +1606,7 @@ impl FuseFs {
             // reply has the next stat ask, so after fsync/fdatasync
             // st_blocks is what the write-back allocated, as on ext4.
             if let Some(n) = self.s.notifier.get()
-                && let Err(e) = n.inval_inode(INodeNo(ino), -1, 0)
+                && let Err(e) = n.inval_inode(ino, -1, 0)
             {
                 tracing::debug!("attribute inval after fsync of {ino}: {e}");
             }
@@ -1722,6 +1722,13 @@ impl FuseFs {
 
     pub fn op_releasedir(&self, fh: u64) {
         self.s.state().handles.remove(&fh);
+    }
+
+    /// SYNCFS (our own transport; the kernel sends it only where
+    /// `fc->sync_fs` is set): every change answered so far made durable,
+    /// as `ext4kit sync` does.
+    pub fn op_syncfs(&self) -> R<()> {
+        self.s.commit_all().map_err(|e| errno(&e))
     }
 
     pub fn op_statfs(&self) -> R<Statfs> {
@@ -1860,7 +1867,7 @@ impl FuseFs {
                 let spawned = std::thread::Builder::new()
                     .name("ext4kit-lseek".into())
                     .spawn(move || {
-                        if let Err(e) = n.inval_inode(INodeNo(ino), offset.max(0), 0) {
+                        if let Err(e) = n.inval_inode(ino, offset.max(0), 0) {
                             tracing::debug!("inval before lseek of {i}: {e}");
                         }
                         done(me.do_lseek(i, offset, whence));

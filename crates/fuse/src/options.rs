@@ -11,6 +11,17 @@ use std::time::Duration;
 
 pub use ext4kit_fs::rw::ErrorBehavior;
 
+/// Which FUSE transport serves the mount (`transport=`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// `transport=fuser` (default): fuser 0.18's session.
+    #[default]
+    Fuser,
+    /// `transport=ext4kit` (experimental): our own session loop on
+    /// `/dev/fuse` (`crate::session`).
+    Ext4kit,
+}
+
 /// How online lazy init paces itself (`lazyinit=`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LazyinitPace {
@@ -93,6 +104,9 @@ pub struct MountOptions {
     pub nosuid: bool,
     pub nodev: bool,
     pub noexec: bool,
+    /// `transport=fuser|ext4kit`: the FUSE session (ext4kit's own is
+    /// experimental, see [`Transport`]).
+    pub transport: Transport,
 }
 
 impl Default for MountOptions {
@@ -117,6 +131,7 @@ impl Default for MountOptions {
             nosuid: true,
             nodev: true,
             noexec: false,
+            transport: Transport::Fuser,
         }
     }
 }
@@ -184,6 +199,23 @@ impl MountOptions {
                     Some(v) => number(key, v)?,
                 };
                 self.noinit_itable = false;
+                Ok(())
+            }
+            "transport" => {
+                self.transport = match value {
+                    Some("fuser") => Transport::Fuser,
+                    Some("ext4kit") => Transport::Ext4kit,
+                    Some(v) => {
+                        return Err(OptionError(format!(
+                            "invalid value '{v}' for mount option 'transport' (fuser or ext4kit)"
+                        )));
+                    }
+                    None => {
+                        return Err(OptionError(
+                            "mount option 'transport' needs a value (fuser or ext4kit)".into(),
+                        ));
+                    }
+                };
                 Ok(())
             }
             "lazyinit" => {
@@ -337,6 +369,13 @@ mod tests {
         assert!(p("allow_other,default_permissions").unwrap().allow_other);
         assert!(p("noatime,nosuid,nodev,noexec,defaults").unwrap().nosuid);
         assert!(!p("").unwrap().writeback_cache);
+        assert_eq!(p("").unwrap().transport, Transport::Fuser);
+        assert_eq!(
+            p("transport=ext4kit").unwrap().transport,
+            Transport::Ext4kit
+        );
+        assert!(p("transport=x").is_err());
+        assert!(p("transport").is_err());
         assert!(p("writeback_cache").unwrap().writeback_cache);
         assert!(
             !p("writeback_cache,nowriteback_cache")

@@ -278,7 +278,34 @@ pub struct Shared {
     /// The session's notifier (set once the session is up): with the
     /// writeback cache, LSEEK has the kernel write back dirty pages
     /// through it first (see `FuseFs::lseek`).
-    pub notifier: OnceLock<fuser::Notifier>,
+    pub notifier: OnceLock<Arc<dyn Notify>>,
+}
+
+/// What the mount asks of the kernel unprompted, whichever transport
+/// carries it (fuser's `Notifier`, or our own session's notify writes on
+/// `/dev/fuse`, `crate::session`). Node ids are FUSE's (root 1).
+pub trait Notify: Send + Sync {
+    /// `FUSE_NOTIFY_INVAL_INODE`: drop the cached attributes of `ino`
+    /// and its pages from `off` for `len` bytes (0: to the end; `off` < 0:
+    /// the attributes only).
+    fn inval_inode(&self, ino: u64, off: i64, len: i64) -> std::io::Result<()>;
+    /// `FUSE_NOTIFY_INVAL_ENTRY`: drop the dentry `name` of `parent`.
+    fn inval_entry(&self, parent: u64, name: &[u8]) -> std::io::Result<()>;
+}
+
+impl Notify for fuser::Notifier {
+    fn inval_inode(&self, ino: u64, off: i64, len: i64) -> std::io::Result<()> {
+        fuser::Notifier::inval_inode(self, fuser::INodeNo(ino), off, len)
+    }
+
+    fn inval_entry(&self, parent: u64, name: &[u8]) -> std::io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        fuser::Notifier::inval_entry(
+            self,
+            fuser::INodeNo(parent),
+            std::ffi::OsStr::from_bytes(name),
+        )
+    }
 }
 
 /// The engine as the write-behind buffer's [`Sink`].

@@ -87,6 +87,12 @@ impl FuseMount {
         let mut c = ext4kit();
         c.arg("mount").arg("-f");
         c.envs(env.iter().copied());
+        // EXT4KIT_TEST_TRANSPORT=ext4kit: every mount of the run on our
+        // own FUSE session loop (its options given first, so a test's
+        // own `transport=` wins).
+        if let Ok(t) = std::env::var("EXT4KIT_TEST_TRANSPORT") {
+            c.arg("-o").arg(format!("transport={t}"));
+        }
         for o in opts {
             c.arg("-o").arg(o);
         }

@@ -839,6 +839,8 @@ pub fn is_fuse_mounted(dir: &Path) -> bool {
         .lines()
         .any(|l| {
             let f: Vec<&str> = l.split(' ').collect();
-            f.get(4) == Some(&want.as_str()) && l.contains(" - fuse ")
+            // `fuse` (fuser's mount), `fuse.ext4kit` (our own transport's).
+            f.get(4) == Some(&want.as_str())
+                && (l.contains(" - fuse ") || l.contains(" - fuse.ext4kit "))
         })
 }

@@ -19,6 +19,13 @@
 //! requests), `flush` and drop wait for all (so an acknowledged FLUSH
 //! covers every earlier write), and a behind write's error is reported by
 //! the next call and by every call after it.
+//!
+//! Small writes are merged: a write shorter than [`MERGE_SMALL`] is
+//! queued unsent, and a later small write that starts where the queue
+//! ends joins it while the total fits the merge bound ([`MAX_MERGE`],
+//! capped by the server's maximum payload). The queue is sent by the next write
+//! that cannot join, by any call over a range it overlaps, and by `flush`
+//! and drop (no timer: correctness never depends on timing).
 
 mod conn;
 pub(crate) mod proto;
@@ -52,6 +59,14 @@ const MAX_RANGE: u64 = 0xFFFF_0000;
 pub const BEHIND_PER_WINDOW: usize = 4;
 /// Bytes of behind writes allowed.
 pub const MAX_BEHIND_BYTES: u64 = 64 << 20;
+/// The largest merged write request (also capped by the server's maximum
+/// payload and [`MAX_REQUEST`]): adjacent small writes are queued and sent
+/// as one request of at most this many bytes.
+pub const MAX_MERGE: u64 = 1 << 20;
+/// Writes shorter than this are small: queued for merging. Larger ones
+/// are sent at once (they already amortise a round trip, and holding
+/// them back would only delay the server's work).
+pub const MERGE_SMALL: u64 = 128 << 10;
 /// Default time a request may wait for its reply (`EXT4KIT_NBD_TIMEOUT`,
 /// seconds, overrides it).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -73,13 +88,48 @@ pub struct NbdDevice {
 /// Write-behind state.
 #[derive(Default)]
 struct Behind {
-    /// (offset, length, ticket) of each outstanding write, oldest first.
-    reqs: VecDeque<(u64, u64, Ticket)>,
+    /// Each outstanding write, oldest first.
+    reqs: VecDeque<Sent>,
+    /// Adjacent small writes queued but not sent yet (merged into one
+    /// request when sent).
+    queued: Option<Queued>,
     /// Their bytes.
     bytes: u64,
     /// The first behind write that failed (its error message): every
     /// later call reports it.
     error: Option<String>,
+}
+
+/// An outstanding write request.
+struct Sent {
+    offset: u64,
+    len: u64,
+    /// The `write_at` calls it carries (more than one: merged).
+    calls: usize,
+    ticket: Ticket,
+}
+
+/// Writes queued unsent: `data` goes at `offset`, from `calls` calls.
+struct Queued {
+    offset: u64,
+    data: Vec<u8>,
+    calls: usize,
+}
+
+impl Queued {
+    fn overlaps(&self, range: Option<(u64, u64)>) -> bool {
+        let (o, l) = (self.offset, self.data.len() as u64);
+        range.is_none_or(|(s, n)| o < s + n && s < o + l)
+    }
+}
+
+/// The message of a failed write request.
+fn write_failed(offset: u64, len: u64, calls: usize, e: &ReqError) -> String {
+    if calls > 1 {
+        format!("write of {len} bytes at byte {offset} ({calls} writes merged) failed: {e}")
+    } else {
+        format!("write of {len} bytes at byte {offset} failed: {e}")
+    }
 }
 
 fn window() -> usize {
@@ -183,13 +233,13 @@ impl NbdDevice {
     fn reap(&self, b: &mut Behind) {
         let mut freed = 0;
         let mut err = None;
-        b.reqs.retain(|(o, l, t)| {
-            if !t.is_done() {
+        b.reqs.retain(|r| {
+            if !r.ticket.is_done() {
                 return true;
             }
-            freed += l;
-            if let Err(e) = self.conn.settle(t) {
-                err.get_or_insert_with(|| format!("write of {l} bytes at byte {o} failed: {e}"));
+            freed += r.len;
+            if let Err(e) = self.conn.settle(&r.ticket) {
+                err.get_or_insert_with(|| write_failed(r.offset, r.len, r.calls, &e));
             }
             false
         });
@@ -212,14 +262,18 @@ impl NbdDevice {
 
     /// Wait for the behind writes overlapping `[offset, offset+len)` (all
     /// of them: `None`), then report any behind write's error.
+    /// Queued writes overlapping the range are sent first.
     fn wait_behind(&self, range: Option<(u64, u64)>) -> Result<()> {
         let waits: Vec<Ticket> = {
             let mut b = self.behind();
             self.reap(&mut b);
+            if b.queued.as_ref().is_some_and(|q| q.overlaps(range)) {
+                self.send_queued(&mut b)?;
+            }
             b.reqs
                 .iter()
-                .filter(|(o, l, _)| range.is_none_or(|(s, n)| *o < s + n && s < o + l))
-                .map(|(_, _, t)| t.clone())
+                .filter(|r| range.is_none_or(|(s, n)| r.offset < s + n && s < r.offset + r.len))
+                .map(|r| r.ticket.clone())
                 .collect()
         };
         for t in &waits {
@@ -241,10 +295,8 @@ impl NbdDevice {
                 self.reap(&mut b);
                 self.sticky(&b)?;
                 match b.reqs.front() {
-                    Some((_, _, t))
-                        if b.reqs.len() >= max_reqs || b.bytes + len > MAX_BEHIND_BYTES =>
-                    {
-                        t.clone()
+                    Some(r) if b.reqs.len() >= max_reqs || b.bytes + len > MAX_BEHIND_BYTES => {
+                        r.ticket.clone()
                     }
                     _ => return Ok(()),
                 }
@@ -253,9 +305,99 @@ impl NbdDevice {
         }
     }
 
-    /// Write an aligned range behind: return once its requests are sent.
+    /// Send the queued writes as one request, with `b` held throughout
+    /// (so that no other call sees the data neither queued nor
+    /// outstanding): first wait, oldest first, for room within the
+    /// write-behind bounds. A failure is sticky (the calls it carried
+    /// have returned).
+    fn send_queued(&self, b: &mut Behind) -> Result<()> {
+        let Some(q) = b.queued.take() else {
+            return Ok(());
+        };
+        let len = q.data.len() as u64;
+        let max_reqs = self.window * BEHIND_PER_WINDOW;
+        while let Some(r) = b.reqs.front()
+            && (b.reqs.len() >= max_reqs || b.bytes + len > MAX_BEHIND_BYTES)
+        {
+            let t = r.ticket.clone();
+            // Its outcome is picked up by the reap below.
+            let _ = self.conn.settle(&t);
+            self.reap(b);
+        }
+        // The queue is bounded by the maximum request (far below 4 GiB).
+        let len32 = u32::try_from(len).unwrap_or(u32::MAX);
+        match self.conn.submit(NBD_CMD_WRITE, 0, q.offset, len32, &q.data) {
+            Ok(ticket) => {
+                b.reqs.push_back(Sent {
+                    offset: q.offset,
+                    len,
+                    calls: q.calls,
+                    ticket,
+                });
+                b.bytes += len;
+                self.sticky(b)
+            }
+            Err(e) => {
+                let m = write_failed(q.offset, len, q.calls, &e);
+                b.error.get_or_insert(m);
+                self.sticky(b)
+            }
+        }
+    }
+
+    /// The merge bound: the largest queued (merged) write.
+    fn max_merge(&self) -> u64 {
+        self.max_request().min(MAX_MERGE)
+    }
+
+    /// Write an aligned range behind: return once its requests are sent,
+    /// or once it is queued (merged with adjacent writes, see
+    /// [`MAX_MERGE`]).
     fn write_behind(&self, buf: &[u8], offset: u64) -> Result<()> {
-        self.wait_behind(Some((offset, buf.len() as u64)))?;
+        let len = buf.len() as u64;
+        let bound = self.max_merge();
+        let small = len < MERGE_SMALL.min(bound);
+        loop {
+            let waits: Vec<Ticket> = {
+                let mut b = self.behind();
+                self.reap(&mut b);
+                self.sticky(&b)?;
+                if let Some(q) = b.queued.as_mut()
+                    && small
+                    && q.offset + q.data.len() as u64 == offset
+                    && q.data.len() as u64 + len <= bound
+                {
+                    q.data.extend_from_slice(buf);
+                    q.calls += 1;
+                    return Ok(());
+                }
+                // Not adjacent (or too large): what is queued goes first.
+                self.send_queued(&mut b)?;
+                let waits: Vec<Ticket> = b
+                    .reqs
+                    .iter()
+                    .filter(|r| r.offset < offset + len && offset < r.offset + r.len)
+                    .map(|r| r.ticket.clone())
+                    .collect();
+                if waits.is_empty() {
+                    if small {
+                        b.queued = Some(Queued {
+                            offset,
+                            data: buf.to_vec(),
+                            calls: 1,
+                        });
+                        return Ok(());
+                    }
+                    break;
+                }
+                waits
+            };
+            // Overlapping outstanding writes first (their outcome is
+            // picked up by the next reap).
+            for t in &waits {
+                let _ = self.conn.settle(t);
+            }
+        }
         for (o, l) in Self::split(offset, buf.len() as u64, self.max_request()) {
             self.make_room(l)?;
             let s = (o - offset) as usize;
@@ -266,7 +408,12 @@ impl NbdDevice {
                 .submit(NBD_CMD_WRITE, 0, o, len32, &buf[s..s + l as usize])
                 .map_err(|e| self.err("write", o, l, e))?;
             let mut b = self.behind();
-            b.reqs.push_back((o, l, t));
+            b.reqs.push_back(Sent {
+                offset: o,
+                len: l,
+                calls: 1,
+                ticket: t,
+            });
             b.bytes += l;
         }
         Ok(())

@@ -666,11 +666,12 @@ fn write_behind_orders_overlaps_and_flushes() {
     for i in 0..4u64 {
         dev.write_at(&[i as u8 + 1; 4096], i * 65536).unwrap();
     }
-    // A read elsewhere need not wait.
+    // A read elsewhere need not wait (nor send the last write, which is
+    // still queued for merging: three are out).
     let mut b = vec![0u8; 4096];
     dev.read_at(&mut b, 1 << 19).unwrap();
     assert_eq!(b, vec![0u8; 4096]);
-    assert_eq!(srv.seen.lock().unwrap().unreplied.last().unwrap().3, 4);
+    assert_eq!(srv.seen.lock().unwrap().unreplied.last().unwrap().3, 3);
     // Replies go once the server is idle; one over a written range waits.
     gate.store(false, std::sync::atomic::Ordering::SeqCst);
     dev.read_at(&mut b[..100], 65536 + 4000).unwrap();
@@ -717,8 +718,9 @@ fn window_of_one_writes_one_at_a_time() {
     });
     let mut dev = NbdDevice::over_unix(sock, "", OpenOptions::read_write(), T).unwrap();
     dev.window = 1;
+    // Adjacent: not merged either.
     for i in 0..3u64 {
-        dev.write_at(&[1u8; 4096], i * 8192).unwrap();
+        dev.write_at(&[1u8; 4096], i * 4096).unwrap();
     }
     drop(dev);
     srv.join();
@@ -728,6 +730,152 @@ fn window_of_one_writes_one_at_a_time() {
         "{:?}",
         seen.unreplied
     );
+    let writes = seen.cmds.iter().filter(|c| c.0 == NBD_CMD_WRITE).count();
+    assert_eq!(writes, 3);
+}
+
+/// The (offset, length) of each WRITE the server saw.
+fn writes_seen(srv: &Server) -> Vec<(u64, u32)> {
+    let seen = srv.seen.lock().unwrap();
+    seen.cmds
+        .iter()
+        .filter(|c| c.0 == NBD_CMD_WRITE)
+        .map(|c| (c.2, c.3))
+        .collect()
+}
+
+/// Adjacent small writes go as one request, up to the bound (here the
+/// server's 64 KiB maximum payload); a gap, an overlapping read and a
+/// flush send what is queued first.
+#[test]
+fn adjacent_small_writes_are_merged() {
+    let (mut srv, dev) = connect(Fake {
+        hold_writes: true,
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    const K4: u64 = 4096;
+    for i in 0..4u64 {
+        dev.write_at(&[i as u8 + 1; 4096], i * K4).unwrap();
+    }
+    // Nothing sent yet: queued.
+    assert_eq!(writes_seen(&srv), vec![]);
+    // A gap: the four go as one request; this one is queued.
+    dev.write_at(&[9u8; 4096], 8 * K4).unwrap();
+    dev.write_at(&[10u8; 4096], 9 * K4).unwrap();
+    // A read over the queued range sends it first and sees it.
+    let mut b = [0u8; 8];
+    dev.read_at(&mut b, 9 * K4 - 4).unwrap();
+    assert_eq!(b, [9, 9, 9, 9, 10, 10, 10, 10]);
+    dev.write_at(&[11u8; 4096], 12 * K4).unwrap();
+    // 20 adjacent calls: 16 fill the bound, 4 more are queued.
+    for i in 0..20u64 {
+        dev.write_at(&[12u8; 4096], (16 + i) * K4).unwrap();
+    }
+    dev.flush().unwrap();
+    {
+        let d = srv.data.lock().unwrap();
+        assert_eq!(d[3 * 4096], 4);
+        assert_eq!(d[12 * 4096], 11);
+        assert!(d[16 * 4096..36 * 4096].iter().all(|&x| x == 12));
+        assert!(d[36 * 4096..].iter().all(|&x| x == 0));
+    }
+    drop(dev);
+    srv.join();
+    assert_eq!(
+        writes_seen(&srv),
+        vec![
+            (0, 16384),
+            (32768, 8192),
+            (49152, 4096),
+            (65536, 65536),
+            (131072, 16384)
+        ]
+    );
+    let seen = srv.seen.lock().unwrap();
+    // FLUSH comes after the last queued write, once every write was
+    // acknowledged.
+    let flush = seen.cmds.iter().position(|c| c.0 == NBD_CMD_FLUSH).unwrap();
+    assert_eq!(seen.cmds[flush - 1].2, 131072);
+    for &(cmd, off, over, all) in &seen.unreplied {
+        if cmd == NBD_CMD_FLUSH {
+            assert_eq!(all, 0);
+        } else {
+            assert_eq!(over, 0, "cmd {cmd} at {off} over an unacknowledged write");
+        }
+    }
+}
+
+/// Writes that are not adjacent, overlap, or are large are not merged;
+/// drop sends what is queued.
+#[test]
+fn no_merge_across_gaps_overlaps_or_large_writes() {
+    let (mut srv, dev) = connect(Fake::default());
+    let dev = dev.unwrap();
+    dev.write_at(&[1u8; 4096], 0).unwrap();
+    // A gap of one byte.
+    dev.write_at(&[2u8; 4096], 4097).unwrap();
+    // Overlapping (a rewrite), and one ending where the queue starts.
+    dev.write_at(&[3u8; 4096], 4097).unwrap();
+    dev.write_at(&[4u8; 1], 4096).unwrap();
+    // As large as the bound: sent at once, not queued.
+    dev.write_at(&[5u8; 65536], 8193).unwrap();
+    dev.write_at(&[6u8; 512], 8193 + 65536).unwrap();
+    drop(dev);
+    srv.join();
+    assert_eq!(
+        writes_seen(&srv),
+        vec![
+            (0, 4096),
+            (4097, 4096),
+            (4097, 4096),
+            (4096, 1),
+            (8193, 65536),
+            (8193 + 65536, 512)
+        ]
+    );
+    let d = srv.data.lock().unwrap();
+    assert_eq!(&d[4095..4099], &[1, 4, 3, 3]);
+    assert_eq!(d[8193 + 65536], 6);
+    assert!(srv.seen.lock().unwrap().disconnected);
+}
+
+/// A merged write's error names the range and the calls it carried, and
+/// sticks; a server gone with writes queued fails at the flush, no hang.
+#[test]
+fn merged_write_errors_are_reported() {
+    let (_srv, dev) = connect(Fake {
+        fail: Some((NBD_CMD_WRITE, NBD_ENOSPC)),
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    for i in 0..3u64 {
+        dev.write_at(&[1u8; 4096], i * 4096).unwrap();
+    }
+    let e = dev.flush().unwrap_err().to_string();
+    assert!(
+        e.starts_with("test: write of 12288 bytes at byte 0 (3 writes merged) failed: ")
+            && e.contains("ENOSPC"),
+        "{e}"
+    );
+    let mut b = [0u8; 4];
+    assert_eq!(dev.read_at(&mut b, 65536).unwrap_err().to_string(), e);
+    assert_eq!(dev.write_at(&b, 65536).unwrap_err().to_string(), e);
+
+    let (_srv, dev) = connect(Fake {
+        hang_up_after: Some(0),
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    dev.write_at(&[1u8; 4096], 0).unwrap();
+    dev.write_at(&[1u8; 4096], 4096).unwrap();
+    let e = dev.flush().unwrap_err().to_string();
+    assert!(
+        e.starts_with("test: write of 8192 bytes at byte 0 (2 writes merged) failed: "),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "{e}");
+    assert!(dev.flush().is_err());
 }
 
 #[test]

@@ -34,17 +34,13 @@ impl<'a, 'b> DirIo<'a, 'b> {
     pub(crate) fn new(
         fs: &'a Filesystem,
         op: &'a mut Op<'b>,
-        dir: InodeInfo,
+        mut dir: InodeInfo,
     ) -> Result<Self, FsError> {
         if !dir.is_dir() {
             return Err(FsError::NotADirectory);
         }
-        if dir.has_inline_data() {
-            return Err(FsError::Unsupported(format!(
-                "writing inline-data directory {}",
-                dir.ino
-            )));
-        }
+        // An inline directory moves into a block first, in this handle.
+        fs.uninline_in(op, &mut dir, true)?;
         let (maps, _) = fs.mapping(&dir)?;
         let params = fs.read(|f| DirParams::new(f.info, &dir));
         Ok(DirIo {
@@ -157,6 +153,18 @@ impl DirBlocks for DirIo<'_, '_> {
     }
 }
 
+impl Filesystem {
+    /// Credits for the tree of directory `d` (an inline one: its
+    /// conversion) and the groups its conversion may dirty.
+    fn dir_tree_credits(&self, d: &InodeInfo) -> Result<(u32, u32), FsError> {
+        if d.has_inline_data() {
+            return Ok((super::inline::UNINLINE_CREDITS, 1));
+        }
+        let (_, nodes) = self.mapping(d)?;
+        Ok((2 * nodes.len() as u32, 0))
+    }
+}
+
 /// Credits for changing one directory entry set (index levels, a split,
 /// a new block and its tree).
 fn dir_credits(dir: &InodeInfo) -> u32 {
@@ -244,9 +252,9 @@ impl Filesystem {
         if let Some(name) = absent {
             self.check_absent(&d, name)?;
         }
-        let (_, nodes) = self.mapping(&d)?;
-        let credits = dir_credits(&d) + 2 * nodes.len() as u32 + extra;
-        let mut op = self.begin(credits, groups + 2)?;
+        let (tree, inline) = self.dir_tree_credits(&d)?;
+        let credits = dir_credits(&d) + tree + extra;
+        let mut op = self.begin(credits, groups + 2 + inline)?;
         op.own(parent);
         // Nothing changed yet: a refusal ends the empty handle.
         let mut d = self.inode(parent)?;
@@ -685,6 +693,17 @@ impl Filesystem {
         Ok(r)
     }
 
+    /// The `..` of directory `m` (moved to `to`) retargeted and `m`
+    /// stored: in place in an inline directory's `i_block`.
+    fn retarget_dotdot(&self, op: &mut Op<'_>, m: &mut InodeInfo, to: u32) -> Result<(), FsError> {
+        if m.has_inline_data() {
+            self.set_inline_parent(m, to)?;
+        } else {
+            self.with_dir(op, m, |w| w.retarget(b"..", to, FT_DIR).map(|_| ()))?;
+        }
+        self.store_inode(op, m)
+    }
+
     /// A directory `d` of `parent` about to move away: its '..'
     /// must name `parent` (else it is a second link to a directory whose
     /// parent is elsewhere: corrupt, EUCLEAN through the mount).
@@ -911,7 +930,9 @@ impl Filesystem {
         } else {
             (0, 0)
         };
-        let mut op = self.begin(2 * 24 + rc + 8 + wc, rg + 3 + wg)?;
+        // Either directory may be inline (converted here).
+        let (ic, ig) = (2 * super::inline::UNINLINE_CREDITS, 2);
+        let mut op = self.begin(2 * 24 + rc + 8 + wc + ic, rg + 3 + wg + ig)?;
         for ino in [sdir, ddir, src.ino] {
             op.own(ino);
         }
@@ -940,10 +961,7 @@ impl Filesystem {
                     for (moved, to) in [(&src, ddir), (&d, sdir)] {
                         if moved.is_dir() {
                             let mut m = self.inode(moved.ino)?;
-                            self.with_dir(&mut op, &mut m, |w| {
-                                w.retarget(b"..", to, FT_DIR).map(|_| ())
-                            })?;
-                            self.store_inode(&mut op, &m)?;
+                            self.retarget_dotdot(&mut op, &mut m, to)?;
                         }
                     }
                     let dd = dd_own.as_mut().ok_or(FsError::NotFound)?;
@@ -1023,10 +1041,7 @@ impl Filesystem {
                 }
                 if src.is_dir() && sdir != ddir {
                     let mut m = self.inode(src.ino)?;
-                    self.with_dir(&mut op, &mut m, |w| {
-                        w.retarget(b"..", ddir, FT_DIR).map(|_| ())
-                    })?;
-                    self.store_inode(&mut op, &m)?;
+                    self.retarget_dotdot(&mut op, &mut m, ddir)?;
                 }
                 match dd_own.as_mut() {
                     Some(dd) => {

@@ -15,6 +15,10 @@
 //! placed in the first free run at or after the cursor that holds all of
 //! it (so it is one extent where it fits), holes and all-zero blocks are
 //! not allocated, tree blocks follow their data.
+//!
+//! With `-O inline_data` small files, symlinks and directories are
+//! stored inline (`i_block` and `system.data`) exactly where mke2fs 1.47
+//! does; see `docs/ARCHITECTURE.md`, "Inline data".
 
 pub mod archive;
 pub mod source;
@@ -30,8 +34,8 @@ use ext4kit_format::extent::{self, Extent, ExtentHeader, ExtentIndex};
 use ext4kit_format::features::{Compat, Incompat, RoCompat};
 use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT};
 use ext4kit_format::inode::{
-    self, EXT4_EXTENTS_FL, EXT4_INDEX_FL, EXTRA_ISIZE, Inode, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO,
-    S_IFLNK, S_IFREG, S_IFSOCK,
+    self, EXT4_EXTENTS_FL, EXT4_INDEX_FL, EXT4_INLINE_DATA_FL, EXTRA_ISIZE, Inode, S_IFBLK,
+    S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFREG, S_IFSOCK,
 };
 use ext4kit_fs::FsError;
 use ext4kit_fs::dir_write::{DirBlocks, DirParams, DirWriter, new_dir_block};
@@ -286,6 +290,23 @@ const LINK_MAX: u32 = 65000;
 const EXT_MAX: u32 = 32768;
 /// Blocks read and written at once.
 const CHUNK_BLOCKS: u64 = 256;
+/// `EXT4_MIN_INLINE_DATA_SIZE`: inline data in `i_block`.
+const INLINE_IBLOCK: usize = 60;
+/// `EXT2_EXT_ATTR_MAGIC`, the in-inode attribute area's header.
+const XATTR_MAGIC: u32 = 0xEA02_0000;
+
+/// The in-inode attribute area libext2fs leaves on an inode with
+/// inline_data, before its other xattrs ([`Pop::store`]).
+#[derive(Clone, Copy)]
+enum InlineEa<'b> {
+    /// Nothing (no inline_data).
+    None,
+    /// Only the header magic: the inode was inline (`ext2fs_inline_data_init`)
+    /// and `ext2fs_inline_data_expand` removed its `system.data`.
+    Magic,
+    /// `system.data` holding these bytes (the data past `i_block`'s 60).
+    Data(&'b [u8]),
+}
 
 impl Pop<'_> {
     fn path(&self, n: usize) -> PathBuf {
@@ -513,11 +534,24 @@ impl Pop<'_> {
 
     /// Store the inode of node `k`, its xattrs added.
     fn store(&mut self, k: usize, i: &Inode) -> Result<(), PopulateError> {
+        self.store_ea(k, i, InlineEa::None)
+    }
+
+    /// [`Pop::store`] with the in-inode area an inline_data inode gets
+    /// first (`system.data` is the first in-inode entry, as libext2fs
+    /// sets it before the copied xattrs).
+    fn store_ea(&mut self, k: usize, i: &Inode, ea: InlineEa<'_>) -> Result<(), PopulateError> {
         let ino = self.inos[k];
         let mut slot = std::mem::take(&mut self.slot);
         slot.clear();
         slot.resize(usize::from(self.l.inode_size), 0);
         i.write_to(&mut slot, ino, &self.csum);
+        if !matches!(ea, InlineEa::None) {
+            put_inline_ea(&mut slot, ea);
+            if self.csum.metadata {
+                inode::set_checksum(&mut slot, ino, &self.csum);
+            }
+        }
         let tree = self.tree;
         let n = &tree.nodes[k];
         if !n.xattrs.is_empty() {
@@ -591,6 +625,34 @@ impl Pop<'_> {
         Ok(data + tree_blocks)
     }
 
+    /// `-O inline_data`: small files, symlinks and directories go inline,
+    /// as mke2fs's `do_write_internal`, `ext2fs_symlink` and
+    /// `ext2fs_mkdir` put them.
+    fn inline(&self) -> bool {
+        self.l.features.incompat.contains(Incompat::INLINE_DATA)
+    }
+
+    /// The most bytes an inline file or symlink holds: `i_block`'s 60 and
+    /// what `ext2fs_xattr_inode_max_size` leaves for `system.data`'s
+    /// value in the inode body (its entry, the end marker and the area's
+    /// header out of `inode_size - 160`): `inode_size - 128`.
+    fn inline_max(&self) -> usize {
+        let isz = usize::from(self.l.inode_size);
+        if isz <= 160 + 4 + 24 {
+            return INLINE_IBLOCK;
+        }
+        INLINE_IBLOCK + (isz - 160 - 4 - 20 - 4) / 4 * 4
+    }
+
+    /// Store an inline inode: `data`'s first 60 bytes in `i_block`, the
+    /// rest in `system.data` (empty when there is none).
+    fn store_inline(&mut self, k: usize, mut i: Inode, data: &[u8]) -> Result<(), PopulateError> {
+        i.i_flags.set(i.i_flags.get() | EXT4_INLINE_DATA_FL);
+        let head = data.len().min(INLINE_IBLOCK);
+        i.i_block_bytes_mut()[..head].copy_from_slice(&data[..head]);
+        self.store_ea(k, &i, InlineEa::Data(&data[head..]))
+    }
+
     fn set_blocks(&self, i: &mut Inode, blocks: u64) {
         i.set_blocks_512(blocks * u64::from(self.l.block_size) / 512);
     }
@@ -630,6 +692,47 @@ impl Pop<'_> {
             path: tree.path(k),
             what: format!("directory: {e}"),
         };
+        let links = 2 + n.subdirs + u32::from(k == 0);
+        if k != 0 && self.inline() {
+            // ext2fs_mkdir makes it inline (`..` and one empty entry in
+            // i_block); ext2fs_link packs the entries after `..` until one
+            // finds no room, then ext2fs_inline_data_expand moves them into
+            // a block, where the rest follow: the blocks built below.
+            let need: usize = n
+                .children
+                .iter()
+                .map(|&c| ext4kit_format::dir::rec_len(tree.nodes[c].name.len()))
+                .sum();
+            let room = INLINE_IBLOCK - 4;
+            if need <= room {
+                let mut area = [0u8; INLINE_IBLOCK];
+                area[..4].copy_from_slice(&parent.to_le_bytes());
+                let mut off = 4;
+                if n.children.is_empty() {
+                    ext4kit_format::dir::put_entry(&mut area, off, 0, room as u16, b"", 0);
+                }
+                for (j, &c) in n.children.iter().enumerate() {
+                    let cn = &tree.nodes[c];
+                    let t = cn.link_to.map_or(cn, |t| &tree.nodes[t]);
+                    let ft = if p.filetype { t.file_type() } else { 0 };
+                    let mut len = ext4kit_format::dir::rec_len(cn.name.len());
+                    if j + 1 == n.children.len() {
+                        len = INLINE_IBLOCK - off;
+                    }
+                    off = ext4kit_format::dir::put_entry(
+                        &mut area,
+                        off,
+                        self.inos[c],
+                        len as u16,
+                        &cn.name,
+                        ft,
+                    );
+                }
+                let mut i = self.base_inode(k, S_IFDIR, links);
+                i.set_size(INLINE_IBLOCK as u64);
+                return self.store_inline(k, i, &area);
+            }
+        }
         {
             let mut w = DirWriter::new(&mut d);
             if k == 0 {
@@ -681,7 +784,6 @@ impl Pop<'_> {
             let pblk = pblk_of(&runs, lb as u32);
             self.write(pblk, b)?;
         }
-        let links = 2 + n.subdirs + u32::from(k == 0);
         if k == 0 {
             self.l.root.runs = runs;
             self.out.root_links = links.min(u32::from(u16::MAX)) as u16;
@@ -694,6 +796,10 @@ impl Pop<'_> {
         self.set_blocks(&mut i, blocks);
         if d.indexed {
             i.i_flags.set(i.i_flags.get() | EXT4_INDEX_FL);
+        }
+        if self.inline() {
+            // Expanded out of its inline start.
+            return self.store_ea(k, &i, InlineEa::Magic);
         }
         self.store(k, &i)
     }
@@ -735,6 +841,9 @@ impl Pop<'_> {
             }
         }
         let size = n.size;
+        if self.inline() && size <= self.inline_max() as u64 {
+            return self.inline_file(k, f.as_ref(), spool.as_ref().map(|(s, o)| (&**s, *o)));
+        }
         let segs = match &f {
             Some(f) => data_segments(f, size, bs).map_err(|e| PopulateError::Source {
                 path: path.clone(),
@@ -749,7 +858,15 @@ impl Pop<'_> {
                 what: "no data".into(),
             });
         };
-        let upper: u64 = segs.iter().map(|(a, b)| b - a).sum();
+        let mut upper: u64 = segs.iter().map(|(a, b)| b - a).sum();
+        // With inline_data the file starts inline: its first write of
+        // data (the first block that is not all zero) finds no room and
+        // ext2fs_inline_data_expand writes the 60 empty inline bytes at
+        // offset 0, so block 0 is allocated (zeros) before that data.
+        let mut need0 = self.inline();
+        if need0 && segs.first().is_some_and(|s| s.0 != 0) {
+            upper += 1;
+        }
         if upper > 0 {
             self.reserve(upper);
         }
@@ -781,6 +898,17 @@ impl Pop<'_> {
                     let mut e = j + 1;
                     while e < nb && !at(e).iter().all(|&x| x == 0) {
                         e += 1;
+                    }
+                    if need0 {
+                        need0 = false;
+                        if blk + j != 0 {
+                            let zero = vec![0u8; bs as usize];
+                            for (s, len) in self.take(1, k)? {
+                                self.put(&zero, s * bs)?;
+                                self.out.bytes_written += bs;
+                                push_file_run(&mut runs, 0, s, len);
+                            }
+                        }
                     }
                     let mut off = j;
                     for (s, len) in self.take(e - j, k)? {
@@ -814,9 +942,71 @@ impl Pop<'_> {
         let ino = self.inos[k];
         let mut i = self.base_inode(k, S_IFREG, n.nlink);
         i.set_size(size);
+        if self.inline() && runs.is_empty() {
+            // Nothing but zeros: mke2fs's copy_file never writes, the
+            // file stays inline and empty, whatever its size.
+            return self.store_inline(k, i, &[]);
+        }
         let blocks = self.map_runs(&mut i, ino, &runs, k)?;
         self.set_blocks(&mut i, blocks);
+        if self.inline() {
+            // Too big for inline: ext2fs_inline_data_expand at its first
+            // write removed the empty `system.data`.
+            return self.store_ea(k, &i, InlineEa::Magic);
+        }
         self.store(k, &i)
+    }
+
+    /// A regular file that fits inline (`inline_max` bytes): its data in
+    /// `i_block` and `system.data`, as `ext2fs_file_write` stores it. A
+    /// file of only zeros is never written by mke2fs's `copy_file`: it
+    /// stays inline with nothing in it, `i_size` its size.
+    fn inline_file(
+        &mut self,
+        k: usize,
+        f: Option<&File>,
+        spool: Option<(&File, u64)>,
+    ) -> Result<(), PopulateError> {
+        let tree = self.tree;
+        let n = &tree.nodes[k];
+        let path = tree.path(k);
+        let mut data = vec![0u8; n.size as usize];
+        let (reader, base) = match (f, spool) {
+            (Some(f), _) => (f, 0),
+            (None, Some((s, off))) => (s, off),
+            (None, None) => {
+                return Err(PopulateError::Source {
+                    path,
+                    what: "no data".into(),
+                });
+            }
+        };
+        read_full(reader, &mut data, base).map_err(|e| match e {
+            ReadErr::Short => PopulateError::Changed { path: path.clone() },
+            ReadErr::Io(e) => PopulateError::Source {
+                path: path.clone(),
+                what: format!("cannot read: {e}"),
+            },
+        })?;
+        if let Some(f) = f {
+            let md = f.metadata().map_err(|e| PopulateError::Source {
+                path: path.clone(),
+                what: format!("cannot stat: {e}"),
+            })?;
+            if !md.is_file()
+                || md.size() != n.size
+                || md.mtime() != n.mtime.sec
+                || md.mtime_nsec() != i64::from(n.mtime.nsec)
+            {
+                return Err(PopulateError::Changed { path });
+            }
+        }
+        if data.iter().all(|&b| b == 0) {
+            data.clear();
+        }
+        let mut i = self.base_inode(k, S_IFREG, n.nlink);
+        i.set_size(n.size);
+        self.store_inline(k, i, &data)
     }
 
     fn symlink(&mut self, k: usize) -> Result<(), PopulateError> {
@@ -827,6 +1017,9 @@ impl Pop<'_> {
         i.set_size(n.target.len() as u64);
         if let Some(b) = inode::fast_symlink_i_block(&n.target, true) {
             i.i_block_bytes_mut().copy_from_slice(&b);
+        } else if self.inline() && n.target.len() <= self.inline_max() {
+            // ext2fs_symlink's inline symlink.
+            return self.store_inline(k, i, &n.target);
         } else {
             let Some(block) = inode::slow_symlink_block(&n.target, self.l.block_size as usize)
             else {
@@ -911,6 +1104,32 @@ impl Pop<'_> {
             gp.itable_unused = gp.itable_unused.min(ipg - slot - 1);
             l.free_inodes -= 1;
         }
+    }
+}
+
+/// Write the in-inode attribute area of `ea` into `slot` (libext2fs's
+/// `write_xattrs_to_buffer` for the inode body: hash 0, the value at the
+/// end of the area, padded to 4 bytes; an empty value's offset is the
+/// area's end).
+fn put_inline_ea(slot: &mut [u8], ea: InlineEa<'_>) {
+    let at = 128 + usize::from(EXTRA_ISIZE);
+    if slot.len() < at + 4 + 24 {
+        return;
+    }
+    slot[at..at + 4].copy_from_slice(&XATTR_MAGIC.to_le_bytes());
+    if let InlineEa::Data(v) = ea {
+        let e = at + 4;
+        let room = slot.len() - e;
+        let padded = v.len().div_ceil(4) * 4;
+        let offs = room - padded;
+        slot[e] = 4; // e_name_len
+        slot[e + 1] = 7; // e_name_index: system.
+        slot[e + 2..e + 4].copy_from_slice(&(offs as u16).to_le_bytes());
+        slot[e + 4..e + 8].fill(0); // e_value_inum
+        slot[e + 8..e + 12].copy_from_slice(&(v.len() as u32).to_le_bytes());
+        slot[e + 12..e + 16].fill(0); // e_hash
+        slot[e + 16..e + 20].copy_from_slice(b"data");
+        slot[e + offs..e + offs + v.len()].copy_from_slice(v);
     }
 }
 
@@ -1104,6 +1323,33 @@ mod tests {
         fn free(&mut self, _blk: u64) -> Result<(), FsError> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn inline_ea_is_libext2fs_system_data() {
+        let at = 128 + usize::from(EXTRA_ISIZE);
+        let mut slot = vec![0u8; 256];
+        put_inline_ea(&mut slot, InlineEa::Data(b"abcde"));
+        assert_eq!(slot[at..at + 4], XATTR_MAGIC.to_le_bytes());
+        let e = &slot[at + 4..];
+        // name_len 4, index 7 (system.), value at 92 - 8 = 84, size 5,
+        // hash 0, "data", end marker.
+        assert_eq!(e[..4], [4, 7, 84, 0]);
+        assert_eq!(e[8..12], 5u32.to_le_bytes());
+        assert_eq!(e[12..16], [0; 4]);
+        assert_eq!(&e[16..20], b"data");
+        assert_eq!(e[20..24], [0; 4]);
+        assert_eq!(&e[84..89], b"abcde");
+        assert_eq!(e[89..92], [0; 3]);
+        // Empty: the value's offset is the area's end; only the magic
+        // for an expanded inode.
+        let mut slot = vec![0u8; 256];
+        put_inline_ea(&mut slot, InlineEa::Data(b""));
+        assert_eq!(slot[at + 4..at + 8], [4, 7, 92, 0]);
+        let mut slot = vec![0u8; 256];
+        put_inline_ea(&mut slot, InlineEa::Magic);
+        assert!(slot[at + 4..].iter().all(|&b| b == 0));
+        assert_eq!(slot[at..at + 4], XATTR_MAGIC.to_le_bytes());
     }
 
     #[test]
