@@ -2894,6 +2894,21 @@ fn tmpfile_script(root: &Path) -> Vec<(String, String)> {
         "on a file",
         outcome(open_tmpfile(&d.join("a"), 0).map(|_| ())),
     );
+    // A default ACL of the directory is inherited, as by a create.
+    if have("setfacl") {
+        let ad = root.join("acl");
+        fs::create_dir(&ad).unwrap();
+        tool_ok("setfacl", &["-d", "-m", "u:1234:rw", ad.to_str().unwrap()]);
+        let f = open_tmpfile(&ad, 0).unwrap();
+        step("acl mode", outcome(stat(&f)));
+        step(
+            "acl inherited",
+            outcome(host::fget_xattr(&f, b"system.posix_acl_access")),
+        );
+        step("acl linkat", outcome(link_fd(&f, &ad.join("x"), true)));
+        drop(f);
+        step("acl by name", getfacl(&ad.join("x")));
+    }
     step(
         "listing after",
         outcome(fs::read_dir(&d).map(|r| {
@@ -2952,9 +2967,11 @@ fn tmpfile_as_kernel_ext4() {
     assert!(diffs.is_empty(), "{}", diffs.join("\n"));
     e2fsck_clean(&img).unwrap();
     e2fsck_clean(&copy).unwrap();
-    // Named: the directory "t", "a" and "b"; the others left nothing.
+    // Named: the directories "t" (and "acl"), "a", "b" (and "acl/x");
+    // the others left nothing.
+    let named = if have("setfacl") { 5 } else { 3 };
     let m = FuseMount::new(&img, OWN).unwrap();
-    assert_eq!(free_inodes(m.path()), inodes - 3);
+    assert_eq!(free_inodes(m.path()), inodes - named);
     assert!(free_blocks(m.path()) + 10 > blocks);
     // A tmpfile open at a kill -9: on the orphan list, freed by the next
     // mount's orphan processing.
@@ -2964,7 +2981,7 @@ fn tmpfile_as_kernel_ext4() {
     m.kill9();
     drop(f);
     let m = FuseMount::new(&img, OWN).unwrap();
-    assert_eq!(free_inodes(m.path()), inodes - 3);
+    assert_eq!(free_inodes(m.path()), inodes - named);
     m.unmount().unwrap();
     e2fsck_clean(&img).unwrap();
 }
