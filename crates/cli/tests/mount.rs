@@ -2780,3 +2780,198 @@ fn own_transport_statx_btime_is_the_crtime() {
         );
     }
 }
+
+/// open(`dir`, O_TMPFILE | `extra` | O_RDWR, 0o640) as a File.
+fn open_tmpfile(dir: &Path, extra: i32) -> std::io::Result<File> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: `c` is a NUL-terminated path; the fd returned is owned by
+    // the File alone.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | extra, 0o640) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// linkat(fd, "", AT_FDCWD, `to`, AT_EMPTY_PATH) (`empty`), else
+/// linkat(AT_FDCWD, "/proc/self/fd/N", AT_FDCWD, `to`, AT_SYMLINK_FOLLOW).
+fn link_fd(f: &File, to: &Path, empty: bool) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let to = std::ffi::CString::new(to.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    let proc = std::ffi::CString::new(format!("/proc/self/fd/{}", f.as_raw_fd()))
+        .map_err(std::io::Error::other)?;
+    // SAFETY: both paths are NUL-terminated and outlive the call.
+    let r = unsafe {
+        if empty {
+            libc::linkat(
+                f.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_FDCWD,
+                to.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            )
+        } else {
+            libc::linkat(
+                libc::AT_FDCWD,
+                proc.as_ptr(),
+                libc::AT_FDCWD,
+                to.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        }
+    };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// The O_TMPFILE workload of [`tmpfile_as_kernel_ext4`]: the outcome of
+/// each step.
+fn tmpfile_script(root: &Path) -> Vec<(String, String)> {
+    let d = root.join("t");
+    fs::create_dir(&d).unwrap();
+    let mut out = Vec::new();
+    let mut step = |what: &str, r: String| out.push((what.to_string(), r));
+    let stat = |f: &File| f.metadata().map(|m| (m.nlink(), m.mode(), m.len()));
+    // Linked with AT_EMPTY_PATH, then read back by its name.
+    let f = open_tmpfile(&d, 0).unwrap();
+    step("write", outcome(f.write_all_at(b"tmpfile data", 0)));
+    step("fstat", outcome(stat(&f)));
+    step("listing", outcome(fs::read_dir(&d).map(|r| r.count())));
+    step(
+        "linkat empty path",
+        outcome(link_fd(&f, &d.join("a"), true)),
+    );
+    step("fstat linked", outcome(stat(&f)));
+    step("link again", outcome(link_fd(&f, &d.join("a2"), true)));
+    drop(f);
+    step("read a", outcome(fs::read(d.join("a"))));
+    step(
+        "stat a",
+        outcome(fs::metadata(d.join("a")).map(|m| m.nlink())),
+    );
+    // Linked through /proc/self/fd.
+    let f = open_tmpfile(&d, 0).unwrap();
+    step("write b", outcome(f.write_all_at(&[5u8; 10000], 0)));
+    step("linkat proc", outcome(link_fd(&f, &d.join("b"), false)));
+    step(
+        "linkat over a name",
+        outcome(link_fd(&f, &d.join("a"), false)),
+    );
+    drop(f);
+    step("read b", outcome(fs::read(d.join("b")).map(|v| v.len())));
+    // Never linked: gone at close.
+    let f = open_tmpfile(&d, 0).unwrap();
+    step("write unlinked", outcome(f.write_all_at(&[7u8; 20000], 0)));
+    drop(f);
+    // O_EXCL: never linkable.
+    let f = open_tmpfile(&d, libc::O_EXCL).unwrap();
+    step("excl fstat", outcome(stat(&f)));
+    step("excl linkat", outcome(link_fd(&f, &d.join("c"), true)));
+    step(
+        "excl linkat proc",
+        outcome(link_fd(&f, &d.join("c"), false)),
+    );
+    drop(f);
+    // In a file, not a directory.
+    step(
+        "on a file",
+        outcome(open_tmpfile(&d.join("a"), 0).map(|_| ())),
+    );
+    // A default ACL of the directory is inherited, as by a create.
+    if have("setfacl") {
+        let ad = root.join("acl");
+        fs::create_dir(&ad).unwrap();
+        tool_ok("setfacl", &["-d", "-m", "u:1234:rw", ad.to_str().unwrap()]);
+        let f = open_tmpfile(&ad, 0).unwrap();
+        step("acl mode", outcome(stat(&f)));
+        step(
+            "acl inherited",
+            outcome(host::fget_xattr(&f, b"system.posix_acl_access")),
+        );
+        step("acl linkat", outcome(link_fd(&f, &ad.join("x"), true)));
+        drop(f);
+        step("acl by name", getfacl(&ad.join("x")));
+    }
+    step(
+        "listing after",
+        outcome(fs::read_dir(&d).map(|r| {
+            let mut v: Vec<String> = r
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        })),
+    );
+    out
+}
+
+fn free_inodes(m: &Path) -> u64 {
+    let o = run_ok(tool("stat").args(["-f", "-c", "%d"]).arg(m)).unwrap();
+    String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
+}
+
+/// O_TMPFILE on our own transport (FUSE_TMPFILE) does what it does on the
+/// kernel's ext4: an unnamed file (nlink 0) that linkat names (by
+/// AT_EMPTY_PATH and /proc/self/fd), freed at close when never linked,
+/// never linkable with O_EXCL; e2fsck is clean and the free inode and
+/// block counts are back. On fuser's transport it stays EOPNOTSUPP.
+#[test]
+fn tmpfile_as_kernel_ext4() {
+    let what = "tmpfile_as_kernel_ext4";
+    if let Err(e) = fuse_available().and_then(|()| kernel_mount_available()) {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "64M");
+    let copy = dir.path().join("kernel.img");
+    sparse_copy(&img, &copy);
+    let lo = LoopDev::attach(&copy).unwrap();
+    let km = Mount::new(lo.path(), "ext4", None).unwrap();
+    let kernel = tmpfile_script(km.path());
+    km.unmount().unwrap();
+    drop(lo);
+    // fuser: the kernel asks, gets ENOSYS, and says EOPNOTSUPP.
+    let m = FuseMount::new(&img, &[]).unwrap();
+    let e = open_tmpfile(m.path(), 0).map(|_| ());
+    assert_eq!(errno_of(e), Some(libc::EOPNOTSUPP));
+    m.unmount().unwrap();
+    let m = FuseMount::new(&img, OWN).unwrap();
+    let (blocks, inodes) = (free_blocks(m.path()), free_inodes(m.path()));
+    let ours = tmpfile_script(m.path());
+    m.unmount().unwrap();
+    assert_eq!(kernel.len(), ours.len());
+    let diffs: Vec<String> = kernel
+        .iter()
+        .zip(&ours)
+        .filter(|((_, k), (_, o))| k != o)
+        .map(|((w, k), (_, o))| format!("{w}: kernel {k}, ext4kit {o}"))
+        .collect();
+    assert!(diffs.is_empty(), "{}", diffs.join("\n"));
+    e2fsck_clean(&img).unwrap();
+    e2fsck_clean(&copy).unwrap();
+    // Named: the directories "t" (and "acl"), "a", "b" (and "acl/x");
+    // the others left nothing.
+    let named = if have("setfacl") { 5 } else { 3 };
+    let m = FuseMount::new(&img, OWN).unwrap();
+    assert_eq!(free_inodes(m.path()), inodes - named);
+    assert!(free_blocks(m.path()) + 10 > blocks);
+    // A tmpfile open at a kill -9: on the orphan list, freed by the next
+    // mount's orphan processing.
+    let f = open_tmpfile(m.path(), 0).unwrap();
+    f.write_all_at(&[9u8; 50000], 0).unwrap();
+    f.sync_all().unwrap();
+    m.kill9();
+    drop(f);
+    let m = FuseMount::new(&img, OWN).unwrap();
+    assert_eq!(free_inodes(m.path()), inodes - named);
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+}

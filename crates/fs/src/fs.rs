@@ -885,7 +885,8 @@ impl Filesystem {
         } else {
             op.h.modify(blk, |b| b[off..off + isz].copy_from_slice(&slot))?;
         }
-        self.read(|fs| fs.decode_inode(a.ino, slot))
+        // An O_TMPFILE inode has no link from the start.
+        self.decode_any(a.ino, slot)
     }
 
     /// Make a symlink inode to `target` inside `op`: a fast symlink (the

@@ -1498,8 +1498,14 @@ impl FuseFs {
         self.s.flush_all();
         let name = name_ok(OsStr::from_bytes(newname))?;
         let (ino, p) = (ext4_ino(INodeNo(ino))?, ext4_ino(INodeNo(newparent))?);
+        // A linked inode or an O_TMPFILE orphan (the kernel refuses to
+        // link an inode unlinked while open: no I_LINKABLE), never a
+        // freed one.
+        self.s.inode(ino)?;
         let tid = retry(fs, || fs.link(ino, p, name)).map_err(|e| errno(&e))?;
         let mut st = self.s.state();
+        // Named now: no longer an orphan to free at the last close.
+        st.orphans.remove(&ino);
         st.changed(ino, tid);
         st.changed(p, tid);
         drop(st);
@@ -1807,6 +1813,86 @@ impl FuseFs {
         let fh = {
             let mut st = self.s.state();
             st.looked_up(i.ino);
+            st.add_handle(Handle::File {
+                ino: i.ino,
+                append,
+                write,
+            })
+        };
+        let opened = Opened {
+            fh,
+            flags: self.open_flags().bits(),
+        };
+        Ok((self.entry_of(&i), opened))
+    }
+
+    /// TMPFILE (open with O_TMPFILE): a regular file without a name
+    /// (link count 0, an orphan of the engine and of the mount, as an
+    /// unlinked-open file), the entry (one more kernel reference) and
+    /// the open file. The last close frees it unless LINK named it.
+    /// Owner, group, mode and ACL as CREATE's (the caller, a set-group-ID
+    /// parent's group, the parent's default ACL, else the umask).
+    pub fn op_tmpfile(
+        &self,
+        req: &Caller,
+        parent: u64,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> R<(Entry, Opened)> {
+        let fs = self.fs()?;
+        self.s.flush_all();
+        let pino = ext4_ino(INodeNo(parent))?;
+        let p = self.dir(pino)?;
+        let default = if p.file_acl != 0 || p.extra_isize > 0 {
+            let attrs = self
+                .s
+                .backend
+                .read_inode(pino, |f, p| f.xattrs(p))
+                .map_err(|e| errno(&e))?;
+            xw::get_acl(&attrs, xw::AclKind::Default).map_err(|e| xattr_errno(&e))?
+        } else {
+            None
+        };
+        let inh = acl::inherit(
+            default.as_deref(),
+            S_IFREG | (mode as u16 & 0o7777),
+            false,
+            false,
+            umask as u16 & 0o777,
+        );
+        let gid = if p.mode & S_ISGID != 0 {
+            p.gid
+        } else {
+            req.gid
+        };
+        let spec = NewInode::new(inh.mode, req.uid, gid);
+        let append = flags & libc::O_APPEND != 0 && !self.writeback;
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        // On the mount's orphan list before anyone can see the inode, its
+        // handle with it: the last close (or FORGET) frees it.
+        let (mut i, mut tid) =
+            retry(fs, || fs.create_tmpfile(pino, &spec)).map_err(|e| errno(&e))?;
+        if let Some(entries) = inh.access {
+            let v = acl::to_xattr(&entries);
+            match fs.set_xattr(i.ino, b"system.posix_acl_access", Some(&v), SetMode::Any) {
+                Ok(t) => tid = t,
+                Err(e) => {
+                    // No tmpfile without its inherited ACL (see `make`).
+                    if let Err(u) = fs.release_orphan(i.ino) {
+                        tracing::warn!("freeing tmpfile {} after a failed ACL: {u}", i.ino);
+                    }
+                    return Err(xattr_errno(&e));
+                }
+            }
+            // The ACL changed the ctime: the reply carries the inode now.
+            i = fs.inode_any(i.ino).map_err(|e| errno(&e))?;
+        }
+        let fh = {
+            let mut st = self.s.state();
+            st.orphans.insert(i.ino);
+            st.looked_up(i.ino);
+            st.changed(i.ino, tid);
             st.add_handle(Handle::File {
                 ino: i.ino,
                 append,

@@ -7,7 +7,7 @@
 //! calls the `op_*` method ([`crate::ops`]) and writes the reply with
 //! one write(2). FORGET/BATCH_FORGET and INTERRUPT get no reply (an
 //! interrupted request is simply answered when done); opcodes not served
-//! are ENOSYS (TMPFILE too, for now); a request that does not decode is EIO (when its header
+//! are ENOSYS; a request that does not decode is EIO (when its header
 //! does). ENODEV on read: the mount is gone, the loop ends. The notifies
 //! ([`Notify`]) are writes of an out header with `unique` 0.
 
@@ -459,6 +459,18 @@ pub(crate) fn dispatch(
                 Err(e) => err(u, e),
             }
         }
+        Operation::Tmpfile { arg, name: _ } => {
+            match fs.op_tmpfile(&caller(&h), ino, arg.mode, arg.umask, arg.flags as i32) {
+                Ok((e, o)) => codec::reply(
+                    u,
+                    &[
+                        codec::entry_out(&e, TTL).as_bytes(),
+                        codec::open_out(&o).as_bytes(),
+                    ],
+                ),
+                Err(e) => err(u, e),
+            }
+        }
         Operation::Read(r) if h.opcode == opcode::READDIR => {
             let max = r.size as usize;
             let mut out = Vec::with_capacity(max.min(1 << 20));
@@ -773,11 +785,28 @@ mod tests {
         assert_eq!(h.error, 0);
         let (sx, _) = crate::proto::abi::StatxOut::read_from_prefix(&b).unwrap();
         assert_ne!(sx.stat.mask & 0x800, 0);
-        // Not served: ENOSYS (an unknown opcode, TMPFILE).
-        for op in [99, opcode::TMPFILE] {
-            let (h, _) = serve(&fs, &request(op, 11, 1, &[0; 8])).unwrap();
-            assert_eq!(h.error, -libc::ENOSYS, "opcode {op}");
+        // TMPFILE: CREATE's answer, an inode without links; LINK names it.
+        let mut t = Vec::new();
+        for v in [libc::O_RDWR as u32, 0o100_600, 0o022, 0] {
+            t.extend_from_slice(&v.to_le_bytes());
         }
+        t.extend_from_slice(b"/\0");
+        let (h, b) = serve(&fs, &request(opcode::TMPFILE, 17, sub.nodeid, &t)).unwrap();
+        assert_eq!(h.error, 0);
+        let (te, rest) = EntryOut::read_from_prefix(&b).unwrap();
+        let (to, rest) = OpenOut::read_from_prefix(rest).unwrap();
+        assert!(rest.is_empty());
+        assert_eq!((te.attr.nlink, te.attr.mode), (0, 0o100_600));
+        let mut l = te.nodeid.to_le_bytes().to_vec();
+        l.extend_from_slice(b"named\0");
+        let (h, b) = serve(&fs, &request(opcode::LINK, 18, sub.nodeid, &l)).unwrap();
+        assert_eq!(h.error, 0);
+        let (le, _) = EntryOut::read_from_prefix(&b).unwrap();
+        assert_eq!((le.nodeid, le.attr.nlink), (te.nodeid, 1));
+        fs.op_release(to.fh);
+        // Not served: ENOSYS (an unknown opcode).
+        let (h, _) = serve(&fs, &request(99, 11, 1, &[0; 8])).unwrap();
+        assert_eq!(h.error, -libc::ENOSYS);
         // Malformed (a LOOKUP name without its NUL): EIO, no panic; a
         // header that does not even say its length: no reply.
         let (h, _) = serve(&fs, &request(opcode::LOOKUP, 12, 1, b"abc")).unwrap();

@@ -10,7 +10,7 @@
 //! between is finished by orphan processing at the next open.
 
 use ext4kit_format::dir::FT_DIR;
-use ext4kit_format::inode::{S_IFCHR, S_IFDIR, S_IFMT};
+use ext4kit_format::inode::{S_IFCHR, S_IFDIR, S_IFMT, S_IFREG};
 
 use super::*;
 use crate::dir_write::{DirBlocks, DirParams, DirWriter, new_dir_block};
@@ -244,6 +244,20 @@ impl Filesystem {
         groups: u32,
         f: impl FnOnce(&Filesystem, &mut Op<'_>, &mut InodeInfo) -> Result<R, FsError>,
     ) -> Result<(R, u32), FsError> {
+        self.in_dir_as(parent, absent, extra, groups, false, f)
+    }
+
+    /// [`Self::in_dir`] with the handle's `ops` exclusive when `exclusive`
+    /// (an edit of the old orphan list, see [`Filesystem::orphan_del`]).
+    fn in_dir_as<R>(
+        &self,
+        parent: u32,
+        absent: Option<&[u8]>,
+        extra: u32,
+        groups: u32,
+        exclusive: bool,
+        f: impl FnOnce(&Filesystem, &mut Op<'_>, &mut InodeInfo) -> Result<R, FsError>,
+    ) -> Result<(R, u32), FsError> {
         let d = self.inode(parent)?;
         if !d.is_dir() {
             return Err(FsError::NotADirectory);
@@ -254,7 +268,7 @@ impl Filesystem {
         }
         let (tree, inline) = self.dir_tree_credits(&d)?;
         let credits = dir_credits(&d) + tree + extra;
-        let mut op = self.begin(credits, groups + 2 + inline)?;
+        let mut op = self.begin_as(credits, groups + 2 + inline, exclusive)?;
         op.own(parent);
         // Nothing changed yet: a refusal ends the empty handle.
         let mut d = self.inode(parent)?;
@@ -326,6 +340,33 @@ impl Filesystem {
             fs.add_entry(op, d, name, i.ino, i.file_type().dirent_type())?;
             fs.touch_dir(d, 0)?;
             Ok(i)
+        })
+    }
+
+    /// O_TMPFILE: a regular file near `parent` with no name (link count
+    /// 0, on the orphan list from its first transaction, as ext4's
+    /// `ext4_tmpfile`): freed by [`Filesystem::release_orphan`] on the
+    /// last close, or by orphan processing after a crash, unless
+    /// [`Filesystem::link`] gives it a name first. Returns the new inode
+    /// and the tid.
+    pub fn create_tmpfile(
+        &self,
+        parent: u32,
+        spec: &NewInode,
+    ) -> Result<(InodeInfo, u32), FsError> {
+        if spec.mode & S_IFMT != S_IFREG {
+            return Err(FsError::InvalidRequest(
+                "O_TMPFILE makes a regular file only".into(),
+            ));
+        }
+        let _p = self.locks.call(parent);
+        self.guard("create_tmpfile", parent, || {
+            self.in_dir(parent, None, 6, 1, |fs, op, _d| {
+                let spec = NewInode { links: 0, ..*spec };
+                let mut i = fs.create_inode(op, parent, &spec)?;
+                fs.orphan_add(op, &mut i)?;
+                Ok(i)
+            })
         })
     }
 
@@ -435,19 +476,31 @@ impl Filesystem {
     fn link_op(&self, ino: u32, parent: u32, name: &[u8]) -> Result<u32, FsError> {
         // A directory is refused before its lock would be taken after the
         // parent's (it may be the parent's ancestor); it stays one.
-        if self.inode(ino)?.is_dir() {
+        if self.inode_any(ino)?.is_dir() {
             return Err(FsError::IsADirectory);
         }
         let _p = self.locks.call(parent);
         let _i = self.locks.call(ino);
-        let i = self.inode(ino)?;
+        let i = self.inode_any(ino)?;
         flags::may_change(&i)?;
         if i.links >= LINK_MAX {
             return Err(FsError::TooManyLinks);
         }
+        // An O_TMPFILE inode (link count 0, on the orphan list) gets its
+        // first name: off the list in the same transaction (ext4's
+        // `ext4_link` with `I_LINKABLE`).
+        let tmp = i.links == 0;
+        let excl = tmp && self.on_orphan_list(ino);
         Ok(self
-            .in_dir(parent, Some(name), 3, 1, |fs, op, d| {
-                let mut i = fs.inode(ino)?;
+            .in_dir_as(parent, Some(name), 4, 1, excl, |fs, op, d| {
+                let mut i = if tmp {
+                    fs.inode_any(ino)?
+                } else {
+                    fs.inode(ino)?
+                };
+                if tmp {
+                    fs.orphan_del(op, &mut i)?;
+                }
                 let links = i.links + 1;
                 let t = now();
                 fs.edit_inode(&mut i, |n| {

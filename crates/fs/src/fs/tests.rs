@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use ext4kit_device::{Device, MemDevice};
-use ext4kit_format::inode::{S_IFMT, S_IFREG};
+use ext4kit_format::inode::{S_IFDIR, S_IFMT, S_IFREG};
 
 use super::*;
 use crate::balloc::tests::image;
@@ -688,4 +688,52 @@ fn write_ranges_matches_write_at_and_a_model() {
     fs.sync().unwrap();
     assert_eq!(fs.block_alloc().free_blocks(), free0);
     fs.close().unwrap();
+}
+
+/// O_TMPFILE: an inode without links on the orphan list (old list and
+/// orphan file); `link` names it and takes it off; one never linked is
+/// freed by `release_orphan`, or by orphan processing at the next open.
+#[test]
+fn tmpfile_is_an_orphan_until_linked() {
+    for extra in [&[][..], &["orphan_file"][..]] {
+        let dev = Arc::new(image(64 << 20, extra));
+        let fs = open(&dev);
+        let free0 = fs.block_alloc().free_blocks();
+        let on_list = |fs: &Filesystem, ino: u32| match fs.orphan_file() {
+            Some(of) => of.contains(ino),
+            None => fs.rw().superblock().unwrap().s_last_orphan.get() == ino,
+        };
+        let spec = NewInode::new(S_IFREG | 0o600, 1000, 100);
+        let (a, _) = fs.create_tmpfile(2, &spec).unwrap();
+        assert_eq!(a.links, 0);
+        assert!(on_list(&fs, a.ino), "{extra:?}");
+        assert!(
+            fs.create_tmpfile(2, &NewInode::new(S_IFDIR | 0o700, 0, 0))
+                .is_err()
+        );
+        fs.write_at(a.ino, 0, &pattern(30 * 1024, 1)).unwrap();
+        fs.link(a.ino, 2, b"named").unwrap();
+        let i = fs.inode(a.ino).unwrap();
+        assert_eq!((i.links, i.dtime), (1, 0));
+        assert!(!on_list(&fs, a.ino));
+        assert_eq!(fs.lookup(2, b"named").unwrap().map(|e| e.ino), Some(a.ino));
+        assert_eq!(read_all(&fs, a.ino), pattern(30 * 1024, 1));
+        // Never linked: freed at the last close.
+        let (b, _) = fs.create_tmpfile(2, &spec).unwrap();
+        fs.write_at(b.ino, 0, &pattern(20 * 1024, 2)).unwrap();
+        fs.release_orphan(b.ino).unwrap();
+        assert!(!on_list(&fs, b.ino));
+        // Open at a crash: the next open's orphan processing frees it.
+        let (c, _) = fs.create_tmpfile(2, &spec).unwrap();
+        fs.write_at(c.ino, 0, &pattern(20 * 1024, 3)).unwrap();
+        fs.sync().unwrap();
+        drop(fs);
+        let fs = open(&dev);
+        assert!(!on_list(&fs, c.ino));
+        assert_eq!(fs.inode_any(c.ino).unwrap().links, 0);
+        fs.unlink(2, b"named").unwrap();
+        fs.sync().unwrap();
+        assert_eq!(fs.block_alloc().free_blocks(), free0, "{extra:?}");
+        fs.close().unwrap();
+    }
 }

@@ -88,6 +88,11 @@ pub enum Operation<'a> {
         arg: CreateIn,
         name: &'a [u8],
     },
+    /// TMPFILE: CREATE's layout; the name is the VFS's placeholder.
+    Tmpfile {
+        arg: CreateIn,
+        name: &'a [u8],
+    },
     Read(ReadIn),
     Write {
         arg: WriteIn,
@@ -255,6 +260,10 @@ impl<'a> Request<'a> {
             },
             opcode::OPEN | opcode::OPENDIR => Operation::Open(a.take()?),
             opcode::CREATE => Operation::Create {
+                arg: a.take()?,
+                name: a.name()?,
+            },
+            opcode::TMPFILE => Operation::Tmpfile {
                 arg: a.take()?,
                 name: a.name()?,
             },
@@ -759,6 +768,33 @@ mod tests {
         };
         let b = request(opcode::STATX, 1, 5, sx.as_bytes());
         assert_eq!(Request::parse(&b).unwrap().op, Operation::Statx(sx));
+    }
+
+    #[test]
+    fn tmpfile_decodes_as_create() {
+        // fuse_create_in (flags, mode, umask, open_flags), then the VFS's
+        // placeholder name (`fuse_create_open(..., FUSE_TMPFILE)`).
+        let mut a = Vec::new();
+        for v in [0o102_002u32, 0o100_640, 0o022, 0] {
+            a.extend_from_slice(&v.to_le_bytes());
+        }
+        a.extend_from_slice(b"/\0");
+        let b = request(opcode::TMPFILE, 3, 9, &a);
+        let r = Request::parse(&b).unwrap();
+        assert_eq!(r.header.nodeid, 9);
+        let Operation::Tmpfile { arg, name } = r.op else {
+            panic!("not a TMPFILE: {:?}", r.op);
+        };
+        assert_eq!(
+            (arg.flags, arg.mode, arg.umask),
+            (0o102_002, 0o100_640, 0o022)
+        );
+        assert_eq!(name, b"/");
+        // Malformed: no NUL after the name, a short fuse_create_in.
+        let b = request(opcode::TMPFILE, 3, 9, &a[..a.len() - 1]);
+        assert!(Request::parse(&b).is_err());
+        let b = request(opcode::TMPFILE, 3, 9, &a[..12]);
+        assert!(Request::parse(&b).is_err());
     }
 
     #[test]
