@@ -11,6 +11,8 @@
 #   kernel      losetup + mount -t ext4 (defaults)
 #   ext4kit     ext4kit mount -f IMG MNT (defaults)
 #   ext4kit-wb  the same with -o writeback_cache
+#   ext4kit-own the same with -o transport=ext4kit (our own FUSE transport,
+#               crates/fuse/src/session.rs, instead of fuser's)
 #   fuse2fs     fuse2fs -f IMG MNT -o fakeroot
 #   base        ext4kit with the binary EXT4KIT_BASE (before/after a change)
 #
@@ -66,7 +68,7 @@
 #                       (default 600; shown as "> N", its later runs of
 #                       that row skipped)
 #   BENCH_THREADS       ext4kit mount --threads (default: the mount's)
-#   BENCH_EXT4KIT_OPTS  extra -o options for ext4kit
+#   BENCH_EXT4KIT_OPTS  extra -o options for every ext4kit contender
 #   EXT4KIT             ext4kit binary (default target/release/ext4kit)
 #   EXT4KIT_BASE        a second ext4kit binary for the contender base
 #
@@ -109,7 +111,7 @@ for g in $rows; do
     [[ $g == session || $g == postmark || $g == fio ]] || die "BENCH_ROWS: unknown '$g' (session, postmark, fio)"
 done
 for s in $systems; do
-    [[ $s == kernel || $s == ext4kit || $s == ext4kit-wb || $s == fuse2fs || $s == base ]] || die "BENCH_SYSTEMS: unknown '$s'"
+    [[ $s == kernel || $s == ext4kit || $s == ext4kit-wb || $s == ext4kit-own || $s == fuse2fs || $s == base ]] || die "BENCH_SYSTEMS: unknown '$s'"
     if [[ $s == base && ! -x ${EXT4KIT_BASE:-} ]]; then die "BENCH_SYSTEMS has base: EXT4KIT_BASE must name an ext4kit binary"; fi
 done
 need_pkg() { # command package
@@ -250,11 +252,14 @@ up_sys() { # SYSTEM
     local opts=""
     [[ $1 == ext4kit || $1 == base ]] && opts=$ours_opts
     [[ $1 == ext4kit-wb ]] && opts=writeback_cache${ours_opts:+,$ours_opts}
+    [[ $1 == ext4kit-own ]] && opts=transport=ext4kit${ours_opts:+,$ours_opts}
     if [[ $1 == base ]]; then
         local keep=$ext4kit
         ext4kit=$base_bin
         up ext4kit "$img" "$opts"
         ext4kit=$keep
+    elif [[ $1 == ext4kit-own ]]; then
+        up ext4kit "$img" "$opts"
     else
         up "$1" "$img" "$opts"
     fi
@@ -334,7 +339,7 @@ session() { # SYSTEM: the session rows on one mount of a fresh image
     check "$sys" "session"
 }
 down_fuse() { # SYSTEM: unmount, and for FUSE wait until the image is closed
-    if [[ $1 == base ]]; then down ext4kit; else down "$1"; fi
+    if [[ $1 == base || $1 == ext4kit-own ]]; then down ext4kit; else down "$1"; fi
     sync -f "$img"
 }
 
@@ -421,6 +426,8 @@ sep="|---|"
 for s in $systems; do hdr+=" $s |"; sep+="---|"; done
 [[ " $systems " == *" kernel "* && -n $ours ]] && { hdr+=" $ours/kernel (goal ≤ 2) |"; sep+="---|"; }
 [[ " $systems " == *" fuse2fs "* && -n $ours ]] && { hdr+=" fuse2fs/$ours |"; sep+="---|"; }
+own_col=
+[[ " $systems " == *" ext4kit-own "* && $ours != ext4kit-own ]] && { own_col=1; hdr+=" ext4kit-own/$ours |"; sep+="---|"; }
 echo "$hdr"
 echo "$sep"
 for row in "${row_names[@]}"; do
@@ -441,6 +448,7 @@ for row in "${row_names[@]}"; do
         f=$(medv "$row" fuse2fs); o=$(medv "$row" "$ours")
         if [[ -n ${TO[$row|fuse2fs]:-} && -z $f ]]; then line+=" ≥ $(ratio "$timeout_s" "$o") |"; else line+=" $(ratio "$f" "$o") |"; fi
     fi
+    [[ -n $own_col ]] && line+=" $(ratio "$(medv "$row" ext4kit-own)" "$(medv "$row" "$ours")") |"
     echo "$line"
 done
 echo
