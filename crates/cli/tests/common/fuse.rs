@@ -144,8 +144,20 @@ impl FuseMount {
     }
 
     /// `umount`, then the serving process must exit 0 (clean close).
+    /// "target is busy" is retried for a while: a process elsewhere on the
+    /// machine walking /tmp (find, du) may be inside the mount for a moment.
     pub fn unmount(mut self) -> Result<(), String> {
-        run_ok(tool("umount").arg(self.path()))?;
+        let mut tries = 0;
+        loop {
+            match run_ok(tool("umount").arg(self.path())) {
+                Ok(_) => break,
+                Err(e) if e.contains("target is busy") && tries < 30 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e),
+            }
+        }
         self.wait_exit()
     }
 
