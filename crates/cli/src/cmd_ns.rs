@@ -483,6 +483,49 @@ fn mv_check(fs: &Fs<'_>, dt: &Target, srcs: &[OsString], exchange: bool) -> anyh
     Ok(())
 }
 
+/// One `mv` operand's names: the source's parent and name, and where it
+/// goes (the destination directory's path and the new name), or the
+/// refusal a move of it gets without looking at the image (another
+/// image, the root). `into`: the destination is a directory.
+struct MvNames {
+    src_dir: Vec<u8>,
+    src_name: Vec<u8>,
+    dst_dir: Vec<u8>,
+    dst_name: Vec<u8>,
+}
+
+fn mv_names(st: &Target, dt: &Target, into: bool) -> anyhow::Result<MvNames> {
+    if st.img != dt.img {
+        bail!(
+            "cannot move '{}' to '{}': not the same image",
+            st.spec,
+            dt.spec
+        );
+    }
+    let root = || {
+        anyhow!(
+            "cannot move '{}' to '{}': {}",
+            st.spec,
+            dt.spec,
+            FsError::InvalidName("the root")
+        )
+    };
+    let (src_dir, sn) = split_last(&st.path);
+    let src_name = sn.ok_or_else(root)?;
+    let (dst_dir, dst_name) = if into {
+        (dt.path.clone(), src_name.clone())
+    } else {
+        let (dp, dn) = split_last(&dt.path);
+        (dp, dn.ok_or_else(root)?)
+    };
+    Ok(MvNames {
+        src_dir,
+        src_name,
+        dst_dir,
+        dst_name,
+    })
+}
+
 /// The refusals of `mv`'s own steps that a read-only look finds (a
 /// missing source or destination directory, several sources into a
 /// non-directory, another image): `Ok` if at least one source may be
@@ -502,27 +545,15 @@ fn mv_some_can_move(
     for s in srcs {
         let st = parse_target(s);
         let r = (|| -> anyhow::Result<()> {
-            if st.img != dt.img {
-                bail!(
-                    "cannot move '{}' to '{}': not the same image",
-                    st.spec,
-                    dt.spec
-                );
-            }
+            let n = mv_names(&st, dt, into)?;
             let e = |e: FsError| anyhow!("cannot move '{}' to '{}': {e}", st.spec, dt.spec);
-            let (sp, sn) = split_last(&st.path);
-            let sn = sn.ok_or_else(|| e(FsError::InvalidName("the root")))?;
-            let sd = ro_dir(f, &sp).map_err(e)?;
-            ro_lookup(f, &sd, &sn)
+            let sd = ro_dir(f, &n.src_dir).map_err(e)?;
+            ro_lookup(f, &sd, &n.src_name)
                 .map_err(e)?
                 .ok_or_else(|| e(FsError::NotFound))?;
-            if !into {
-                let (dp, dn) = split_last(&dt.path);
-                let dn = dn.ok_or_else(|| e(FsError::InvalidName("the root")))?;
-                let dd = ro_dir(f, &dp).map_err(e)?;
-                if exchange && ro_lookup(f, &dd, &dn).map_err(e)?.is_none() {
-                    return Err(e(FsError::NotFound));
-                }
+            let dd = ro_dir(f, &n.dst_dir).map_err(e)?;
+            if exchange && ro_lookup(f, &dd, &n.dst_name).map_err(e)?.is_none() {
+                return Err(e(FsError::NotFound));
             }
             Ok(())
         })();
@@ -571,24 +602,11 @@ pub fn mv(args: &MvArgs) -> anyhow::Result<i32> {
         for s in srcs {
             let st = parse_target(s);
             let r = (|| -> anyhow::Result<()> {
-                if st.img != dt.img {
-                    bail!(
-                        "cannot move '{}' to '{}': not the same image",
-                        st.spec,
-                        dt.spec
-                    );
-                }
+                let n = mv_names(&st, &dt, into)?;
                 let e = |e: FsError| anyhow!("cannot move '{}' to '{}': {e}", st.spec, dt.spec);
-                let (sp, sn) = split_last(&st.path);
-                let sn = sn.ok_or_else(|| e(FsError::InvalidName("the root")))?;
-                let sd = resolve_dir(fs, &sp).map_err(e)?;
-                let (dd, dn) = if into {
-                    (resolve_dir(fs, &dt.path).map_err(e)?, sn.clone())
-                } else {
-                    let (dp, dn) = split_last(&dt.path);
-                    let dn = dn.ok_or_else(|| e(FsError::InvalidName("the root")))?;
-                    (resolve_dir(fs, &dp).map_err(e)?, dn)
-                };
+                let sd = resolve_dir(fs, &n.src_dir).map_err(e)?;
+                let dd = resolve_dir(fs, &n.dst_dir).map_err(e)?;
+                let (sn, dn) = (n.src_name, n.dst_name);
                 if args.no_clobber && fs.lookup(dd.ino, &dn).map_err(e)?.is_some() {
                     return Ok(()); // mv -n: silently skipped
                 }
