@@ -233,28 +233,21 @@ impl FuseFs {
     /// Create an inode `name` in `parent` as `ext4_new_inode` would:
     /// owner from the caller, group from an `S_ISGID` parent, mode and
     /// ACLs from the parent's default ACL (else the umask).
-    fn make(
+    /// Mode, owner and group of a new inode of `mode` in directory `p`
+    /// (`pino`), and the ACLs it inherits from `p`'s default ACL (else the
+    /// umask applies): the caller's uid, the group of a set-group-ID
+    /// parent (a directory inheriting the bit), else the caller's gid.
+    #[allow(clippy::too_many_arguments)]
+    fn new_inode(
         &self,
         req: &Caller,
-        parent: INodeNo,
-        name: &OsStr,
+        pino: u32,
+        p: &InodeInfo,
+        mode: u16,
+        is_dir: bool,
+        is_link: bool,
         umask: u32,
-        what: Make<'_>,
-    ) -> R<InodeInfo> {
-        let fs = self.fs()?;
-        self.s.flush_all();
-        let name = name_ok(name)?;
-        let pino = ext4_ino(parent)?;
-        let p = self.dir(pino)?;
-        let (mode, is_dir, is_link) = match what {
-            Make::Node { mode, .. } => {
-                let m = mode as u16;
-                let m = if m & S_IFMT == 0 { m | S_IFREG } else { m };
-                (m, false, false)
-            }
-            Make::Dir { mode } => (S_IFDIR | (mode as u16 & 0o7777), true, false),
-            Make::Symlink { .. } => (S_IFLNK | 0o777, false, true),
-        };
+    ) -> R<(NewInode, acl::Inherited)> {
         let default = if p.file_acl != 0 || p.extra_isize > 0 {
             let attrs = self
                 .s
@@ -281,7 +274,33 @@ impl FuseFs {
         } else {
             req.gid
         };
-        let mut spec = NewInode::new(mode, req.uid, gid);
+        Ok((NewInode::new(mode, req.uid, gid), inh))
+    }
+
+    fn make(
+        &self,
+        req: &Caller,
+        parent: INodeNo,
+        name: &OsStr,
+        umask: u32,
+        what: Make<'_>,
+    ) -> R<InodeInfo> {
+        let fs = self.fs()?;
+        self.s.flush_all();
+        let name = name_ok(name)?;
+        let pino = ext4_ino(parent)?;
+        let p = self.dir(pino)?;
+        let (mode, is_dir, is_link) = match what {
+            Make::Node { mode, .. } => {
+                let m = mode as u16;
+                let m = if m & S_IFMT == 0 { m | S_IFREG } else { m };
+                (m, false, false)
+            }
+            Make::Dir { mode } => (S_IFDIR | (mode as u16 & 0o7777), true, false),
+            Make::Symlink { .. } => (S_IFLNK | 0o777, false, true),
+        };
+        let (mut spec, inh) = self.new_inode(req, pino, &p, mode, is_dir, is_link, umask)?;
+        let mode = spec.mode;
         if let Make::Node { rdev, .. } = what
             && matches!(mode & S_IFMT, S_IFCHR | S_IFBLK)
         {
@@ -1844,29 +1863,15 @@ impl FuseFs {
         self.s.flush_all();
         let pino = ext4_ino(INodeNo(parent))?;
         let p = self.dir(pino)?;
-        let default = if p.file_acl != 0 || p.extra_isize > 0 {
-            let attrs = self
-                .s
-                .backend
-                .read_inode(pino, |f, p| f.xattrs(p))
-                .map_err(|e| errno(&e))?;
-            xw::get_acl(&attrs, xw::AclKind::Default).map_err(|e| xattr_errno(&e))?
-        } else {
-            None
-        };
-        let inh = acl::inherit(
-            default.as_deref(),
+        let (spec, inh) = self.new_inode(
+            req,
+            pino,
+            &p,
             S_IFREG | (mode as u16 & 0o7777),
             false,
             false,
-            umask as u16 & 0o777,
-        );
-        let gid = if p.mode & S_ISGID != 0 {
-            p.gid
-        } else {
-            req.gid
-        };
-        let spec = NewInode::new(inh.mode, req.uid, gid);
+            umask,
+        )?;
         let append = flags & libc::O_APPEND != 0 && !self.writeback;
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         // On the mount's orphan list before anyone can see the inode, its
