@@ -14,6 +14,7 @@ mod blockdev;
 mod delay;
 mod fault;
 mod file;
+mod fuse_dev;
 pub mod host;
 #[cfg(test)]
 mod loop_tests;
@@ -30,6 +31,7 @@ pub use blockdev::BlockDevice;
 pub use delay::{DelayControl, DelayDevice, DiscardRecord};
 pub use fault::{CutMode, FaultControl, FaultDevice, TEAR_SECTOR};
 pub use file::FileDevice;
+pub use fuse_dev::fuse_clone;
 pub use mem::MemDevice;
 pub use mounts::{MountEntry, check_not_mounted, loop_devices_backed_by, mounts};
 pub use nbd::{NbdDevice, NbdUri};

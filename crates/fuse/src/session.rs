@@ -2,8 +2,8 @@
 //! ARCHITECTURE "Our own FUSE transport", step 3): on the `/dev/fuse` fd
 //! the mount code got (our own mount(2) as root, `fusermount3`
 //! otherwise), INIT negotiated as [`crate::mount::negotiate`] does for
-//! fuser, then N workers sharing the fd: each reads one request into its
-//! own buffer (max_write + a page), decodes it ([`Request::parse`]),
+//! fuser, then N workers, each on its own clone of the fd
+//! (`FUSE_DEV_IOC_CLONE`): each reads one request into its own buffer (max_write + a page), decodes it ([`Request::parse`]),
 //! calls the `op_*` method ([`crate::ops`]) and writes the reply with
 //! one write(2). FORGET/BATCH_FORGET and INTERRUPT get no reply (an
 //! interrupted request is simply answered when done); opcodes not served
@@ -13,7 +13,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
@@ -229,13 +229,32 @@ impl Session {
         }
     }
 
+    /// A worker's own fd: a clone of the session's (`FUSE_DEV_IOC_CLONE`:
+    /// the kernel keeps a processing queue per fd, so the workers do not
+    /// share one), or the session's own where cloning fails (not a
+    /// `/dev/fuse` fd, as in the unit tests).
+    fn worker_fd(&self) -> Arc<File> {
+        match ext4kit_device::fuse_clone(self.fd.as_fd()) {
+            Ok(fd) => Arc::new(File::from(fd)),
+            Err(e) => {
+                tracing::debug!("FUSE_DEV_IOC_CLONE: {e}; the worker shares the fd");
+                self.fd.clone()
+            }
+        }
+    }
+
     /// Serve with `threads` workers until the connection ends; DESTROY
     /// (or the end of the connection without it) calls `op_destroy` once.
     pub(crate) fn run(self, threads: usize) -> io::Result<()> {
         let destroyed = Arc::new(AtomicBool::new(false));
         let workers: Vec<_> = (0..threads.max(1))
             .map(|i| {
-                let (fd, fs, destroyed) = (self.fd.clone(), self.fs.clone(), destroyed.clone());
+                let fd = if i == 0 {
+                    self.fd.clone()
+                } else {
+                    self.worker_fd()
+                };
+                let (fs, destroyed) = (self.fs.clone(), destroyed.clone());
                 thread::Builder::new()
                     .name(format!("ext4kit-fuse-{i}"))
                     .spawn(move || worker(&fd, &fs, &destroyed))
