@@ -332,6 +332,33 @@ fn with<'a>(t: &[&'a str], o: &[&'a str]) -> Vec<&'a str> {
 /// Our own FUSE session loop (experimental, not the default).
 const OWN: &[&str] = &["transport=ext4kit"];
 
+/// Our own transport over io_uring (`-o uring`, FUSE over io_uring).
+const URING: &[&str] = &["uring"];
+
+/// A body of the own-transport tests over io_uring: skipped where the
+/// kernel lacks it, `enable_uring` back to what it was afterwards.
+fn over_uring(what: &str, body: fn(&str, &[&str])) {
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let _switch = match UringSwitch::on() {
+        Ok(s) => s,
+        Err(e) => return skip(what, &e),
+    };
+    body(what, URING);
+}
+
+/// With `-o uring` the requests are served by ring threads.
+fn assert_rings(t: &[&str], m: &FuseMount) {
+    if t.contains(&"uring") {
+        // The rings start right after the mount is live.
+        wait_until("ring threads", Duration::from_secs(10), || {
+            ring_threads(m) > 0
+        })
+        .unwrap();
+    }
+}
+
 #[test]
 fn tree_through_the_mount_reads_back_on_the_kernel() {
     tree_readback("tree_through_the_mount_reads_back_on_the_kernel", &[]);
@@ -340,6 +367,37 @@ fn tree_through_the_mount_reads_back_on_the_kernel() {
 #[test]
 fn own_transport_tree_reads_back_on_the_kernel() {
     tree_readback("own_transport_tree_reads_back_on_the_kernel", OWN);
+}
+
+/// The end of a connection ends the rings: an unmount, and an abort
+/// (`umount -f`: ENODEV with entries in the kernel) both have the daemon
+/// exit 0, the image clean.
+#[test]
+fn uring_unmount_and_abort_end_the_rings() {
+    over_uring("uring_unmount_and_abort_end_the_rings", |_, t| {
+        let dir = image_dir();
+        let img = mkfs(dir.path(), "64M");
+        let m = FuseMount::new(&img, t).unwrap();
+        assert_rings(t, &m);
+        fs::write(m.path().join("f"), b"over the ring").unwrap();
+        let started = std::time::Instant::now();
+        m.unmount().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(20), "slow unmount");
+        let mut m = FuseMount::new(&img, t).unwrap();
+        assert_eq!(fs::read(m.path().join("f")).unwrap(), b"over the ring");
+        // umount -f: the kernel aborts the connection (ENODEV on
+        // /dev/fuse, every ring entry torn down) before it unmounts.
+        run_ok(tool("umount").arg("-f").arg(m.path())).unwrap();
+        // The daemon ends (ENODEV: the image closed cleanly, exit 0).
+        m.wait_exit().unwrap();
+        drop(m);
+        e2fsck_clean(&img).unwrap();
+    });
+}
+
+#[test]
+fn uring_tree_reads_back_on_the_kernel() {
+    over_uring("uring_tree_reads_back_on_the_kernel", tree_readback);
 }
 
 fn tree_readback(what: &str, t: &[&str]) {
@@ -354,6 +412,7 @@ fn tree_readback(what: &str, t: &[&str]) {
     let dir = image_dir();
     let img = mkfs(dir.path(), "512M");
     let m = FuseMount::new(&img, t).unwrap();
+    assert_rings(t, &m);
     build_tree(m.path());
     // Past the attribute TTL: the walk sees what the engine has, not
     // what the kernel cached.
@@ -599,6 +658,11 @@ fn own_transport_kill9_during_fsyncs_then_replay() {
     kill9_replay("own_transport_kill9_during_fsyncs_then_replay", OWN);
 }
 
+#[test]
+fn uring_kill9_during_fsyncs_then_replay() {
+    over_uring("uring_kill9_during_fsyncs_then_replay", kill9_replay);
+}
+
 fn kill9_replay(what: &str, t: &[&str]) {
     if let Err(e) = fuse_available() {
         return skip(what, &e);
@@ -611,6 +675,7 @@ fn kill9_replay(what: &str, t: &[&str]) {
         .unwrap_or(7u64);
     for round in 0..3u64 {
         let m = FuseMount::new(&img, &with(t, &["commit=30"])).unwrap();
+        assert_rings(t, &m);
         let root = m.path().join(format!("r{round}"));
         fs::create_dir(&root).unwrap();
         File::open(m.path()).unwrap().sync_all().unwrap();
@@ -734,6 +799,11 @@ fn own_transport_pjdfstest() {
     pjdfstest("own_transport_pjdfstest", OWN);
 }
 
+#[test]
+fn uring_pjdfstest() {
+    over_uring("uring_pjdfstest", pjdfstest);
+}
+
 fn pjdfstest(what: &str, t: &[&str]) {
     if let Err(e) = fuse_available() {
         return skip(what, &e);
@@ -753,6 +823,7 @@ fn pjdfstest(what: &str, t: &[&str]) {
     let dir = image_dir();
     let img = mkfs(dir.path(), "256M");
     let m = FuseMount::new(&img, &with(t, &["allow_other"])).unwrap();
+    assert_rings(t, &m);
     let work = m.path().join("pjd");
     fs::create_dir(&work).unwrap();
     fs::set_permissions(&work, fs::Permissions::from_mode(0o777)).unwrap();

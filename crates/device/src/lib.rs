@@ -26,6 +26,7 @@ mod ranges;
 mod record;
 mod sys;
 mod sysfs;
+pub mod uring_cmd;
 
 pub use blockdev::BlockDevice;
 pub use delay::{DelayControl, DelayDevice, DiscardRecord};

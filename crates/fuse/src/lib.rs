@@ -43,6 +43,7 @@ pub mod proto;
 mod session;
 pub mod shared;
 pub mod trim;
+mod uring;
 pub mod wbuf;
 
 #[doc(hidden)]

@@ -332,6 +332,16 @@ fn start_own_session(
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::PermissionsExt;
     let config = fuser_config(req);
+    // `-o uring`: the kernel's switch on (as root) before INIT, which
+    // offers FUSE over io_uring only while it is on.
+    let uring = req.opts.uring
+        && match crate::uring::enable() {
+            Ok(_) => true,
+            Err(why) => {
+                eprintln!("ext4kit mount: {why}; serving on /dev/fuse");
+                false
+            }
+        };
     let (fd, helper) = if nix::unistd::geteuid().is_root() {
         let dev = std::fs::OpenOptions::new()
             .read(true)
@@ -358,6 +368,11 @@ fn start_own_session(
         (m.fd, Some(m.helper))
     };
     let mut s = crate::session::Session::new(fd, shared.clone());
+    if uring {
+        // `-o threads` spread over the kernel's queues (one per CPU).
+        let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+        s.want_uring(req.threads.div_ceil(cpus));
+    }
     if let Err(e) = s.handshake() {
         // Not served: take the mount down again (fusermount3 does it
         // when its helper is dropped).

@@ -107,6 +107,11 @@ pub struct MountOptions {
     /// `transport=fuser|ext4kit`: the FUSE session (ext4kit's own is
     /// experimental, see [`Transport`]).
     pub transport: Transport,
+    /// `uring` / `nouring`: our own transport over io_uring (FUSE over
+    /// io_uring, kernel 6.14+), falling back to `/dev/fuse` where the
+    /// kernel lacks it. `uring` implies `transport=ext4kit`; a later
+    /// `transport=fuser` turns it off again.
+    pub uring: bool,
 }
 
 impl Default for MountOptions {
@@ -132,6 +137,7 @@ impl Default for MountOptions {
             nodev: true,
             noexec: false,
             transport: Transport::Fuser,
+            uring: false,
         }
     }
 }
@@ -201,9 +207,18 @@ impl MountOptions {
                 self.noinit_itable = false;
                 Ok(())
             }
+            "uring" => {
+                flag(&mut self.uring, true)?;
+                self.transport = Transport::Ext4kit;
+                Ok(())
+            }
+            "nouring" => flag(&mut self.uring, false),
             "transport" => {
                 self.transport = match value {
-                    Some("fuser") => Transport::Fuser,
+                    Some("fuser") => {
+                        self.uring = false;
+                        Transport::Fuser
+                    }
                     Some("ext4kit") => Transport::Ext4kit,
                     Some(v) => {
                         return Err(OptionError(format!(
@@ -375,6 +390,15 @@ mod tests {
             Transport::Ext4kit
         );
         assert!(p("transport=x").is_err());
+        // uring: our own transport over io_uring; later options win.
+        let u = p("uring").unwrap();
+        assert!(u.uring && u.transport == Transport::Ext4kit);
+        assert!(!p("uring,transport=fuser").unwrap().uring);
+        let u = p("transport=fuser,uring").unwrap();
+        assert!(u.uring && u.transport == Transport::Ext4kit);
+        let u = p("uring,nouring").unwrap();
+        assert!(!u.uring && u.transport == Transport::Ext4kit);
+        assert!(p("uring=1").is_err());
         assert!(p("transport").is_err());
         assert!(p("writeback_cache").unwrap().writeback_cache);
         assert!(

@@ -59,7 +59,7 @@ pub(crate) mod init {
 /// INIT's answer as plain data: what `negotiate` asks of fuser's
 /// `KernelConfig`, with fuser's own defaults (async reads, big writes,
 /// max_pages, 16 MiB writes, 1 ns times, the kernel's readahead).
-pub(crate) fn init_reply(shared: &Shared, init: &InitIn) -> (InitOut, bool, bool) {
+pub(crate) fn init_reply(shared: &Shared, init: &InitIn, uring: bool) -> (InitOut, bool, bool) {
     let rw = matches!(shared.backend, Backend::Rw(_));
     let mut kernel = u64::from(init.flags);
     if kernel & init::INIT_EXT != 0 {
@@ -79,6 +79,9 @@ pub(crate) fn init_reply(shared: &Shared, init: &InitIn) -> (InitOut, bool, bool
     }
     if shared.opts.writeback_cache && rw {
         want |= init::WRITEBACK_CACHE;
+    }
+    if uring {
+        want |= crate::uring::OVER_IO_URING;
     }
     let mut got = want & kernel;
     if kernel & init::INIT_EXT != 0 {
@@ -166,13 +169,55 @@ fn receive(fd: &File, buf: &mut [u8]) -> io::Result<Got> {
 pub(crate) struct Session {
     fd: Arc<File>,
     fs: FuseFs,
+    /// `-o uring`: the ring threads per queue wanted.
+    uring: Option<usize>,
+    /// The rings, when INIT granted FUSE over io_uring.
+    rings: Option<crate::uring::Rings>,
 }
+
+/// A reply made after `dispatch` returned (LSEEK's completion).
+pub(crate) type Later = Box<dyn FnOnce(Vec<u8>) + Send>;
 
 impl Session {
     pub(crate) fn new(fd: OwnedFd, shared: Arc<Shared>) -> Session {
         Session {
             fd: Arc::new(File::from(fd)),
             fs: FuseFs::new(shared),
+            uring: None,
+            rings: None,
+        }
+    }
+
+    /// Ask for FUSE over io_uring at INIT, with `per_queue` ring threads
+    /// per kernel queue (see [`crate::uring`]).
+    pub(crate) fn want_uring(&mut self, per_queue: usize) {
+        self.uring = Some(per_queue.max(1));
+    }
+
+    /// The rings for INIT's answer, or why not (one line on stderr).
+    fn make_rings(&mut self, init: &InitIn, out: &InitOut) {
+        let Some(per_queue) = self.uring else { return };
+        let mut kernel = u64::from(init.flags);
+        if kernel & init::INIT_EXT != 0 {
+            kernel |= u64::from(init.flags2) << 32;
+        }
+        if kernel & crate::uring::OVER_IO_URING == 0 {
+            eprintln!(
+                "ext4kit mount: the kernel did not offer FUSE over io_uring at INIT; serving on /dev/fuse"
+            );
+            return;
+        }
+        let queues = std::fs::read_to_string("/sys/devices/system/cpu/possible")
+            .ok()
+            .and_then(|l| crate::uring::possible_cpus(&l));
+        let Some(queues) = queues else {
+            eprintln!("ext4kit mount: io_uring: no CPU list; serving on /dev/fuse");
+            return;
+        };
+        let payload = (out.max_write as usize).max(usize::from(out.max_pages) * 4096);
+        match crate::uring::Rings::new(&self.fd, queues, per_queue, payload) {
+            Ok(r) => self.rings = Some(r),
+            Err(e) => eprintln!("ext4kit mount: io_uring: {e}; serving on /dev/fuse"),
         }
     }
 
@@ -222,7 +267,9 @@ impl Session {
                     ),
                 ));
             }
-            let (out, writeback, killpriv) = init_reply(&self.fs.s, &init);
+            let (out, ..) = init_reply(&self.fs.s, &init, false);
+            self.make_rings(&init, &out);
+            let (out, writeback, killpriv) = init_reply(&self.fs.s, &init, self.rings.is_some());
             self.fs.set_negotiated(writeback, killpriv);
             send(&self.fd, &codec::reply_struct(unique, &out))?;
             return Ok(());
@@ -245,8 +292,19 @@ impl Session {
 
     /// Serve with `threads` workers until the connection ends; DESTROY
     /// (or the end of the connection without it) calls `op_destroy` once.
-    pub(crate) fn run(self, threads: usize) -> io::Result<()> {
+    pub(crate) fn run(mut self, threads: usize) -> io::Result<()> {
         let destroyed = Arc::new(AtomicBool::new(false));
+        // The rings first: the kernel holds every request until all its
+        // queues have an entry.
+        let (rings, stopper) = match self.rings.take() {
+            Some(r) => {
+                let n = r.len();
+                let (t, s) = r.start(&self.fs, &destroyed)?;
+                tracing::debug!("FUSE over io_uring: {n} rings");
+                (t, Some(s))
+            }
+            None => (Vec::new(), None),
+        };
         let workers: Vec<_> = (0..threads.max(1))
             .map(|i| {
                 let fd = if i == 0 {
@@ -261,12 +319,21 @@ impl Session {
             })
             .collect::<io::Result<_>>()?;
         let mut result = Ok(());
+        let mut join = |w: thread::JoinHandle<io::Result<()>>| match w.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => result = Err(e),
+            Err(_) => result = Err(io::Error::other("a FUSE worker panicked")),
+        };
         for w in workers {
-            match w.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => result = Err(e),
-                Err(_) => result = Err(io::Error::other("a FUSE worker panicked")),
-            }
+            join(w);
+        }
+        // The connection ended: the kernel tore its queues down (each
+        // entry ENOTCONN); end the rings that still wait.
+        if let Some(s) = stopper {
+            s.stop();
+        }
+        for r in rings {
+            join(r);
         }
         if !destroyed.swap(true, Ordering::SeqCst) {
             self.fs.op_destroy();
@@ -280,7 +347,11 @@ fn worker(fd: &Arc<File>, fs: &FuseFs, destroyed: &AtomicBool) -> io::Result<()>
     loop {
         match receive(fd, &mut buf)? {
             Got::Request(n) => {
-                if let Some(msg) = dispatch(fs, fd, &buf[..n], destroyed) {
+                let later = || -> Later {
+                    let fd = fd.clone();
+                    Box::new(move |msg| answer(&fd, &msg))
+                };
+                if let Some(msg) = dispatch(fs, &buf[..n], destroyed, later) {
                     answer(fd, &msg);
                 }
             }
@@ -391,12 +462,14 @@ fn setattr_in(a: &SetattrIn) -> SetAttrIn {
 
 /// Serve one request (exactly what one read returned); the reply, or
 /// `None` for the requests without one. LSEEK may answer from a thread
-/// of its own (see `FuseFs::op_lseek`): it writes its reply itself.
+/// of its own (see `FuseFs::op_lseek`): its reply goes to the sink
+/// `later` makes (the transport's: a write on the worker's fd, a commit
+/// into the ring entry), and `dispatch` returns `None`.
 pub(crate) fn dispatch(
     fs: &FuseFs,
-    fd: &Arc<File>,
     buf: &[u8],
     destroyed: &AtomicBool,
+    later: impl FnOnce() -> Later,
 ) -> Option<Vec<u8>> {
     let req = match Request::parse(buf) {
         Ok(r) => r,
@@ -553,7 +626,7 @@ pub(crate) fn dispatch(
         Operation::Removexattr { name } => empty(u, fs.op_removexattr(ino, name)),
         Operation::Access { mask } => empty(u, fs.op_access(&caller(&h), ino, mask as i32)),
         Operation::Lseek(l) => {
-            let fd = fd.clone();
+            let send = later();
             fs.op_lseek(ino, l.offset as i64, l.whence as i32, move |r| {
                 let msg = match r {
                     Ok(offset) => codec::reply_struct(
@@ -564,7 +637,7 @@ pub(crate) fn dispatch(
                     ),
                     Err(e) => err(u, e),
                 };
-                answer(&fd, &msg);
+                send(msg);
             });
             return None;
         }
@@ -652,8 +725,7 @@ mod tests {
     /// Serve `req`; the reply's header (checked: its length is the
     /// reply's, the unique echoed) and body.
     fn serve(fs: &FuseFs, req: &[u8]) -> Option<(OutHeader, Vec<u8>)> {
-        let null = Arc::new(File::options().write(true).open("/dev/null").unwrap());
-        let msg = dispatch(fs, &null, req, &AtomicBool::new(false))?;
+        let msg = dispatch(fs, req, &AtomicBool::new(false), || Box::new(|_| {}))?;
         let (h, body) = OutHeader::read_from_prefix(&msg).unwrap();
         assert_eq!(h.len as usize, msg.len());
         let (ih, _) = InHeader::read_from_prefix(req).unwrap();
@@ -684,7 +756,7 @@ mod tests {
             unused: [0; 11],
         };
         let s = shared(MountOptions::default());
-        let (out, writeback, killpriv) = init_reply(&s, &all);
+        let (out, writeback, killpriv) = init_reply(&s, &all, false);
         let f = u64::from(out.flags) | u64::from(out.flags2) << 32;
         for want in [
             init::ASYNC_READ,
@@ -722,7 +794,7 @@ mod tests {
             flags: (init::ASYNC_READ | init::WRITEBACK_CACHE) as u32,
             ..all
         };
-        let (out, writeback, killpriv) = init_reply(&shared(o), &few);
+        let (out, writeback, killpriv) = init_reply(&shared(o), &few, false);
         assert_eq!(
             u64::from(out.flags),
             init::ASYNC_READ | init::WRITEBACK_CACHE
@@ -832,8 +904,7 @@ mod tests {
         assert_eq!(h.error, -libc::EIO);
         let mut bad = request(opcode::GETATTR, 13, 1, &[0; 16]);
         bad.truncate(20);
-        let null = Arc::new(File::options().write(true).open("/dev/null").unwrap());
-        assert!(dispatch(&fs, &null, &bad, &AtomicBool::new(false)).is_none());
+        assert!(dispatch(&fs, &bad, &AtomicBool::new(false), || Box::new(|_| {})).is_none());
         // A second INIT: EIO.
         let (h, _) = serve(&fs, &request(opcode::INIT, 14, 0, &[0; 64])).unwrap();
         assert_eq!(h.error, -libc::EIO);

@@ -218,3 +218,52 @@ impl Drop for FuseMount {
         }
     }
 }
+
+/// The kernel's FUSE-over-io_uring switch.
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Guards and the switch's value before the first.
+static URING_SWITCH: std::sync::Mutex<(usize, Option<String>)> = std::sync::Mutex::new((0, None));
+
+/// `-o uring` tests: while a guard lives, the kernel's `enable_uring` is
+/// on (the mount would set it too, but then nobody set it back); after
+/// the last guard it is what it was before the first.
+pub struct UringSwitch(());
+
+impl UringSwitch {
+    /// Err: why FUSE over io_uring cannot be tested here.
+    pub fn on() -> Result<UringSwitch, String> {
+        let mut g = URING_SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+        if g.0 == 0 {
+            let was = fs::read_to_string(ENABLE_URING)
+                .map_err(|_| format!("the kernel has no FUSE over io_uring ({ENABLE_URING})"))?;
+            fs::write(ENABLE_URING, "Y").map_err(|e| format!("{ENABLE_URING}: {e}"))?;
+            g.1 = Some(was.trim().to_string());
+        }
+        g.0 += 1;
+        Ok(UringSwitch(()))
+    }
+}
+
+impl Drop for UringSwitch {
+    fn drop(&mut self) {
+        let mut g = URING_SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+        g.0 -= 1;
+        if g.0 == 0
+            && let Some(was) = g.1.take()
+        {
+            let _ = fs::write(ENABLE_URING, was);
+        }
+    }
+}
+
+/// The mount daemon's io_uring ring threads (`ext4kit-uring-*`).
+pub fn ring_threads(m: &FuseMount) -> usize {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{}/task", m.pid())) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.starts_with("ext4kit-uring"))
+        .count()
+}

@@ -673,6 +673,56 @@ pub mod notify {
     pub const INVAL_ENTRY: i32 = 3;
 }
 
+/// FUSE over io_uring (`fuse.h` 7.42+, kernel 6.14+; see ARCHITECTURE
+/// "Our own FUSE transport", io_uring): the sizes of a request header's
+/// first two parts.
+pub const URING_IN_OUT_HEADER_SZ: usize = 128;
+pub const URING_OP_IN_OUT_SZ: usize = 128;
+
+/// `struct fuse_uring_ent_in_out`: the entry's part of the header
+/// (`commit_id` = the request's unique, `payload_sz` the payload buffer's
+/// bytes used, both ways).
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct UringEntInOut {
+    pub flags: u64,
+    pub commit_id: u64,
+    pub payload_sz: u32,
+    pub padding: u32,
+    pub reserved: u64,
+}
+
+/// `struct fuse_uring_req_header`: the header buffer of a ring entry:
+/// `in_out` holds the `fuse_in_header` (the `fuse_out_header` of the
+/// reply), `op_in` the request's first argument.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout)]
+pub struct UringReqHeader {
+    pub in_out: [u8; URING_IN_OUT_HEADER_SZ],
+    pub op_in: [u8; URING_OP_IN_OUT_SZ],
+    pub ring_ent_in_out: UringEntInOut,
+}
+
+/// `struct fuse_uring_cmd_req`: the command area of a URING_CMD SQE.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable, KnownLayout,
+)]
+pub struct UringCmdReq {
+    pub flags: u64,
+    pub commit_id: u64,
+    pub qid: u16,
+    pub padding: [u8; 6],
+}
+
+/// `enum fuse_uring_cmd` (the SQE's `cmd_op`).
+pub mod uring_cmd {
+    pub const REGISTER: u32 = 1;
+    pub const COMMIT_AND_FETCH: u32 = 2;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -680,6 +730,13 @@ mod tests {
     #[test]
     fn sizes_are_the_kernels() {
         assert_eq!(size_of::<InHeader>(), 40);
+        assert_eq!(size_of::<UringEntInOut>(), 32);
+        assert_eq!(size_of::<UringReqHeader>(), 288);
+        assert_eq!(std::mem::offset_of!(UringReqHeader, op_in), 128);
+        assert_eq!(std::mem::offset_of!(UringReqHeader, ring_ent_in_out), 256);
+        assert_eq!(std::mem::offset_of!(UringEntInOut, payload_sz), 16);
+        assert_eq!(size_of::<UringCmdReq>(), 24);
+        assert_eq!(std::mem::offset_of!(UringCmdReq, qid), 16);
         assert_eq!(size_of::<OutHeader>(), 16);
         assert_eq!(size_of::<InitIn>(), 64);
         assert_eq!(size_of::<InitOut>(), 64);
