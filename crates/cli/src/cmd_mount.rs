@@ -92,7 +92,10 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   exec, async)\n  \
                   transport=fuser|ext4kit the FUSE session: fuser's (the default) or \
                   ext4kit's own loop on /dev/fuse (experimental; it serves O_TMPFILE and \
-                  the statx birth time, which fail or are missing with fuser's)\n\n\
+                  the statx birth time, which fail or are missing with fuser's)\n  \
+                  uring                   ext4kit's own loop over FUSE over io_uring (kernel \
+                  6.14+; as root it sets fuse.enable_uring to Y, saying so; without it: \
+                  /dev/fuse, one line why)\n\n\
                   A mounted or busy device is refused; an unknown option is refused with \
                   one line before anything is opened.";
 
