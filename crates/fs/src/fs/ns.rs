@@ -567,6 +567,7 @@ impl Filesystem {
             n.set_size(0);
         })?;
         self.store_inode(op, inode)?;
+        self.quota_note_alloc(op, ino, &inode.raw, false);
         self.ialloc.free(rd, ino, inode.mode & S_IFMT == S_IFDIR)
     }
 
