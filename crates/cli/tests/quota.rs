@@ -5,9 +5,13 @@
 
 mod common;
 
-use std::fs;
+use std::collections::BTreeMap;
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+use common::fuse::FuseMount;
 use common::*;
 
 const QUOTA_ARGS: [&str; 4] = [
@@ -96,4 +100,109 @@ fn tools_keep_ext4kit_mkfs_quota_exact() {
     run_ok(ext4kit_mkfs(QUOTA_ARGS).args(["-q", "-F"]).arg(&img)).unwrap();
     e2fsck_clean(&img).unwrap();
     tool_ops(&img, &host);
+}
+
+/// `debugfs -R "lq TYPE"`: id -> (bytes, inodes).
+fn debugfs_lq(img: &Path, qtype: &str) -> BTreeMap<u32, (u64, u64)> {
+    let out = run_ok(
+        tool("debugfs")
+            .arg("-R")
+            .arg(format!("lq {qtype}"))
+            .arg(img),
+    )
+    .unwrap();
+    let mut m = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.len() >= 5
+            && let (Ok(id), Ok(space), Ok(inodes)) = (
+                w[0].parse::<u32>(),
+                w[1].parse::<u64>(),
+                w[4].parse::<u64>(),
+            )
+        {
+            m.insert(id, (space, inodes));
+        }
+    }
+    m
+}
+
+fn sh(dir: &Path, script: &str) {
+    run_ok(tool("sh").arg("-c").arg(script).current_dir(dir))
+        .unwrap_or_else(|e| panic!("{script}: {e}"));
+}
+
+/// The same through the mount: files, writes, truncates, fallocate, an
+/// xattr block, chown, links, renames, an unlinked open file, O_TMPFILE,
+/// a PROJINHERIT directory (`chattr -p 42 +P`: new inodes take its id, a
+/// rename of another project's file into it is EXDEV), a project id
+/// change (`chattr -p`), then `e2fsck -fn` clean and `debugfs lq`
+/// showing the project's usage. Both transports.
+#[test]
+fn mount_keeps_quota_exact() {
+    if let Err(r) = fuse_available() {
+        return skip("mount_keeps_quota_exact", &r);
+    }
+    for transport in [None, Some("transport=ext4kit")] {
+        let dir = image_dir();
+        let mut args = vec!["-b", "4096"];
+        args.extend(QUOTA_ARGS);
+        let img = mkimg(dir.path(), "m.img", "64M", &args);
+        let opts: Vec<&str> = transport.into_iter().collect();
+        let m = FuseMount::new(&img, &opts).unwrap();
+        let p = m.path().to_path_buf();
+        fs::create_dir(p.join("d")).unwrap();
+        fs::write(p.join("d/a"), pattern(100_000, 3)).unwrap();
+        std::os::unix::fs::chown(p.join("d/a"), Some(1234), Some(567)).unwrap();
+        fs::write(p.join("big"), pattern(3 << 20, 4)).unwrap();
+        let f = OpenOptions::new().write(true).open(p.join("big")).unwrap();
+        f.set_len(1 << 20).unwrap();
+        f.set_len(5 << 20).unwrap();
+        drop(f);
+        sh(
+            &p,
+            "setfattr -n user.big -v 0x$(printf '%02x' $(seq 1 1500) | head -c 3000) d/a \
+             && fallocate -l 2M d/falloc && chown 99:98 d/falloc \
+             && ln d/a d/a2 && mv d/a2 a3 && rm big && mkdir -p d/x/y \
+             && chown -R 4000:4001 d/x && cp -r d d2 && rm -r d2/x",
+        );
+        // An unlinked open file, then an O_TMPFILE one.
+        let mut f = fs::File::create(p.join("open")).unwrap();
+        f.write_all(&pattern(70_000, 5)).unwrap();
+        fs::remove_file(p.join("open")).unwrap();
+        f.write_all(&pattern(9000, 6)).unwrap();
+        drop(f);
+        match OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_TMPFILE)
+            .open(p.join("d"))
+        {
+            Ok(mut t) => t.write_all(&pattern(20_000, 7)).unwrap(),
+            Err(e) => eprintln!("O_TMPFILE not passed through: {e}"),
+        }
+        // Project 42.
+        fs::create_dir(p.join("proj")).unwrap();
+        sh(&p, "chattr -p 42 +P proj && lsattr -pd proj");
+        fs::write(p.join("proj/f"), pattern(50_000, 8)).unwrap();
+        fs::create_dir(p.join("proj/sub")).unwrap();
+        fs::write(p.join("proj/sub/g"), pattern(5000, 9)).unwrap();
+        let e = fs::rename(p.join("d/a"), p.join("proj/a")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
+        let e = fs::hard_link(p.join("d/a"), p.join("proj/a")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
+        fs::rename(p.join("proj/f"), p.join("proj/sub/f")).unwrap();
+        // mv falls back to a copy across projects.
+        sh(
+            &p,
+            "mv d/falloc proj/ && chattr -p 7 proj/sub/g && lsattr -p proj/sub/g",
+        );
+        m.unmount().unwrap();
+        e2fsck_clean(&img).unwrap_or_else(|e| panic!("{transport:?}: {e}"));
+        let prj = debugfs_lq(&img, "project");
+        // proj, proj/sub, proj/sub/f and the copied falloc in 42; g in 7.
+        assert_eq!(prj.get(&42).map(|u| u.1), Some(4), "{prj:?}");
+        assert_eq!(prj.get(&7).map(|u| u.1), Some(1), "{prj:?}");
+        let usr = debugfs_lq(&img, "user");
+        assert_eq!(usr.get(&1234).map(|u| u.1), Some(1), "{usr:?}");
+    }
 }

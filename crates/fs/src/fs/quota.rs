@@ -646,6 +646,55 @@ impl Filesystem {
         Ok(())
     }
 
+    /// EXDEV for a link of `i` into `dir` when `dir` has PROJINHERIT and
+    /// another project id (`ext4_link`, `ext4_rename`).
+    pub(crate) fn same_project(&self, dir: &InodeInfo, i: &InodeInfo) -> Result<(), FsError> {
+        let project = self.read(|fs| fs.info.features.ro_compat.contains(RoCompat::PROJECT));
+        if project && dir.flags & flags::PROJINHERIT_FL != 0 && dir.projid != i.projid {
+            return Err(FsError::CrossProject);
+        }
+        Ok(())
+    }
+
+    /// Set inode `ino`'s project id (`FS_IOC_FSSETXATTR`'s `fsx_projid`,
+    /// `ext4_ioctl_setproject`): its usage moves to the new id in the
+    /// same handle. Needs the project feature and the large inode's
+    /// `i_projid` field (EOPNOTSUPP otherwise, as ext4).
+    pub fn set_projid(&self, ino: u32, projid: u32) -> Result<u32, FsError> {
+        let _c = self.locks.call(ino);
+        self.guard("set_projid", ino, || {
+            let i = self.inode_open(ino)?;
+            if i.projid == projid {
+                return Ok(self.rw.journal().running_tid());
+            }
+            let project = self.read(|fs| fs.info.features.ro_compat.contains(RoCompat::PROJECT));
+            let extra = i.raw.len() >= 0xA0 && usize::from(le16(&i.raw, 0x80)) >= 0xA0 - 128;
+            if !project || !extra {
+                return Err(FsError::Unsupported(
+                    "project ids need the project feature and large inodes".into(),
+                ));
+            }
+            flags::may_setattr(&i, true)?;
+            let mut op = self.begin(1, 0)?;
+            op.own(ino);
+            let r = (|| {
+                let mut i = self.inode_open(ino)?;
+                let c = now();
+                self.edit_inode(&mut i, |n| {
+                    n.i_projid.set(projid);
+                    let (s, x) = encode_time(c);
+                    n.i_ctime.set(s);
+                    n.i_ctime_extra.set(x);
+                })?;
+                self.store_inode(&mut op, &i)
+            })();
+            match r {
+                Ok(()) => self.finish(op),
+                Err(e) => Err(self.fail(op, e)),
+            }
+        })
+    }
+
     /// Credits a handle adds for quota.
     pub(crate) fn quota_credits(&self) -> u32 {
         self.quota
