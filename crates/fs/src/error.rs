@@ -97,6 +97,11 @@ pub enum FsError {
     /// (EPERM, as ext4 and the VFS answer).
     #[error("Operation not permitted ({0})")]
     NotPermitted(&'static str),
+    /// A rename or link into a directory with PROJINHERIT of another
+    /// project (EXDEV, as ext4's `ext4_rename` and `ext4_link`: the
+    /// caller copies instead).
+    #[error("Invalid cross-device link (into another project's directory)")]
+    CrossProject,
     /// A write after an error made the filesystem read-only
     /// (errors=remount-ro behaviour; EROFS).
     #[error("Read-only file system (after an earlier error: {0})")]
@@ -119,6 +124,7 @@ impl FsError {
             FsError::StructureFull(_) => 28, // ENOSPC
             FsError::NotEmpty => 39,         // ENOTEMPTY
             FsError::TooManyLinks => 31,     // EMLINK
+            FsError::CrossProject => 18,     // EXDEV
             FsError::NoSpace { .. } => 28,   // ENOSPC
             FsError::SpaceBusy { .. } => 28, // ENOSPC (after waiting)
             FsError::Unsupported(_) => 95,   // EOPNOTSUPP

@@ -84,7 +84,7 @@
 //! release a whole tree and, for now, by directory appends).
 
 use std::cell::RefCell;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -263,6 +263,8 @@ pub struct Filesystem {
     deep_trees: Mutex<BTreeSet<u32>>,
     /// The orphan file, with the orphan_file feature.
     orphan_file: Option<OrphanFile>,
+    /// The quota files, with the quota feature (`fs/quota.rs`).
+    quota: Option<quota::Quotas>,
     /// The discard pool with `-o discard` (declared last: dropped after
     /// the journal, whose hook feeds it).
     discard: Option<Discarder>,
@@ -288,6 +290,9 @@ pub struct Op<'a> {
     tree_memo: RefCell<HashMap<(u32, u64), Vec<u8>>>,
     /// `ops` is held exclusive (no other handle runs).
     exclusive: bool,
+    /// Quota deltas of this handle: (type, id, bytes, inodes), added to
+    /// the quota files by `finish` (`fs/quota.rs`).
+    quota: Vec<(u8, u32, i64, i64)>,
     _guard: OpSlot<'a>,
 }
 
@@ -368,6 +373,10 @@ impl Filesystem {
                 rw.record_error(&rec, e);
             }
         })?;
+        let quota = Self::load_quotas(&Fs {
+            blocks: rw.blocks(),
+            info: &info,
+        })?;
         let layout = Layout::from_superblock(&info.sb)?;
         let descs = Arc::new(DescTable::new(layout.clone()));
         let dirty = Arc::new(DirtySet::default());
@@ -426,6 +435,7 @@ impl Filesystem {
             deep_trees: Mutex::new(BTreeSet::new()),
             gen_seed: AtomicU32::new((t.nsec ^ (t.sec as u32)).wrapping_mul(0x9E37_79B9) | 1),
             orphan_file,
+            quota,
             discard,
         };
         Ok(fs)
@@ -603,7 +613,8 @@ impl Filesystem {
         let max = self.rw.journal().max_transaction();
         let want = credits
             .saturating_add(groups.saturating_mul(3))
-            .saturating_add(2);
+            .saturating_add(2)
+            .saturating_add(self.quota_credits());
         let h = self.rw.start(want.min(max.max(1)))?;
         Ok(Op {
             h,
@@ -611,6 +622,7 @@ impl Filesystem {
             content: Vec::new(),
             tree_memo: RefCell::new(HashMap::new()),
             exclusive,
+            quota: Vec::new(),
             _guard: guard,
         })
     }
@@ -645,7 +657,12 @@ impl Filesystem {
     /// End an operation: render the allocators' changes into its handle,
     /// end it; returns the tid (for [`Filesystem::commit_tid`]). On an
     /// error the handle fails (journal aborted).
-    pub fn finish(&self, op: Op<'_>) -> Result<u32, FsError> {
+    pub fn finish(&self, mut op: Op<'_>) -> Result<u32, FsError> {
+        // Quota first: an entry for a new id may allocate a block, which
+        // the rendering below then journals.
+        if let Err(e) = self.quota_flush(&mut op) {
+            return Err(self.fail(op, e));
+        }
         let Op {
             mut h,
             content,
@@ -829,6 +846,22 @@ impl Filesystem {
     ) -> Result<InodeInfo, FsError> {
         let kind = spec.mode & S_IFMT;
         let rd = self.rw.blocks();
+        // Project id: the parent's with PROJINHERIT (which a directory
+        // inherits too), else 0, as `__ext4_new_inode`.
+        let isz = self.descs.layout().inode_size as usize;
+        let project = self.read(|fs| fs.info.features.ro_compat.contains(RoCompat::PROJECT));
+        let mut inherit = None;
+        if project && isz > 128 && parent != 0 {
+            let p = self.inode_any_op(parent)?;
+            if p.flags & flags::PROJINHERIT_FL != 0 {
+                let fl = if kind == S_IFDIR {
+                    flags::PROJINHERIT_FL
+                } else {
+                    0
+                };
+                inherit = Some((p.projid, fl));
+            }
+        }
         // From the allocation to the slot's write: a slot that starts a
         // fresh table block is written into a zeroed block (no read),
         // which must not wipe a neighbour slot another create was handed
@@ -859,11 +892,15 @@ impl Filesystem {
             node.i_crtime.set(s);
             node.i_crtime_extra.set(x);
         }
+        if let Some((projid, fl)) = inherit {
+            node.i_projid.set(projid);
+            node.i_flags.set(node.i_flags.get() | fl);
+        }
         let extents = self.read(|fs| fs.info.features.incompat.contains(Incompat::EXTENTS));
         // A symlink made here is a slow one; create_symlink turns short
         // targets into fast ones.
         if extents && new_inode_uses_extents(spec.mode, FAST_SYMLINK_MAX + 1) {
-            node.i_flags.set(EXT4_EXTENTS_FL);
+            node.i_flags.set(node.i_flags.get() | EXT4_EXTENTS_FL);
             let h = ExtentHeader::new(0, ENTRIES_IN_INODE, 0);
             node.i_block_bytes_mut()[..12].copy_from_slice(h.as_bytes());
         }
@@ -885,6 +922,7 @@ impl Filesystem {
         } else {
             op.h.modify(blk, |b| b[off..off + isz].copy_from_slice(&slot))?;
         }
+        self.quota_note_alloc(op, a.ino, &slot, true);
         // An O_TMPFILE inode has no link from the start.
         self.decode_any(a.ino, slot)
     }
@@ -973,6 +1011,7 @@ impl Filesystem {
 
     /// Write `inode.raw` to its slot inside `op`.
     pub fn store_inode(&self, op: &mut Op<'_>, inode: &InodeInfo) -> Result<(), FsError> {
+        self.quota_note_store(op, inode.ino, &inode.raw)?;
         let (blk, off) = self.inode_location(inode.ino)?;
         let raw = &inode.raw;
         op.h.modify(blk, |b| b[off..off + raw.len()].copy_from_slice(raw))
@@ -1076,12 +1115,27 @@ impl Filesystem {
             // Checked before the change (a corrupt inode changes nothing).
             let attrs = a.perm.is_some() || a.uid.is_some() || a.gid.is_some();
             flags::may_setattr(&self.inode_open(ino)?, attrs)?;
-            let r = self.rw.set_inode_attrs_in(&mut op.h, ino, a);
+            let r = self.set_inode_attrs_in(&mut op, ino, a);
             match r {
                 Ok(()) => self.finish(op),
                 Err(e) => Err(self.fail(op, e)),
             }
         })
+    }
+
+    /// `RwFs::set_inode_attrs_in` with the owner change noted for quota.
+    fn set_inode_attrs_in(
+        &self,
+        op: &mut Op<'_>,
+        ino: u32,
+        a: &crate::rw::InodeAttrs,
+    ) -> Result<(), FsError> {
+        if self.quota.is_some() && (a.uid.is_some() || a.gid.is_some()) {
+            let mut new = self.rw.read_inode(ino)?;
+            a.apply(&mut new);
+            self.quota_note_store(op, ino, &new)?;
+        }
+        self.rw.set_inode_attrs_in(&mut op.h, ino, a)
     }
 
     /// Free an inode whose last link is gone, in one transaction after
@@ -1127,6 +1181,7 @@ impl Filesystem {
                 n.i_size_high.set(0);
             })?;
             self.store_inode(&mut op, &inode)?;
+            self.quota_note_alloc(&mut op, ino, &inode.raw, false);
             self.ialloc
                 .free(self.rw.blocks(), ino, inode.mode & S_IFMT == S_IFDIR)
         })();
@@ -1788,7 +1843,7 @@ impl Filesystem {
                 ctime: Some(t),
                 ..Default::default()
             };
-            if let Err(e) = self.rw.set_inode_attrs_in(&mut o.h, ino, &a) {
+            if let Err(e) = self.set_inode_attrs_in(&mut o, ino, &a) {
                 return Err(self.fail(o, e));
             }
             op = Some(o);
@@ -2781,6 +2836,7 @@ mod inline;
 mod lazy;
 mod locks;
 mod ns;
+mod quota;
 pub use errors::OpError;
 pub use locks::InodeLock;
 use locks::{ContentLock, InodeLocks};

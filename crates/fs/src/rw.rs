@@ -76,7 +76,9 @@ pub const RW_RO_COMPAT: u32 = RoCompat::SPARSE_SUPER.bits()
     | RoCompat::DIR_NLINK.bits()
     | RoCompat::EXTRA_ISIZE.bits()
     | RoCompat::METADATA_CSUM.bits()
-    | RoCompat::ORPHAN_PRESENT.bits();
+    | RoCompat::ORPHAN_PRESENT.bits()
+    | RoCompat::QUOTA.bits()
+    | RoCompat::PROJECT.bits();
 
 fn feature_names(word: Word, bits: u32) -> String {
     (0..32)

@@ -40,7 +40,9 @@ pub const KNOWN_RO_COMPAT: u32 = RoCompat::SPARSE_SUPER.bits()
     | RoCompat::DIR_NLINK.bits()
     | RoCompat::EXTRA_ISIZE.bits()
     | RoCompat::METADATA_CSUM.bits()
-    | RoCompat::ORPHAN_PRESENT.bits();
+    | RoCompat::ORPHAN_PRESENT.bits()
+    | RoCompat::QUOTA.bits()
+    | RoCompat::PROJECT.bits();
 
 fn corrupt(what: &'static str, detail: impl Into<String>) -> FsError {
     FsError::corrupt(what, detail)

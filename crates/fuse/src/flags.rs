@@ -99,9 +99,7 @@ pub fn ioctl(s: &Shared, ino: u32, cmd: u32, in_data: &[u8]) -> Result<Vec<u8>, 
         FS_IOC_FSSETXATTR => {
             let (xflags, projid) = (word(in_data, 0)?, word(in_data, 3)?);
             let known = XFLAGS.iter().fold(0, |x, (xf, _)| x | xf);
-            // No project quota on the images the engine writes: the id
-            // stays (ext4_ioctl_setproject without the feature).
-            if xflags & !known != 0 || projid != i.projid {
+            if xflags & !known != 0 {
                 return Err(Errno::EOPNOTSUPP);
             }
             // The VFS keeps the flags fsxattr does not carry
@@ -114,6 +112,12 @@ pub fn ioctl(s: &Shared, ino: u32, cmd: u32, in_data: &[u8]) -> Result<Vec<u8>, 
             let fs = s.backend.rw()?;
             fs.set_flags(ino, (visible & !common) | from_x)
                 .map_err(|e| errno(&e))?;
+            // Then the project id (ext4_fileattr_set's order): its quota
+            // usage moves with it; EOPNOTSUPP without the project feature
+            // (ext4_ioctl_setproject).
+            if projid != i.projid {
+                fs.set_projid(ino, projid).map_err(|e| errno(&e))?;
+            }
             Ok(Vec::new())
         }
         _ => Err(Errno::ENOTTY),

@@ -483,6 +483,7 @@ impl Filesystem {
         let _i = self.locks.call(ino);
         let i = self.inode_any(ino)?;
         flags::may_change(&i)?;
+        self.same_project(&self.inode(parent)?, &i)?;
         if i.links >= LINK_MAX {
             return Err(FsError::TooManyLinks);
         }
@@ -567,6 +568,7 @@ impl Filesystem {
             n.set_size(0);
         })?;
         self.store_inode(op, inode)?;
+        self.quota_note_alloc(op, ino, &inode.raw, false);
         self.ialloc.free(rd, ino, inode.mode & S_IFMT == S_IFDIR)
     }
 
@@ -947,6 +949,12 @@ impl Filesystem {
         // target), may_create in the target directory, and a directory
         // moved to another parent must be writable itself ('..').
         let (sd, dd) = (self.inode(sdir)?, self.inode(ddir)?);
+        // Into a PROJINHERIT directory of another project: EXDEV (both
+        // ways for an exchange), as ext4_rename / ext4_cross_rename.
+        self.same_project(&dd, &src)?;
+        if let Some(d) = dst.as_ref().filter(|_| flags.exchange) {
+            self.same_project(&sd, d)?;
+        }
         flags::may_remove_entry(&sd, &src)?;
         match &dst {
             Some(d) => flags::may_remove_entry(&dd, d)?,

@@ -27,7 +27,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use ext4kit_format::jbd2::JBD2_FEATURE_INCOMPAT_REVOKE;
 
 use super::log::{LiveTxn, write_blocks};
-use super::txn::{JournalWriter, LogState, Transaction, lock};
+use super::txn::{JournalWriter, LogState, Transaction, TxnState, lock};
 use crate::{BlockRead, FsError};
 
 /// Largest single write the writer issues, in blocks.
@@ -56,21 +56,18 @@ impl JournalWriter {
             }
             st.locked = true;
             while st.running.updates > 0 {
-                st = self
-                    .cond
-                    .wait(st)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                st = TxnState::wait(st, &self.cond);
             }
             // A handle may have failed (and aborted the journal) while
             // this commit waited for it: its half change must not commit.
             if let Some(a) = st.aborted.clone() {
                 st.locked = false;
-                self.cond.notify_all();
+                st.notify(&self.cond);
                 return Err(FsError::Aborted(a));
             }
             if st.running.is_empty() {
                 st.locked = false;
-                self.cond.notify_all();
+                st.notify(&self.cond);
                 return Ok(None);
             }
             let next = Transaction {
@@ -81,7 +78,7 @@ impl JournalWriter {
             let blocks: Vec<u64> = txn.buffers.iter().copied().collect();
             let frozen = self.cache.freeze(&blocks);
             st.locked = false;
-            self.cond.notify_all();
+            st.notify(&self.cond);
             (txn, frozen)
         };
         let tid = txn.tid;
@@ -101,7 +98,7 @@ impl JournalWriter {
         {
             let mut st = lock(&self.state);
             st.last_committed = tid;
-            self.cond.notify_all();
+            st.notify(&self.cond);
         }
         for h in lock(&self.hooks).iter() {
             h(tid, &txn.freed);

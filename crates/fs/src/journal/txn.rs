@@ -132,6 +132,33 @@ pub(crate) struct TxnState {
     pub(crate) aborted: Option<String>,
     /// Newest durable tid (`running.tid - 1` when nothing is committing).
     pub(crate) last_committed: u32,
+    /// Threads waiting on `JournalWriter::cond` (see [`TxnState::wait`]):
+    /// a notify with nobody waiting is skipped, since std's `notify_all`
+    /// is a futex system call even then and every handle's end would
+    /// make one.
+    pub(crate) waiters: u32,
+}
+
+impl TxnState {
+    /// Wait on `cond` (which must be the journal's `cond`, paired with
+    /// this state's mutex), counted in `waiters`.
+    pub(crate) fn wait<'a>(
+        mut st: MutexGuard<'a, TxnState>,
+        cond: &Condvar,
+    ) -> MutexGuard<'a, TxnState> {
+        st.waiters += 1;
+        let mut st = cond.wait(st).unwrap_or_else(PoisonError::into_inner);
+        st.waiters -= 1;
+        st
+    }
+
+    /// Wake the waiters of `cond`, if there are any. Called with the
+    /// state locked, so no waiter can be between its count and its wait.
+    pub(crate) fn notify(&self, cond: &Condvar) {
+        if self.waiters > 0 {
+            cond.notify_all();
+        }
+    }
 }
 
 /// The log's state, behind the commit lock (commits and checkpoints are
@@ -273,6 +300,7 @@ impl JournalWriter {
                 locked: false,
                 aborted: None,
                 last_committed: tid.wrapping_sub(1),
+                waiters: 0,
             }),
             cond: Condvar::new(),
             log: Mutex::new(LogState {
@@ -339,6 +367,7 @@ impl JournalWriter {
                 locked: false,
                 aborted: None,
                 last_committed: tid.wrapping_sub(1),
+                waiters: 0,
             }),
             cond: Condvar::new(),
             log: Mutex::new(LogState {
@@ -436,7 +465,7 @@ impl JournalWriter {
         let msg = why.to_string();
         let mut st = lock(&self.state);
         st.aborted.get_or_insert(msg.clone());
-        self.cond.notify_all();
+        st.notify(&self.cond);
         FsError::Aborted(msg)
     }
 
@@ -456,7 +485,7 @@ impl JournalWriter {
                 return Err(FsError::Aborted(a.clone()));
             }
             if st.locked {
-                let _st = self.cond.wait(st).unwrap_or_else(PoisonError::into_inner);
+                let _st = TxnState::wait(st, &self.cond);
                 continue;
             }
             let r = &st.running;
@@ -547,7 +576,7 @@ impl JournalWriter {
         r.updates -= 1;
         r.outstanding -= credits;
         if r.updates == 0 {
-            self.cond.notify_all();
+            st.notify(&self.cond);
         }
     }
 }
