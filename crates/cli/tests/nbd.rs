@@ -332,6 +332,69 @@ fn servers_with_and_without_optional_commands() {
     }
 }
 
+/// The round trips of the default mkfs of a 64 GiB export (nbdkit file
+/// plugin, which offers multi-conn): the write open uses four
+/// connections and spreads its requests over them, the journal's four
+/// 128 MiB extents are asked about as one range (one BLOCK_STATUS, not
+/// one per extent), and the image stays byte-identical to mkfs on a file.
+#[test]
+fn mkfs_over_nbd_round_trips() {
+    let name = "mkfs_over_nbd_round_trips";
+    if !have_nbdkit(name) {
+        return;
+    }
+    let dir = image_dir();
+    let (exported, plain) = files(dir.path(), 64 << 30, &[]);
+    let file = format!("file={}", exported.display());
+    let srv = nbdkit(dir.path(), &[], "file", &[&file]).expect("nbdkit file");
+    ok(
+        &run(ext4kit()
+            .args(mkfs_args(&srv.uri))
+            .env("E2FSPROGS_FAKE_TIME", FAKE_TIME)
+            .env_remove("EXT4KIT_NBD_CONNS")
+            .env_remove("EXT4KIT_NBD_WINDOW"))
+        .unwrap(),
+        "mkfs",
+    );
+    let log = std::fs::read_to_string(srv.log.as_ref().unwrap()).unwrap();
+    drop(srv);
+    sparse_equal(&exported, &plain).unwrap();
+    // Requests per connection ("connection=N Write id=..."): the
+    // connections that wrote.
+    let mut writers: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" Write id="))
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with("connection=")))
+        .collect();
+    writers.sort_unstable();
+    writers.dedup();
+    assert_eq!(writers.len(), 4, "{writers:?}");
+    // BLOCK_STATUS lengths: the journal (512 MiB, its first block
+    // written) asked once; no request of one 128 MiB extent.
+    let counts: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains(" Extents id="))
+        .filter_map(|l| {
+            let c = l
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("count=0x"))?;
+            u64::from_str_radix(c, 16).ok()
+        })
+        .collect();
+    assert_eq!(
+        counts.iter().filter(|&&c| c == (512 << 20) - 4096).count(),
+        1,
+        "{counts:x?}"
+    );
+    assert!(
+        !counts
+            .iter()
+            .any(|&c| c == 128 << 20 || c == (128 << 20) - 4096),
+        "{counts:x?}"
+    );
+    e2fsck_clean(&exported).unwrap();
+}
+
 /// Error replies (nbdkit's error filter) on writes, zeroes, trims and
 /// block status: one line naming the error, exit ≠ 0; then a rerun
 /// against a healthy server finishes the job.

@@ -564,19 +564,6 @@ impl Conn {
         }
         st
     }
-
-    /// Send one request and wait for it.
-    pub(crate) fn call(
-        &self,
-        cmd: u16,
-        flags: u16,
-        offset: u64,
-        len: u32,
-        payload: &[u8],
-    ) -> Result<Done, ReqError> {
-        let t = self.submit(cmd, flags, offset, len, payload)?;
-        self.wait(t)
-    }
 }
 
 impl Drop for Conn {
@@ -729,5 +716,95 @@ fn read_chunk(r: &mut Sock, sh: &Shared, slot: &Slot, t: u16, len: u32) -> Resul
         (t, _) => Err(proto(format!(
             "unexpected reply chunk type {t} ({len} bytes)"
         ))),
+    }
+}
+
+/// One or more connections to the same export, used as one (multi-conn,
+/// only when the server advertises `NBD_FLAG_CAN_MULTI_CONN`): requests
+/// go round-robin, each ticket remembers its connection. A server serves
+/// each connection with its own workers (nbdkit: 16 threads per
+/// connection), so N connections keep up to N times as many requests in
+/// service. The spec's multi-conn promise is what makes this safe: a
+/// FLUSH on any connection covers the writes replied to on all of them,
+/// and a write replied to on one is seen by reads on the others.
+pub(crate) struct Pool {
+    conns: Vec<Conn>,
+    next: AtomicU64,
+    pub info: ExportInfo,
+}
+
+/// A request in flight on one of a [`Pool`]'s connections.
+#[derive(Clone)]
+pub(crate) struct PoolTicket {
+    conn: usize,
+    t: Ticket,
+}
+
+impl PoolTicket {
+    /// Whether its reply (or the connection's end) has come.
+    pub(crate) fn is_done(&self) -> bool {
+        self.t.is_done()
+    }
+}
+
+impl Pool {
+    /// `conns` (at least one) to the same export; the first one's
+    /// export information is the pool's.
+    pub(crate) fn new(conns: Vec<Conn>) -> Pool {
+        let info = conns[0].info;
+        Pool {
+            conns,
+            next: AtomicU64::new(0),
+            info,
+        }
+    }
+
+    /// How many connections.
+    pub(crate) fn len(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Why a connection is unusable, if one is.
+    pub(crate) fn dead(&self) -> Option<String> {
+        self.conns.iter().find_map(Conn::dead)
+    }
+
+    /// Send one request on the next connection in turn.
+    pub(crate) fn submit(
+        &self,
+        cmd: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: &[u8],
+    ) -> Result<PoolTicket, ReqError> {
+        let n = self.conns.len() as u64;
+        let i = (self.next.fetch_add(1, Ordering::Relaxed) % n) as usize;
+        let t = self.conns[i].submit(cmd, flags, offset, len, payload)?;
+        Ok(PoolTicket { conn: i, t })
+    }
+
+    /// Wait for a request's reply.
+    pub(crate) fn wait(&self, t: PoolTicket) -> Result<Done, ReqError> {
+        self.conns[t.conn].wait(t.t)
+    }
+
+    /// Wait for a request without reply data, leaving its outcome in
+    /// place ([`Conn::settle`]).
+    pub(crate) fn settle(&self, t: &PoolTicket) -> Result<(), ReqError> {
+        self.conns[t.conn].settle(&t.t)
+    }
+
+    /// Send one request and wait for it.
+    pub(crate) fn call(
+        &self,
+        cmd: u16,
+        flags: u16,
+        offset: u64,
+        len: u32,
+        payload: &[u8],
+    ) -> Result<Done, ReqError> {
+        let t = self.submit(cmd, flags, offset, len, payload)?;
+        self.wait(t)
     }
 }

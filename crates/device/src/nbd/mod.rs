@@ -37,7 +37,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use conn::{Conn, Done, ReqError, Sock, Ticket};
+use conn::{Conn, Done, Pool, PoolTicket as Ticket, ReqError, Sock};
 use proto::*;
 pub use uri::{NbdUri, is_uri};
 
@@ -67,13 +67,21 @@ pub const MAX_MERGE: u64 = 1 << 20;
 /// are sent at once (they already amortise a round trip, and holding
 /// them back would only delay the server's work).
 pub const MERGE_SMALL: u64 = 128 << 10;
+/// Connections opened to a server that advertises
+/// `NBD_FLAG_CAN_MULTI_CONN` (`EXT4KIT_NBD_CONNS`, 1..=16, overrides it;
+/// always 1 with `EXT4KIT_NBD_WINDOW=1`). A server serves each connection
+/// with its own workers (nbdkit: 16 threads each), so at 1 ms of latency
+/// mkfs's ~550 small writes and ~260 BLOCK_STATUS requests are bounded
+/// by requests / (16 × connections) round trips.
+pub const CONNS: usize = 4;
 /// Default time a request may wait for its reply (`EXT4KIT_NBD_TIMEOUT`,
 /// seconds, overrides it).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// An NBD export.
 pub struct NbdDevice {
-    conn: Conn,
+    /// The connection(s): more than one only with multi-conn.
+    conn: Pool,
     name: String,
     write: bool,
     /// Requests one caller keeps in flight.
@@ -140,6 +148,17 @@ fn window() -> usize {
         .unwrap_or(WINDOW)
 }
 
+fn conns_wanted(window: usize) -> usize {
+    if window == 1 {
+        return 1;
+    }
+    std::env::var("EXT4KIT_NBD_CONNS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| (1..=16).contains(n))
+        .unwrap_or(CONNS)
+}
+
 fn timeout() -> Duration {
     std::env::var("EXT4KIT_NBD_TIMEOUT")
         .ok()
@@ -157,10 +176,40 @@ impl NbdDevice {
         };
         let parsed = NbdUri::parse(uri).map_err(|m| nerr(format!("invalid NBD URI: {m}")))?;
         let t = timeout();
-        let mut sock =
-            Sock::connect(&parsed.address, t).map_err(|e| nerr(format!("cannot connect: {e}")))?;
-        Self::over(&mut sock, &parsed.export, opts, uri, t)
-            .and_then(|info| Self::from_parts(sock, info, opts, uri, t))
+        let connect = || Sock::connect(&parsed.address, t);
+        let mut sock = connect().map_err(|e| nerr(format!("cannot connect: {e}")))?;
+        let info = Self::over(&mut sock, &parsed.export, opts, uri, t)?;
+        let socks = Self::more(sock, info, &parsed.export, opts, uri, t, connect);
+        Self::from_parts(socks, opts, uri, t)
+    }
+
+    /// The first connection, plus (multi-conn, read-write opens) up to
+    /// [`CONNS`] − 1 more from `connect`. An extra connection that cannot be made, or that
+    /// describes the export differently, ends the list: one suffices.
+    fn more(
+        first: Sock,
+        info: conn::ExportInfo,
+        export: &str,
+        opts: OpenOptions,
+        uri: &str,
+        t: Duration,
+        mut connect: impl FnMut() -> std::io::Result<Sock>,
+    ) -> Vec<(Sock, conn::ExportInfo)> {
+        let want = conns_wanted(window());
+        let mut socks = vec![(first, info)];
+        // Read-only opens (mkfs's probes, the tools) read a block at a
+        // time: extra connections would only cost their handshakes.
+        if !opts.write || !info.has(NBD_FLAG_CAN_MULTI_CONN) {
+            return socks;
+        }
+        while socks.len() < want {
+            let Ok(mut s) = connect() else { break };
+            match Self::over(&mut s, export, opts, uri, t) {
+                Ok(i) if i == info => socks.push((s, i)),
+                _ => break,
+            }
+        }
+        socks
     }
 
     fn over(
@@ -184,18 +233,20 @@ impl NbdDevice {
     }
 
     fn from_parts(
-        sock: Sock,
-        info: conn::ExportInfo,
+        socks: Vec<(Sock, conn::ExportInfo)>,
         opts: OpenOptions,
         uri: &str,
         t: Duration,
     ) -> Result<NbdDevice> {
-        let conn = Conn::start(sock, info, t).map_err(|e| DeviceError::Nbd {
-            server: uri.to_string(),
-            message: format!("cannot start: {e}"),
-        })?;
+        let mut conns = Vec::with_capacity(socks.len());
+        for (sock, info) in socks {
+            conns.push(Conn::start(sock, info, t).map_err(|e| DeviceError::Nbd {
+                server: uri.to_string(),
+                message: format!("cannot start: {e}"),
+            })?);
+        }
         Ok(NbdDevice {
-            conn,
+            conn: Pool::new(conns),
             name: uri.to_string(),
             write: opts.write,
             window: window(),
@@ -213,9 +264,39 @@ impl NbdDevice {
         opts: OpenOptions,
         t: Duration,
     ) -> Result<NbdDevice> {
-        let mut sock = Sock::Unix(s);
+        Self::over_unix_many(vec![s], export, opts, t)
+    }
+
+    /// A device over connected sockets (tests: multi-conn against fake
+    /// servers), each used as [`NbdDevice::open`] uses a new connection.
+    #[cfg(test)]
+    pub(crate) fn over_unix_many(
+        socks: Vec<std::os::unix::net::UnixStream>,
+        export: &str,
+        opts: OpenOptions,
+        t: Duration,
+    ) -> Result<NbdDevice> {
+        let mut rest = socks.into_iter().map(Sock::Unix);
+        let mut sock = rest.next().ok_or_else(|| DeviceError::Nbd {
+            server: "test".into(),
+            message: "no socket".into(),
+        })?;
         let info = Self::over(&mut sock, export, opts, "test", t)?;
-        Self::from_parts(sock, info, opts, "test", t)
+        let socks = Self::more(sock, info, export, opts, "test", t, || {
+            rest.next()
+                .ok_or_else(|| std::io::ErrorKind::NotConnected.into())
+        });
+        Self::from_parts(socks, opts, "test", t)
+    }
+
+    /// How many connections the device uses (more than one: multi-conn).
+    pub fn connections(&self) -> usize {
+        self.conn.len()
+    }
+
+    /// Requests in flight per caller: the window on each connection.
+    fn inflight(&self) -> usize {
+        self.window * self.conn.len()
     }
 
     fn err(&self, what: &str, offset: u64, len: u64, e: ReqError) -> DeviceError {
@@ -288,7 +369,7 @@ impl NbdDevice {
     /// Wait until a write of `len` more bytes fits the write-behind
     /// bounds (oldest first).
     fn make_room(&self, len: u64) -> Result<()> {
-        let max_reqs = self.window * BEHIND_PER_WINDOW;
+        let max_reqs = self.inflight() * BEHIND_PER_WINDOW;
         loop {
             let oldest = {
                 let mut b = self.behind();
@@ -315,7 +396,7 @@ impl NbdDevice {
             return Ok(());
         };
         let len = q.data.len() as u64;
-        let max_reqs = self.window * BEHIND_PER_WINDOW;
+        let max_reqs = self.inflight() * BEHIND_PER_WINDOW;
         while let Some(r) = b.reqs.front()
             && (b.reqs.len() >= max_reqs || b.bytes + len > MAX_BEHIND_BYTES)
         {
@@ -451,7 +532,7 @@ impl NbdDevice {
         let mut in_flight: VecDeque<(u64, u64, Ticket)> = VecDeque::new();
         let mut first_err = None;
         for &(off, len) in reqs {
-            if in_flight.len() >= self.window
+            if in_flight.len() >= self.inflight()
                 && let Some((o, l, t)) = in_flight.pop_front()
             {
                 match self.conn.wait(t) {

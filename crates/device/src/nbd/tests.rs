@@ -70,6 +70,12 @@ impl Default for Fake {
 struct Seen {
     cmds: Vec<(u16, u16, u64, u32)>,
     disconnected: bool,
+    /// NBD_CMD_DISC seen, over all connections.
+    disconnects: usize,
+    /// Per request (as `cmds`): the connection it came on.
+    conn_of: Vec<usize>,
+    /// Write replies held, over all connections.
+    held: usize,
     /// Per request: (cmd, offset, unreplied writes it overlaps, unreplied
     /// writes in all) when it arrived.
     unreplied: Vec<(u16, u64, usize, usize)>,
@@ -79,6 +85,8 @@ struct Server {
     data: Arc<Mutex<Vec<u8>>>,
     seen: Arc<Mutex<Seen>>,
     handle: Option<JoinHandle<()>>,
+    /// The other connections' threads ([`Server::start_many`]).
+    more: Vec<JoinHandle<()>>,
 }
 
 fn opt_reply(s: &mut UnixStream, opt: u32, t: u32, data: &[u8]) {
@@ -90,8 +98,8 @@ fn opt_reply(s: &mut UnixStream, opt: u32, t: u32, data: &[u8]) {
     s.write_all(&v).unwrap();
 }
 
-fn serve(mut s: UnixStream, f: Fake, data: Arc<Mutex<Vec<u8>>>, seen: Arc<Mutex<Seen>>) {
-    let _ = serve_inner(&mut s, &f, &data, &seen);
+fn serve(mut s: UnixStream, f: Fake, data: Arc<Mutex<Vec<u8>>>, seen: Arc<Mutex<Seen>>, id: usize) {
+    let _ = serve_inner(&mut s, &f, &data, &seen, id);
 }
 
 fn serve_inner(
@@ -99,6 +107,7 @@ fn serve_inner(
     f: &Fake,
     data: &Mutex<Vec<u8>>,
     seen: &Mutex<Seen>,
+    id: usize,
 ) -> std::io::Result<()> {
     s.write_all(&NBDMAGIC.to_be_bytes())?;
     s.write_all(&IHAVEOPT.to_be_bytes())?;
@@ -175,6 +184,7 @@ fn serve_inner(
                             .as_ref()
                             .is_some_and(|g| g.load(std::sync::atomic::Ordering::SeqCst));
                         if !closed {
+                            seen.lock().unwrap().held -= held_w.len();
                             for (_, _, r) in held_w.drain(..) {
                                 s.write_all(&r)?;
                             }
@@ -194,15 +204,19 @@ fn serve_inner(
         {
             let mut sn = seen.lock().unwrap();
             sn.cmds.push((r.cmd, r.flags, r.offset, r.len));
+            sn.conn_of.push(id);
             let end = r.offset + u64::from(r.len.max(1));
             let over = held_w
                 .iter()
                 .filter(|(o, l, _)| *o < end && r.offset < o + u64::from(*l))
                 .count();
-            sn.unreplied.push((r.cmd, r.offset, over, held_w.len()));
+            let all = sn.held;
+            sn.unreplied.push((r.cmd, r.offset, over, all));
         }
         if r.cmd == NBD_CMD_DISC {
-            seen.lock().unwrap().disconnected = true;
+            let mut sn = seen.lock().unwrap();
+            sn.disconnected = true;
+            sn.disconnects += 1;
             return Ok(());
         }
         let mut payload = vec![
@@ -308,6 +322,7 @@ fn serve_inner(
             }
         };
         if f.hold_writes && r.cmd == NBD_CMD_WRITE {
+            seen.lock().unwrap().held += 1;
             held_w.push((r.offset, r.len, reply));
         } else if f.reorder {
             held.push(reply);
@@ -331,18 +346,35 @@ impl Server {
         let data = Arc::new(Mutex::new(vec![0u8; f.size as usize]));
         let seen = Arc::new(Mutex::new(Seen::default()));
         let (d, s) = (Arc::clone(&data), Arc::clone(&seen));
-        let handle = std::thread::spawn(move || serve(b, f, d, s));
+        let handle = std::thread::spawn(move || serve(b, f, d, s, 0));
         (
             Server {
                 data,
                 seen,
                 handle: Some(handle),
+                more: Vec::new(),
             },
             a,
         )
     }
+    /// `n` connections to one export (shared data and record).
+    fn start_many(f: Fake, n: usize) -> (Server, Vec<UnixStream>) {
+        let (mut srv, first) = Server::start(f.clone());
+        let mut socks = vec![first];
+        for id in 1..n {
+            let (a, b) = UnixStream::pair().unwrap();
+            let (d, s, f) = (Arc::clone(&srv.data), Arc::clone(&srv.seen), f.clone());
+            srv.more
+                .push(std::thread::spawn(move || serve(b, f, d, s, id)));
+            socks.push(a);
+        }
+        (srv, socks)
+    }
     fn join(&mut self) {
         if let Some(h) = self.handle.take() {
+            h.join().unwrap();
+        }
+        for h in self.more.drain(..) {
             h.join().unwrap();
         }
     }
@@ -960,4 +992,91 @@ fn bad_uris_are_one_clear_line() {
         "{e}"
     );
     assert!(crate::check_not_mounted("nbd://h/x").is_ok());
+}
+
+/// Multi-conn: with `NBD_FLAG_CAN_MULTI_CONN` a read-write open uses
+/// [`CONNS`] connections, requests go round-robin over them, reads see
+/// the writes of every connection, FLUSH comes only once every write on
+/// every connection was replied to, and drop disconnects each. Without
+/// the flag, or read-only, one connection.
+#[test]
+fn multi_conn_spreads_requests_and_flushes_after_all() {
+    let gate = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let fake = Fake {
+        flags: Fake::default().flags | NBD_FLAG_CAN_MULTI_CONN,
+        hold_writes: true,
+        gate: Some(Arc::clone(&gate)),
+        ..Fake::default()
+    };
+    let (mut srv, socks) = Server::start_many(fake.clone(), CONNS);
+    let dev = NbdDevice::over_unix_many(socks, "", OpenOptions::read_write(), T).unwrap();
+    assert_eq!(dev.connections(), CONNS);
+    // Eight 64 KiB writes (not small: sent at once) 128 KiB apart, all
+    // held by the server behind the gate.
+    for i in 0..8u64 {
+        dev.write_at(&[i as u8 + 1; 65536], i * 131072).unwrap();
+    }
+    gate.store(false, std::sync::atomic::Ordering::SeqCst);
+    // A read over all of them waits for each (on whatever connection).
+    let mut back = vec![0u8; 1 << 20];
+    dev.read_at(&mut back, 0).unwrap();
+    for i in 0..8usize {
+        let at = i * 131072;
+        assert!(
+            back[at..at + 65536].iter().all(|&b| b == i as u8 + 1),
+            "{i}"
+        );
+        assert!(back[at + 65536..at + 131072].iter().all(|&b| b == 0), "{i}");
+    }
+    assert_eq!(
+        dev.known_zero_ranges(0, 131072).unwrap(),
+        vec![(65536, 131072)]
+    );
+    gate.store(true, std::sync::atomic::Ordering::SeqCst);
+    dev.write_at(&[9u8; 65536], 0).unwrap();
+    dev.write_at(&[9u8; 65536], 131072).unwrap();
+    gate.store(false, std::sync::atomic::Ordering::SeqCst);
+    dev.flush().unwrap();
+    drop(dev);
+    srv.join();
+    {
+        let seen = srv.seen.lock().unwrap();
+        let mut on: Vec<usize> = seen
+            .cmds
+            .iter()
+            .zip(&seen.conn_of)
+            .filter(|(c, _)| c.0 == NBD_CMD_WRITE)
+            .map(|(_, &id)| id)
+            .collect();
+        on.sort_unstable();
+        on.dedup();
+        assert_eq!(on.len(), CONNS, "writes on every connection: {on:?}");
+        let flushes: Vec<_> = seen
+            .unreplied
+            .iter()
+            .filter(|u| u.0 == NBD_CMD_FLUSH)
+            .collect();
+        assert_eq!(flushes.len(), 1);
+        assert_eq!(flushes[0].3, 0, "FLUSH after every write was replied");
+        assert_eq!(seen.disconnects, CONNS);
+    }
+    assert_eq!(
+        &srv.data.lock().unwrap()[131072..131072 + 65536],
+        &[9u8; 65536][..]
+    );
+
+    // Without the flag: one connection (the others are not used).
+    let (mut srv, socks) = Server::start_many(Fake::default(), 2);
+    let dev = NbdDevice::over_unix_many(socks, "", OpenOptions::read_write(), T).unwrap();
+    assert_eq!(dev.connections(), 1);
+    dev.write_at(&[1u8; 4096], 0).unwrap();
+    drop(dev);
+    srv.join();
+    assert!(srv.seen.lock().unwrap().conn_of.iter().all(|&id| id == 0));
+    // Read-only: one connection.
+    let (mut srv, socks) = Server::start_many(fake, 2);
+    let dev = NbdDevice::over_unix_many(socks, "", OpenOptions::read_only(), T).unwrap();
+    assert_eq!(dev.connections(), 1);
+    drop(dev);
+    srv.join();
 }
