@@ -8,6 +8,7 @@ use anyhow::Context;
 use ext4kit_device::{Device, OpenOptions, open_device};
 use ext4kit_format::features::Incompat;
 use ext4kit_format::jbd2::*;
+use ext4kit_fs::journal::fast_commit::{self, FcLog};
 use ext4kit_fs::journal::recover::{self, Journal, LogBlock, Recovery};
 use serde_json::json;
 
@@ -20,12 +21,14 @@ pub struct JournalArgs {
 #[derive(clap::Subcommand, Debug)]
 pub enum JournalCmd {
     /// List the live log: transactions, descriptor tags, revoke records,
-    /// commit blocks, and what a replay would write (like debugfs logdump).
-    /// Read-only.
+    /// commit blocks, what a replay would write (like debugfs logdump),
+    /// and with fast_commit what the fast-commit area holds. Read-only.
     Dump(DumpArgs),
     /// Replay a dirty journal into the filesystem (scan, revoke, replay, as
     /// the kernel and e2fsck do), then mark the journal empty and clear
-    /// needs_recovery. Refuses mounted or busy devices.
+    /// needs_recovery. Refuses mounted or busy devices, and logs holding
+    /// fast commits to replay (not supported yet: e2fsck -fy or the
+    /// kernel replay them).
     Replay(ReplayArgs),
 }
 
@@ -139,6 +142,8 @@ fn dump(args: &DumpArgs) -> anyhow::Result<i32> {
             "replay_tags": rec.nr_replays,
             "revoke_records": rec.nr_revokes,
             "revoked_tags": rec.nr_revoke_hits,
+            "fc_blocks": jsb.fc_area_blocks(),
+            "fast_commit": fc_json(&rec.fast_commit),
             "error": res.as_ref().err().map(|e| e.to_string()),
         });
         outln!("{v}");
@@ -220,6 +225,40 @@ fn dump(args: &DumpArgs) -> anyhow::Result<i32> {
     if let Some(t) = rec.failed_commit {
         outln!("Transaction {t} has a bad commit checksum");
     }
+    if let Some(area) = j.fc_area() {
+        match &rec.fast_commit {
+            FcLog::Empty => outln!(
+                "Fast-commit area: journal blocks {}..{}, nothing to replay for transaction {}",
+                area.start,
+                area.end,
+                rec.end_tid
+            ),
+            FcLog::Valid {
+                tid,
+                tags,
+                blocks,
+                per_tag,
+            } => {
+                let each: Vec<String> = per_tag
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &n)| n > 0)
+                    .map(|(t, n)| format!("{} {n}", fast_commit::tag_name(t as u16)))
+                    .collect();
+                outln!(
+                    "Fast-commit area: journal blocks {}..{}, fast commits of transaction {tid}: {tags} tags in {blocks} blocks ({})",
+                    area.start,
+                    area.end,
+                    each.join(", ")
+                );
+            }
+            FcLog::Bad { block, detail, .. } => outln!(
+                "Fast-commit area: journal blocks {}..{}, damaged at block {block}: {detail}",
+                area.start,
+                area.end
+            ),
+        }
+    }
     match res {
         Ok(()) => outln!(
             "Replay: {} transactions, {} blocks ({} tags, {} revoked by {} revoke records), next sequence {}",
@@ -233,6 +272,26 @@ fn dump(args: &DumpArgs) -> anyhow::Result<i32> {
         Err(e) => outln!("Replay would fail: {e}"),
     }
     Ok(0)
+}
+
+fn fc_json(fc: &FcLog) -> serde_json::Value {
+    match fc {
+        FcLog::Empty => json!({ "state": "empty" }),
+        FcLog::Valid {
+            tid,
+            tags,
+            blocks,
+            per_tag,
+        } => json!({
+            "state": "valid", "tid": tid, "tags": tags, "blocks": blocks,
+            "per_tag": per_tag.iter().enumerate().filter(|&(_, &n)| n > 0)
+                .map(|(t, &n)| (fast_commit::tag_name(t as u16).to_string(), json!(n)))
+                .collect::<serde_json::Map<_, _>>(),
+        }),
+        FcLog::Bad { tid, block, detail } => json!({
+            "state": "damaged", "tid": tid, "block": block, "detail": detail,
+        }),
+    }
 }
 
 fn summary(rec: &Recovery) -> String {
@@ -269,6 +328,9 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<i32> {
         return Ok(0);
     }
     let rec = recover::recover(dev.as_ref(), &j).with_context(|| format!("{p}"))?;
+    if let Some(why) = rec.fast_commit.refusal() {
+        anyhow::bail!("{p}: {why}");
+    }
     if args.dry_run {
         outln!("{p}: would replay {}", summary(&rec));
         return Ok(0);

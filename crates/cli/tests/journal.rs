@@ -473,16 +473,10 @@ fn refusals_are_one_line_and_write_nothing() {
         let f = fs::OpenOptions::new().write(true).open(&bad).unwrap();
         f.write_all_at(&[0x77], jsb * 1024 + 0x20).unwrap(); // s_errno
     }
-    // Fast commits (jsb incompat 0x20, as the kernel sets it on a
-    // fast_commit filesystem) are refused: the log's end moves.
-    let fc = dir.path().join("fc.img");
-    let fcdir = image_dir();
-    sparse_copy(&debugfs_image(fcdir.path(), Csum::V3, 1024), &fc);
-    patch_jsb(&fc, 1024, |j| j[0x2B] |= 0x20);
+    // (Fast-commit logs: kernel_fast_commit_logs_are_refused_like_this.)
     for (img, want) in [
         (&nj, "has no journal"),
         (&bad, "corrupt journal superblock: checksum"),
-        (&fc, "fast_commit"),
         (&dir.path().join("missing.img"), "No such file"),
     ] {
         let before = file_hash(img).ok();
@@ -645,6 +639,21 @@ fn shutdown_nologflush(mnt: &Path) {
             .arg("-c")
             .arg(
                 "import os,fcntl,struct,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.fsync(fd); \
+         fcntl.ioctl(fd,0x8004587D,struct.pack('I',2))",
+            )
+            .arg(mnt),
+    )
+    .unwrap();
+}
+
+/// The same shutdown without the fsync of the mount point first (a
+/// directory fsync would commit the fast commits' transaction fully).
+fn shutdown_nologflush_now(mnt: &Path) {
+    run_ok(
+        tool("python3")
+            .arg("-c")
+            .arg(
+                "import os,fcntl,struct,sys; fd=os.open(sys.argv[1],os.O_RDONLY); \
          fcntl.ioctl(fd,0x8004587D,struct.pack('I',2))",
             )
             .arg(mnt),
@@ -896,4 +905,336 @@ fn replay_refuses_a_mounted_image() {
         assert_eq!(err.lines().count(), 1, "{err}");
     }
     m.unmount().unwrap();
+}
+
+// ------------------------------------------------------- fast commits
+
+/// `ext4kit journal dump --json` of an image.
+fn dump_json(img: &Path) -> serde_json::Value {
+    let j = run_ok(ext4kit().args(["journal", "dump", "--json"]).arg(img)).unwrap();
+    serde_json::from_slice(&j.stdout).unwrap()
+}
+
+/// A command that must fail with one line containing `want` and leave
+/// `img` byte for byte as it was.
+fn refused_one_line(img: &Path, args: &[&str], want: &str) {
+    let before = file_hash(img).unwrap();
+    let out = run(ext4kit().args(args)).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {}", text(&out));
+    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    assert!(err.contains(want), "{args:?}: {err}");
+    assert_eq!(file_hash(img).unwrap(), before, "{args:?} wrote");
+}
+
+/// `ext4kit cat IMG:PATH` bytes.
+fn cat(img: &Path, path: &str) -> Vec<u8> {
+    run_ok(
+        ext4kit()
+            .arg("cat")
+            .arg(format!("{}:{path}", img.display())),
+    )
+    .unwrap()
+    .stdout
+}
+
+/// The kernel leaves fast commits in the log (fast_commit, files created,
+/// written and fsync'd, then a shutdown without log flush): ext4kit finds
+/// them, refuses every write (replay, tools) with one line and writes
+/// nothing; reads work. The two replayers that do fast commits, `e2fsck
+/// -fy` and the kernel's mount, agree with each other, and ext4kit reads
+/// their results as they wrote them; `e2fsck -fn` is clean after both.
+#[test]
+fn kernel_fast_commit_logs_are_refused_like_this() {
+    if let Err(why) = kernel_ok() {
+        return skip("kernel_fast_commit_logs_are_refused_like_this", &why);
+    }
+    let dir = image_dir();
+    let d = dir.path();
+    let img = d.join("fc.img");
+    let files: Vec<(String, Vec<u8>)> = (0..6u64)
+        .map(|i| (format!("/d/f{i}"), pattern(1000 * (i as usize + 1) + 17, i)))
+        .collect();
+    // commit=60 keeps the timer's full commit away; a full commit the
+    // kernel makes anyway (memory or log pressure on a loaded machine)
+    // turns the fast commits stale: then the image is made again.
+    let mut v = serde_json::Value::Null;
+    for attempt in 0..4 {
+        mkfs(&img, "64M", &["-b", "4096", "-O", "fast_commit"]);
+        let lo = LoopDev::attach(&img).unwrap();
+        let m = Mount::new(lo.path(), "ext4", Some("commit=60")).unwrap();
+        fs::create_dir(m.path().join("d")).unwrap();
+        run_ok(tool("sync").arg("-f").arg(m.path())).unwrap();
+        for (p, data) in &files {
+            let p = m.path().join(&p[1..]);
+            fs::write(&p, data).unwrap();
+            fsync(&p);
+        }
+        shutdown_nologflush_now(m.path());
+        m.unmount().unwrap();
+        drop(lo);
+        v = dump_json(&img);
+        if v["fast_commit"]["state"] == "valid" {
+            break;
+        }
+        eprintln!("attempt {attempt}: no fast commits to replay: {v}");
+    }
+    assert_eq!(v["needs_recovery"], true, "{v}");
+    assert_eq!(v["fc_blocks"], 16, "{v}");
+    let fc = &v["fast_commit"];
+    assert_eq!(fc["state"], "valid", "no fast commits in the log: {v}");
+    assert_eq!(fc["tid"], v["end_tid"], "{v}");
+    for tag in ["HEAD", "TAIL", "INODE", "CREAT_DENTRY", "ADD_RANGE"] {
+        assert!(fc["per_tag"][tag].as_u64().unwrap_or(0) >= 1, "{tag}: {v}");
+    }
+    let s = img.display().to_string();
+    refused_one_line(
+        &img,
+        &["journal", "replay", &s],
+        "fast commits of transaction",
+    );
+    refused_one_line(
+        &img,
+        &["journal", "replay", "-n", &s],
+        "does not replay fast commits",
+    );
+    refused_one_line(&img, &["mkdir", &format!("{s}:/x")], "fast commits");
+    let host = d.join("host");
+    fs::write(&host, b"host file\n").unwrap();
+    refused_one_line(
+        &img,
+        &["cp", &host.display().to_string(), &format!("{s}:/d/f0")],
+        "fast commits",
+    );
+    // Read-only: the state of the full commits (the directory, made
+    // before the fast commits).
+    let ls = run_ok(ext4kit().arg("ls").arg(format!("{s}:/"))).unwrap();
+    assert!(
+        String::from_utf8_lossy(&ls.stdout).contains('d'),
+        "{}",
+        text(&ls)
+    );
+
+    // The oracles: e2fsck -fy and the kernel's replay, on copies.
+    let by_fsck = d.join("fsck.img");
+    sparse_copy(&img, &by_fsck);
+    let e = run(tool("e2fsck").arg("-fy").arg(&by_fsck)).unwrap();
+    assert!(
+        e.status.code().is_some_and(|c| c <= 1),
+        "e2fsck -fy: {}",
+        text(&e)
+    );
+    e2fsck_clean(&by_fsck).unwrap();
+    let twin = KernelTwin::new(&img, d.join("kernel.img"), None).unwrap();
+    let mut seen = Vec::new();
+    for (p, _) in &files {
+        seen.push(fs::read(twin.path().join(&p[1..])).unwrap());
+    }
+    twin.unmount().unwrap();
+    let by_kernel = d.join("kernel.img");
+    e2fsck_clean(&by_kernel).unwrap();
+    for ((p, data), kernel) in files.iter().zip(&seen) {
+        assert!(
+            kernel == data,
+            "{p}: the kernel's replay lost the fsync'd bytes"
+        );
+        assert!(
+            cat(&by_fsck, p) == *data,
+            "{p}: e2fsck's replay as ext4kit reads it"
+        );
+        assert!(
+            cat(&by_kernel, p) == *data,
+            "{p}: the kernel's replay as ext4kit reads it"
+        );
+    }
+    let list = |img: &Path| {
+        let out = run_ok(ext4kit().arg("ls").arg(format!("{}:/d", img.display()))).unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(list(&by_fsck), list(&by_kernel));
+    // After the oracles' replay the fast commits are history: ext4kit
+    // writes the kernel's result, which stays clean.
+    run_ok(
+        ext4kit()
+            .arg("mkdir")
+            .arg(format!("{}:/after", by_kernel.display())),
+    )
+    .unwrap();
+    e2fsck_clean(&by_kernel).unwrap();
+}
+
+/// Fast commits older than the last full commit (fsyncs, then syncfs,
+/// then more full commits, then a shutdown): the kernel ignores them, so
+/// the replay does, byte for byte like `e2fsck -E journal_only`; ext4kit
+/// then writes the image (its full commits outside the fast-commit area)
+/// and the kernel mounts it and sees the files.
+#[test]
+fn kernel_stale_fast_commits_replay_like_e2fsck_and_ext4kit_writes() {
+    if let Err(why) = kernel_ok() {
+        return skip(
+            "kernel_stale_fast_commits_replay_like_e2fsck_and_ext4kit_writes",
+            &why,
+        );
+    }
+    let dir = image_dir();
+    let d = dir.path();
+    let img = d.join("stale.img");
+    mkfs(&img, "64M", &["-b", "4096", "-O", "fast_commit"]);
+    {
+        let lo = LoopDev::attach(&img).unwrap();
+        let m = Mount::new(lo.path(), "ext4", None).unwrap();
+        fs::create_dir(m.path().join("d")).unwrap();
+        run_ok(tool("sync").arg("-f").arg(m.path())).unwrap();
+        for i in 0..4 {
+            let p = m.path().join(format!("d/f{i}"));
+            fs::write(&p, pattern(3000 + i, i as u64)).unwrap();
+            fsync(&p);
+        }
+        // A full commit of the fast commits' transaction, then one more
+        // (a rename of a directory is not fast-commit eligible).
+        run_ok(tool("sync").arg("-f").arg(m.path())).unwrap();
+        fs::rename(m.path().join("d"), m.path().join("e")).unwrap();
+        fsync(m.path());
+        shutdown_nologflush(m.path());
+        m.unmount().unwrap();
+    }
+    let v = dump_json(&img);
+    assert_eq!(v["needs_recovery"], true, "{v}");
+    assert!(v["transactions"].as_u64().unwrap() >= 1, "{v}");
+    assert_eq!(v["fast_commit"]["state"], "empty", "{v}");
+    // The kernel replays it without complaint.
+    let twin = KernelTwin::new(&img, d.join("kernel0.img"), None).unwrap();
+    for i in 0..4 {
+        assert!(
+            fs::read(twin.path().join(format!("e/f{i}"))).unwrap() == pattern(3000 + i, i as u64)
+        );
+    }
+    twin.unmount().unwrap();
+    fs::remove_file(d.join("kernel0.img")).unwrap();
+    // e2fsck 1.47's scan calls a HEAD of another tid an error (-EINVAL;
+    // the kernel's ext4_fc_replay_scan stops there without one), so it
+    // clears VALID_FS to force a full check and, on that error path,
+    // leaves the journal's s_sequence at its old value (the kernel and
+    // ext4kit restart the log at end_tid + 1): those aside, the replay
+    // is byte for byte e2fsck's.
+    let ours = d.join("ours.img");
+    let theirs = d.join("theirs.img");
+    sparse_copy(&img, &ours);
+    sparse_copy(&img, &theirs);
+    run_ok(ext4kit().args(["journal", "replay"]).arg(&ours)).unwrap();
+    let e = run(tool("e2fsck")
+        .args(["-E", "journal_only", "-y"])
+        .arg(&theirs))
+    .unwrap();
+    assert!(e.status.code().is_some_and(|c| c <= 1), "{}", text(&e));
+    let (a, b) = (sb_of(&ours), sb_of(&theirs));
+    assert_eq!(a.s_state.get(), 1, "ours: clean");
+    assert_eq!(b.s_state.get(), 0, "e2fsck: not clean (see above)");
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new().write(true).open(&theirs).unwrap();
+        let off = 1024 + std::mem::offset_of!(Superblock, s_state) as u64;
+        f.write_all_at(&1u16.to_le_bytes(), off).unwrap();
+        let jsb_at = journal_block(&ours, 0) * 4096;
+        let (mut ja, mut jb) = (vec![0u8; 1024], vec![0u8; 1024]);
+        fs::File::open(&ours)
+            .unwrap()
+            .read_exact_at(&mut ja, jsb_at)
+            .unwrap();
+        fs::File::open(&theirs)
+            .unwrap()
+            .read_exact_at(&mut jb, jsb_at)
+            .unwrap();
+        let seq = |j: &[u8]| u32::from_be_bytes([j[24], j[25], j[26], j[27]]);
+        assert_eq!(seq(&ja), v["next_sequence"].as_u64().unwrap() as u32);
+        let (mut ma, mut mb) = (ja.clone(), jb.clone());
+        for m in [&mut ma, &mut mb] {
+            m[24..28].fill(0);
+            m[0xFC..0x100].fill(0);
+        }
+        assert!(ma == mb, "journal superblocks differ beyond s_sequence");
+        f.write_all_at(&ja, jsb_at).unwrap();
+    }
+    let (ma, mb) = (d.join("ours.masked"), d.join("theirs.masked"));
+    sparse_copy(&ours, &ma);
+    sparse_copy(&theirs, &mb);
+    mask_superblock(&ma);
+    mask_superblock(&mb);
+    sparse_equal(&ma, &mb).unwrap_or_else(|e| panic!("replay differs from e2fsck's: {e}"));
+    for p in [&ma, &mb, &theirs] {
+        fs::remove_file(p).unwrap();
+    }
+    e2fsck_clean_after_crash(&ours).unwrap();
+    // ext4kit writes it (80 opens, each with its commits and a clean close).
+    let s = ours.display().to_string();
+    let host = d.join("host");
+    fs::write(&host, b"host file\n").unwrap();
+    for i in 0..40 {
+        run_ok(ext4kit().arg("mkdir").arg(format!("{s}:/m{i}"))).unwrap();
+        run_ok(ext4kit().arg("cp").arg(&host).arg(format!("{s}:/m{i}/h"))).unwrap();
+    }
+    e2fsck_clean_after_crash(&ours).unwrap();
+    let twin = KernelTwin::new(&ours, d.join("kernel.img"), None).unwrap();
+    for i in 0..4 {
+        let got = fs::read(twin.path().join(format!("e/f{i}"))).unwrap();
+        assert!(got == pattern(3000 + i, i as u64), "e/f{i}");
+    }
+    assert!(twin.path().join("m39/h").exists());
+    twin.unmount().unwrap();
+    e2fsck_clean(&d.join("kernel.img")).unwrap();
+}
+
+/// ext4kit mkfs -O fast_commit, ext4kit's tools write it (the journal
+/// gets the fast-commit feature, as the kernel's mount sets it), the
+/// kernel mounts it clean, writes with fast commits and unmounts; ext4kit
+/// writes the kernel-used image again; e2fsck -fn clean after each step.
+#[test]
+fn mkfs_fast_commit_images_are_written_by_ext4kit_and_the_kernel() {
+    if let Err(why) = kernel_ok() {
+        return skip(
+            "mkfs_fast_commit_images_are_written_by_ext4kit_and_the_kernel",
+            &why,
+        );
+    }
+    let dir = image_dir();
+    let d = dir.path();
+    let img = d.join("mk.img");
+    run_ok(tool("truncate").args(["-s", "128M"]).arg(&img)).unwrap();
+    run_ok(ext4kit_mkfs(["-q", "-F", "-t", "ext4", "-O", "fast_commit"]).arg(&img)).unwrap();
+    let s = img.display().to_string();
+    let host = d.join("data");
+    fs::write(&host, pattern(70_000, 9)).unwrap();
+    run_ok(ext4kit().arg("mkdir").arg(format!("{s}:/a"))).unwrap();
+    run_ok(ext4kit().arg("cp").arg(&host).arg(format!("{s}:/a/data"))).unwrap();
+    e2fsck_clean(&img).unwrap();
+    let v = dump_json(&img);
+    assert!(
+        v["features"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f == "fast_commit"),
+        "{v}"
+    );
+    {
+        let lo = LoopDev::attach(&img).unwrap();
+        let m = Mount::new(lo.path(), "ext4", None).unwrap();
+        assert!(fs::read(m.path().join("a/data")).unwrap() == pattern(70_000, 9));
+        for i in 0..5u64 {
+            let p = m.path().join(format!("a/k{i}"));
+            fs::write(&p, pattern(500 + i as usize, i)).unwrap();
+            fsync(&p);
+        }
+        m.unmount().unwrap();
+    }
+    e2fsck_clean(&img).unwrap();
+    run_ok(ext4kit().arg("rm").arg(format!("{s}:/a/k0"))).unwrap();
+    run_ok(ext4kit().arg("cp").arg(&host).arg(format!("{s}:/a/data2"))).unwrap();
+    e2fsck_clean(&img).unwrap();
+    assert!(cat(&img, "/a/k4") == pattern(504, 4));
+    let twin = KernelTwin::new(&img, d.join("kernel.img"), None).unwrap();
+    assert!(fs::read(twin.path().join("a/data2")).unwrap() == pattern(70_000, 9));
+    assert!(!twin.path().join("a/k0").exists());
+    twin.unmount().unwrap();
+    e2fsck_clean(&d.join("kernel.img")).unwrap();
 }

@@ -332,6 +332,26 @@ pub struct JournalSuperblock {
 const _: () = assert!(size_of::<JournalSuperblock>() == 1024);
 
 impl JournalSuperblock {
+    /// jbd2's `jbd2_journal_get_num_fc_blks`: `s_num_fc_blks`, or
+    /// [`JBD2_DEFAULT_FAST_COMMIT_BLOCKS`] when it is 0.
+    pub fn num_fc_blocks(&self) -> u32 {
+        match self.s_num_fc_blks.get() {
+            0 => JBD2_DEFAULT_FAST_COMMIT_BLOCKS,
+            n => n,
+        }
+    }
+
+    /// Blocks at the end of the journal kept for fast commits: the
+    /// [`JournalSuperblock::num_fc_blocks`] when the superblock has the
+    /// fast-commit feature, else 0.
+    pub fn fc_area_blocks(&self) -> u32 {
+        if self.s_feature_incompat.get() & JBD2_FEATURE_INCOMPAT_FAST_COMMIT != 0 {
+            self.num_fc_blocks()
+        } else {
+            0
+        }
+    }
+
     /// A fresh, empty v2 superblock as mke2fs writes it.
     pub fn new(block_size: u32, maxlen: u32, fs_uuid: [u8; 16]) -> Self {
         let mut s = Self::new_zeroed();

@@ -104,10 +104,10 @@ pub fn check_writable(sb: &Superblock) -> Result<(), FsError> {
             feature_names(Word::RoCompat, ro)
         )));
     }
+    // fast_commit: our commits are full jbd2 commits outside the
+    // fast-commit area (JournalWriter::new); a log holding fast commits
+    // to replay is refused by recover::apply.
     let compat = Compat(sb.s_feature_compat.get());
-    if compat.contains(Compat::FAST_COMMIT) {
-        return Err(FsError::Unsupported("fast_commit".into()));
-    }
     if !compat.contains(Compat::HAS_JOURNAL)
         && Incompat(sb.s_feature_incompat.get()).contains(Incompat::RECOVER)
     {

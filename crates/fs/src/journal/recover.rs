@@ -31,6 +31,8 @@ use ext4kit_format::superblock::{
 };
 use zerocopy::{FromBytes, IntoBytes};
 
+use super::fast_commit::{self, FcLog};
+
 /// Why a journal could not be read or replayed. Each message is one line.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -109,6 +111,7 @@ pub struct Journal {
     seed: u32,
     first: u32,
     last: u32,
+    maxlen: u32,
 }
 
 impl std::fmt::Debug for Journal {
@@ -301,7 +304,8 @@ impl Journal {
             block_size: bs,
             fs_blocks,
             first: jsb.s_first.get(),
-            last: maxlen,
+            last: maxlen - jsb.fc_area_blocks(),
+            maxlen,
             sb,
             jsb,
             fmt,
@@ -320,9 +324,26 @@ impl Journal {
         self.first
     }
 
-    /// End of the log (`s_maxlen`): log blocks are `first()..last()`.
+    /// End of the full-commit log (the kernel's `j_last`): log blocks
+    /// are `first()..last()`, wrapping at `last()`. It is `s_maxlen`, or
+    /// `s_maxlen - num_fc_blks` when the journal has the fast-commit
+    /// feature (the fast-commit area follows, [`Journal::fc_area`]).
     pub fn last(&self) -> u32 {
         self.last
+    }
+
+    /// `s_maxlen`: the journal's length in blocks.
+    pub fn maxlen(&self) -> u32 {
+        self.maxlen
+    }
+
+    /// Log blocks the kernel writes fast commits to (`j_fc_first..
+    /// s_maxlen`, `j_fc_first = j_last + 1`), when the journal superblock
+    /// has the fast-commit feature.
+    pub fn fc_area(&self) -> Option<std::ops::Range<u32>> {
+        self.fmt
+            .fast_commit()
+            .then(|| self.last.saturating_add(1).min(self.maxlen)..self.maxlen)
     }
 
     /// Physical block of log block `lblk`.
@@ -338,11 +359,11 @@ impl Journal {
     }
 
     /// The kernel's `jread`: log block `offset`, refused past `s_maxlen`.
-    fn jread(&self, dev: &dyn Device, offset: u64) -> Result<Vec<u8>, RecoverError> {
-        if offset >= u64::from(self.last) {
+    pub(crate) fn jread(&self, dev: &dyn Device, offset: u64) -> Result<Vec<u8>, RecoverError> {
+        if offset >= u64::from(self.maxlen) {
             return Err(log_err(
                 offset,
-                format!("past the end of the log ({} blocks)", self.last),
+                format!("past the end of the log ({} blocks)", self.maxlen),
             ));
         }
         let p = self
@@ -711,11 +732,6 @@ fn validate_jsb(
             "journal ro_compat features {ro:#x}"
         )));
     }
-    if fmt.fast_commit() {
-        return Err(RecoverError::Unsupported(
-            "journals with fast commits (fast_commit)".into(),
-        ));
-    }
     if fmt.csum_v2() && fmt.csum_v3() {
         return Err(bad_jsb("both csum_v2 and csum_v3 are set"));
     }
@@ -760,10 +776,19 @@ fn validate_jsb(
             "s_first {first} is outside the log (s_maxlen {maxlen})"
         )));
     }
-    let start = jsb.s_start.get();
-    if start != 0 && (start < first || start >= maxlen) {
+    // e2fsck_journal_load: the full-commit log must keep at least the
+    // minimum journal size besides the fast-commit area.
+    let fc = jsb.fc_area_blocks();
+    if fc != 0 && maxlen.saturating_sub(fc) < JBD2_MIN_JOURNAL_BLOCKS.max(first + 1) {
         return Err(bad_jsb(format!(
-            "s_start {start} is outside the log ({first}..{maxlen})"
+            "incorrect fast commit blocks ({fc} of s_maxlen {maxlen})"
+        )));
+    }
+    let last = maxlen - fc;
+    let start = jsb.s_start.get();
+    if start != 0 && (start < first || start >= last) {
+        return Err(bad_jsb(format!(
+            "s_start {start} is outside the log ({first}..{last})"
         )));
     }
     Ok(fmt)
@@ -841,6 +866,11 @@ pub struct Recovery {
     /// Final content of every block replay writes, by home block (a later
     /// transaction's copy replaces an earlier one, as the writes would).
     pub writes: BTreeMap<u64, Vec<u8>>,
+    /// What the fast-commit area holds for `end_tid` (journals with the
+    /// fast-commit feature). Anything but [`FcLog::Empty`] makes
+    /// [`apply`] refuse: `writes` alone would be half the replay. A
+    /// read-only overlay of `writes` shows the state of the full commits.
+    pub fast_commit: FcLog,
 }
 
 impl Recovery {
@@ -909,6 +939,14 @@ pub fn analyze(dev: &dyn Device, j: &Journal) -> (Recovery, Result<(), RecoverEr
     rec.end_tid = info.end;
     rec.next_sequence = info.end.wrapping_add(1);
     rec.failed_commit = (info.failed_commit != 0).then_some(info.failed_commit);
+    if res.is_ok() {
+        // do_one_pass: after the full-commit scan, the fast-commit area
+        // is scanned for end_transaction.
+        match fast_commit::scan(dev, j, info.end) {
+            Ok(fc) => rec.fast_commit = fc,
+            Err(e) => res = Err(e),
+        }
+    }
     if res.is_ok() {
         // Refuse home writes that no sane log has: outside the
         // filesystem, or into the journal itself (the replay would then
@@ -1246,6 +1284,9 @@ pub struct Applied {
 /// with the error state when the journal recorded an error, `s_wtime` =
 /// now), flush.
 pub fn apply(dev: &dyn Device, j: &Journal, rec: &Recovery) -> Result<Applied, RecoverError> {
+    if let Some(why) = rec.fast_commit.refusal() {
+        return Err(RecoverError::Unsupported(why));
+    }
     let bs = u64::from(j.block_size);
     for (&b, data) in &rec.writes {
         dev.write_at(data, b * bs)?;
@@ -1408,7 +1449,8 @@ pub(crate) mod tests {
             }
         }
         let mut jsb = j.jsb.clone();
-        jsb.s_feature_incompat.set(fmt.incompat);
+        let keep = j.jsb.s_feature_incompat.get() & JBD2_FEATURE_INCOMPAT_FAST_COMMIT;
+        jsb.s_feature_incompat.set(fmt.incompat | keep);
         jsb.s_checksum_type = JBD2_CRC32C_CHKSUM;
         jsb.s_start.set(start);
         jsb.s_sequence.set(txns.first().map_or(1, |t| t.tid));
@@ -1577,10 +1619,14 @@ pub(crate) mod tests {
         }
     }
 
-    #[test]
-    fn fast_commit_and_external_journals_are_refused() {
-        let dev = image();
-        let j = write_log(&dev, 1, &[txn(1, &[(3000, 1)], 10)]);
+    /// A 32 MiB fast_commit image (1024 + 16 journal blocks) whose
+    /// journal superblock has the fast-commit feature, as the kernel
+    /// leaves it.
+    pub(crate) fn fc_image() -> MemDevice {
+        let mut m = MemImage::new(32 << 20, 4096, 16384);
+        m.features = vec!["fast_commit".into()];
+        let dev = m.make().unwrap();
+        let j = Journal::open(&dev).unwrap();
         let mut jsb = j.jsb.clone();
         jsb.s_feature_incompat
             .set(jsb.s_feature_incompat.get() | JBD2_FEATURE_INCOMPAT_FAST_COMMIT);
@@ -1589,8 +1635,210 @@ pub(crate) mod tests {
         jsb.s_checksum.set(c);
         dev.write_at(jsb.as_bytes(), j.phys(0).unwrap() * 4096)
             .unwrap();
+        dev
+    }
+
+    /// Fast-commit blocks: `tags` as tlv records from the area's first
+    /// block on (the rest of the area zeroed); a TAIL with a `None`
+    /// value gets `tail_tid` and the crc of the records since the last
+    /// TAIL, other values are written as given.
+    fn write_fc(dev: &MemDevice, j: &Journal, tail_tid: u32, tags: &[(u16, Option<Vec<u8>>)]) {
+        let area = j.fc_area().unwrap();
+        let mut blk = vec![0u8; 4096];
+        let mut at = 0usize;
+        let mut lblk = area.start;
+        let mut crc = 0u32;
+        for l in area.clone() {
+            dev.write_at(&blk, j.phys(u64::from(l)).unwrap() * 4096)
+                .unwrap();
+        }
+        for (tag, given) in tags {
+            let val = given.clone().unwrap_or_else(|| vec![0; 8]);
+            if at + 4 + val.len() > 4095 - 4 {
+                // The rest of the block is a PAD, as the kernel's
+                // ext4_fc_reserve_space writes it.
+                let pad = 4095 - (at + 4);
+                blk[at..at + 2].copy_from_slice(&fast_commit::EXT4_FC_TAG_PAD.to_le_bytes());
+                blk[at + 2..at + 4].copy_from_slice(&(pad as u16).to_le_bytes());
+                crc = ext4kit_format::checksum::crc32c_raw(crc, &blk[at..at + 4 + pad]);
+                dev.write_at(&blk, j.phys(u64::from(lblk)).unwrap() * 4096)
+                    .unwrap();
+                blk.fill(0);
+                at = 0;
+                lblk += 1;
+            }
+            blk[at..at + 2].copy_from_slice(&tag.to_le_bytes());
+            blk[at + 2..at + 4].copy_from_slice(&(val.len() as u16).to_le_bytes());
+            blk[at + 4..at + 4 + val.len()].copy_from_slice(&val);
+            if *tag == fast_commit::EXT4_FC_TAG_TAIL && given.is_none() {
+                blk[at + 4..at + 8].copy_from_slice(&tail_tid.to_le_bytes());
+                crc = ext4kit_format::checksum::crc32c_raw(crc, &blk[at..at + 8]);
+                blk[at + 8..at + 12].copy_from_slice(&crc.to_le_bytes());
+                crc = 0;
+            } else {
+                crc = ext4kit_format::checksum::crc32c_raw(crc, &blk[at..at + 4 + val.len()]);
+            }
+            at += 4 + val.len();
+        }
+        dev.write_at(&blk, j.phys(u64::from(lblk)).unwrap() * 4096)
+            .unwrap();
+    }
+
+    fn head(tid: u32) -> (u16, Option<Vec<u8>>) {
+        let mut v = vec![0u8; 8];
+        v[4..].copy_from_slice(&tid.to_le_bytes());
+        (fast_commit::EXT4_FC_TAG_HEAD, Some(v))
+    }
+
+    fn tail() -> (u16, Option<Vec<u8>>) {
+        (fast_commit::EXT4_FC_TAG_TAIL, None)
+    }
+
+    fn add_range() -> (u16, Option<Vec<u8>>) {
+        (fast_commit::EXT4_FC_TAG_ADD_RANGE, Some(vec![7; 16]))
+    }
+
+    #[test]
+    fn fast_commit_journals_keep_the_full_log_before_the_fc_area() {
+        let dev = fc_image();
+        let j = Journal::open(&dev).unwrap();
+        assert_eq!(j.jsb.s_num_fc_blks.get(), 16);
+        assert_eq!(j.maxlen(), 1040);
+        assert_eq!(j.last(), 1024);
+        assert_eq!(j.fc_area(), Some(1025..1040));
+        // A log that wraps at j_last, not at s_maxlen (the kernel since
+        // "jbd2: correct the end of the journal recovery scan range").
+        let t = txn(7, &[(3000, 1), (3001, 2), (3002, 3), (3003, 4)], 100);
+        let j = write_log(&dev, j.last() - 3, &[t, txn(8, &[(3000, 9)], 101)]);
+        let rec = recover(&dev, &j).unwrap();
+        assert_eq!((rec.end_tid, rec.writes.len()), (9, 4));
+        assert_eq!(rec.writes[&3000], block(9));
+        assert_eq!(rec.fast_commit, FcLog::Empty, "a zeroed area is empty");
+        apply(&dev, &j, &rec).unwrap();
+        // An fc area too big for the journal is refused as e2fsck does.
+        let dev = fc_image();
+        let j = Journal::open(&dev).unwrap();
+        let mut jsb = j.jsb.clone();
+        jsb.s_num_fc_blks.set(100);
+        jsb.s_checksum.set(0);
+        let c = jcsum::superblock(jsb.as_bytes());
+        jsb.s_checksum.set(c);
+        dev.write_at(jsb.as_bytes(), j.phys(0).unwrap() * 4096)
+            .unwrap();
         let e = Journal::open(&dev).unwrap_err().to_string();
-        assert!(e.contains("fast_commit"), "{e}");
+        assert!(e.contains("incorrect fast commit blocks"), "{e}");
+    }
+
+    #[test]
+    fn valid_fast_commits_are_found_and_never_half_replayed() {
+        let dev = fc_image();
+        let j0 = Journal::open(&dev).unwrap();
+        let j = write_log(&dev, 1, &[txn(5, &[(3000, 1)], 10)]);
+        // Fast commits of tid 6 (the first one not fully committed), two
+        // of them, the second one spilling into the next block.
+        let mut tags = vec![head(6), add_range(), tail()];
+        for _ in 0..300 {
+            tags.push(add_range());
+        }
+        tags.push(tail());
+        write_fc(&dev, &j0, 6, &tags);
+        let before = dev.to_bytes();
+        let rec = recover(&dev, &j).unwrap();
+        assert_eq!(rec.writes.len(), 1, "the full log still reads");
+        match &rec.fast_commit {
+            FcLog::Valid {
+                tid,
+                tags,
+                blocks,
+                per_tag,
+            } => {
+                assert_eq!((*tid, *tags, *blocks), (6, 305, 2), "with the PAD");
+                assert_eq!(
+                    per_tag[usize::from(fast_commit::EXT4_FC_TAG_ADD_RANGE)],
+                    301
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = apply(&dev, &j, &rec).unwrap_err().to_string();
+        assert!(e.contains("fast commits of transaction 6"), "{e}");
+        assert_eq!(e.lines().count(), 1);
+        assert!(dev.to_bytes() == before, "a refusal writes nothing");
+
+        // A broken second fast commit: the first one is still valid.
+        let mut tags = vec![head(6), add_range(), tail(), add_range()];
+        tags.push((
+            fast_commit::EXT4_FC_TAG_TAIL,
+            Some(vec![6, 0, 0, 0, 1, 2, 3, 4]),
+        ));
+        write_fc(&dev, &j0, 6, &tags);
+        let rec = recover(&dev, &j).unwrap();
+        assert!(
+            matches!(rec.fast_commit, FcLog::Valid { tags: 3, .. }),
+            "{:?}",
+            rec.fast_commit
+        );
+    }
+
+    #[test]
+    fn stale_and_damaged_fast_commit_areas() {
+        let dev = fc_image();
+        let j0 = Journal::open(&dev).unwrap();
+        let j = write_log(&dev, 1, &[txn(5, &[(3000, 1)], 10)]);
+        // Fast commits of an older transaction (5 committed fully after
+        // them): the kernel ignores them, so does the replay.
+        write_fc(&dev, &j0, 5, &[head(5), add_range(), tail()]);
+        let rec = recover(&dev, &j).unwrap();
+        assert_eq!(rec.fast_commit, FcLog::Empty);
+        // No HEAD in the first block: nothing.
+        write_fc(&dev, &j0, 6, &[add_range(), tail()]);
+        assert_eq!(recover(&dev, &j).unwrap().fast_commit, FcLog::Empty);
+        // The only fast commit's tail fails its checksum: the kernel's
+        // scan fails (-EFSBADCRC), we refuse to write.
+        let mut tags = vec![head(6), add_range()];
+        tags.push((
+            fast_commit::EXT4_FC_TAG_TAIL,
+            Some(vec![6, 0, 0, 0, 1, 2, 3, 4]),
+        ));
+        write_fc(&dev, &j0, 6, &tags);
+        let rec = recover(&dev, &j).unwrap();
+        assert!(
+            matches!(rec.fast_commit, FcLog::Bad { .. }),
+            "{:?}",
+            rec.fast_commit
+        );
+        let e = apply(&dev, &j, &rec).unwrap_err().to_string();
+        assert!(e.contains("damaged") && e.contains("checksum"), "{e}");
+        // Unknown head features (-EOPNOTSUPP), a tag of a wrong length.
+        let mut h = head(6);
+        if let Some(v) = h.1.as_mut() {
+            v[0] = 1;
+        }
+        write_fc(&dev, &j0, 6, &[h, tail()]);
+        assert!(matches!(
+            recover(&dev, &j).unwrap().fast_commit,
+            FcLog::Bad { .. }
+        ));
+        write_fc(
+            &dev,
+            &j0,
+            6,
+            &[
+                head(6),
+                (fast_commit::EXT4_FC_TAG_ADD_RANGE, Some(vec![0; 15])),
+                tail(),
+            ],
+        );
+        assert!(matches!(
+            recover(&dev, &j).unwrap().fast_commit,
+            FcLog::Bad { .. }
+        ));
+    }
+
+    #[test]
+    fn external_journals_are_refused() {
+        let dev = image();
+        let j = write_log(&dev, 1, &[txn(1, &[(3000, 1)], 10)]);
         let mut sb = j.sb.clone();
         sb.s_journal_dev.set(0x0801);
         sb.update_checksum();

@@ -250,6 +250,28 @@ impl JournalWriter {
         if is64 {
             incompat |= JBD2_FEATURE_INCOMPAT_64BIT;
         }
+        // journal_reset clears the fast-commit feature after recovery and
+        // ext4 sets it again when the filesystem has fast_commit
+        // (jbd2_journal_set_features -> jbd2_journal_initialize_fast_commit,
+        // which refuses a journal too small for its area). Our commits
+        // are always full ones and stay in s_first..j_last; the
+        // fast-commit area after j_last is never written.
+        let fast_commit =
+            sb.s_feature_compat.get() & ext4kit_format::features::Compat::FAST_COMMIT.bits() != 0;
+        let maxlen = journal.maxlen();
+        let last = if fast_commit {
+            let fc = jsb.num_fc_blocks();
+            if maxlen.saturating_sub(fc) < JBD2_MIN_JOURNAL_BLOCKS.max(journal.first() + 2) {
+                return Err(FsError::Unsupported(format!(
+                    "the journal ({maxlen} blocks) is too small for its fast-commit area of {fc} blocks (the kernel refuses it too)"
+                )));
+            }
+            incompat |= JBD2_FEATURE_INCOMPAT_FAST_COMMIT;
+            maxlen - fc
+        } else {
+            incompat &= !JBD2_FEATURE_INCOMPAT_FAST_COMMIT;
+            maxlen
+        };
         jsb.s_feature_compat.set(compat);
         jsb.s_feature_incompat.set(incompat);
         let fmt = LogFormat { compat, incompat };
@@ -266,10 +288,12 @@ impl JournalWriter {
         let jsb_block = journal
             .phys(0)
             .ok_or_else(|| FsError::corrupt("journal inode", "block 0 is not mapped"))?;
-        let capacity = journal.last() - journal.first();
+        let capacity = last - journal.first();
+        // jbd2_journal_get_max_txn_bufs: a quarter of the journal without
+        // the fast-commit area.
         let max_txn = opts
             .max_transaction
-            .unwrap_or(journal.jsb.s_maxlen.get() / 4)
+            .unwrap_or(last / 4)
             .clamp(1, capacity / 2);
         let codec = LogCodec {
             fmt,
@@ -288,7 +312,7 @@ impl JournalWriter {
         // the last clean unmount stopped (`s_head`), else from `s_first`
         // (e2fsprogs leaves `s_head` 0). Any start is valid because tids
         // only grow.
-        let ring = LogRing::new(journal.first(), journal.last(), jsb.s_head.get());
+        let ring = LogRing::new(journal.first(), last, jsb.s_head.get());
         let w = JournalWriter {
             dev,
             cache,
@@ -794,6 +818,57 @@ mod tests {
     fn replayed(mem: &MemDevice) -> recover::Recovery {
         let j = Journal::open(mem).unwrap();
         recover::recover(mem, &j).unwrap()
+    }
+
+    /// fast_commit: the writer sets the journal's fast-commit feature, as
+    /// the kernel's mount does, and its full commits wrap at j_last: the
+    /// fast-commit area is never written (filled with 0xEE here to see).
+    #[test]
+    fn fast_commit_area_is_never_written_and_the_log_wraps_before_it() {
+        for kernel_used in [false, true] {
+            let mem = if kernel_used {
+                Arc::new(recover::tests::fc_image())
+            } else {
+                let mut m = ext4kit::testing::MemImage::new(32 << 20, 4096, 16384);
+                m.features = vec!["fast_commit".into()];
+                Arc::new(m.make().unwrap())
+            };
+            let j = Journal::open(&*mem).unwrap();
+            assert_eq!(j.fmt.fast_commit(), kernel_used);
+            let area: Vec<u64> = (1024..1040).map(|l| j.phys(l).unwrap()).collect();
+            for &p in &area {
+                mem.write_at(&[0xEE; 4096], p * 4096).unwrap();
+            }
+            let dev: Arc<dyn Device> = mem.clone();
+            let w = JournalWriter::new(dev, j, JournalOptions::default()).unwrap();
+            assert!(w.format().fast_commit());
+            // 700 transactions of 2 blocks + descriptor + commit: the
+            // 1023-block ring wraps about three times.
+            let mut highest = 0;
+            for i in 0..700u64 {
+                let mut h = w.start(2).unwrap();
+                h.modify(free(i % 50), |d| d[0] = i as u8).unwrap();
+                h.modify(free(50 + i % 7), |d| d[1] = i as u8).unwrap();
+                drop(h);
+                w.commit().unwrap();
+                highest = highest.max(lock(&w.log).ring.head);
+            }
+            assert!(highest < 1024 && highest > 1000, "{highest}");
+            for &p in &area {
+                let mut b = vec![0u8; 4096];
+                mem.read_at(&mut b, p * 4096).unwrap();
+                assert!(b.iter().all(|&x| x == 0xEE), "fc area block {p} written");
+            }
+            // The log as written reads back (wrap at 1024), the feature
+            // is on disk.
+            let j = Journal::open(&*mem).unwrap();
+            assert!(j.fmt.fast_commit());
+            assert_eq!(j.last(), 1024);
+            let rec = recover::recover(&*mem, &j).unwrap();
+            assert!(rec.transactions() > 0);
+            assert_eq!(rec.writes[&free(699 % 50)][0], (699 % 256) as u8);
+            assert_eq!(rec.fast_commit, crate::journal::FcLog::Empty);
+        }
     }
 
     #[test]

@@ -1,0 +1,256 @@
+//! The fast-commit area of a jbd2 journal (ext4's `fast_commit`): what
+//! the kernel's recovery would find there, as `ext4_fc_replay_scan`
+//! (fs/ext4/fast_commit.c) decides it.
+//!
+//! With the journal superblock's fast-commit feature the last
+//! `num_fc_blks` blocks of the journal are not part of the full-commit
+//! ring (`j_last = s_maxlen - num_fc_blks`, the fast-commit area is
+//! `j_last + 1 .. s_maxlen`). After the full-commit SCAN pass the kernel
+//! reads that area for the transaction that did *not* fully commit (the
+//! scan's `end_transaction`): a block starting with a HEAD tag of that tid,
+//! then tag-length-value records (`le16 tag, le16 len, value`), each fast
+//! commit closed by a TAIL whose crc32c (raw, seed 0, over every record
+//! since the previous TAIL up to the TAIL's crc field) and tid must match.
+//! Everything up to the last valid TAIL is replayed after the full log.
+//!
+//! ext4kit does not replay fast commits (yet): [`scan`] only classifies
+//! the area, and [`crate::journal::apply`] refuses to write anything when
+//! the area holds a valid fast-commit log or one the kernel would fail on
+//! (never half a replay). Stale blocks (a HEAD of an older tid, no HEAD)
+//! are what the kernel ignores too: tids only grow, so a fast commit older
+//! than the last full commit can never match the next expected tid.
+
+use ext4kit_device::Device;
+use ext4kit_format::checksum::crc32c_raw;
+
+use super::recover::{Journal, RecoverError};
+
+pub const EXT4_FC_TAG_ADD_RANGE: u16 = 1;
+pub const EXT4_FC_TAG_DEL_RANGE: u16 = 2;
+pub const EXT4_FC_TAG_CREAT: u16 = 3;
+pub const EXT4_FC_TAG_LINK: u16 = 4;
+pub const EXT4_FC_TAG_UNLINK: u16 = 5;
+pub const EXT4_FC_TAG_INODE: u16 = 6;
+pub const EXT4_FC_TAG_PAD: u16 = 7;
+pub const EXT4_FC_TAG_TAIL: u16 = 8;
+pub const EXT4_FC_TAG_HEAD: u16 = 9;
+/// HEAD `fc_features` the kernel knows (none).
+pub const EXT4_FC_SUPPORTED_FEATURES: u32 = 0;
+
+/// What the fast-commit area holds for the expected tid.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum FcLog {
+    /// No fast-commit feature in the journal, or nothing to replay (no
+    /// HEAD in the first block, a HEAD of another tid).
+    #[default]
+    Empty,
+    /// Fast commits of transaction `tid` that the kernel would replay:
+    /// `tags` records (HEAD..last valid TAIL) in `blocks` blocks, with
+    /// how many of each tag (index = tag number, 0 unused).
+    Valid {
+        tid: u32,
+        tags: u32,
+        blocks: u32,
+        per_tag: [u32; 10],
+    },
+    /// The kernel's scan fails on it (bad crc of the only fast commit,
+    /// an unknown tag or feature, the area ends inside a log): its
+    /// recovery and mount fail.
+    Bad {
+        tid: u32,
+        block: u32,
+        detail: String,
+    },
+}
+
+impl FcLog {
+    /// One line naming why a writer must not replay this log, `None` when
+    /// there is nothing to replay.
+    pub fn refusal(&self) -> Option<String> {
+        match self {
+            FcLog::Empty => None,
+            FcLog::Valid {
+                tid, tags, blocks, ..
+            } => Some(format!(
+                "the journal holds fast commits of transaction {tid} ({tags} tags in {blocks} blocks) and ext4kit does not replay fast commits (run e2fsck -fy, or mount it with the kernel)"
+            )),
+            FcLog::Bad { tid, block, detail } => Some(format!(
+                "the fast-commit area of transaction {tid} is damaged at journal block {block}: {detail} (the kernel refuses to mount it; run e2fsck -fy)"
+            )),
+        }
+    }
+}
+
+/// Name of a fast-commit tag (the kernel's `tag2str`).
+pub fn tag_name(tag: u16) -> &'static str {
+    match tag {
+        EXT4_FC_TAG_ADD_RANGE => "ADD_RANGE",
+        EXT4_FC_TAG_DEL_RANGE => "DEL_RANGE",
+        EXT4_FC_TAG_CREAT => "CREAT_DENTRY",
+        EXT4_FC_TAG_LINK => "LINK_DENTRY",
+        EXT4_FC_TAG_UNLINK => "DEL_DENTRY",
+        EXT4_FC_TAG_INODE => "INODE",
+        EXT4_FC_TAG_PAD => "PAD",
+        EXT4_FC_TAG_TAIL => "TAIL",
+        EXT4_FC_TAG_HEAD => "HEAD",
+        _ => "ERROR",
+    }
+}
+
+/// `ext4_fc_value_len_isvalid`.
+fn len_ok(tag: u16, len: usize, inode_size: usize) -> bool {
+    const DENTRY: usize = 8; // ext4_fc_dentry_info without the name
+    match tag {
+        EXT4_FC_TAG_ADD_RANGE => len == 16,
+        EXT4_FC_TAG_DEL_RANGE => len == 12,
+        EXT4_FC_TAG_CREAT | EXT4_FC_TAG_LINK | EXT4_FC_TAG_UNLINK => {
+            len > DENTRY && len - DENTRY <= 255
+        }
+        EXT4_FC_TAG_INODE => len >= 4 + 128 && len - 4 <= inode_size,
+        EXT4_FC_TAG_PAD => true,
+        EXT4_FC_TAG_TAIL => len >= 8,
+        EXT4_FC_TAG_HEAD => len == 8,
+        _ => false,
+    }
+}
+
+fn le16(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+
+fn le32(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+
+enum Step {
+    Continue,
+    Stop,
+    Fail(String),
+}
+
+/// The kernel's SCAN of the fast-commit area for transaction `expected`
+/// (the full-commit scan's `end_transaction`). Only read errors are
+/// `Err`; what the kernel's scan would fail on is [`FcLog::Bad`].
+pub fn scan(dev: &dyn Device, j: &Journal, expected: u32) -> Result<FcLog, RecoverError> {
+    let Some(area) = j.fc_area() else {
+        return Ok(FcLog::Empty);
+    };
+    let bs = j.block_size as usize;
+    let inode_size = usize::from(j.sb.s_inode_size.get()).max(128);
+    let mut cur_tag = 0u32;
+    let mut num_tags = 0u32;
+    let mut crc = 0u32;
+    let mut per_tag = [0u32; 10];
+    let mut counted = [0u32; 10];
+    let mut valid_blocks = 0u32;
+    // The kernel's loop runs to j_fc_last = s_maxlen inclusive, whose
+    // read fails: a log that has not stopped by then is an error.
+    for off in 0..=(area.end - area.start) {
+        let lblk = area.start + off;
+        if lblk >= area.end {
+            return Ok(FcLog::Bad {
+                tid: expected,
+                block: lblk,
+                detail: "the fast-commit log runs past the end of the journal".into(),
+            });
+        }
+        let b = j.jread(dev, u64::from(lblk))?;
+        if off == 0 && le16(&b, 0) != EXT4_FC_TAG_HEAD {
+            return Ok(FcLog::Empty);
+        }
+        // The kernel since "ext4: fix off by one in fast commit" (a TAIL
+        // value reaches the block's end): `end = start + blocksize`,
+        // records while `cur <= end - 4`. Older logs (the record ending
+        // one byte before) read the same way.
+        let end = bs;
+        let mut cur = 0usize;
+        let mut step = Step::Continue;
+        while cur + 4 <= end {
+            let tag = le16(&b, cur);
+            let len = usize::from(le16(&b, cur + 2));
+            let val = cur + 4;
+            let rec = cur..val + len;
+            if len > end - val || !len_ok(tag, len, inode_size) {
+                step = if num_tags > 0 {
+                    Step::Stop
+                } else {
+                    Step::Fail(format!("tag {} with length {len}", tag_name(tag)))
+                };
+                break;
+            }
+            match tag {
+                EXT4_FC_TAG_ADD_RANGE
+                | EXT4_FC_TAG_DEL_RANGE
+                | EXT4_FC_TAG_LINK
+                | EXT4_FC_TAG_UNLINK
+                | EXT4_FC_TAG_CREAT
+                | EXT4_FC_TAG_INODE
+                | EXT4_FC_TAG_PAD => {
+                    cur_tag += 1;
+                    counted[usize::from(tag)] += 1;
+                    crc = crc32c_raw(crc, &b[rec]);
+                }
+                EXT4_FC_TAG_TAIL => {
+                    cur_tag += 1;
+                    counted[usize::from(tag)] += 1;
+                    crc = crc32c_raw(crc, &b[cur..val + 4]);
+                    let tid = le32(&b, val);
+                    let tcrc = le32(&b, val + 4);
+                    if tid == expected && tcrc == crc {
+                        num_tags = cur_tag;
+                        per_tag = counted;
+                        valid_blocks = off + 1;
+                    } else if num_tags > 0 {
+                        step = Step::Stop;
+                    } else {
+                        step = Step::Fail(format!(
+                            "the fast commit's tail (tid {tid}) does not match its checksum"
+                        ));
+                    }
+                    crc = 0;
+                }
+                EXT4_FC_TAG_HEAD => {
+                    let features = le32(&b, val);
+                    if features & !EXT4_FC_SUPPORTED_FEATURES != 0 {
+                        step = Step::Fail(format!("unknown fast-commit features {features:#x}"));
+                    } else if le32(&b, val + 4) != expected {
+                        step = Step::Stop;
+                    } else {
+                        cur_tag += 1;
+                        counted[usize::from(tag)] += 1;
+                        crc = crc32c_raw(crc, &b[rec]);
+                    }
+                }
+                // len_ok refused every other tag above.
+                _ => {}
+            }
+            if !matches!(step, Step::Continue) {
+                break;
+            }
+            cur = val + len;
+        }
+        match step {
+            Step::Continue => {}
+            Step::Stop => {
+                return Ok(if num_tags > 0 {
+                    FcLog::Valid {
+                        tid: expected,
+                        tags: num_tags,
+                        blocks: valid_blocks,
+                        per_tag,
+                    }
+                } else {
+                    FcLog::Empty
+                });
+            }
+            Step::Fail(detail) => {
+                return Ok(FcLog::Bad {
+                    tid: expected,
+                    block: lblk,
+                    detail,
+                });
+            }
+        }
+    }
+    Ok(FcLog::Empty)
+}
