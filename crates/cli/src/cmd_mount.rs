@@ -90,9 +90,9 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   and dev need root\n  \
                   defaults                ext4kit's defaults (rw, relatime, nosuid, nodev, \
                   exec, async)\n  \
-                  transport=fuser|ext4kit the FUSE session: fuser's (the default) or \
-                  ext4kit's own loop on /dev/fuse (experimental; it serves O_TMPFILE and \
-                  the statx birth time, which fail or are missing with fuser's)\n  \
+                  transport=ext4kit|fuser the FUSE session: ext4kit's own loop on \
+                  /dev/fuse (the default; it serves O_TMPFILE and the statx birth time) or \
+                  fuser's (O_TMPFILE fails with EOPNOTSUPP, no statx birth time)\n  \
                   uring                   ext4kit's own loop over FUSE over io_uring (kernel \
                   6.14+; as root it sets fuse.enable_uring to Y, saying so; without it: \
                   /dev/fuse, one line why)\n\n\

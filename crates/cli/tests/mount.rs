@@ -329,7 +329,9 @@ fn with<'a>(t: &[&'a str], o: &[&'a str]) -> Vec<&'a str> {
     [t, o].concat()
 }
 
-/// Our own FUSE session loop (experimental, not the default).
+/// Our own FUSE session loop (the default), for the tests of what only
+/// it serves (FUSE_STATX, FUSE_TMPFILE): explicit, so that
+/// `EXT4KIT_TEST_TRANSPORT=fuser` does not move them.
 const OWN: &[&str] = &["transport=ext4kit"];
 
 /// Our own transport over io_uring (`-o uring`, FUSE over io_uring).
@@ -359,14 +361,29 @@ fn assert_rings(t: &[&str], m: &FuseMount) {
     }
 }
 
+/// fuser's session, kept covered while it exists: the tree, kill -9 and
+/// pjdfstest tests run on it explicitly too (their default-named twins
+/// run on the default transport, or on `EXT4KIT_TEST_TRANSPORT`'s).
+const FUSER: &[&str] = &["transport=fuser"];
+
+/// The default mount (no `transport=`), for what the default transport
+/// must serve (O_TMPFILE, statx's btime); [`OWN`] where the run was put
+/// on fuser's by `EXT4KIT_TEST_TRANSPORT=fuser`.
+fn default_transport() -> &'static [&'static str] {
+    match std::env::var("EXT4KIT_TEST_TRANSPORT").as_deref() {
+        Ok("fuser") => OWN,
+        _ => &[],
+    }
+}
+
 #[test]
 fn tree_through_the_mount_reads_back_on_the_kernel() {
     tree_readback("tree_through_the_mount_reads_back_on_the_kernel", &[]);
 }
 
 #[test]
-fn own_transport_tree_reads_back_on_the_kernel() {
-    tree_readback("own_transport_tree_reads_back_on_the_kernel", OWN);
+fn fuser_transport_tree_reads_back_on_the_kernel() {
+    tree_readback("fuser_transport_tree_reads_back_on_the_kernel", FUSER);
 }
 
 /// The end of a connection ends the rings: an unmount, and an abort
@@ -654,8 +671,8 @@ fn kill9_during_fsyncs_then_replay() {
 }
 
 #[test]
-fn own_transport_kill9_during_fsyncs_then_replay() {
-    kill9_replay("own_transport_kill9_during_fsyncs_then_replay", OWN);
+fn fuser_transport_kill9_during_fsyncs_then_replay() {
+    kill9_replay("fuser_transport_kill9_during_fsyncs_then_replay", FUSER);
 }
 
 #[test]
@@ -795,8 +812,8 @@ fn pjdfstest_on_the_mount() {
 }
 
 #[test]
-fn own_transport_pjdfstest() {
-    pjdfstest("own_transport_pjdfstest", OWN);
+fn fuser_transport_pjdfstest() {
+    pjdfstest("fuser_transport_pjdfstest", FUSER);
 }
 
 #[test]
@@ -2805,16 +2822,17 @@ fn negative_entries_are_cached_and_replaced() {
 
 /// `statx(2)`'s birth time through our own transport (FUSE_STATX) is the
 /// inode's `i_crtime`: what `ext4kit stat` shows and what the kernel's
-/// ext4 returns for the same image. (fuser's mount has no btime.)
+/// ext4 returns for the same image, on the default mount. (fuser's
+/// transport has no btime: `created()` fails there.)
 #[test]
-fn own_transport_statx_btime_is_the_crtime() {
-    let what = "own_transport_statx_btime_is_the_crtime";
+fn statx_btime_is_the_crtime() {
+    let what = "statx_btime_is_the_crtime";
     if let Err(e) = fuse_available().and_then(|()| kernel_mount_available()) {
         return skip(what, &e);
     }
     let dir = image_dir();
     let img = mkfs(dir.path(), "64M");
-    let m = FuseMount::new(&img, OWN).unwrap();
+    let m = FuseMount::new(&img, default_transport()).unwrap();
     fs::write(m.path().join("f"), b"born").unwrap();
     fs::create_dir(m.path().join("d")).unwrap();
     let ours: Vec<std::time::SystemTime> = ["f", "d"]
@@ -2989,11 +3007,12 @@ fn free_inodes(m: &Path) -> u64 {
     String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
 }
 
-/// O_TMPFILE on our own transport (FUSE_TMPFILE) does what it does on the
+/// O_TMPFILE on our own transport (FUSE_TMPFILE, the default) does what it does on the
 /// kernel's ext4: an unnamed file (nlink 0) that linkat names (by
 /// AT_EMPTY_PATH and /proc/self/fd), freed at close when never linked,
 /// never linkable with O_EXCL; e2fsck is clean and the free inode and
-/// block counts are back. On fuser's transport it stays EOPNOTSUPP.
+/// block counts are back: on the default mount. On fuser's transport
+/// (`-o transport=fuser`) it stays EOPNOTSUPP.
 #[test]
 fn tmpfile_as_kernel_ext4() {
     let what = "tmpfile_as_kernel_ext4";
@@ -3009,12 +3028,13 @@ fn tmpfile_as_kernel_ext4() {
     let kernel = tmpfile_script(km.path());
     km.unmount().unwrap();
     drop(lo);
-    // fuser: the kernel asks, gets ENOSYS, and says EOPNOTSUPP.
-    let m = FuseMount::new(&img, &[]).unwrap();
+    // fuser's transport: the kernel asks, gets ENOSYS, and says EOPNOTSUPP.
+    let m = FuseMount::new(&img, FUSER).unwrap();
     let e = open_tmpfile(m.path(), 0).map(|_| ());
     assert_eq!(errno_of(e), Some(libc::EOPNOTSUPP));
     m.unmount().unwrap();
-    let m = FuseMount::new(&img, OWN).unwrap();
+    // The default mount (our own transport) serves it.
+    let m = FuseMount::new(&img, default_transport()).unwrap();
     let (blocks, inodes) = (free_blocks(m.path()), free_inodes(m.path()));
     let ours = tmpfile_script(m.path());
     m.unmount().unwrap();

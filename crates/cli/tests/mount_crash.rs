@@ -63,7 +63,15 @@ impl TracedMount {
         let req = MountRequest {
             device: img.to_path_buf(),
             mountpoint: dir.path().to_path_buf(),
-            opts: MountOptions::parse([opts]).map_err(|e| e.0)?,
+            // EXT4KIT_TEST_TRANSPORT, as for every `FuseMount` of a run.
+            opts: MountOptions::parse(
+                std::env::var("EXT4KIT_TEST_TRANSPORT")
+                    .map(|t| format!("transport={t}"))
+                    .iter()
+                    .map(String::as_str)
+                    .chain([opts]),
+            )
+            .map_err(|e| e.0)?,
             threads: 3,
         };
         let (tx, rx) = mpsc::channel();

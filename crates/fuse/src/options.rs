@@ -14,12 +14,13 @@ pub use ext4kit_fs::rw::ErrorBehavior;
 /// Which FUSE transport serves the mount (`transport=`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Transport {
-    /// `transport=fuser` (default): fuser 0.18's session.
-    #[default]
-    Fuser,
-    /// `transport=ext4kit` (experimental): our own session loop on
+    /// `transport=ext4kit` (default): our own session loop on
     /// `/dev/fuse` (`crate::session`).
+    #[default]
     Ext4kit,
+    /// `transport=fuser`: fuser 0.18's session (kept selectable while
+    /// it exists; it lacks FUSE_TMPFILE and FUSE_STATX).
+    Fuser,
 }
 
 /// How online lazy init paces itself (`lazyinit=`).
@@ -104,8 +105,8 @@ pub struct MountOptions {
     pub nosuid: bool,
     pub nodev: bool,
     pub noexec: bool,
-    /// `transport=fuser|ext4kit`: the FUSE session (ext4kit's own is
-    /// experimental, see [`Transport`]).
+    /// `transport=ext4kit|fuser`: the FUSE session (ext4kit's own by
+    /// default, see [`Transport`]).
     pub transport: Transport,
     /// `uring` / `nouring`: our own transport over io_uring (FUSE over
     /// io_uring, kernel 6.14+), falling back to `/dev/fuse` where the
@@ -136,7 +137,7 @@ impl Default for MountOptions {
             nosuid: true,
             nodev: true,
             noexec: false,
-            transport: Transport::Fuser,
+            transport: Transport::Ext4kit,
             uring: false,
         }
     }
@@ -384,11 +385,12 @@ mod tests {
         assert!(p("allow_other,default_permissions").unwrap().allow_other);
         assert!(p("noatime,nosuid,nodev,noexec,defaults").unwrap().nosuid);
         assert!(!p("").unwrap().writeback_cache);
-        assert_eq!(p("").unwrap().transport, Transport::Fuser);
+        assert_eq!(p("").unwrap().transport, Transport::Ext4kit);
         assert_eq!(
             p("transport=ext4kit").unwrap().transport,
             Transport::Ext4kit
         );
+        assert_eq!(p("transport=fuser").unwrap().transport, Transport::Fuser);
         assert!(p("transport=x").is_err());
         // uring: our own transport over io_uring; later options win.
         let u = p("uring").unwrap();

@@ -87,9 +87,9 @@ impl FuseMount {
         let mut c = ext4kit();
         c.arg("mount").arg("-f");
         c.envs(env.iter().copied());
-        // EXT4KIT_TEST_TRANSPORT=ext4kit: every mount of the run on our
-        // own FUSE session loop (its options given first, so a test's
-        // own `transport=` wins).
+        // EXT4KIT_TEST_TRANSPORT=fuser (or =ext4kit, the default): every
+        // mount of the run on that FUSE session (its option given first,
+        // so a test's own `transport=` wins).
         if let Ok(t) = std::env::var("EXT4KIT_TEST_TRANSPORT") {
             c.arg("-o").arg(format!("transport={t}"));
         }
