@@ -12,7 +12,10 @@
 #   ext4kit     ext4kit mount -f IMG MNT (defaults)
 #   ext4kit-wb  the same with -o writeback_cache
 #   ext4kit-own the same with -o transport=ext4kit (our own FUSE transport,
-#               crates/fuse/src/session.rs, instead of fuser's)
+#               crates/fuse/src/session.rs; the default since session 17)
+#   ext4kit-fuser the same with -o transport=fuser (fuser 0.18's session)
+#   ext4kit-uring the same with -o uring (our own transport over FUSE over
+#               io_uring; as root the mount turns fuse.enable_uring on)
 #   fuse2fs     fuse2fs -f IMG MNT -o fakeroot
 #   base        ext4kit with the binary EXT4KIT_BASE (before/after a change)
 #
@@ -111,7 +114,7 @@ for g in $rows; do
     [[ $g == session || $g == postmark || $g == fio ]] || die "BENCH_ROWS: unknown '$g' (session, postmark, fio)"
 done
 for s in $systems; do
-    [[ $s == kernel || $s == ext4kit || $s == ext4kit-wb || $s == ext4kit-own || $s == fuse2fs || $s == base ]] || die "BENCH_SYSTEMS: unknown '$s'"
+    [[ $s == kernel || $s == ext4kit || $s == ext4kit-wb || $s == ext4kit-own || $s == ext4kit-fuser || $s == ext4kit-uring || $s == fuse2fs || $s == base ]] || die "BENCH_SYSTEMS: unknown '$s'"
     if [[ $s == base && ! -x ${EXT4KIT_BASE:-} ]]; then die "BENCH_SYSTEMS has base: EXT4KIT_BASE must name an ext4kit binary"; fi
 done
 need_pkg() { # command package
@@ -253,12 +256,14 @@ up_sys() { # SYSTEM
     [[ $1 == ext4kit || $1 == base ]] && opts=$ours_opts
     [[ $1 == ext4kit-wb ]] && opts=writeback_cache${ours_opts:+,$ours_opts}
     [[ $1 == ext4kit-own ]] && opts=transport=ext4kit${ours_opts:+,$ours_opts}
+    [[ $1 == ext4kit-fuser ]] && opts=transport=fuser${ours_opts:+,$ours_opts}
+    [[ $1 == ext4kit-uring ]] && opts=uring${ours_opts:+,$ours_opts}
     if [[ $1 == base ]]; then
         local keep=$ext4kit
         ext4kit=$base_bin
         up ext4kit "$img" "$opts"
         ext4kit=$keep
-    elif [[ $1 == ext4kit-own ]]; then
+    elif [[ $1 == ext4kit-own || $1 == ext4kit-fuser || $1 == ext4kit-uring ]]; then
         up ext4kit "$img" "$opts"
     else
         up "$1" "$img" "$opts"
@@ -339,7 +344,7 @@ session() { # SYSTEM: the session rows on one mount of a fresh image
     check "$sys" "session"
 }
 down_fuse() { # SYSTEM: unmount, and for FUSE wait until the image is closed
-    if [[ $1 == base || $1 == ext4kit-own ]]; then down ext4kit; else down "$1"; fi
+    if [[ $1 == base || $1 == ext4kit-own || $1 == ext4kit-fuser || $1 == ext4kit-uring ]]; then down ext4kit; else down "$1"; fi
     sync -f "$img"
 }
 
@@ -428,6 +433,10 @@ for s in $systems; do hdr+=" $s |"; sep+="---|"; done
 [[ " $systems " == *" fuse2fs "* && -n $ours ]] && { hdr+=" fuse2fs/$ours |"; sep+="---|"; }
 own_col=
 [[ " $systems " == *" ext4kit-own "* && $ours != ext4kit-own ]] && { own_col=1; hdr+=" ext4kit-own/$ours |"; sep+="---|"; }
+variant_cols=()
+for v in ext4kit-fuser ext4kit-uring; do
+    [[ " $systems " == *" $v "* && $ours != "$v" ]] && { variant_cols+=("$v"); hdr+=" $v/$ours |"; sep+="---|"; }
+done
 echo "$hdr"
 echo "$sep"
 for row in "${row_names[@]}"; do
@@ -449,6 +458,7 @@ for row in "${row_names[@]}"; do
         if [[ -n ${TO[$row|fuse2fs]:-} && -z $f ]]; then line+=" ≥ $(ratio "$timeout_s" "$o") |"; else line+=" $(ratio "$f" "$o") |"; fi
     fi
     [[ -n $own_col ]] && line+=" $(ratio "$(medv "$row" ext4kit-own)" "$(medv "$row" "$ours")") |"
+    for v in "${variant_cols[@]}"; do line+=" $(ratio "$(medv "$row" "$v")" "$(medv "$row" "$ours")") |"; done
     echo "$line"
 done
 echo
