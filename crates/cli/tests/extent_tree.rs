@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
-use ext4kit_device::{CutMode, Device, FaultDevice, MemDevice};
+use ext4kit_device::{CutMode, Device, MemDevice};
 use ext4kit_format::inode::S_IFREG;
 use ext4kit_fs::extent::Mapping;
 use ext4kit_fs::fs::{Falloc, Filesystem, NewInode};
@@ -599,17 +599,7 @@ fn power_cut_during_a_split_that_grows_the_tree() {
         fs.sync().map_err(e)?;
         fs.close().map_err(e)
     };
-    let one = |cut: Option<u64>, mode: CutMode| {
-        let mem = Arc::new(base.snapshot());
-        let fault = FaultDevice::new(mem.clone());
-        let ctl = fault.control();
-        ctl.set_cut_mode(mode);
-        if let Some(n) = cut {
-            ctl.power_cut_after(n);
-        }
-        let r = run(Arc::new(fault));
-        (mem, r, ctl.ops())
-    };
+    let one = |cut: Option<u64>, mode: CutMode| run_cut(&base, cut, mode, run);
     let (mem, r, ops) = one(None, CutMode::DropAll);
     r.unwrap();
     let new_map = {
@@ -716,17 +706,7 @@ fn truncate_cut_campaign(tag: &str, extra: &[&str]) {
         commits.set(fs.rw().journal().stats().commits);
         fs.close().map_err(e)
     };
-    let one = |cut: Option<u64>| {
-        let mem = Arc::new(base.snapshot());
-        let fault = FaultDevice::new(mem.clone());
-        let ctl = fault.control();
-        ctl.set_cut_mode(CutMode::DropAll);
-        if let Some(n) = cut {
-            ctl.power_cut_after(n);
-        }
-        let r = run(Arc::new(fault));
-        (mem, r, ctl.ops())
-    };
+    let one = |cut: Option<u64>| run_cut(&base, cut, CutMode::DropAll, run);
     let (mem, r, ops) = one(None);
     r.unwrap();
     let free_new = {

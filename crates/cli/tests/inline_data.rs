@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use common::fuse::FuseMount;
 use common::*;
-use ext4kit_device::{CutMode, Device, FaultDevice, MemDevice};
+use ext4kit_device::{CutMode, Device, MemDevice};
 use ext4kit_format::inode::{ROOT_INO, S_IFDIR, S_IFREG};
 use ext4kit_fs::fs::{Filesystem, NewInode, RenameFlags};
 use ext4kit_fs::rw::RwOptions;
@@ -469,17 +469,7 @@ fn power_cut_during_conversions() {
         fs.sync().map_err(e)?;
         fs.close().map_err(e)
     };
-    let one = |cut: Option<u64>, mode: CutMode| {
-        let mem = Arc::new(base.snapshot());
-        let fault = FaultDevice::new(mem.clone());
-        let ctl = fault.control();
-        ctl.set_cut_mode(mode);
-        if let Some(n) = cut {
-            ctl.power_cut_after(n);
-        }
-        let r = run(Arc::new(fault));
-        (mem, r, ctl.ops())
-    };
+    let one = |cut: Option<u64>, mode: CutMode| run_cut(&base, cut, mode, run);
     let (_, r, ops) = one(None, CutMode::DropAll);
     r.unwrap();
     let mut seen = [false; 2];

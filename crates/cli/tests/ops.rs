@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::*;
-use ext4kit_device::{CutMode, Device, FaultDevice, MemDevice};
+use ext4kit_device::{CutMode, Device, MemDevice};
 use ext4kit_format::inode::S_IFREG;
 use ext4kit_fs::fs::{Falloc, Filesystem, NewInode, SetAttr, Times};
 use ext4kit_fs::inode::Timestamp;
@@ -328,16 +328,12 @@ fn crash_at_every_write_recovers_a_committed_state() {
     };
     let base = MemDevice::from_bytes(base);
     let one = |cut: Option<u64>, mode: CutMode| {
-        let mem = Arc::new(base.snapshot());
-        let fault = FaultDevice::new(mem.clone());
-        let ctl = fault.control();
-        ctl.set_cut_mode(mode);
-        if let Some(n) = cut {
-            ctl.power_cut_after(n);
-        }
-        let mut returned = 0;
-        let r = run(Arc::new(fault), &mut returned);
-        (mem, returned, r, ctl.ops())
+        let (mem, (returned, r), ops) = run_cut(&base, cut, mode, |d| {
+            let mut returned = 0;
+            let r = run(d, &mut returned);
+            (returned, r)
+        });
+        (mem, returned, r, ops)
     };
     // A clean run: its inode number and how many writes it makes.
     let (_, returned, r, ops) = one(None, CutMode::DropAll);
@@ -1725,16 +1721,12 @@ fn crash_in_namespace_operations_recovers_a_committed_tree() {
         vec!["/d/"],
     ];
     let one = |cut: Option<u64>, mode: CutMode| {
-        let mem = Arc::new(base.snapshot());
-        let fault = FaultDevice::new(mem.clone());
-        let ctl = fault.control();
-        ctl.set_cut_mode(mode);
-        if let Some(n) = cut {
-            ctl.power_cut_after(n);
-        }
-        let mut returned = 0;
-        let _ = run(Arc::new(fault), &mut returned);
-        (mem, returned, ctl.ops())
+        let (mem, returned, ops) = run_cut(&base, cut, mode, |d| {
+            let mut returned = 0;
+            let _ = run(d, &mut returned);
+            returned
+        });
+        (mem, returned, ops)
     };
     let (_, returned, ops) = one(None, CutMode::DropAll);
     assert_eq!(returned, 3);

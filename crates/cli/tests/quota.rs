@@ -257,7 +257,7 @@ fn crash_at_every_write_keeps_quota_exact() {
     if let Err(r) = e2fs_tools() {
         return skip("crash_at_every_write_keeps_quota_exact", &r);
     }
-    use ext4kit_device::{CutMode, Device, FaultDevice, MemDevice};
+    use ext4kit_device::{CutMode, Device, MemDevice};
     use ext4kit_format::inode::{S_IFDIR, S_IFREG};
     use ext4kit_fs::fs::{Filesystem, NewInode, SetAttr};
     use ext4kit_fs::rw::RwOptions;
@@ -296,15 +296,8 @@ fn crash_at_every_write_keeps_quota_exact() {
         fs.close()
     };
     let one = |cut: Option<u64>, mode: CutMode| {
-        let mem = Arc::new(base.snapshot());
-        let fault = FaultDevice::new(mem.clone());
-        let ctl = fault.control();
-        ctl.set_cut_mode(mode);
-        if let Some(n) = cut {
-            ctl.power_cut_after(n);
-        }
-        let r = run(Arc::new(fault));
-        (mem, r.is_ok(), ctl.ops())
+        let (mem, r, ops) = run_cut(&base, cut, mode, run);
+        (mem, r.is_ok(), ops)
     };
     let (mem, ok, ops) = one(None, CutMode::DropAll);
     assert!(ok);

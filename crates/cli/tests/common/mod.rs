@@ -14,7 +14,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use ext4kit_device::{Device, FileDevice, OpenOptions};
+use ext4kit_device::{CutMode, Device, FaultDevice, FileDevice, MemDevice, OpenOptions};
 
 pub mod dumpe2fs;
 pub mod fuse;
@@ -843,4 +843,25 @@ pub fn is_fuse_mounted(dir: &Path) -> bool {
             f.get(4) == Some(&want.as_str())
                 && (l.contains(" - fuse ") || l.contains(" - fuse.ext4kit "))
         })
+}
+
+/// One run of `run` on a [`FaultDevice`] over a copy of `base`, its power
+/// cut after `cut` writes (`None`: no cut) in `mode`: the copy (what a
+/// crash left), what `run` returned and the writes it made (the crash
+/// tests' loop over every write).
+pub fn run_cut<R>(
+    base: &MemDevice,
+    cut: Option<u64>,
+    mode: CutMode,
+    run: impl FnOnce(std::sync::Arc<dyn Device>) -> R,
+) -> (std::sync::Arc<MemDevice>, R, u64) {
+    let mem = std::sync::Arc::new(base.snapshot());
+    let fault = FaultDevice::new(mem.clone());
+    let ctl = fault.control();
+    ctl.set_cut_mode(mode);
+    if let Some(n) = cut {
+        ctl.power_cut_after(n);
+    }
+    let r = run(std::sync::Arc::new(fault));
+    (mem, r, ctl.ops())
 }
