@@ -1548,17 +1548,25 @@ impl FuseFs {
                 return Err(Errno::EISDIR);
             }
             crate::flags::may_open(&i, flags)?;
-            let append = flags & libc::O_APPEND != 0 && !self.writeback;
-            let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
-            self.s
-                .state()
-                .add_handle(Handle::File { ino, append, write })
+            let h = self.open_handle(ino, flags);
+            self.s.state().add_handle(h)
         };
         let f = self.atime_open_flags(ino, flags, self.open_flags());
         Ok(Opened {
             fh,
             flags: f.bits(),
         })
+    }
+
+    /// The handle of a file opened with `flags` (OPEN, CREATE, TMPFILE):
+    /// O_APPEND is ours only without the writeback cache (with it the
+    /// kernel places appends itself).
+    fn open_handle(&self, ino: u32, flags: i32) -> Handle {
+        Handle::File {
+            ino,
+            append: flags & libc::O_APPEND != 0 && !self.writeback,
+            write: flags & libc::O_ACCMODE != libc::O_RDONLY,
+        }
     }
 
     pub fn op_read(&self, ino: u64, offset: u64, size: u32) -> R<Vec<u8>> {
@@ -1827,16 +1835,11 @@ impl FuseFs {
         let mode = (mode & !u32::from(S_IFMT)) | u32::from(S_IFREG);
         let name = OsStr::from_bytes(name);
         let i = self.make(req, INodeNo(parent), name, umask, Make::Node { mode, rdev })?;
-        let append = flags & libc::O_APPEND != 0 && !self.writeback;
-        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let h = self.open_handle(i.ino, flags);
         let fh = {
             let mut st = self.s.state();
             st.looked_up(i.ino);
-            st.add_handle(Handle::File {
-                ino: i.ino,
-                append,
-                write,
-            })
+            st.add_handle(h)
         };
         let opened = Opened {
             fh,
@@ -1872,8 +1875,6 @@ impl FuseFs {
             false,
             umask,
         )?;
-        let append = flags & libc::O_APPEND != 0 && !self.writeback;
-        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         // On the mount's orphan list before anyone can see the inode, its
         // handle with it: the last close (or FORGET) frees it.
         let (mut i, mut tid) =
@@ -1898,11 +1899,7 @@ impl FuseFs {
             st.orphans.insert(i.ino);
             st.looked_up(i.ino);
             st.changed(i.ino, tid);
-            st.add_handle(Handle::File {
-                ino: i.ino,
-                append,
-                write,
-            })
+            st.add_handle(self.open_handle(i.ino, flags))
         };
         let opened = Opened {
             fh,
