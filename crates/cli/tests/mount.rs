@@ -468,10 +468,15 @@ fn tree_readback(what: &str, t: &[&str]) {
     e2fsck_clean(&img).unwrap();
 }
 
+/// One statfs field of the mounted filesystem (`stat -f -c FORMAT`).
+fn statfs_field(m: &Path, format: &str) -> u64 {
+    let o = run_ok(tool("stat").args(["-f", "-c", format]).arg(m)).unwrap();
+    String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
+}
+
 /// Free blocks of the mounted filesystem (statfs).
 fn free_blocks(m: &Path) -> u64 {
-    let o = run_ok(tool("stat").args(["-f", "-c", "%f"]).arg(m)).unwrap();
-    String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
+    statfs_field(m, "%f")
 }
 
 #[test]
@@ -3002,9 +3007,9 @@ fn tmpfile_script(root: &Path) -> Vec<(String, String)> {
     out
 }
 
+/// Free inodes of the mounted filesystem (statfs).
 fn free_inodes(m: &Path) -> u64 {
-    let o = run_ok(tool("stat").args(["-f", "-c", "%d"]).arg(m)).unwrap();
-    String::from_utf8_lossy(&o.stdout).trim().parse().unwrap()
+    statfs_field(m, "%d")
 }
 
 /// O_TMPFILE on our own transport (FUSE_TMPFILE, the default) does what it does on the
