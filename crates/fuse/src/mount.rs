@@ -880,6 +880,13 @@ pub fn serve_wrapped(
             if !matches!(shared.backend, Backend::Rw(_)) {
                 return;
             }
+            // For measuring what the idle commit costs (scripts/
+            // bench-real.sh's ext4kit-noidle contender): off, `sync(1)`
+            // is as weak as without it (commits on the timer only).
+            if std::env::var_os("EXT4KIT_IDLE_COMMIT").is_some_and(|v| v == "0") {
+                tracing::info!("idle commit off (EXT4KIT_IDLE_COMMIT=0)");
+                return;
+            }
             while shared.idle.wait_idle(crate::idle::IDLE) {
                 if let Err(e) = shared.commit_all() {
                     tracing::warn!("idle commit: {e}");
