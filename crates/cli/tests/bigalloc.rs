@@ -2,8 +2,9 @@
 //! 1 KiB blocks with clusters of 4 (s_first_data_block 0, the descriptor
 //! table at block 2): what the kernel writes (files with holes, appends,
 //! truncates, deletes, a directory of many entries) reads back through
-//! `ls`/`cat`/`stat`/`info`, and every read-write tool refuses the image
-//! with one line and no write (cluster allocation is not written yet).
+//! `ls`/`cat`/`stat`/`info` and a read-only mount, and every read-write
+//! tool and a read-write mount refuse the image with one line and no write
+//! (cluster allocation is not written yet).
 
 mod common;
 
@@ -11,6 +12,7 @@ use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use common::fuse::FuseMount;
 use common::*;
 
 /// The two geometries: (name, image size, mke2fs arguments, block size,
@@ -135,8 +137,19 @@ fn rw_tools_refuse(img: &Path, host_file: &Path) -> Result<(), String> {
         ],
     ];
     let before = file_hash(img).map_err(|e| e.to_string())?;
+    let mnt = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut cases = cases;
+    if fuse_available().is_ok() {
+        // A read-write mount (bounded: were it accepted, -f would stay).
+        cases.push(vec![
+            "mount".into(),
+            "-f".into(),
+            p.into(),
+            mnt.path().to_str().unwrap().into(),
+        ]);
+    }
     for args in cases {
-        let out = run(ext4kit().args(&args))?;
+        let out = run(tool("timeout").arg("20").arg(ext4kit_path()).args(&args))?;
         let err = String::from_utf8_lossy(&out.stderr);
         if out.status.success() {
             return Err(format!("{args:?} succeeded on a bigalloc image"));
@@ -194,6 +207,32 @@ fn reads_back(img: &Path, w: &Written) -> Result<(), String> {
     Ok(())
 }
 
+/// A read-only mount shows the kernel's files (skipped without FUSE).
+fn ro_mount_reads(img: &Path, w: &Written) -> Result<(), String> {
+    if let Err(why) = fuse_available() {
+        eprintln!("note: no read-only mount check: {why}");
+        return Ok(());
+    }
+    let m = FuseMount::new(img, &["ro"])?;
+    for (path, want) in &w.files {
+        let got = fs::read(m.path().join(&path[1..])).map_err(|e| format!("{path}: {e}"))?;
+        if &got != want {
+            return Err(format!("mount -o ro: {path} differs"));
+        }
+    }
+    let n = fs::read_dir(m.path().join("many"))
+        .map_err(|e| e.to_string())?
+        .count();
+    m.unmount()?;
+    if n != w.many {
+        return Err(format!(
+            "mount -o ro: /many has {n} entries, want {}",
+            w.many
+        ));
+    }
+    Ok(())
+}
+
 /// The kernel writes a bigalloc image of each geometry; e2fsck calls it
 /// clean; ext4kit reads every file and directory back and refuses every
 /// write with one line, the image untouched.
@@ -226,6 +265,7 @@ fn kernel_written_bigalloc_reads_back_and_writes_are_refused() {
         let res = e2fsck_clean(&img)
             .map(|_| ())
             .and_then(|()| reads_back(&img, &written))
+            .and_then(|()| ro_mount_reads(&img, &written))
             .and_then(|()| rw_tools_refuse(&img, &host))
             .and_then(|()| e2fsck_clean(&img).map(|_| ()));
         report_case(label, res, &mut failures);
