@@ -14,6 +14,9 @@ use std::path::Path;
 
 use common::fuse::FuseMount;
 use common::*;
+use ext4kit_device::{FileDevice, OpenOptions};
+use ext4kit_fs::balloc::cluster::{Clusters, Run};
+use ext4kit_fs::sb::Volume;
 
 /// The two geometries: (name, image size, mke2fs arguments, block size,
 /// blocks per cluster).
@@ -87,6 +90,20 @@ fn kernel_script(root: &Path, bs: u64, ratio: u64) -> Written {
     holey.resize(far as usize, 0);
     holey.extend_from_slice(&end);
     files.push(("/holey".to_string(), holey));
+    // Blocks 0 and 3, a hole between them inside one cluster: two extents
+    // sharing it (the kernel's implied cluster).
+    let one = pattern(bs as usize, 8);
+    let three = pattern(bs as usize, 9);
+    {
+        let f = fs::File::create(root.join("shared")).unwrap();
+        f.write_all_at(&one, 0).unwrap();
+        f.sync_all().unwrap();
+        f.write_all_at(&three, 3 * bs).unwrap();
+    }
+    let mut shared = one.clone();
+    shared.resize(3 * bs as usize, 0);
+    shared.extend_from_slice(&three);
+    files.push(("/shared".to_string(), shared));
     // Three clusters, truncated to inside the second one's second block.
     let cut = cluster + bs as usize + 9;
     let long = pattern(3 * cluster, 6);
@@ -207,6 +224,53 @@ fn reads_back(img: &Path, w: &Written) -> Result<(), String> {
     Ok(())
 }
 
+/// The engine's cluster rules (`balloc::cluster`) against what the kernel
+/// wrote: every file maps aligned, and `i_blocks` is the clusters e2fsck
+/// counts (all these files have their extents in the inode).
+fn cluster_rules_hold(img: &Path, w: &Written, bs: u64, ratio: u64) -> Result<(), String> {
+    let dev = FileDevice::open(img, OpenOptions::read_only()).map_err(|e| e.to_string())?;
+    let vol = Volume::open(&dev).map_err(|e| e.to_string())?;
+    let fs = vol.fs();
+    let c = Clusters::new(ratio.trailing_zeros()).ok_or("cluster ratio")?;
+    for (path, _) in &w.files {
+        let ino = fs
+            .resolve(path.as_bytes(), false)
+            .map_err(|e| format!("{path}: {e}"))?;
+        let (maps, nodes) = fs.extent_tree(&ino).map_err(|e| format!("{path}: {e}"))?;
+        let runs: Vec<Run> = maps
+            .iter()
+            .map(|m| Run {
+                lblk: m.lblk as u32,
+                pblk: m.pblk,
+                len: m.len,
+            })
+            .collect();
+        let mut prev = None;
+        for r in &runs {
+            if !c.aligned(prev, *r) {
+                return Err(format!("{path}: {r:?} after {prev:?} is not aligned"));
+            }
+            // Where the previous extent's cluster implies this one's start,
+            // the kernel put it there.
+            if let Some((p, _)) = c.implied(r.lblk, prev, None)
+                && p != r.pblk
+            {
+                return Err(format!("{path}: {r:?} after {prev:?}: implied block {p}"));
+            }
+            prev = Some(*r);
+        }
+        let tree = nodes.len().saturating_sub(1) as u64;
+        let want = (c.clusters_held(&runs) + tree) * ratio * bs / 512;
+        if ino.blocks_512 != want {
+            return Err(format!(
+                "{path}: i_blocks {} but the rules count {want} ({runs:?})",
+                ino.blocks_512
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A read-only mount shows the kernel's files (skipped without FUSE).
 fn ro_mount_reads(img: &Path, w: &Written) -> Result<(), String> {
     if let Err(why) = fuse_available() {
@@ -265,6 +329,7 @@ fn kernel_written_bigalloc_reads_back_and_writes_are_refused() {
         let res = e2fsck_clean(&img)
             .map(|_| ())
             .and_then(|()| reads_back(&img, &written))
+            .and_then(|()| cluster_rules_hold(&img, &written, bs, ratio))
             .and_then(|()| ro_mount_reads(&img, &written))
             .and_then(|()| rw_tools_refuse(&img, &host))
             .and_then(|()| e2fsck_clean(&img).map(|_| ()));
