@@ -846,10 +846,10 @@ fn geometry(sb: &Superblock, features: &Features) -> Result<Geometry, ImageError
     }
     let descs_per_block = block_size / desc_size;
     let desc_blocks = group_count.div_ceil(descs_per_block);
-    // The table follows the block holding the superblock (libext2fs: block
-    // 2 with 1 KiB blocks even when bigalloc makes block 0 the first).
+    // The table follows the block holding the superblock (block 2 with
+    // 1 KiB blocks even when bigalloc makes block 0 the first).
     let sb_block = SUPERBLOCK_OFFSET / bs;
-    let gdt_start = first_data_block.max(sb_block) + 1;
+    let gdt_start = ext4kit_format::layout::gdt_start(block_size);
     let reserved_gdt_blocks = u32::from(sb.s_reserved_gdt_blocks.get());
     if reserved_gdt_blocks > block_size / 4 {
         return Err(corrupt(

@@ -64,6 +64,20 @@ pub fn group_has_super(sb: &Superblock, g: u32) -> bool {
     Backups::of(sb).has_super(g)
 }
 
+/// Block of the first primary descriptor block: the block after the one
+/// holding the primary superblock (byte 1024). That is block 1 for blocks
+/// of 2 KiB and more, and block 2 for 1 KiB blocks whatever
+/// `s_first_data_block` says: with 1 KiB blocks and bigalloc group 0
+/// starts at block 0 (`s_first_data_block` 0) yet the superblock is still
+/// block 1 and the table block 2. The kernel's `ext4_fill_super` reads the
+/// table from `logical_sb_block + 1` (`descriptor_loc`, which also adds one
+/// for meta_bg block 0 in that case) and libext2fs's
+/// `ext2fs_descriptor_block_loc2`/`ext2fs_open2` add `group_zero_adjust`
+/// for the same reason. Every reader and writer takes it from here.
+pub fn gdt_start(block_size: u32) -> u64 {
+    crate::superblock::SUPERBLOCK_OFFSET / u64::from(block_size.max(1)) + 1
+}
+
 /// What the placement of the descriptor blocks depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DescLayout {
@@ -201,6 +215,29 @@ mod tests {
         assert_eq!(l.backup(257, 16384, 1), Some(8449));
         // A meta group without a second group has no backup.
         assert_eq!(l.backup(257, 8193 + 256, 1), None);
+    }
+
+    /// The table's first block: 2 for 1 KiB blocks with s_first_data_block
+    /// 1 and with 0 (bigalloc; dumpe2fs of `mke2fs -b 1024 -O bigalloc -C
+    /// 4096` says "Group descriptors at 2-2"), 1 for larger blocks.
+    #[test]
+    fn gdt_start_follows_the_superblock_block() {
+        assert_eq!(gdt_start(1024), 2);
+        assert_eq!(gdt_start(2048), 1);
+        assert_eq!(gdt_start(4096), 1);
+        assert_eq!(gdt_start(65536), 1);
+        // meta_bg with s_first_meta_bg 0, bigalloc 1 KiB: block 0 of the
+        // table is still at 2 (the kernel's descriptor_loc has_super++),
+        // later ones after their group's superblock backup.
+        let l = DescLayout {
+            gdt_start: gdt_start(1024),
+            first_data_block: 0,
+            blocks_per_group: 8192,
+            descs_per_block: 32,
+            first_meta_bg: Some(0),
+            backups: SPARSE,
+        };
+        assert_eq!([l.primary(0), l.primary(1)], [2, 32 * 8192]);
     }
 
     /// meta_bg, 4 KiB blocks, 64-byte descriptors (64 a block), 160 groups

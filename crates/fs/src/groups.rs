@@ -192,7 +192,7 @@ impl Layout {
     /// Block number of primary descriptor block `i` (`descriptor_loc`).
     pub fn desc_block(&self, i: u32) -> u64 {
         DescLayout {
-            gdt_start: self.first_data_block + 1,
+            gdt_start: ext4kit_format::layout::gdt_start(self.block_size),
             first_data_block: self.first_data_block,
             blocks_per_group: self.blocks_per_group,
             descs_per_block: self.desc_per_block,
@@ -569,5 +569,40 @@ impl DescTable {
             buf[off..off + n].copy_from_slice(d.on_disk(l.desc_size));
         }
         Ok((blk, buf))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sb::Volume;
+    use ext4kit::testing::MemImage;
+    use ext4kit_format::features::RoCompat;
+
+    /// 1 KiB blocks with bigalloc (s_first_data_block 0): the loader
+    /// ([`crate::sb::FsInfo::desc_block`]) and this layout both put the
+    /// descriptor table at block 2, where mkfs wrote it (group 0's
+    /// descriptor there checks). They disagreed before (block 1 here).
+    #[test]
+    fn bigalloc_1k_descriptor_table_at_block_2() {
+        let mut m = MemImage::new(32 << 20, 1024, 16384);
+        m.features = vec!["bigalloc".into()];
+        // 8192-block groups (-g counts clusters with bigalloc), within
+        // this layout's bitmap bound.
+        m.blocks_per_group = Some(512);
+        let dev = m.make().unwrap();
+        let vol = Volume::open(&dev).unwrap();
+        assert_eq!(vol.info.first_data_block, 0);
+        assert_eq!(vol.info.desc_block(0), 2);
+        // The allocators refuse bigalloc; the layout numbers are the same
+        // without the flag.
+        let mut sb = vol.info.sb.clone();
+        let ro = sb.s_feature_ro_compat.get() & !RoCompat::BIGALLOC.bits();
+        sb.s_feature_ro_compat.set(ro);
+        let l = Layout::from_superblock(&sb).unwrap();
+        assert_eq!(l.first_data_block, 0);
+        assert_eq!(l.desc_block(0), vol.info.desc_block(0));
+        // And group 0's descriptor read from there is the checked one.
+        assert!(vol.fs().group_desc(0).is_ok());
     }
 }

@@ -334,7 +334,7 @@ impl Geometry {
         let sb = &self.sb;
         let meta_bg = Incompat(sb.s_feature_incompat.get()).contains(Incompat::META_BG);
         ext4kit_format::layout::DescLayout {
-            gdt_start: self.first_data_block + 1,
+            gdt_start: ext4kit_format::layout::gdt_start(self.block_size),
             first_data_block: self.first_data_block,
             blocks_per_group: sb.s_blocks_per_group.get(),
             descs_per_block: self.block_size / self.desc_size,

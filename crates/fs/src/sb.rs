@@ -287,15 +287,8 @@ impl FsInfo {
 
     /// Where descriptor block `index` lives (meta_bg aware).
     pub fn desc_block(&self, index: u32) -> u64 {
-        // 1 KiB blocks with bigalloc: group 0 starts at block 0, its
-        // superblock is block 1 (libext2fs's super_and_bgd_loc2).
-        let sb_block = if self.first_data_block == 0 && self.block_size == 1024 {
-            1
-        } else {
-            self.first_data_block
-        };
         DescLayout {
-            gdt_start: sb_block + 1,
+            gdt_start: ext4kit_format::layout::gdt_start(self.block_size),
             first_data_block: self.first_data_block,
             blocks_per_group: self.blocks_per_group,
             descs_per_block: self.descs_per_block(),

@@ -48,6 +48,7 @@
 //! busy log; the map of materialized ranges is taken only briefly; searches
 //! hold only the index.
 
+pub mod cluster;
 pub mod extents;
 pub mod groupset;
 pub mod layout;

@@ -1,0 +1,340 @@
+//! bigalloc images (issue 20), 4 KiB blocks with clusters of 16 blocks and
+//! 1 KiB blocks with clusters of 4 (s_first_data_block 0, the descriptor
+//! table at block 2): what the kernel writes (files with holes, appends,
+//! truncates, deletes, a directory of many entries) reads back through
+//! `ls`/`cat`/`stat`/`info` and a read-only mount, and every read-write
+//! tool and a read-write mount refuse the image with one line and no write
+//! (cluster allocation is not written yet).
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use common::fuse::FuseMount;
+use common::*;
+use ext4kit_device::{FileDevice, OpenOptions};
+use ext4kit_fs::balloc::cluster::{Clusters, Run};
+use ext4kit_fs::sb::Volume;
+
+/// The two geometries: (name, image size, mke2fs arguments, block size,
+/// blocks per cluster).
+const GEOMETRIES: [(&str, &str, &[&str], u64, u64); 2] = [
+    (
+        "4k-c16",
+        "256M",
+        &["-b", "4096", "-O", "bigalloc", "-C", "65536"],
+        4096,
+        16,
+    ),
+    (
+        "1k-c4",
+        "64M",
+        &["-b", "1024", "-O", "bigalloc", "-C", "4096"],
+        1024,
+        4,
+    ),
+];
+
+/// What the kernel is asked to do, and what each file then holds.
+struct Written {
+    /// (path in the image, expected contents)
+    files: Vec<(String, Vec<u8>)>,
+    /// Names in /many.
+    many: usize,
+    /// Bytes per cluster.
+    cluster: u64,
+}
+
+/// The number after `name` in `ext4kit stat`'s output.
+fn stat_field(text: &str, name: &str) -> Option<u64> {
+    let (_, rest) = text.split_once(name)?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// Write through the kernel's mount at `root`: partial and whole
+/// clusters, a hole in the middle, an append that fills a cluster's tail,
+/// a truncate to inside a cluster, a delete, a directory taking more than
+/// one block.
+fn kernel_script(root: &Path, bs: u64, ratio: u64) -> Written {
+    let cluster = (bs * ratio) as usize;
+    let mut files = Vec::new();
+    // Less than a block.
+    let small = pattern(100, 1);
+    fs::write(root.join("small"), &small).unwrap();
+    files.push(("/small".to_string(), small));
+    // One block and a half, then appended to past the first cluster.
+    let mut grown = pattern(bs as usize * 3 / 2, 2);
+    fs::write(root.join("grown"), &grown).unwrap();
+    let tail = pattern(cluster + 17, 3);
+    {
+        let f = fs::OpenOptions::new()
+            .append(true)
+            .open(root.join("grown"))
+            .unwrap();
+        f.write_all_at(&tail, grown.len() as u64).unwrap();
+    }
+    grown.extend_from_slice(&tail);
+    files.push(("/grown".to_string(), grown));
+    // Data, a hole of three clusters and a half, data again.
+    let head = pattern(cluster + 5, 4);
+    let far = (4 * cluster + cluster / 2) as u64;
+    let end = pattern(bs as usize + 1, 5);
+    {
+        let f = fs::File::create(root.join("holey")).unwrap();
+        f.write_all_at(&head, 0).unwrap();
+        f.write_all_at(&end, far).unwrap();
+    }
+    let mut holey = head.clone();
+    holey.resize(far as usize, 0);
+    holey.extend_from_slice(&end);
+    files.push(("/holey".to_string(), holey));
+    // Blocks 0 and 3, a hole between them inside one cluster: two extents
+    // sharing it (the kernel's implied cluster).
+    let one = pattern(bs as usize, 8);
+    let three = pattern(bs as usize, 9);
+    {
+        let f = fs::File::create(root.join("shared")).unwrap();
+        f.write_all_at(&one, 0).unwrap();
+        f.sync_all().unwrap();
+        f.write_all_at(&three, 3 * bs).unwrap();
+    }
+    let mut shared = one.clone();
+    shared.resize(3 * bs as usize, 0);
+    shared.extend_from_slice(&three);
+    files.push(("/shared".to_string(), shared));
+    // Three clusters, truncated to inside the second one's second block.
+    let cut = cluster + bs as usize + 9;
+    let long = pattern(3 * cluster, 6);
+    fs::write(root.join("cut"), &long).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(root.join("cut"))
+        .unwrap()
+        .set_len(cut as u64)
+        .unwrap();
+    files.push(("/cut".to_string(), long[..cut].to_vec()));
+    // Written, then deleted (its clusters free again).
+    fs::write(root.join("gone"), pattern(2 * cluster, 7)).unwrap();
+    fs::remove_file(root.join("gone")).unwrap();
+    // A directory of several blocks.
+    let many = 3 * bs as usize / 24;
+    fs::create_dir(root.join("many")).unwrap();
+    for i in 0..many {
+        fs::write(root.join(format!("many/entry-{i:04}")), []).unwrap();
+    }
+    Written {
+        files,
+        many,
+        cluster: cluster as u64,
+    }
+}
+
+/// Each read-write tool on `img` (a bigalloc image) must exit non-zero
+/// with one line naming bigalloc, and leave every byte as it was.
+fn rw_tools_refuse(img: &Path, host_file: &Path) -> Result<(), String> {
+    let p = img.to_str().unwrap();
+    let at = |path: &str| format!("{p}:{path}");
+    let host = host_file.to_str().unwrap();
+    let cases: Vec<Vec<String>> = vec![
+        vec!["cp".into(), host.into(), at("/new")],
+        vec!["mkdir".into(), at("/newdir")],
+        vec!["rm".into(), at("/small")],
+        vec!["mv".into(), at("/small"), at("/moved")],
+        vec!["ln".into(), at("/small"), at("/link")],
+        vec!["chmod".into(), "600".into(), at("/small")],
+        vec!["chown".into(), "1:1".into(), at("/small")],
+        vec!["truncate".into(), "-s".into(), "0".into(), at("/grown")],
+        vec![
+            "fallocate".into(),
+            "-l".into(),
+            "65536".into(),
+            at("/small"),
+        ],
+    ];
+    let before = file_hash(img).map_err(|e| e.to_string())?;
+    let mnt = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut cases = cases;
+    if fuse_available().is_ok() {
+        // A read-write mount (bounded: were it accepted, -f would stay).
+        cases.push(vec![
+            "mount".into(),
+            "-f".into(),
+            p.into(),
+            mnt.path().to_str().unwrap().into(),
+        ]);
+    }
+    for args in cases {
+        let out = run(tool("timeout").arg("20").arg(ext4kit_path()).args(&args))?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            return Err(format!("{args:?} succeeded on a bigalloc image"));
+        }
+        if err.lines().count() != 1 || !err.contains("bigalloc") {
+            return Err(format!("{args:?}: not one line naming bigalloc: {err:?}"));
+        }
+        if file_hash(img).map_err(|e| e.to_string())? != before {
+            return Err(format!("{args:?} wrote the image"));
+        }
+    }
+    Ok(())
+}
+
+/// `cat`, `ls`, `stat` and `info` read what the kernel wrote.
+fn reads_back(img: &Path, w: &Written) -> Result<(), String> {
+    let p = img.to_str().unwrap();
+    for (path, want) in &w.files {
+        let out = run_ok(ext4kit().arg("cat").arg(format!("{p}:{path}")))?;
+        if &out.stdout != want {
+            return Err(format!(
+                "cat {path}: {} bytes, want {} (first difference at {:?})",
+                out.stdout.len(),
+                want.len(),
+                out.stdout.iter().zip(want).position(|(a, b)| a != b)
+            ));
+        }
+        let st = run_ok(ext4kit().arg("stat").arg(format!("{p}:{path}")))?;
+        let text = String::from_utf8_lossy(&st.stdout);
+        if stat_field(&text, "Size:") != Some(want.len() as u64) {
+            return Err(format!("stat {path}: size not {}:\n{text}", want.len()));
+        }
+        // i_blocks counts whole clusters (the kernel's and e2fsck's rule):
+        // the 100-byte file holds one.
+        if path == "/small" && stat_field(&text, "Blocks:") != Some(w.cluster / 512) {
+            return Err(format!(
+                "stat {path}: not one cluster of 512-byte units:\n{text}"
+            ));
+        }
+    }
+    let ls = run_ok(ext4kit().arg("ls").arg(format!("{p}:/many")))?;
+    let names = String::from_utf8_lossy(&ls.stdout);
+    let n = names.lines().filter(|l| l.starts_with("entry-")).count();
+    if n != w.many {
+        return Err(format!("ls /many: {n} entries, want {}", w.many));
+    }
+    let root = run_ok(ext4kit().arg("ls").arg(format!("{p}:/")))?;
+    if String::from_utf8_lossy(&root.stdout).contains("gone") {
+        return Err("ls /: the deleted file is listed".into());
+    }
+    let info = run_ok(ext4kit().arg("info").arg(p))?;
+    if !String::from_utf8_lossy(&info.stdout).contains("bigalloc") {
+        return Err("info does not name bigalloc".into());
+    }
+    Ok(())
+}
+
+/// The engine's cluster rules (`balloc::cluster`) against what the kernel
+/// wrote: every file maps aligned, and `i_blocks` is the clusters e2fsck
+/// counts (all these files have their extents in the inode).
+fn cluster_rules_hold(img: &Path, w: &Written, bs: u64, ratio: u64) -> Result<(), String> {
+    let dev = FileDevice::open(img, OpenOptions::read_only()).map_err(|e| e.to_string())?;
+    let vol = Volume::open(&dev).map_err(|e| e.to_string())?;
+    let fs = vol.fs();
+    let c = Clusters::new(ratio.trailing_zeros()).ok_or("cluster ratio")?;
+    for (path, _) in &w.files {
+        let ino = fs
+            .resolve(path.as_bytes(), false)
+            .map_err(|e| format!("{path}: {e}"))?;
+        let (maps, nodes) = fs.extent_tree(&ino).map_err(|e| format!("{path}: {e}"))?;
+        let runs: Vec<Run> = maps
+            .iter()
+            .map(|m| Run {
+                lblk: m.lblk as u32,
+                pblk: m.pblk,
+                len: m.len,
+            })
+            .collect();
+        let mut prev = None;
+        for r in &runs {
+            if !c.aligned(prev, *r) {
+                return Err(format!("{path}: {r:?} after {prev:?} is not aligned"));
+            }
+            // Where the previous extent's cluster implies this one's start,
+            // the kernel put it there.
+            if let Some((p, _)) = c.implied(r.lblk, prev, None)
+                && p != r.pblk
+            {
+                return Err(format!("{path}: {r:?} after {prev:?}: implied block {p}"));
+            }
+            prev = Some(*r);
+        }
+        let tree = nodes.len().saturating_sub(1) as u64;
+        let want = (c.clusters_held(&runs) + tree) * ratio * bs / 512;
+        if ino.blocks_512 != want {
+            return Err(format!(
+                "{path}: i_blocks {} but the rules count {want} ({runs:?})",
+                ino.blocks_512
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A read-only mount shows the kernel's files (skipped without FUSE).
+fn ro_mount_reads(img: &Path, w: &Written) -> Result<(), String> {
+    if let Err(why) = fuse_available() {
+        eprintln!("note: no read-only mount check: {why}");
+        return Ok(());
+    }
+    let m = FuseMount::new(img, &["ro"])?;
+    for (path, want) in &w.files {
+        let got = fs::read(m.path().join(&path[1..])).map_err(|e| format!("{path}: {e}"))?;
+        if &got != want {
+            return Err(format!("mount -o ro: {path} differs"));
+        }
+    }
+    let n = fs::read_dir(m.path().join("many"))
+        .map_err(|e| e.to_string())?
+        .count();
+    m.unmount()?;
+    if n != w.many {
+        return Err(format!(
+            "mount -o ro: /many has {n} entries, want {}",
+            w.many
+        ));
+    }
+    Ok(())
+}
+
+/// The kernel writes a bigalloc image of each geometry; e2fsck calls it
+/// clean; ext4kit reads every file and directory back and refuses every
+/// write with one line, the image untouched.
+#[test]
+fn kernel_written_bigalloc_reads_back_and_writes_are_refused() {
+    let name = "kernel_written_bigalloc_reads_back_and_writes_are_refused";
+    if let Err(why) = e2fs_tools().and_then(|()| kernel_mount_available()) {
+        return skip(name, &why);
+    }
+    let dir = image_dir();
+    let host = dir.path().join("host-file");
+    fs::write(&host, b"host data\n").unwrap();
+    let mut failures = Vec::new();
+    for (label, size, args, bs, ratio) in GEOMETRIES {
+        let img = mkimg(dir.path(), &format!("{label}.img"), size, args);
+        let lo = match LoopDev::attach(&img) {
+            Ok(l) => l,
+            Err(e) => return skip(name, &e),
+        };
+        let written = {
+            let mnt = match Mount::new(lo.path(), "ext4", None) {
+                Ok(m) => m,
+                Err(e) => return skip(name, &format!("kernel mount of a bigalloc image: {e}")),
+            };
+            let w = kernel_script(mnt.path(), bs, ratio);
+            mnt.unmount().unwrap();
+            w
+        };
+        drop(lo);
+        let res = e2fsck_clean(&img)
+            .map(|_| ())
+            .and_then(|()| reads_back(&img, &written))
+            .and_then(|()| cluster_rules_hold(&img, &written, bs, ratio))
+            .and_then(|()| ro_mount_reads(&img, &written))
+            .and_then(|()| rw_tools_refuse(&img, &host))
+            .and_then(|()| e2fsck_clean(&img).map(|_| ()));
+        report_case(label, res, &mut failures);
+        let _ = fs::remove_file(&img);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
