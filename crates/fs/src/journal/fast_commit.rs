@@ -128,6 +128,130 @@ enum Step {
     Fail(String),
 }
 
+/// One fast-commit record as the kernel's REPLAY pass reads it
+/// (`struct ext4_fc_*` of fs/ext4/fast_commit.h, all little-endian).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FcTag {
+    /// `ext4_fc_head`: features, tid.
+    Head { features: u32, tid: u32 },
+    /// `ext4_fc_add_range`: inode `ino` maps `len` blocks from logical
+    /// `lblk` to physical `pblk` (an `ext4_extent`; `ee_len > 32768` is an
+    /// unwritten extent of `ee_len - 32768` blocks).
+    AddRange {
+        ino: u32,
+        lblk: u32,
+        len: u16,
+        unwritten: bool,
+        pblk: u64,
+    },
+    /// `ext4_fc_del_range`: inode `ino` loses logical `lblk..lblk+len`.
+    DelRange { ino: u32, lblk: u32, len: u32 },
+    /// `ext4_fc_dentry_info` of CREAT (a new inode's first name), LINK
+    /// (another name) and UNLINK (a name removed): `tag` says which.
+    Dentry {
+        tag: u16,
+        parent: u32,
+        ino: u32,
+        name: Vec<u8>,
+    },
+    /// `ext4_fc_inode`: the on-disk inode `ino` (`raw`, 128 bytes up to
+    /// the inode size) as the fast commit saw it.
+    Inode { ino: u32, raw: Vec<u8> },
+    /// Padding to the end of a block.
+    Pad,
+    /// `ext4_fc_tail`: end of one fast commit.
+    Tail { tid: u32, crc: u32 },
+}
+
+impl FcTag {
+    /// Decode the value `val` of a record `tag` whose length
+    /// [`len_ok`] accepted; `None` for an unknown tag.
+    fn decode(tag: u16, val: &[u8]) -> Option<FcTag> {
+        Some(match tag {
+            EXT4_FC_TAG_HEAD => FcTag::Head {
+                features: le32(val, 0),
+                tid: le32(val, 4),
+            },
+            EXT4_FC_TAG_ADD_RANGE => {
+                let raw_len = le16(val, 8);
+                let unwritten = raw_len > 32768;
+                FcTag::AddRange {
+                    ino: le32(val, 0),
+                    lblk: le32(val, 4),
+                    len: if unwritten { raw_len - 32768 } else { raw_len },
+                    unwritten,
+                    pblk: (u64::from(le16(val, 10)) << 32) | u64::from(le32(val, 12)),
+                }
+            }
+            EXT4_FC_TAG_DEL_RANGE => FcTag::DelRange {
+                ino: le32(val, 0),
+                lblk: le32(val, 4),
+                len: le32(val, 8),
+            },
+            EXT4_FC_TAG_CREAT | EXT4_FC_TAG_LINK | EXT4_FC_TAG_UNLINK => FcTag::Dentry {
+                tag,
+                parent: le32(val, 0),
+                ino: le32(val, 4),
+                name: val[8..].to_vec(),
+            },
+            EXT4_FC_TAG_INODE => FcTag::Inode {
+                ino: le32(val, 0),
+                raw: val[4..].to_vec(),
+            },
+            EXT4_FC_TAG_PAD => FcTag::Pad,
+            EXT4_FC_TAG_TAIL => FcTag::Tail {
+                tid: le32(val, 0),
+                crc: le32(val, 4),
+            },
+            _ => return None,
+        })
+    }
+}
+
+/// The records a replay of `log` goes through, in log order: the first
+/// `tags` records of the area (HEAD up to the last valid TAIL), as the
+/// kernel's REPLAY pass counts `fc_replay_num_tags` down. Empty for
+/// anything but [`FcLog::Valid`]. A record that does not decode the way
+/// [`scan`] read it (the area changed since) is
+/// [`RecoverError::Corrupt`].
+pub fn records(dev: &dyn Device, j: &Journal, log: &FcLog) -> Result<Vec<FcTag>, RecoverError> {
+    let FcLog::Valid { tags, blocks, .. } = log else {
+        return Ok(Vec::new());
+    };
+    let Some(area) = j.fc_area() else {
+        return Ok(Vec::new());
+    };
+    let changed = || RecoverError::Corrupt {
+        what: "fast-commit area",
+        detail: "a record no longer reads as the scan found it".into(),
+    };
+    let bs = j.block_size as usize;
+    let inode_size = usize::from(j.sb.s_inode_size.get()).max(128);
+    let mut out = Vec::with_capacity(*tags as usize);
+    for off in 0..*blocks {
+        let lblk = area.start + off;
+        if lblk >= area.end {
+            return Err(changed());
+        }
+        let b = j.jread(dev, u64::from(lblk))?;
+        let mut cur = 0usize;
+        while cur + 4 <= bs && out.len() < *tags as usize {
+            let tag = le16(&b, cur);
+            let len = usize::from(le16(&b, cur + 2));
+            let val = cur + 4;
+            if len > bs - val || !len_ok(tag, len, inode_size) {
+                return Err(changed());
+            }
+            out.push(FcTag::decode(tag, &b[val..val + len]).ok_or_else(changed)?);
+            cur = val + len;
+        }
+    }
+    if out.len() != *tags as usize {
+        return Err(changed());
+    }
+    Ok(out)
+}
+
 /// The kernel's SCAN of the fast-commit area for transaction `expected`
 /// (the full-commit scan's `end_transaction`). Only read errors are
 /// `Err`; what the kernel's scan would fail on is [`FcLog::Bad`].

@@ -1780,6 +1780,114 @@ pub(crate) mod tests {
         );
     }
 
+    /// Every tag decodes into its `ext4_fc_*` fields, in log order, up
+    /// to the last valid TAIL (the PAD written at a block's end too).
+    #[test]
+    fn fast_commit_records_decode_every_tag() {
+        use fast_commit::FcTag;
+        let dev = fc_image();
+        let j0 = Journal::open(&dev).unwrap();
+        let j = write_log(&dev, 1, &[txn(5, &[(3000, 1)], 10)]);
+        let mut add = Vec::new();
+        add.extend_from_slice(&12u32.to_le_bytes()); // ino
+        add.extend_from_slice(&3u32.to_le_bytes()); // ee_block
+        add.extend_from_slice(&(32768u16 + 5).to_le_bytes()); // unwritten, 5
+        add.extend_from_slice(&1u16.to_le_bytes()); // ee_start_hi
+        add.extend_from_slice(&7000u32.to_le_bytes()); // ee_start_lo
+        let mut del = Vec::new();
+        for v in [12u32, 9, 4] {
+            del.extend_from_slice(&v.to_le_bytes());
+        }
+        let dentry = |parent: u32, ino: u32, name: &[u8]| {
+            let mut v = parent.to_le_bytes().to_vec();
+            v.extend_from_slice(&ino.to_le_bytes());
+            v.extend_from_slice(name);
+            v
+        };
+        let mut inode = 12u32.to_le_bytes().to_vec();
+        inode.extend((0..256u32).map(|i| i as u8));
+        let mut tags = vec![
+            head(6),
+            (fast_commit::EXT4_FC_TAG_CREAT, Some(dentry(2, 12, b"a"))),
+            (fast_commit::EXT4_FC_TAG_INODE, Some(inode.clone())),
+            (fast_commit::EXT4_FC_TAG_ADD_RANGE, Some(add)),
+            tail(),
+            (fast_commit::EXT4_FC_TAG_LINK, Some(dentry(2, 12, b"bb"))),
+            (fast_commit::EXT4_FC_TAG_UNLINK, Some(dentry(2, 12, b"a"))),
+        ];
+        // Enough DEL_RANGEs that the second fast commit spills over a
+        // block (a PAD ends its first block).
+        for _ in 0..300 {
+            tags.push((fast_commit::EXT4_FC_TAG_DEL_RANGE, Some(del.clone())));
+        }
+        tags.push(tail());
+        // A third fast commit without its TAIL is not part of the log.
+        tags.push((fast_commit::EXT4_FC_TAG_LINK, Some(dentry(2, 12, b"c"))));
+        write_fc(&dev, &j0, 6, &tags);
+        let rec = recover(&dev, &j).unwrap();
+        let recs = fast_commit::records(&dev, &j, &rec.fast_commit).unwrap();
+        assert!(matches!(rec.fast_commit, FcLog::Valid { tags: 309, .. }));
+        assert_eq!(recs.len(), 309);
+        assert_eq!(
+            recs[0],
+            FcTag::Head {
+                features: 0,
+                tid: 6
+            }
+        );
+        assert_eq!(
+            recs[1],
+            FcTag::Dentry {
+                tag: fast_commit::EXT4_FC_TAG_CREAT,
+                parent: 2,
+                ino: 12,
+                name: b"a".to_vec()
+            }
+        );
+        assert_eq!(
+            recs[2],
+            FcTag::Inode {
+                ino: 12,
+                raw: inode[4..].to_vec()
+            }
+        );
+        assert_eq!(
+            recs[3],
+            FcTag::AddRange {
+                ino: 12,
+                lblk: 3,
+                len: 5,
+                unwritten: true,
+                pblk: (1 << 32) | 7000
+            }
+        );
+        assert!(matches!(recs[4], FcTag::Tail { tid: 6, .. }));
+        assert!(matches!(
+            &recs[6],
+            FcTag::Dentry { tag: fast_commit::EXT4_FC_TAG_UNLINK, name, .. } if name == b"a"
+        ));
+        assert_eq!(
+            recs[7],
+            FcTag::DelRange {
+                ino: 12,
+                lblk: 9,
+                len: 4
+            }
+        );
+        assert!(recs.contains(&FcTag::Pad));
+        assert!(matches!(recs[308], FcTag::Tail { tid: 6, .. }));
+        // Nothing to decode in an empty or damaged log.
+        assert!(
+            fast_commit::records(&dev, &j, &FcLog::Empty)
+                .unwrap()
+                .is_empty()
+        );
+        // The area changed under a scan's result: an error, no panic.
+        write_fc(&dev, &j0, 6, &[head(6), tail()]);
+        let e = fast_commit::records(&dev, &j, &rec.fast_commit).unwrap_err();
+        assert!(e.to_string().contains("no longer reads"), "{e}");
+    }
+
     #[test]
     fn stale_and_damaged_fast_commit_areas() {
         let dev = fc_image();
