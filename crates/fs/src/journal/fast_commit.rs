@@ -20,10 +20,13 @@
 //! are what the kernel ignores too: tids only grow, so a fast commit older
 //! than the last full commit can never match the next expected tid.
 
+use std::collections::BTreeMap;
+
 use ext4kit_device::Device;
 use ext4kit_format::checksum::crc32c_raw;
 
-use super::recover::{Journal, RecoverError};
+use super::log::LogCodec;
+use super::recover::{Journal, LogBlock, RecoverError, Recovery};
 
 pub const EXT4_FC_TAG_ADD_RANGE: u16 = 1;
 pub const EXT4_FC_TAG_DEL_RANGE: u16 = 2;
@@ -377,4 +380,96 @@ pub fn scan(dev: &dyn Device, j: &Journal, expected: u32) -> Result<FcLog, Recov
         }
     }
     Ok(FcLog::Empty)
+}
+
+/// Make the result of a fast-commit replay durable in one step: `blocks`
+/// (home block -> its content once the full commits *and* the fast
+/// commits of `rec` are replayed) are written as one full jbd2
+/// transaction of tid `rec.end_tid` (the fast commits' tid) right after
+/// the last full commit of the live log; the journal superblock is not
+/// touched. Order as jbd2's commit: descriptors and copies, flush, the
+/// commit block, flush.
+///
+/// Before the commit block is durable the log is what it was (the new
+/// blocks lie in the free part of the ring, the fast-commit area is never
+/// written), so the next open replays the same full and fast commits
+/// again. Once it is durable a recovery replays one more full
+/// transaction and then finds no fast commits for `end_tid + 1` (their
+/// HEAD carries `end_tid`): the kernel, e2fsck and [`super::apply`] all
+/// reach the replayed state. Returns the log blocks written.
+pub fn commit_as_full(
+    dev: &dyn Device,
+    j: &Journal,
+    rec: &Recovery,
+    blocks: &BTreeMap<u64, Vec<u8>>,
+) -> Result<u32, RecoverError> {
+    let bs = j.block_size as usize;
+    if !rec.dirty {
+        return Err(RecoverError::Unsupported(
+            "the journal is empty: no fast commits to make durable".into(),
+        ));
+    }
+    for (&b, data) in blocks {
+        if b >= j.fs_blocks || j.contains_phys(b) || data.len() != bs {
+            return Err(RecoverError::Corrupt {
+                what: "fast-commit replay",
+                detail: format!("it would write block {b}, outside the filesystem's home blocks"),
+            });
+        }
+    }
+    let (first, last) = (u64::from(j.first()), u64::from(j.last()));
+    let wrap = |v: u64| if v >= last { v - (last - first) } else { v };
+    // After the commit block of the last full transaction (end_tid - 1);
+    // a log without one starts at s_start.
+    let start = u64::from(j.jsb.s_start.get());
+    let pos = rec
+        .entries
+        .iter()
+        .rev()
+        .find(|e| e.tid == rec.end_tid.wrapping_sub(1) && matches!(e.kind, LogBlock::Commit { .. }))
+        .map_or(start, |e| wrap(e.log_block + 1));
+    let codec = LogCodec {
+        fmt: j.fmt,
+        seed: j.csum_seed(),
+        block_size: bs,
+        uuid: j.jsb.s_uuid,
+    };
+    let cap = last - first;
+    let used = (pos + cap - start) % cap;
+    let needed = codec.blocks_needed(blocks.len(), 0) as u64;
+    // One block of margin: the ring never fills up to the log's tail.
+    if needed + 1 > cap - used {
+        return Err(RecoverError::Unsupported(format!(
+            "the log has no room for the replayed fast commits ({needed} blocks, {} free; run e2fsck -fy, or mount it with the kernel)",
+            cap - used
+        )));
+    }
+    let list: Vec<(u64, &[u8])> = blocks.iter().map(|(&b, d)| (b, d.as_slice())).collect();
+    let enc = codec.descriptor_blocks(rec.end_tid, &list);
+    let put = |at: u64, data: &[u8]| -> Result<(), RecoverError> {
+        let p = j.phys(at).ok_or_else(|| RecoverError::Log {
+            block: at,
+            detail: "not mapped".into(),
+        })?;
+        dev.write_at(data, p * bs as u64)?;
+        Ok(())
+    };
+    let mut at = pos;
+    for b in &enc.blocks {
+        put(at, b)?;
+        at = wrap(at + 1);
+    }
+    dev.flush()?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let commit = codec.commit_block(
+        rec.end_tid,
+        now.as_secs(),
+        now.subsec_nanos(),
+        enc.crc32_sum,
+    );
+    put(at, &commit)?;
+    dev.flush()?;
+    Ok(enc.blocks.len() as u32 + 1)
 }

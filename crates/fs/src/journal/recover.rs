@@ -1352,6 +1352,7 @@ pub(crate) mod tests {
     use ext4kit::testing::MemImage;
     use ext4kit_device::MemDevice;
     use proptest::prelude::*;
+    use std::sync::Arc;
     use zerocopy::FromZeros;
 
     /// A fresh 32 MiB ext4 (4 KiB blocks, 1024-block journal) in memory.
@@ -1886,6 +1887,76 @@ pub(crate) mod tests {
         write_fc(&dev, &j0, 6, &[head(6), tail()]);
         let e = fast_commit::records(&dev, &j, &rec.fast_commit).unwrap_err();
         assert!(e.to_string().contains("no longer reads"), "{e}");
+    }
+
+    /// The replayed state of fast commits, committed as one full
+    /// transaction of their tid: a power cut at every write leaves either
+    /// the log as it was (fast commits still valid) or the log with the
+    /// new transaction (no fast commits left), and the next recovery
+    /// writes the replayed blocks either way.
+    #[test]
+    fn fast_commit_results_commit_as_one_full_transaction_at_every_cut() {
+        use ext4kit_device::FaultDevice;
+        let base = fc_image();
+        let j0 = Journal::open(&base).unwrap();
+        let j = write_log(
+            &base,
+            1,
+            &[
+                txn(5, &[(3000, 1), (3001, 2)], 10),
+                txn(6, &[(3001, 3)], 11),
+            ],
+        );
+        write_fc(&base, &j0, 7, &[head(7), add_range(), tail()]);
+        let rec = recover(&base, &j).unwrap();
+        assert!(matches!(rec.fast_commit, FcLog::Valid { tid: 7, .. }));
+        let mut result = BTreeMap::new();
+        result.insert(3001u64, block(8));
+        result.insert(3002u64, block(9));
+        let mut cut = 1u64;
+        loop {
+            let mem = Arc::new(MemDevice::from_bytes(base.to_bytes()));
+            let fault = FaultDevice::new(mem.clone());
+            let ctl = fault.control();
+            ctl.power_cut_after(cut);
+            let done = fast_commit::commit_as_full(&fault, &j, &rec, &result);
+            let cut_hit = ctl.is_power_lost();
+            drop(fault);
+            let j2 = Journal::open(&*mem).unwrap();
+            let r2 = recover(&*mem, &j2).unwrap();
+            if r2.end_tid == 7 {
+                assert!(cut_hit, "cut {cut}: {done:?}");
+                assert_eq!(r2.fast_commit, rec.fast_commit, "cut {cut}");
+                assert_eq!(r2.writes, rec.writes, "cut {cut}");
+            } else {
+                assert_eq!(r2.end_tid, 8, "cut {cut}");
+                assert_eq!(r2.fast_commit, FcLog::Empty, "cut {cut}");
+                assert_eq!(r2.writes[&3000], block(1));
+                assert_eq!(r2.writes[&3001], block(8));
+                assert_eq!(r2.writes[&3002], block(9));
+                apply(&*mem, &j2, &r2).unwrap();
+                let j3 = Journal::open(&*mem).unwrap();
+                assert_eq!(j3.jsb.s_start.get(), 0);
+                assert_eq!(j3.jsb.s_sequence.get(), 9);
+                let mut b = vec![0u8; 4096];
+                mem.read_at(&mut b, 3002 * 4096).unwrap();
+                assert_eq!(b, block(9));
+            }
+            if !cut_hit {
+                assert_eq!(done.unwrap(), 4, "descriptor, 2 copies, commit");
+                break;
+            }
+            cut += 1;
+        }
+        assert!(cut > 2, "cut at {cut} writes");
+        // A home block the filesystem does not have: refused, nothing
+        // written.
+        let mem = MemDevice::from_bytes(base.to_bytes());
+        let mut bad = BTreeMap::new();
+        bad.insert(j.fs_blocks, block(1));
+        let e = fast_commit::commit_as_full(&mem, &j, &rec, &bad).unwrap_err();
+        assert!(e.to_string().contains("outside"), "{e}");
+        assert!(mem.to_bytes() == base.to_bytes());
     }
 
     #[test]
