@@ -22,7 +22,8 @@ pub struct JournalArgs {
 pub enum JournalCmd {
     /// List the live log: transactions, descriptor tags, revoke records,
     /// commit blocks, what a replay would write (like debugfs logdump),
-    /// and with fast_commit what the fast-commit area holds. Read-only.
+    /// and with fast_commit what the fast-commit area holds (each fast
+    /// commit record, decoded). Read-only.
     Dump(DumpArgs),
     /// Replay a dirty journal into the filesystem (scan, revoke, replay, as
     /// the kernel and e2fsck do), then mark the journal empty and clear
