@@ -2028,6 +2028,42 @@ pub(crate) mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        /// Random bytes in a valid fast-commit log: the scan classifies
+        /// it, the decoder reads what the scan accepted or gives an
+        /// error, never a panic; a refusal stays one line.
+        #[test]
+        fn fast_commit_corruption_never_panics(muts in proptest::collection::vec((any::<u16>(), any::<u8>(), any::<bool>()), 1..12)) {
+            let dev = fc_image();
+            let j0 = Journal::open(&dev).unwrap();
+            let j = write_log(&dev, 1, &[txn(5, &[(3000, 1)], 10)]);
+            let mut inode = 12u32.to_le_bytes().to_vec();
+            inode.extend([0u8; 256]);
+            let mut dentry = 2u32.to_le_bytes().to_vec();
+            dentry.extend(12u32.to_le_bytes());
+            dentry.extend(b"name");
+            write_fc(&dev, &j0, 6, &[
+                head(6),
+                (fast_commit::EXT4_FC_TAG_INODE, Some(inode)),
+                (fast_commit::EXT4_FC_TAG_CREAT, Some(dentry)),
+                add_range(),
+                tail(),
+                add_range(),
+                tail(),
+            ]);
+            let area = j0.fc_area().unwrap();
+            for (off, v, second) in muts {
+                let l = u64::from(area.start) + u64::from(second);
+                let at = j0.phys(l).unwrap() * 4096 + u64::from(off % 4096);
+                dev.write_at(&[v], at).unwrap();
+            }
+            if let Ok(rec) = recover(&dev, &j) {
+                let _ = fast_commit::records(&dev, &j, &rec.fast_commit);
+                if let Some(why) = rec.fast_commit.refusal() {
+                    prop_assert_eq!(why.lines().count(), 1);
+                }
+            }
+        }
+
         /// Random bytes anywhere in the jsb, the log, the superblock, the
         /// descriptor table or the journal inode: no panic, ever.
         #[test]
