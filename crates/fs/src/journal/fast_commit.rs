@@ -478,3 +478,91 @@ pub fn commit_as_full(
     dev.flush()?;
     Ok(enc.blocks.len() as u32 + 1)
 }
+
+/// Offsets in `struct ext4_inode` the INODE step uses.
+const I_FLAGS: usize = 32;
+const I_BLOCK: usize = 40;
+const I_GENERATION: usize = 100;
+
+/// The byte part of the INODE step (`ext4_fc_replay_inode`): the on-disk
+/// inode `disk` (its whole slot) takes the fast commit's inode `fc`
+/// (`ext4_fc_inode.fc_raw_inode`, 128 bytes up to the inode size) except
+/// `i_block`: everything before it, and `i_generation` up to `fc`'s
+/// length. An extent inode keeps the on-disk tree root, or gets an empty
+/// one (magic, `eh_max` 4) when the slot had none (a new inode: the
+/// ADD_RANGEs rebuild its mapping); an inline-data inode takes `fc`'s
+/// `i_block` too; a block-mapped one keeps the on-disk map. The steps
+/// after it (`i_blocks` from the mapping, the checksum, the bitmap bit)
+/// belong to the caller. `false` when `fc` is shorter than 128 bytes or
+/// longer than the slot (the scan's length check refuses both).
+pub fn replay_inode_bytes(disk: &mut [u8], fc: &[u8]) -> bool {
+    if fc.len() < 128 || fc.len() > disk.len() {
+        return false;
+    }
+    disk[..I_BLOCK].copy_from_slice(&fc[..I_BLOCK]);
+    disk[I_GENERATION..fc.len()].copy_from_slice(&fc[I_GENERATION..]);
+    let flags = le32(disk, I_FLAGS);
+    if flags & ext4kit_format::inode::EXT4_EXTENTS_FL != 0 {
+        if le16(disk, I_BLOCK) != ext4kit_format::extent::EXTENT_MAGIC {
+            let root = &mut disk[I_BLOCK..I_BLOCK + 12];
+            root.fill(0);
+            root[..2].copy_from_slice(&ext4kit_format::extent::EXTENT_MAGIC.to_le_bytes());
+            // eh_max: (sizeof i_block - header) / sizeof extent.
+            root[4..6].copy_from_slice(&4u16.to_le_bytes());
+        }
+    } else if flags & ext4kit_format::inode::EXT4_INLINE_DATA_FL != 0 {
+        disk[I_BLOCK..I_GENERATION].copy_from_slice(&fc[I_BLOCK..I_GENERATION]);
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ext4kit_format::extent::EXTENT_MAGIC;
+    use ext4kit_format::inode::{EXT4_EXTENTS_FL, EXT4_INLINE_DATA_FL};
+
+    fn fc_inode(flags: u32, fill: u8, len: usize) -> Vec<u8> {
+        let mut v = vec![fill; len];
+        v[I_FLAGS..I_FLAGS + 4].copy_from_slice(&flags.to_le_bytes());
+        v
+    }
+
+    #[test]
+    fn inode_step_keeps_the_disk_tree_root_or_starts_an_empty_one() {
+        // A slot with a tree root: it stays, the rest is the fc inode's.
+        let mut disk = vec![0u8; 256];
+        disk[I_BLOCK..I_BLOCK + 2].copy_from_slice(&EXTENT_MAGIC.to_le_bytes());
+        disk[I_BLOCK + 12] = 0x55;
+        disk[200] = 0x77; // beyond the fc inode's 160 bytes
+        let fc = fc_inode(EXT4_EXTENTS_FL, 0xAB, 160);
+        assert!(replay_inode_bytes(&mut disk, &fc));
+        assert!(disk[..I_FLAGS].iter().all(|&b| b == 0xAB));
+        assert_eq!(le16(&disk, I_BLOCK), EXTENT_MAGIC);
+        assert_eq!(disk[I_BLOCK + 12], 0x55, "the on-disk tree");
+        assert!(disk[I_GENERATION..160].iter().all(|&b| b == 0xAB));
+        assert_eq!(disk[200], 0x77, "past the fc inode: the slot's");
+        // A zeroed slot (a new inode): an empty root.
+        let mut disk = vec![0u8; 256];
+        assert!(replay_inode_bytes(&mut disk, &fc));
+        assert_eq!(
+            &disk[I_BLOCK..I_BLOCK + 12],
+            &[0x0A, 0xF3, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0]
+        );
+        assert!(disk[I_BLOCK + 12..I_GENERATION].iter().all(|&b| b == 0));
+        // Inline data: i_block is the fc inode's.
+        let mut disk = vec![0u8; 256];
+        let fc = fc_inode(EXT4_INLINE_DATA_FL, 0xCD, 128);
+        assert!(replay_inode_bytes(&mut disk, &fc));
+        assert!(disk[I_BLOCK..I_GENERATION].iter().all(|&b| b == 0xCD));
+        // Block-mapped: the on-disk map stays.
+        let mut disk = vec![9u8; 256];
+        let fc = fc_inode(0, 0xEE, 128);
+        assert!(replay_inode_bytes(&mut disk, &fc));
+        assert!(disk[I_BLOCK..I_GENERATION].iter().all(|&b| b == 9));
+        assert!(disk[I_GENERATION..128].iter().all(|&b| b == 0xEE));
+        // Lengths the scan refuses.
+        assert!(!replay_inode_bytes(&mut [0u8; 256], &[0u8; 127]));
+        assert!(!replay_inode_bytes(&mut [0u8; 128], &[0u8; 160]));
+    }
+}
