@@ -8,7 +8,7 @@ use anyhow::Context;
 use ext4kit_device::{Device, OpenOptions, open_device};
 use ext4kit_format::features::Incompat;
 use ext4kit_format::jbd2::*;
-use ext4kit_fs::journal::fast_commit::{self, FcLog};
+use ext4kit_fs::journal::fast_commit::{self, FcLog, FcTag};
 use ext4kit_fs::journal::recover::{self, Journal, LogBlock, Recovery};
 use serde_json::json;
 
@@ -22,7 +22,8 @@ pub struct JournalArgs {
 pub enum JournalCmd {
     /// List the live log: transactions, descriptor tags, revoke records,
     /// commit blocks, what a replay would write (like debugfs logdump),
-    /// and with fast_commit what the fast-commit area holds. Read-only.
+    /// and with fast_commit what the fast-commit area holds (each fast
+    /// commit record, decoded). Read-only.
     Dump(DumpArgs),
     /// Replay a dirty journal into the filesystem (scan, revoke, replay, as
     /// the kernel and e2fsck do), then mark the journal empty and clear
@@ -93,6 +94,9 @@ fn dump(args: &DumpArgs) -> anyhow::Result<i32> {
     let j = open_journal(dev.as_ref(), path)?;
     let (rec, res) = recover::analyze(dev.as_ref(), &j);
     let jsb = &j.jsb;
+    // The fast commits' records, decoded (a read error or a changed area
+    // shows as the error instead).
+    let fc_records = fast_commit::records(dev.as_ref(), &j, &rec.fast_commit);
     if args.json {
         let entries: Vec<_> = rec
             .entries
@@ -144,6 +148,10 @@ fn dump(args: &DumpArgs) -> anyhow::Result<i32> {
             "revoked_tags": rec.nr_revoke_hits,
             "fc_blocks": jsb.fc_area_blocks(),
             "fast_commit": fc_json(&rec.fast_commit),
+            "fast_commit_records": match &fc_records {
+                Ok(r) => json!(r.iter().map(fc_record_json).collect::<Vec<_>>()),
+                Err(e) => json!({ "error": e.to_string() }),
+            },
             "error": res.as_ref().err().map(|e| e.to_string()),
         });
         outln!("{v}");
@@ -251,6 +259,14 @@ fn dump(args: &DumpArgs) -> anyhow::Result<i32> {
                     area.end,
                     each.join(", ")
                 );
+                match &fc_records {
+                    Ok(r) => {
+                        for t in r {
+                            outln!("  {}", fc_record_text(t));
+                        }
+                    }
+                    Err(e) => outln!("  records unreadable: {e}"),
+                }
             }
             FcLog::Bad { block, detail, .. } => outln!(
                 "Fast-commit area: journal blocks {}..{}, damaged at block {block}: {detail}",
@@ -272,6 +288,65 @@ fn dump(args: &DumpArgs) -> anyhow::Result<i32> {
         Err(e) => outln!("Replay would fail: {e}"),
     }
     Ok(0)
+}
+
+fn fc_record_json(t: &FcTag) -> serde_json::Value {
+    match t {
+        FcTag::Head { features, tid } => {
+            json!({ "tag": "HEAD", "features": features, "tid": tid })
+        }
+        FcTag::AddRange {
+            ino,
+            lblk,
+            len,
+            unwritten,
+            pblk,
+        } => json!({
+            "tag": "ADD_RANGE", "ino": ino, "lblk": lblk, "len": len,
+            "unwritten": unwritten, "pblk": pblk,
+        }),
+        FcTag::DelRange { ino, lblk, len } => {
+            json!({ "tag": "DEL_RANGE", "ino": ino, "lblk": lblk, "len": len })
+        }
+        FcTag::Dentry {
+            tag,
+            parent,
+            ino,
+            name,
+        } => json!({
+            "tag": fast_commit::tag_name(*tag), "parent": parent, "ino": ino,
+            "name": String::from_utf8_lossy(name),
+        }),
+        FcTag::Inode { ino, raw } => {
+            let le32 = |o: usize| {
+                raw.get(o..o + 4)
+                    .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            };
+            json!({
+                "tag": "INODE", "ino": ino, "inode_bytes": raw.len(),
+                // i_mode (le16 at 0), i_links_count (le16 at 26),
+                // i_size_lo/high (4, 108).
+                "mode": le32(0) & 0xffff,
+                "size": u64::from(le32(4)) | (u64::from(le32(108)) << 32),
+                "links": le32(24) >> 16,
+            })
+        }
+        FcTag::Pad => json!({ "tag": "PAD" }),
+        FcTag::Tail { tid, crc } => json!({ "tag": "TAIL", "tid": tid, "crc": crc }),
+    }
+}
+
+fn fc_record_text(t: &FcTag) -> String {
+    let v = fc_record_json(t);
+    let mut out = v["tag"].as_str().unwrap_or("?").to_string();
+    if let Some(m) = v.as_object() {
+        for (k, val) in m {
+            if k != "tag" {
+                out.push_str(&format!(" {k} {val}"));
+            }
+        }
+    }
+    out
 }
 
 fn fc_json(fc: &FcLog) -> serde_json::Value {

@@ -987,6 +987,38 @@ fn kernel_fast_commit_logs_are_refused_like_this() {
     for tag in ["HEAD", "TAIL", "INODE", "CREAT_DENTRY", "ADD_RANGE"] {
         assert!(fc["per_tag"][tag].as_u64().unwrap_or(0) >= 1, "{tag}: {v}");
     }
+    // The decoded records say what the kernel did: every file has its
+    // CREAT_DENTRY under /d, its last INODE record carries its size and a
+    // regular mode, and its ADD_RANGEs cover its blocks.
+    let recs = v["fast_commit_records"].as_array().expect("records");
+    assert_eq!(recs.len() as u64, fc["tags"].as_u64().unwrap(), "{v}");
+    let mut parents = std::collections::BTreeSet::new();
+    for (p, data) in &files {
+        let name = p.rsplit('/').next().unwrap();
+        let c = recs
+            .iter()
+            .find(|r| r["tag"] == "CREAT_DENTRY" && r["name"] == name)
+            .unwrap_or_else(|| panic!("no CREAT_DENTRY of {name}: {v}"));
+        parents.insert(c["parent"].as_u64().unwrap());
+        let ino = &c["ino"];
+        let inode = recs
+            .iter()
+            .rev()
+            .find(|r| r["tag"] == "INODE" && r["ino"] == *ino)
+            .unwrap_or_else(|| panic!("no INODE of {name}: {v}"));
+        assert_eq!(inode["size"], data.len() as u64, "{name}: {inode}");
+        assert_eq!(inode["mode"].as_u64().unwrap() & 0o170000, 0o100000);
+        assert_eq!(inode["links"], 1, "{inode}");
+        let mapped: u64 = recs
+            .iter()
+            .filter(|r| r["tag"] == "ADD_RANGE" && r["ino"] == *ino)
+            .map(|r| r["len"].as_u64().unwrap())
+            .sum();
+        assert!(mapped >= (data.len() as u64).div_ceil(4096), "{name}: {v}");
+    }
+    assert_eq!(parents.len(), 1, "one parent directory: {v}");
+    assert_eq!(recs[0]["tag"], "HEAD");
+    assert_eq!(recs[recs.len() - 1]["tag"], "TAIL");
     let s = img.display().to_string();
     refused_one_line(
         &img,
@@ -1052,6 +1084,37 @@ fn kernel_fast_commit_logs_are_refused_like_this() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     assert_eq!(list(&by_fsck), list(&by_kernel));
+    // A full transaction of the fast commits' tid after the last full
+    // commit (how ext4kit makes a replay durable, fast_commit::
+    // commit_as_full; empty here) is one the kernel replays: the fast
+    // commits are then stale to it as to us, the fsync'd files are not
+    // there, the directory is, e2fsck -fn is clean after its mount.
+    let sealed = d.join("sealed.img");
+    sparse_copy(&img, &sealed);
+    {
+        use ext4kit_device::{FileDevice, OpenOptions};
+        use ext4kit_fs::journal::{fast_commit, recover};
+        let dev = FileDevice::open(&sealed, OpenOptions::read_write()).unwrap();
+        let j = recover::Journal::open(&dev).unwrap();
+        let rec = recover::recover(&dev, &j).unwrap();
+        let n = fast_commit::commit_as_full(&dev, &j, &rec, &Default::default()).unwrap();
+        assert_eq!(n, 1, "a commit block alone");
+    }
+    let after = dump_json(&sealed);
+    assert_eq!(after["fast_commit"]["state"], "empty", "{after}");
+    assert_eq!(
+        after["end_tid"].as_u64(),
+        v["end_tid"].as_u64().map(|t| t + 1),
+        "{after}"
+    );
+    let twin = KernelTwin::new(&sealed, d.join("sealed-kernel.img"), None).unwrap();
+    assert!(twin.path().join("d").is_dir());
+    for (p, _) in &files {
+        assert!(!twin.path().join(&p[1..]).exists(), "{p}");
+    }
+    twin.unmount().unwrap();
+    e2fsck_clean(&d.join("sealed-kernel.img")).unwrap();
+
     // After the oracles' replay the fast commits are history: ext4kit
     // writes the kernel's result, which stays clean.
     run_ok(

@@ -1352,6 +1352,7 @@ pub(crate) mod tests {
     use ext4kit::testing::MemImage;
     use ext4kit_device::MemDevice;
     use proptest::prelude::*;
+    use std::sync::Arc;
     use zerocopy::FromZeros;
 
     /// A fresh 32 MiB ext4 (4 KiB blocks, 1024-block journal) in memory.
@@ -1780,6 +1781,184 @@ pub(crate) mod tests {
         );
     }
 
+    /// Every tag decodes into its `ext4_fc_*` fields, in log order, up
+    /// to the last valid TAIL (the PAD written at a block's end too).
+    #[test]
+    fn fast_commit_records_decode_every_tag() {
+        use fast_commit::FcTag;
+        let dev = fc_image();
+        let j0 = Journal::open(&dev).unwrap();
+        let j = write_log(&dev, 1, &[txn(5, &[(3000, 1)], 10)]);
+        let mut add = Vec::new();
+        add.extend_from_slice(&12u32.to_le_bytes()); // ino
+        add.extend_from_slice(&3u32.to_le_bytes()); // ee_block
+        add.extend_from_slice(&(32768u16 + 5).to_le_bytes()); // unwritten, 5
+        add.extend_from_slice(&1u16.to_le_bytes()); // ee_start_hi
+        add.extend_from_slice(&7000u32.to_le_bytes()); // ee_start_lo
+        let mut del = Vec::new();
+        for v in [12u32, 9, 4] {
+            del.extend_from_slice(&v.to_le_bytes());
+        }
+        let dentry = |parent: u32, ino: u32, name: &[u8]| {
+            let mut v = parent.to_le_bytes().to_vec();
+            v.extend_from_slice(&ino.to_le_bytes());
+            v.extend_from_slice(name);
+            v
+        };
+        let mut inode = 12u32.to_le_bytes().to_vec();
+        inode.extend((0..256u32).map(|i| i as u8));
+        let mut tags = vec![
+            head(6),
+            (fast_commit::EXT4_FC_TAG_CREAT, Some(dentry(2, 12, b"a"))),
+            (fast_commit::EXT4_FC_TAG_INODE, Some(inode.clone())),
+            (fast_commit::EXT4_FC_TAG_ADD_RANGE, Some(add)),
+            tail(),
+            (fast_commit::EXT4_FC_TAG_LINK, Some(dentry(2, 12, b"bb"))),
+            (fast_commit::EXT4_FC_TAG_UNLINK, Some(dentry(2, 12, b"a"))),
+        ];
+        // Enough DEL_RANGEs that the second fast commit spills over a
+        // block (a PAD ends its first block).
+        for _ in 0..300 {
+            tags.push((fast_commit::EXT4_FC_TAG_DEL_RANGE, Some(del.clone())));
+        }
+        tags.push(tail());
+        // A third fast commit without its TAIL is not part of the log.
+        tags.push((fast_commit::EXT4_FC_TAG_LINK, Some(dentry(2, 12, b"c"))));
+        write_fc(&dev, &j0, 6, &tags);
+        let rec = recover(&dev, &j).unwrap();
+        let recs = fast_commit::records(&dev, &j, &rec.fast_commit).unwrap();
+        assert!(matches!(rec.fast_commit, FcLog::Valid { tags: 309, .. }));
+        assert_eq!(recs.len(), 309);
+        assert_eq!(
+            recs[0],
+            FcTag::Head {
+                features: 0,
+                tid: 6
+            }
+        );
+        assert_eq!(
+            recs[1],
+            FcTag::Dentry {
+                tag: fast_commit::EXT4_FC_TAG_CREAT,
+                parent: 2,
+                ino: 12,
+                name: b"a".to_vec()
+            }
+        );
+        assert_eq!(
+            recs[2],
+            FcTag::Inode {
+                ino: 12,
+                raw: inode[4..].to_vec()
+            }
+        );
+        assert_eq!(
+            recs[3],
+            FcTag::AddRange {
+                ino: 12,
+                lblk: 3,
+                len: 5,
+                unwritten: true,
+                pblk: (1 << 32) | 7000
+            }
+        );
+        assert!(matches!(recs[4], FcTag::Tail { tid: 6, .. }));
+        assert!(matches!(
+            &recs[6],
+            FcTag::Dentry { tag: fast_commit::EXT4_FC_TAG_UNLINK, name, .. } if name == b"a"
+        ));
+        assert_eq!(
+            recs[7],
+            FcTag::DelRange {
+                ino: 12,
+                lblk: 9,
+                len: 4
+            }
+        );
+        assert!(recs.contains(&FcTag::Pad));
+        assert!(matches!(recs[308], FcTag::Tail { tid: 6, .. }));
+        // Nothing to decode in an empty or damaged log.
+        assert!(
+            fast_commit::records(&dev, &j, &FcLog::Empty)
+                .unwrap()
+                .is_empty()
+        );
+        // The area changed under a scan's result: an error, no panic.
+        write_fc(&dev, &j0, 6, &[head(6), tail()]);
+        let e = fast_commit::records(&dev, &j, &rec.fast_commit).unwrap_err();
+        assert!(e.to_string().contains("no longer reads"), "{e}");
+    }
+
+    /// The replayed state of fast commits, committed as one full
+    /// transaction of their tid: a power cut at every write leaves either
+    /// the log as it was (fast commits still valid) or the log with the
+    /// new transaction (no fast commits left), and the next recovery
+    /// writes the replayed blocks either way.
+    #[test]
+    fn fast_commit_results_commit_as_one_full_transaction_at_every_cut() {
+        use ext4kit_device::FaultDevice;
+        let base = fc_image();
+        let j0 = Journal::open(&base).unwrap();
+        let j = write_log(
+            &base,
+            1,
+            &[
+                txn(5, &[(3000, 1), (3001, 2)], 10),
+                txn(6, &[(3001, 3)], 11),
+            ],
+        );
+        write_fc(&base, &j0, 7, &[head(7), add_range(), tail()]);
+        let rec = recover(&base, &j).unwrap();
+        assert!(matches!(rec.fast_commit, FcLog::Valid { tid: 7, .. }));
+        let mut result = BTreeMap::new();
+        result.insert(3001u64, block(8));
+        result.insert(3002u64, block(9));
+        let mut cut = 1u64;
+        loop {
+            let mem = Arc::new(MemDevice::from_bytes(base.to_bytes()));
+            let fault = FaultDevice::new(mem.clone());
+            let ctl = fault.control();
+            ctl.power_cut_after(cut);
+            let done = fast_commit::commit_as_full(&fault, &j, &rec, &result);
+            let cut_hit = ctl.is_power_lost();
+            drop(fault);
+            let j2 = Journal::open(&*mem).unwrap();
+            let r2 = recover(&*mem, &j2).unwrap();
+            if r2.end_tid == 7 {
+                assert!(cut_hit, "cut {cut}: {done:?}");
+                assert_eq!(r2.fast_commit, rec.fast_commit, "cut {cut}");
+                assert_eq!(r2.writes, rec.writes, "cut {cut}");
+            } else {
+                assert_eq!(r2.end_tid, 8, "cut {cut}");
+                assert_eq!(r2.fast_commit, FcLog::Empty, "cut {cut}");
+                assert_eq!(r2.writes[&3000], block(1));
+                assert_eq!(r2.writes[&3001], block(8));
+                assert_eq!(r2.writes[&3002], block(9));
+                apply(&*mem, &j2, &r2).unwrap();
+                let j3 = Journal::open(&*mem).unwrap();
+                assert_eq!(j3.jsb.s_start.get(), 0);
+                assert_eq!(j3.jsb.s_sequence.get(), 9);
+                let mut b = vec![0u8; 4096];
+                mem.read_at(&mut b, 3002 * 4096).unwrap();
+                assert_eq!(b, block(9));
+            }
+            if !cut_hit {
+                assert_eq!(done.unwrap(), 4, "descriptor, 2 copies, commit");
+                break;
+            }
+            cut += 1;
+        }
+        assert!(cut > 2, "cut at {cut} writes");
+        // A home block the filesystem does not have: refused, nothing
+        // written.
+        let mem = MemDevice::from_bytes(base.to_bytes());
+        let mut bad = BTreeMap::new();
+        bad.insert(j.fs_blocks, block(1));
+        let e = fast_commit::commit_as_full(&mem, &j, &rec, &bad).unwrap_err();
+        assert!(e.to_string().contains("outside"), "{e}");
+        assert!(mem.to_bytes() == base.to_bytes());
+    }
+
     #[test]
     fn stale_and_damaged_fast_commit_areas() {
         let dev = fc_image();
@@ -1849,6 +2028,42 @@ pub(crate) mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        /// Random bytes in a valid fast-commit log: the scan classifies
+        /// it, the decoder reads what the scan accepted or gives an
+        /// error, never a panic; a refusal stays one line.
+        #[test]
+        fn fast_commit_corruption_never_panics(muts in proptest::collection::vec((any::<u16>(), any::<u8>(), any::<bool>()), 1..12)) {
+            let dev = fc_image();
+            let j0 = Journal::open(&dev).unwrap();
+            let j = write_log(&dev, 1, &[txn(5, &[(3000, 1)], 10)]);
+            let mut inode = 12u32.to_le_bytes().to_vec();
+            inode.extend([0u8; 256]);
+            let mut dentry = 2u32.to_le_bytes().to_vec();
+            dentry.extend(12u32.to_le_bytes());
+            dentry.extend(b"name");
+            write_fc(&dev, &j0, 6, &[
+                head(6),
+                (fast_commit::EXT4_FC_TAG_INODE, Some(inode)),
+                (fast_commit::EXT4_FC_TAG_CREAT, Some(dentry)),
+                add_range(),
+                tail(),
+                add_range(),
+                tail(),
+            ]);
+            let area = j0.fc_area().unwrap();
+            for (off, v, second) in muts {
+                let l = u64::from(area.start) + u64::from(second);
+                let at = j0.phys(l).unwrap() * 4096 + u64::from(off % 4096);
+                dev.write_at(&[v], at).unwrap();
+            }
+            if let Ok(rec) = recover(&dev, &j) {
+                let _ = fast_commit::records(&dev, &j, &rec.fast_commit);
+                if let Some(why) = rec.fast_commit.refusal() {
+                    prop_assert_eq!(why.lines().count(), 1);
+                }
+            }
+        }
+
         /// Random bytes anywhere in the jsb, the log, the superblock, the
         /// descriptor table or the journal inode: no panic, ever.
         #[test]
