@@ -334,9 +334,10 @@ fn servers_with_and_without_optional_commands() {
 
 /// The round trips of the default mkfs of a 64 GiB export (nbdkit file
 /// plugin, which offers multi-conn): the write open uses four
-/// connections and spreads its requests over them, the journal's four
-/// 128 MiB extents are asked about as one range (one BLOCK_STATUS, not
-/// one per extent), and the image stays byte-identical to mkfs on a file.
+/// connections and spreads its requests over them, BLOCK_STATUS is asked
+/// for the whole device once and everything later (journal, inode
+/// tables) is answered by the known-zero cache, and the image stays
+/// byte-identical to mkfs on a file.
 #[test]
 fn mkfs_over_nbd_round_trips() {
     let name = "mkfs_over_nbd_round_trips";
@@ -369,8 +370,7 @@ fn mkfs_over_nbd_round_trips() {
     writers.sort_unstable();
     writers.dedup();
     assert_eq!(writers.len(), 4, "{writers:?}");
-    // BLOCK_STATUS lengths: the journal (512 MiB, its first block
-    // written) asked once; no request of one 128 MiB extent.
+    // BLOCK_STATUS lengths: no request of one 128 MiB journal extent.
     let counts: Vec<u64> = log
         .lines()
         .filter(|l| l.contains(" Extents id="))
@@ -381,11 +381,15 @@ fn mkfs_over_nbd_round_trips() {
             u64::from_str_radix(c, 16).ok()
         })
         .collect();
-    assert_eq!(
-        counts.iter().filter(|&&c| c == (512 << 20) - 4096).count(),
-        1,
-        "{counts:x?}"
-    );
+    // The whole-device check (slices of 4 GiB - 64 KiB, the last 1 MiB)
+    // fills the known-zero cache: the journal, the inode tables and the
+    // edges are answered from it, without a request.
+    let whole = counts
+        .iter()
+        .filter(|&&c| c == 0xffff_0000 || c == 1 << 20)
+        .count();
+    assert_eq!(whole, 17, "{counts:x?}");
+    assert!(counts.len() <= whole + 1, "{counts:x?}");
     assert!(
         !counts
             .iter()

@@ -32,6 +32,7 @@ pub(crate) mod proto;
 #[cfg(test)]
 mod tests;
 mod uri;
+mod zeros;
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -40,6 +41,7 @@ use std::time::Duration;
 use conn::{Conn, Done, Pool, PoolTicket as Ticket, ReqError, Sock};
 use proto::*;
 pub use uri::{NbdUri, is_uri};
+use zeros::Zeros;
 
 use crate::{Device, DeviceError, DiscardOutcome, OpenOptions, Result, check_range};
 
@@ -91,6 +93,9 @@ pub struct NbdDevice {
     rmw: Mutex<()>,
     /// Writes sent whose replies were not yet seen.
     behind: Mutex<Behind>,
+    /// Ranges known to read as zero (`zeros.rs`): BLOCK_STATUS questions
+    /// and reads inside them are answered here.
+    zeros: Mutex<Zeros>,
 }
 
 /// Write-behind state.
@@ -252,6 +257,7 @@ impl NbdDevice {
             window: window(),
             rmw: Mutex::new(()),
             behind: Mutex::new(Behind::default()),
+            zeros: Mutex::new(Zeros::default()),
         })
     }
 
@@ -308,6 +314,10 @@ impl NbdDevice {
 
     fn behind(&self) -> std::sync::MutexGuard<'_, Behind> {
         self.behind.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn zeros(&self) -> std::sync::MutexGuard<'_, Zeros> {
+        self.zeros.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Drop the finished writes from `b`, keeping the first error.
@@ -587,8 +597,17 @@ impl NbdDevice {
         offset.is_multiple_of(m) && len.is_multiple_of(m)
     }
 
-    /// Read an aligned range (after the behind writes it overlaps).
+    /// Read an aligned range (after the behind writes it overlaps); a
+    /// range known to be zero is filled here (after a failed behind
+    /// write's error, like any read).
     fn read_aligned(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        if self.zeros().covers(offset, offset + buf.len() as u64) {
+            let mut b = self.behind();
+            self.reap(&mut b);
+            self.sticky(&b)?;
+            buf.fill(0);
+            return Ok(());
+        }
         self.wait_behind(Some((offset, buf.len() as u64)))?;
         let reqs = Self::split(offset, buf.len() as u64, self.max_request());
         self.pipeline(NBD_CMD_READ, &reqs, &|_, _| &[], &mut |o, d| {
@@ -631,6 +650,7 @@ impl NbdDevice {
             return Ok(out);
         }
         self.wait_behind(Some((offset, len)))?;
+        let epoch = self.zeros().generation();
         // Slices of MAX_RANGE asked a window at a time; a reply that
         // covers less than its slice is followed up one at a time.
         let slices = Self::split(offset, len, MAX_RANGE);
@@ -683,6 +703,12 @@ impl NbdDevice {
                     .extents;
             }
         }
+        let mut z = self.zeros();
+        for &(s, e, f) in &out {
+            if f & NBD_STATE_ZERO != 0 {
+                z.learn_since(epoch, s, e);
+            }
+        }
         Ok(out)
     }
 
@@ -696,6 +722,7 @@ impl NbdDevice {
             return Ok(false);
         }
         self.wait_behind(Some((offset, len)))?;
+        let epoch = self.zeros().generation();
         let slices = Self::split(offset, len, MAX_RANGE);
         let mut holes = true;
         let mut rest: Vec<(u64, u64)> = Vec::new();
@@ -725,6 +752,7 @@ impl NbdDevice {
                 return Ok(false);
             }
         }
+        self.zeros().learn_since(epoch, offset, offset + len);
         Ok(true)
     }
 
@@ -794,6 +822,9 @@ impl Device for NbdDevice {
         if len == 0 {
             return Ok(());
         }
+        // Before the write is sent or queued: no one answers "zero" here
+        // from now on.
+        self.zeros().forget(offset, offset + len);
         if self.aligned(offset, len) {
             return self.write_aligned(buf, offset);
         }
@@ -840,7 +871,11 @@ impl Device for NbdDevice {
         let end = offset + len;
         let (a, b) = (offset.div_ceil(m) * m, end / m * m);
         if a >= b {
-            return self.write_at(&vec![0u8; len as usize], offset);
+            self.write_at(&vec![0u8; len as usize], offset)?;
+            let mut z = self.zeros();
+            let epoch = z.generation();
+            z.learn_since(epoch, offset, end);
+            return Ok(());
         }
         if a > offset {
             self.write_at(&vec![0u8; (a - offset) as usize], offset)?;
@@ -848,19 +883,24 @@ impl Device for NbdDevice {
         if end > b {
             self.write_at(&vec![0u8; (end - b) as usize], b)?;
         }
+        // Zeroed from here on, unless someone writes meanwhile.
+        let epoch = self.zeros().generation();
         if !self.conn.info.has(NBD_FLAG_SEND_WRITE_ZEROES) {
-            return self.write_zero_data(a, b - a);
-        }
-        match self.write_zeroes(a, b - a) {
-            // A server that advertises WRITE_ZEROES but cannot do it here.
-            Err(Failed(_, _, ReqError::Server { errno, .. }))
-                if errno == NBD_ENOTSUP || errno == NBD_EINVAL =>
-            {
-                self.write_zero_data(a, b - a)
+            self.write_zero_data(a, b - a)?;
+        } else {
+            match self.write_zeroes(a, b - a) {
+                // A server that advertises WRITE_ZEROES but cannot do it here.
+                Err(Failed(_, _, ReqError::Server { errno, .. }))
+                    if errno == NBD_ENOTSUP || errno == NBD_EINVAL =>
+                {
+                    self.write_zero_data(a, b - a)?
+                }
+                Err(f) => return Err(self.failed("write zeroes", f)),
+                Ok(()) => {}
             }
-            Err(f) => Err(self.failed("write zeroes", f)),
-            Ok(()) => Ok(()),
         }
+        self.zeros().learn_since(epoch, offset, end);
+        Ok(())
     }
 
     /// TRIM; `Zeroed` when BLOCK_STATUS then reports the range as zero.
@@ -871,6 +911,9 @@ impl Device for NbdDevice {
         if !self.conn.info.has(NBD_FLAG_SEND_TRIM) {
             return Ok(DiscardOutcome::Unsupported);
         }
+        // A TRIM leaves the content unspecified until BLOCK_STATUS says
+        // otherwise.
+        self.zeros().forget(offset, offset + len);
         let m = self.min_block();
         let (a, b) = (offset.div_ceil(m) * m, (offset + len) / m * m);
         // A TRIM of what is already a hole does nothing: skip it (mkfs's
@@ -901,10 +944,21 @@ impl Device for NbdDevice {
         self.conn.info.has(NBD_FLAG_SEND_TRIM) && self.conn.info.alloc_ctx.is_some()
     }
 
-    /// Ranges BLOCK_STATUS reports with `NBD_STATE_ZERO`.
+    /// Ranges BLOCK_STATUS reports with `NBD_STATE_ZERO`; a range the
+    /// known-zero cache covers whole is answered without a request.
     fn known_zero_ranges(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
         check_range(offset, len, self.size())?;
         let mut out: Vec<(u64, u64)> = Vec::new();
+        if len == 0 {
+            return Ok(out);
+        }
+        if self.zeros().covers(offset, offset + len) {
+            // A failed behind write is still reported.
+            let mut b = self.behind();
+            self.reap(&mut b);
+            self.sticky(&b)?;
+            return Ok(vec![(offset, offset + len)]);
+        }
         for (s, e, f) in self.extents(offset, len)? {
             if f & NBD_STATE_ZERO == 0 {
                 continue;

@@ -444,7 +444,10 @@ fn block_status_gives_known_zero_ranges() {
         vec![(1000, 8192), (12288, 21000)]
     );
     assert!(dev.is_known_zero(0, 8192).unwrap());
-    assert!(!dev.is_known_zero(0, 8193).unwrap());
+    // The known-zero cache (from the first question) is exact to the
+    // byte: the write starts at 8292.
+    assert!(dev.is_known_zero(0, 8292).unwrap());
+    assert!(!dev.is_known_zero(0, 8293).unwrap());
     assert_eq!(dev.allocated_bytes(), Some(4096));
     // Zeroout and discard.
     dev.zeroout(8192, 4096).unwrap();
@@ -1079,4 +1082,81 @@ fn multi_conn_spreads_requests_and_flushes_after_all() {
     assert_eq!(dev.connections(), 1);
     drop(dev);
     srv.join();
+}
+
+/// Requests of `cmd` the server saw.
+fn count(srv: &Server, cmd: u16) -> usize {
+    srv.seen
+        .lock()
+        .unwrap()
+        .cmds
+        .iter()
+        .filter(|c| c.0 == cmd)
+        .count()
+}
+
+#[test]
+fn known_zero_cache_answers_locally_and_shrinks_on_writes() {
+    let (srv, dev) = connect(Fake::default());
+    let dev = dev.unwrap();
+    // The whole-device question: one request (the export is 1 MiB).
+    assert!(dev.is_known_zero(0, 1 << 20).unwrap());
+    assert_eq!(count(&srv, NBD_CMD_BLOCK_STATUS), 1);
+    // Inside it: answered here, questions and reads alike.
+    assert!(dev.is_known_zero(0, 4096).unwrap());
+    assert!(dev.is_known_zero((1 << 20) - 4096, 4096).unwrap());
+    assert_eq!(
+        dev.known_zero_ranges(5000, 300).unwrap(),
+        vec![(5000, 5300)]
+    );
+    let mut b = vec![0xffu8; 8192];
+    dev.read_at(&mut b, 65536).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    assert_eq!(count(&srv, NBD_CMD_BLOCK_STATUS), 1);
+    assert_eq!(count(&srv, NBD_CMD_READ), 0);
+    // A write over it shrinks the cache: its range goes to the server.
+    dev.write_at(&[7u8; 100], 65536 + 10).unwrap();
+    dev.read_at(&mut b, 65536).unwrap();
+    assert_eq!(&b[10..110], &[7u8; 100][..]);
+    assert_eq!(count(&srv, NBD_CMD_READ), 1);
+    assert!(!dev.is_known_zero(65536, 4096).unwrap());
+    assert_eq!(count(&srv, NBD_CMD_BLOCK_STATUS), 2);
+    // Elsewhere still local.
+    dev.read_at(&mut b, 0).unwrap();
+    assert!(dev.is_known_zero(131072, 4096).unwrap());
+    assert_eq!(count(&srv, NBD_CMD_READ), 1);
+    assert_eq!(count(&srv, NBD_CMD_BLOCK_STATUS), 2);
+    // Zeroed by us: known without asking.
+    dev.zeroout(65536, 4096).unwrap();
+    assert!(dev.is_known_zero(65536, 4096).unwrap());
+    dev.read_at(&mut b, 65536).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    assert_eq!(count(&srv, NBD_CMD_READ), 1);
+    assert_eq!(count(&srv, NBD_CMD_BLOCK_STATUS), 2);
+    // A TRIM forgets (the content is unspecified until the server says).
+    dev.write_at(&[1u8; 4096], 0).unwrap();
+    assert_eq!(dev.discard(0, 4096).unwrap(), DiscardOutcome::Zeroed);
+    assert!(srv.data.lock().unwrap().iter().all(|&x| x == 0));
+}
+
+#[test]
+fn known_zero_cache_without_base_allocation() {
+    // No BLOCK_STATUS: only what we zeroed is known.
+    let (srv, dev) = connect(Fake {
+        meta: false,
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    assert!(!dev.is_known_zero(0, 4096).unwrap());
+    dev.write_at(&[3u8; 8192], 0).unwrap();
+    dev.zeroout(0, 8192).unwrap();
+    assert!(dev.is_known_zero(0, 4096).unwrap());
+    let mut b = vec![0xffu8; 4096];
+    dev.read_at(&mut b, 4096).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    assert_eq!(count(&srv, NBD_CMD_READ), 0);
+    dev.write_at(&[3u8; 1], 4096).unwrap();
+    dev.read_at(&mut b, 4096).unwrap();
+    assert_eq!(b[0], 3);
+    assert_eq!(count(&srv, NBD_CMD_READ), 1);
 }
