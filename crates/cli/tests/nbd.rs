@@ -370,6 +370,13 @@ fn mkfs_over_nbd_round_trips() {
     writers.sort_unstable();
     writers.dedup();
     assert_eq!(writers.len(), 4, "{writers:?}");
+    // One open for the size probe, the undo check and the run: its four
+    // connections are all the handshakes.
+    let connects = log
+        .lines()
+        .filter(|l| l.contains(" Connect export="))
+        .count();
+    assert_eq!(connects, 4, "one open of four connections");
     // BLOCK_STATUS lengths: no request of one 128 MiB journal extent.
     let counts: Vec<u64> = log
         .lines()
