@@ -1160,3 +1160,72 @@ fn known_zero_cache_without_base_allocation() {
     assert_eq!(b[0], 3);
     assert_eq!(count(&srv, NBD_CMD_READ), 1);
 }
+
+#[test]
+fn sequential_reads_are_read_ahead_and_writes_drop_the_window() {
+    let (srv, dev) = connect(Fake {
+        size: 4 << 20,
+        max_payload: 1 << 20,
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    let data: Vec<u8> = (0..(2u32 << 20)).map(|i| (i % 241) as u8 + 1).collect();
+    dev.write_at(&data, 0).unwrap();
+    dev.flush().unwrap();
+    // 256 sequential 4 KiB reads (1 MiB): windows of 64 KiB doubling to
+    // 1 MiB, a handful of requests, not 256.
+    let mut b = vec![0u8; 4096];
+    for i in 0..256u64 {
+        dev.read_at(&mut b, i * 4096).unwrap();
+        assert_eq!(&b[..], &data[(i * 4096) as usize..][..4096], "block {i}");
+    }
+    let reads = count(&srv, NBD_CMD_READ);
+    assert!(reads <= 8, "{reads} reads");
+    // A write inside the window (queued, not sent): the next read sees it.
+    dev.write_at(&[0xEE; 4096], 257 * 4096).unwrap();
+    dev.read_at(&mut b, 256 * 4096).unwrap();
+    assert_eq!(&b[..], &data[256 * 4096..][..4096]);
+    dev.read_at(&mut b, 257 * 4096).unwrap();
+    assert_eq!(b, vec![0xEE; 4096]);
+    dev.read_at(&mut b, 258 * 4096).unwrap();
+    assert_eq!(&b[..], &data[258 * 4096..][..4096]);
+    // Zeroout and TRIM over the window drop it too.
+    let mut w = vec![0u8; 4096];
+    dev.read_at(&mut w, 259 * 4096).unwrap();
+    dev.zeroout(260 * 4096, 4096).unwrap();
+    dev.read_at(&mut b, 260 * 4096).unwrap();
+    assert_eq!(b, vec![0u8; 4096]);
+    dev.read_at(&mut b, 261 * 4096).unwrap();
+    dev.discard(262 * 4096, 4096).unwrap();
+    dev.read_at(&mut b, 262 * 4096).unwrap();
+    assert_eq!(b, vec![0u8; 4096]);
+    // Random reads fetch no window: one request of 4 KiB each.
+    let before = count(&srv, NBD_CMD_READ);
+    for i in [10u64, 300, 5, 200] {
+        dev.read_at(&mut b, i * 4096).unwrap();
+    }
+    assert_eq!(count(&srv, NBD_CMD_READ), before + 4);
+    let seen = srv.seen.lock().unwrap();
+    let last: Vec<u32> = seen.cmds.iter().rev().take(4).map(|c| c.3).collect();
+    assert_eq!(last, vec![4096; 4]);
+}
+
+#[test]
+fn no_read_ahead_with_a_window_of_one() {
+    // The one-request-at-a-time client (EXT4KIT_NBD_WINDOW=1, set here
+    // on the device, not through the environment).
+    let (srv, dev) = connect(Fake {
+        size: 4 << 20,
+        max_payload: 1 << 20,
+        holes: false,
+        meta: false,
+        ..Fake::default()
+    });
+    let mut dev = dev.unwrap();
+    dev.window = 1;
+    let mut b = vec![0u8; 4096];
+    for i in 0..16u64 {
+        dev.read_at(&mut b, i * 4096).unwrap();
+    }
+    assert_eq!(count(&srv, NBD_CMD_READ), 16);
+}
