@@ -153,7 +153,17 @@ pub fn run(args: &LazyinitArgs) -> anyhow::Result<i32> {
             OpenOptions::read_write()
         };
         match open_device(path, opts) {
-            Ok(d) => devs.push((path.clone(), d)),
+            Ok(d) => {
+                if ext4kit_device::is_device_uri(path) && d.reports_allocation() {
+                    // An NBD export: one whole-device BLOCK_STATUS (its
+                    // slices pipelined) fills the client's known-zero
+                    // cache, so the per-group questions below are
+                    // answered without a round trip each. Only a warm-up:
+                    // an error here comes back on the real questions.
+                    let _ = d.known_zero_ranges(0, d.size());
+                }
+                devs.push((path.clone(), d))
+            }
             Err(e) => {
                 out.refuse(path, &e.to_string());
                 refused += 1;

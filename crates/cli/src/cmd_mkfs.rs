@@ -2,6 +2,7 @@
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -665,8 +666,24 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     }
     // One read-only probe of an existing target: size, sector size, and
     // whether a discard leaves zeros (regular files: yes, holes).
+    // An NBD export is connected once, here, and that connection serves
+    // the undo check, the undo file's view and the run (one handshake,
+    // one known-zero cache): read-write unless -n.
+    let nbd: Option<Arc<dyn Device>> = if uri {
+        let opts = if dry_run {
+            OpenOptions::read_only()
+        } else {
+            OpenOptions::read_write()
+        };
+        Some(Arc::from(open_device(device, opts)?))
+    } else {
+        None
+    };
     let (device_size, sector, phys_sector, io_hints, dev_discard_zeroes) = if exists {
-        let dev = open_device(device, OpenOptions::read_only())?;
+        let dev: Box<dyn Device> = match &nbd {
+            Some(d) => Box::new(Arc::clone(d)),
+            None => open_device(device, OpenOptions::read_only())?,
+        };
         (
             Some(dev.size()),
             dev.logical_block_size(),
@@ -806,7 +823,13 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         resolved.discard = false;
     }
     // -z / the automatic undo file; mke2fs does not discard then.
-    let undo = crate::undo::choose(a.opt_z.as_deref(), device, &resolved, &profile)?;
+    let undo = crate::undo::choose(
+        a.opt_z.as_deref(),
+        device,
+        nbd.as_deref(),
+        &resolved,
+        &profile,
+    )?;
     if undo.is_some() {
         resolved.discard = false;
     }
@@ -950,7 +973,13 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
     };
     // The undo file, before the target changes (also its length).
     let undo_file = match &undo {
-        Some(u) => Some(crate::undo::open(u, device, device_size, &prepared)?),
+        Some(u) => Some(crate::undo::open(
+            u,
+            device,
+            nbd.clone(),
+            device_size,
+            &prepared,
+        )?),
         None => None,
     };
     let l = &prepared.layout;
@@ -963,6 +992,8 @@ pub fn run(a: &MkfsArgs, who: &Personality) -> Result<i32> {
         f.set_len(needed)
             .with_context(|| format!("extending {dev_name}"))?;
         Box::new(f)
+    } else if let Some(d) = &nbd {
+        Box::new(Arc::clone(d))
     } else if exists {
         open_device(device, OpenOptions::read_write())?
     } else {

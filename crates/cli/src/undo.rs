@@ -35,6 +35,7 @@ pub struct Choice {
 pub fn choose(
     opt_z: Option<&str>,
     device: &Path,
+    opened: Option<&dyn Device>,
     resolved: &Resolved,
     profile: &Profile,
 ) -> Result<Option<Choice>> {
@@ -44,7 +45,7 @@ pub fn choose(
             automatic: false,
         }),
         Some(_) => auto_path(device, profile),
-        None if should_do_undo(device, resolved, profile) => auto_path(device, profile),
+        None if should_do_undo(device, opened, resolved, profile) => auto_path(device, profile),
         None => None,
     };
     if let Some(c) = &choice {
@@ -58,7 +59,13 @@ pub fn choose(
 /// the device, not of `-E offset=`, as mke2fs reads it). The lazy inode
 /// tables are those asked for: `-E assume_storage_prezeroed=1` turns
 /// them on only after this (so with `lazy_itable_init=0` no undo file).
-fn should_do_undo(device: &Path, resolved: &Resolved, profile: &Profile) -> bool {
+/// `opened`: the target already connected (an NBD export), read there.
+fn should_do_undo(
+    device: &Path,
+    opened: Option<&dyn Device>,
+    resolved: &Resolved,
+    profile: &Profile,
+) -> bool {
     let csum = resolved.params.features.has_group_csum();
     let force = profile.get_int(&resolved.fs_types, "force_undo", 0) != 0;
     // lazy_itable_init before assume_storage_prezeroed sets it: mke2fs
@@ -67,6 +74,11 @@ fn should_do_undo(device: &Path, resolved: &Resolved, profile: &Profile) -> bool
         return false;
     }
     let mut magic = [0u8; 2];
+    if let Some(d) = opened {
+        return d.size() >= 1024 + 0x3a
+            && d.read_at(&mut magic, 1024 + 0x38).is_ok()
+            && magic == [0x53, 0xEF];
+    }
     if ext4kit_device::is_device_uri(device) {
         // An NBD export: read through the protocol (a failed connection
         // is reported by the open that follows).
@@ -155,9 +167,12 @@ pub fn announce(c: &Choice, dev_name: &str) {
 /// Open the undo file before anything is written: `old_len` is what the
 /// target held (from the filesystem's start). An existing file must match
 /// the target (see [`UndoFile::open`]); an automatic one is deleted first.
+/// `opened`: the target already connected (an NBD export): its old
+/// content is read there.
 pub fn open(
     c: &Choice,
     device: &Path,
+    opened: Option<Arc<dyn Device>>,
     device_size: Option<u64>,
     prepared: &mkfs::Prepared,
 ) -> Result<UndoFile> {
@@ -178,7 +193,10 @@ pub fn open(
     };
     let view: Option<Box<dyn Device>> = match device_size {
         Some(_) => {
-            let d = open_device(device, OpenOptions::read_only())?;
+            let d: Box<dyn Device> = match opened {
+                Some(d) => Box::new(d),
+                None => open_device(device, OpenOptions::read_only())?,
+            };
             let v: Box<dyn Device> = if offset > 0 {
                 Box::new(mkfs::OffsetDevice::new(d, offset))
             } else {

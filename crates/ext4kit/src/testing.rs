@@ -20,6 +20,8 @@ pub struct MemImage {
     pub blocks_per_group: Option<u32>,
     /// `-O` edits.
     pub features: Vec<String>,
+    /// More `-E` options (after `nodiscard`).
+    pub extended: Vec<String>,
 }
 
 impl MemImage {
@@ -30,11 +32,19 @@ impl MemImage {
             inode_ratio,
             blocks_per_group: None,
             features: Vec::new(),
+            extended: Vec::new(),
         }
     }
 
     /// Make it; the message says what mkfs refused.
     pub fn make(&self) -> Result<MemDevice, String> {
+        let dev = MemDevice::new(self.size);
+        self.make_on(&dev)?;
+        Ok(dev)
+    }
+
+    /// Make it on `dev` (of at least `size` bytes, reading as zeros).
+    pub fn make_on(&self, dev: &dyn ext4kit_device::Device) -> Result<(), String> {
         let conf = format!(
             "[defaults]\n\tbase_features = sparse_super,large_file,filetype,resize_inode,dir_index,ext_attr\n\tblocksize = {}\n\tinode_size = 256\n\tinode_ratio = {}\n[fs_types]\n\text4 = {{\n\t\tfeatures = has_journal,extent,huge_file,flex_bg,metadata_csum,64bit,dir_nlink,extra_isize\n\t}}\n",
             self.block_size, self.inode_ratio
@@ -42,7 +52,9 @@ impl MemImage {
         let opts = MkfsOptions {
             fs_type: Some("ext4".into()),
             uuid: Some("0b7e3c52-8f1d-4a6e-9c2b-5d4f3e2a1b09".into()),
-            extended: vec!["nodiscard".into()],
+            extended: std::iter::once("nodiscard".to_string())
+                .chain(self.extended.iter().cloned())
+                .collect(),
             blocks_per_group: self.blocks_per_group,
             features: self.features.clone(),
             ..MkfsOptions::default()
@@ -62,8 +74,7 @@ impl MemImage {
         let profile = Profile::parse(&conf).map_err(|e| e.to_string())?;
         let resolved = mkfs::resolve(&opts, &profile, &env).map_err(|e| e.to_string())?;
         let prepared = mkfs::prepare(resolved, false).map_err(|e| e.to_string())?;
-        let dev = MemDevice::new(self.size);
-        mkfs::execute(&dev, prepared).map_err(|e| e.to_string())?;
-        Ok(dev)
+        mkfs::execute(dev, prepared).map_err(|e| e.to_string())?;
+        Ok(())
     }
 }

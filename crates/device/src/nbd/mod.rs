@@ -32,6 +32,7 @@ pub(crate) mod proto;
 #[cfg(test)]
 mod tests;
 mod uri;
+mod zeros;
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -40,6 +41,7 @@ use std::time::Duration;
 use conn::{Conn, Done, Pool, PoolTicket as Ticket, ReqError, Sock};
 use proto::*;
 pub use uri::{NbdUri, is_uri};
+use zeros::Zeros;
 
 use crate::{Device, DeviceError, DiscardOutcome, OpenOptions, Result, check_range};
 
@@ -74,6 +76,11 @@ pub const MERGE_SMALL: u64 = 128 << 10;
 /// mkfs's ~550 small writes and ~260 BLOCK_STATUS requests are bounded
 /// by requests / (16 × connections) round trips.
 pub const CONNS: usize = 4;
+/// The first read-ahead window of a sequential run of reads; it doubles
+/// with each read the window served up to [`READ_AHEAD_MAX`].
+pub const READ_AHEAD_MIN: u64 = 64 << 10;
+/// The largest read-ahead window (also capped by the maximum request).
+pub const READ_AHEAD_MAX: u64 = 1 << 20;
 /// Default time a request may wait for its reply (`EXT4KIT_NBD_TIMEOUT`,
 /// seconds, overrides it).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -91,6 +98,38 @@ pub struct NbdDevice {
     rmw: Mutex<()>,
     /// Writes sent whose replies were not yet seen.
     behind: Mutex<Behind>,
+    /// Ranges known to read as zero (`zeros.rs`): BLOCK_STATUS questions
+    /// and reads inside them are answered here.
+    zeros: Mutex<Zeros>,
+    /// The read-ahead window of sequential reads.
+    ahead: Mutex<Ahead>,
+}
+
+/// Read-ahead state: a read that starts where the previous one ended
+/// fetches a window beyond it; later reads inside the window are copied
+/// from it. Every write, zeroout and TRIM over the window drops it (and
+/// bumps `epoch`, so a window fetched meanwhile is not kept).
+#[derive(Default)]
+struct Ahead {
+    /// Where the last read ended.
+    next: u64,
+    /// The current window size (0: not sequential).
+    run: u64,
+    /// The window: its offset and bytes.
+    buf: Option<(u64, Vec<u8>)>,
+    epoch: u64,
+}
+
+impl Ahead {
+    fn invalidate(&mut self, s: u64, e: u64) {
+        self.epoch += 1;
+        if let Some((o, b)) = &self.buf
+            && *o < e
+            && s < *o + b.len() as u64
+        {
+            self.buf = None;
+        }
+    }
 }
 
 /// Write-behind state.
@@ -252,6 +291,8 @@ impl NbdDevice {
             window: window(),
             rmw: Mutex::new(()),
             behind: Mutex::new(Behind::default()),
+            zeros: Mutex::new(Zeros::default()),
+            ahead: Mutex::new(Ahead::default()),
         })
     }
 
@@ -308,6 +349,76 @@ impl NbdDevice {
 
     fn behind(&self) -> std::sync::MutexGuard<'_, Behind> {
         self.behind.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn zeros(&self) -> std::sync::MutexGuard<'_, Zeros> {
+        self.zeros.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn ahead(&self) -> std::sync::MutexGuard<'_, Ahead> {
+        self.ahead.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `[s, e)` changes: no zero answer and no read-ahead copy of it
+    /// from now on (called before the change is sent or queued).
+    fn changing(&self, s: u64, e: u64, zeroes: bool) {
+        if !zeroes {
+            self.zeros().forget(s, e);
+        }
+        self.ahead().invalidate(s, e);
+    }
+
+    /// Report a failed behind write's error (reap first).
+    fn check_sticky(&self) -> Result<()> {
+        let mut b = self.behind();
+        self.reap(&mut b);
+        self.sticky(&b)
+    }
+
+    /// An aligned read through the read-ahead window: copied from it when
+    /// inside; a sequential read (starting where the last ended) fetches
+    /// a window beyond it (doubling per run, [`READ_AHEAD_MIN`] to
+    /// [`READ_AHEAD_MAX`]). Off with a window of one request.
+    fn read_ahead(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let len = buf.len() as u64;
+        let max = READ_AHEAD_MAX.min(self.max_request());
+        if self.window == 1 || len >= max {
+            return self.read_server(buf, offset);
+        }
+        let (fetch, epoch) = {
+            let mut a = self.ahead();
+            if let Some((o, b)) = &a.buf
+                && *o <= offset
+                && offset + len <= *o + b.len() as u64
+            {
+                let s = (offset - o) as usize;
+                buf.copy_from_slice(&b[s..s + buf.len()]);
+                a.next = offset + len;
+                drop(a);
+                return self.check_sticky();
+            }
+            let sequential = offset == a.next && offset > 0;
+            a.next = offset + len;
+            a.run = if sequential {
+                (a.run * 2).clamp(READ_AHEAD_MIN, max)
+            } else {
+                0
+            };
+            let m = self.min_block();
+            let end = (offset + a.run).min(self.size()) / m * m;
+            (end.max(offset + len) - offset, a.epoch)
+        };
+        if fetch == len {
+            return self.read_server(buf, offset);
+        }
+        let mut w = vec![0u8; fetch as usize];
+        self.read_server(&mut w, offset)?;
+        buf.copy_from_slice(&w[..buf.len()]);
+        let mut a = self.ahead();
+        if a.epoch == epoch {
+            a.buf = Some((offset, w));
+        }
+        Ok(())
     }
 
     /// Drop the finished writes from `b`, keeping the first error.
@@ -500,6 +611,89 @@ impl NbdDevice {
         Ok(())
     }
 
+    /// [`Device::write_at`] after its checks.
+    fn write_inner(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let len = buf.len() as u64;
+        if self.aligned(offset, len) {
+            return self.write_aligned(buf, offset);
+        }
+        // Smaller than the server's minimum block: read, modify, write.
+        let _g = self.rmw.lock().unwrap_or_else(|p| p.into_inner());
+        let (s, e) = self.widen(offset, len);
+        let mut tmp = vec![0u8; (e - s) as usize];
+        self.read_aligned(&mut tmp, s)?;
+        let o = (offset - s) as usize;
+        tmp[o..o + buf.len()].copy_from_slice(buf);
+        self.write_aligned(&tmp, s)
+    }
+
+    /// [`Device::zeroout`] after its checks.
+    fn zeroout_inner(&self, offset: u64, len: u64) -> Result<()> {
+        self.wait_behind(Some((offset, len)))?;
+        // Edges smaller than the server's minimum block: zeros written
+        // (read-modify-write).
+        let m = self.min_block();
+        let end = offset + len;
+        let (a, b) = (offset.div_ceil(m) * m, end / m * m);
+        if a >= b {
+            self.write_at(&vec![0u8; len as usize], offset)?;
+            let mut z = self.zeros();
+            let epoch = z.generation();
+            z.learn_since(epoch, offset, end);
+            return Ok(());
+        }
+        if a > offset {
+            self.write_at(&vec![0u8; (a - offset) as usize], offset)?;
+        }
+        if end > b {
+            self.write_at(&vec![0u8; (end - b) as usize], b)?;
+        }
+        // Zeroed from here on, unless someone writes meanwhile: the epoch,
+        // then any write over the range queued before it is sent and
+        // answered, so our WRITE_ZEROES comes after it.
+        let epoch = self.zeros().generation();
+        self.wait_behind(Some((a, b - a)))?;
+        if !self.conn.info.has(NBD_FLAG_SEND_WRITE_ZEROES) {
+            self.write_zero_data(a, b - a)?;
+        } else {
+            match self.write_zeroes(a, b - a) {
+                // A server that advertises WRITE_ZEROES but cannot do it here.
+                Err(Failed(_, _, ReqError::Server { errno, .. }))
+                    if errno == NBD_ENOTSUP || errno == NBD_EINVAL =>
+                {
+                    self.write_zero_data(a, b - a)?
+                }
+                Err(f) => return Err(self.failed("write zeroes", f)),
+                Ok(()) => {}
+            }
+        }
+        self.zeros().learn_since(epoch, offset, end);
+        Ok(())
+    }
+    /// [`Device::discard`] after its checks: `Zeroed` where the range
+    /// was all holes already (no TRIM sent), else `Discarded` (the caller
+    /// asks BLOCK_STATUS afresh).
+    fn discard_inner(&self, offset: u64, len: u64) -> Result<DiscardOutcome> {
+        self.wait_behind(Some((offset, len)))?;
+        let m = self.min_block();
+        let (a, b) = (offset.div_ceil(m) * m, (offset + len) / m * m);
+        // A TRIM of what is already a hole does nothing: skip it (mkfs's
+        // whole-device discard of a fresh thin export).
+        if a < b {
+            if self.all_holes(a, b - a)? {
+                if (a, b) == (offset, offset + len) {
+                    // Known zero already: no second look.
+                    return Ok(DiscardOutcome::Zeroed);
+                }
+            } else {
+                let reqs = Self::split(a, b - a, MAX_RANGE);
+                self.pipeline(NBD_CMD_TRIM, &reqs, &|_, _| &[], &mut |_, _| {})
+                    .map_err(|f| self.failed("trim", f))?;
+            }
+        }
+        Ok(DiscardOutcome::Discarded)
+    }
+
     fn check_write(&self) -> Result<()> {
         if self.write {
             Ok(())
@@ -587,8 +781,20 @@ impl NbdDevice {
         offset.is_multiple_of(m) && len.is_multiple_of(m)
     }
 
-    /// Read an aligned range (after the behind writes it overlaps).
+    /// Read an aligned range (after the behind writes it overlaps); a
+    /// range known to be zero is filled here (after a failed behind
+    /// write's error, like any read).
     fn read_aligned(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        if self.zeros().covers(offset, offset + buf.len() as u64) {
+            self.check_sticky()?;
+            buf.fill(0);
+            return Ok(());
+        }
+        self.read_ahead(buf, offset)
+    }
+
+    /// Read an aligned range from the server.
+    fn read_server(&self, buf: &mut [u8], offset: u64) -> Result<()> {
         self.wait_behind(Some((offset, buf.len() as u64)))?;
         let reqs = Self::split(offset, buf.len() as u64, self.max_request());
         self.pipeline(NBD_CMD_READ, &reqs, &|_, _| &[], &mut |o, d| {
@@ -630,6 +836,10 @@ impl NbdDevice {
         if self.conn.info.alloc_ctx.is_none() || len == 0 {
             return Ok(out);
         }
+        // The epoch before waiting: a write queued before it is sent and
+        // answered by the wait (so the reply covers it), one after it
+        // bumps the epoch (so the reply is not learnt).
+        let epoch = self.zeros().generation();
         self.wait_behind(Some((offset, len)))?;
         // Slices of MAX_RANGE asked a window at a time; a reply that
         // covers less than its slice is followed up one at a time.
@@ -683,6 +893,12 @@ impl NbdDevice {
                     .extents;
             }
         }
+        let mut z = self.zeros();
+        for &(s, e, f) in &out {
+            if f & NBD_STATE_ZERO != 0 {
+                z.learn_since(epoch, s, e);
+            }
+        }
         Ok(out)
     }
 
@@ -695,6 +911,8 @@ impl NbdDevice {
         if self.conn.info.alloc_ctx.is_none() || len == 0 {
             return Ok(false);
         }
+        // The epoch before waiting (see `extents`).
+        let epoch = self.zeros().generation();
         self.wait_behind(Some((offset, len)))?;
         let slices = Self::split(offset, len, MAX_RANGE);
         let mut holes = true;
@@ -725,6 +943,7 @@ impl NbdDevice {
                 return Ok(false);
             }
         }
+        self.zeros().learn_since(epoch, offset, offset + len);
         Ok(true)
     }
 
@@ -794,17 +1013,14 @@ impl Device for NbdDevice {
         if len == 0 {
             return Ok(());
         }
-        if self.aligned(offset, len) {
-            return self.write_aligned(buf, offset);
-        }
-        // Smaller than the server's minimum block: read, modify, write.
-        let _g = self.rmw.lock().unwrap_or_else(|p| p.into_inner());
-        let (s, e) = self.widen(offset, len);
-        let mut tmp = vec![0u8; (e - s) as usize];
-        self.read_aligned(&mut tmp, s)?;
-        let o = (offset - s) as usize;
-        tmp[o..o + buf.len()].copy_from_slice(buf);
-        self.write_aligned(&tmp, s)
+        // Before the write is sent or queued: no one answers "zero" (or
+        // from the read-ahead window) here from now on; and again once it
+        // is queued or sent, so that an answer fetched meanwhile (by
+        // another thread, before it could see this write) is not kept.
+        self.changing(offset, offset + len, false);
+        let r = self.write_inner(buf, offset);
+        self.changing(offset, offset + len, false);
+        r
     }
 
     /// Waits for every behind write first: the server's FLUSH covers
@@ -833,60 +1049,33 @@ impl Device for NbdDevice {
         if len == 0 {
             return Ok(());
         }
-        self.wait_behind(Some((offset, len)))?;
-        // Edges smaller than the server's minimum block: zeros written
-        // (read-modify-write).
-        let m = self.min_block();
-        let end = offset + len;
-        let (a, b) = (offset.div_ceil(m) * m, end / m * m);
-        if a >= b {
-            return self.write_at(&vec![0u8; len as usize], offset);
-        }
-        if a > offset {
-            self.write_at(&vec![0u8; (a - offset) as usize], offset)?;
-        }
-        if end > b {
-            self.write_at(&vec![0u8; (end - b) as usize], b)?;
-        }
-        if !self.conn.info.has(NBD_FLAG_SEND_WRITE_ZEROES) {
-            return self.write_zero_data(a, b - a);
-        }
-        match self.write_zeroes(a, b - a) {
-            // A server that advertises WRITE_ZEROES but cannot do it here.
-            Err(Failed(_, _, ReqError::Server { errno, .. }))
-                if errno == NBD_ENOTSUP || errno == NBD_EINVAL =>
-            {
-                self.write_zero_data(a, b - a)
-            }
-            Err(f) => Err(self.failed("write zeroes", f)),
-            Ok(()) => Ok(()),
-        }
+        // The read-ahead window is dropped before and after (see
+        // `write_at`); the zero cache learns the range at the end.
+        self.changing(offset, offset + len, true);
+        let r = self.zeroout_inner(offset, len);
+        self.changing(offset, offset + len, true);
+        r
     }
 
     /// TRIM; `Zeroed` when BLOCK_STATUS then reports the range as zero.
     fn discard(&self, offset: u64, len: u64) -> Result<DiscardOutcome> {
         self.check_write()?;
         check_range(offset, len, self.size())?;
-        self.wait_behind(Some((offset, len)))?;
         if !self.conn.info.has(NBD_FLAG_SEND_TRIM) {
             return Ok(DiscardOutcome::Unsupported);
         }
-        let m = self.min_block();
-        let (a, b) = (offset.div_ceil(m) * m, (offset + len) / m * m);
-        // A TRIM of what is already a hole does nothing: skip it (mkfs's
-        // whole-device discard of a fresh thin export).
-        if a < b {
-            if self.all_holes(a, b - a)? {
-                if (a, b) == (offset, offset + len) {
-                    // Known zero already: no second look.
-                    return Ok(DiscardOutcome::Zeroed);
-                }
-            } else {
-                let reqs = Self::split(a, b - a, MAX_RANGE);
-                self.pipeline(NBD_CMD_TRIM, &reqs, &|_, _| &[], &mut |_, _| {})
-                    .map_err(|f| self.failed("trim", f))?;
-            }
+        // A TRIM leaves the content unspecified until BLOCK_STATUS says
+        // otherwise (before and after, as `write_at`).
+        self.changing(offset, offset + len, false);
+        let r = self.discard_inner(offset, len);
+        if let Ok(DiscardOutcome::Zeroed) = r {
+            // All holes: no TRIM went out, nothing changed (and the
+            // cache learnt the range).
+            return r;
         }
+        self.changing(offset, offset + len, false);
+        r?;
+        // The range as the server now reports it (learnt afresh).
         if self.is_known_zero(offset, len)? {
             Ok(DiscardOutcome::Zeroed)
         } else {
@@ -901,10 +1090,19 @@ impl Device for NbdDevice {
         self.conn.info.has(NBD_FLAG_SEND_TRIM) && self.conn.info.alloc_ctx.is_some()
     }
 
-    /// Ranges BLOCK_STATUS reports with `NBD_STATE_ZERO`.
+    /// Ranges BLOCK_STATUS reports with `NBD_STATE_ZERO`; a range the
+    /// known-zero cache covers whole is answered without a request.
     fn known_zero_ranges(&self, offset: u64, len: u64) -> Result<Vec<(u64, u64)>> {
         check_range(offset, len, self.size())?;
         let mut out: Vec<(u64, u64)> = Vec::new();
+        if len == 0 {
+            return Ok(out);
+        }
+        if self.zeros().covers(offset, offset + len) {
+            // A failed behind write is still reported.
+            self.check_sticky()?;
+            return Ok(vec![(offset, offset + len)]);
+        }
         for (s, e, f) in self.extents(offset, len)? {
             if f & NBD_STATE_ZERO == 0 {
                 continue;

@@ -444,7 +444,10 @@ fn block_status_gives_known_zero_ranges() {
         vec![(1000, 8192), (12288, 21000)]
     );
     assert!(dev.is_known_zero(0, 8192).unwrap());
-    assert!(!dev.is_known_zero(0, 8193).unwrap());
+    // The known-zero cache (from the first question) is exact to the
+    // byte: the write starts at 8292.
+    assert!(dev.is_known_zero(0, 8292).unwrap());
+    assert!(!dev.is_known_zero(0, 8293).unwrap());
     assert_eq!(dev.allocated_bytes(), Some(4096));
     // Zeroout and discard.
     dev.zeroout(8192, 4096).unwrap();
@@ -1079,4 +1082,150 @@ fn multi_conn_spreads_requests_and_flushes_after_all() {
     assert_eq!(dev.connections(), 1);
     drop(dev);
     srv.join();
+}
+
+/// Requests of `cmd` the server saw.
+fn count(srv: &Server, cmd: u16) -> usize {
+    srv.seen
+        .lock()
+        .unwrap()
+        .cmds
+        .iter()
+        .filter(|c| c.0 == cmd)
+        .count()
+}
+
+#[test]
+fn known_zero_cache_answers_locally_and_shrinks_on_writes() {
+    let (srv, dev) = connect(Fake::default());
+    let dev = dev.unwrap();
+    // The whole-device question: one request (the export is 1 MiB).
+    assert!(dev.is_known_zero(0, 1 << 20).unwrap());
+    assert_eq!(count(&srv, NBD_CMD_BLOCK_STATUS), 1);
+    // Inside it: answered here, questions and reads alike.
+    assert!(dev.is_known_zero(0, 4096).unwrap());
+    assert!(dev.is_known_zero((1 << 20) - 4096, 4096).unwrap());
+    assert_eq!(
+        dev.known_zero_ranges(5000, 300).unwrap(),
+        vec![(5000, 5300)]
+    );
+    let mut b = vec![0xffu8; 8192];
+    dev.read_at(&mut b, 65536).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    assert_eq!(count(&srv, NBD_CMD_BLOCK_STATUS), 1);
+    assert_eq!(count(&srv, NBD_CMD_READ), 0);
+    // A write over it shrinks the cache: its range goes to the server.
+    dev.write_at(&[7u8; 100], 65536 + 10).unwrap();
+    dev.read_at(&mut b, 65536).unwrap();
+    assert_eq!(&b[10..110], &[7u8; 100][..]);
+    assert_eq!(count(&srv, NBD_CMD_READ), 1);
+    assert!(!dev.is_known_zero(65536, 4096).unwrap());
+    assert_eq!(count(&srv, NBD_CMD_BLOCK_STATUS), 2);
+    // Elsewhere still local.
+    dev.read_at(&mut b, 0).unwrap();
+    assert!(dev.is_known_zero(131072, 4096).unwrap());
+    assert_eq!(count(&srv, NBD_CMD_READ), 1);
+    assert_eq!(count(&srv, NBD_CMD_BLOCK_STATUS), 2);
+    // Zeroed by us: known without asking.
+    dev.zeroout(65536, 4096).unwrap();
+    assert!(dev.is_known_zero(65536, 4096).unwrap());
+    dev.read_at(&mut b, 65536).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    assert_eq!(count(&srv, NBD_CMD_READ), 1);
+    assert_eq!(count(&srv, NBD_CMD_BLOCK_STATUS), 2);
+    // A TRIM forgets (the content is unspecified until the server says).
+    dev.write_at(&[1u8; 4096], 0).unwrap();
+    assert_eq!(dev.discard(0, 4096).unwrap(), DiscardOutcome::Zeroed);
+    assert!(srv.data.lock().unwrap().iter().all(|&x| x == 0));
+}
+
+#[test]
+fn known_zero_cache_without_base_allocation() {
+    // No BLOCK_STATUS: only what we zeroed is known.
+    let (srv, dev) = connect(Fake {
+        meta: false,
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    assert!(!dev.is_known_zero(0, 4096).unwrap());
+    dev.write_at(&[3u8; 8192], 0).unwrap();
+    dev.zeroout(0, 8192).unwrap();
+    assert!(dev.is_known_zero(0, 4096).unwrap());
+    let mut b = vec![0xffu8; 4096];
+    dev.read_at(&mut b, 4096).unwrap();
+    assert!(b.iter().all(|&x| x == 0));
+    assert_eq!(count(&srv, NBD_CMD_READ), 0);
+    dev.write_at(&[3u8; 1], 4096).unwrap();
+    dev.read_at(&mut b, 4096).unwrap();
+    assert_eq!(b[0], 3);
+    assert_eq!(count(&srv, NBD_CMD_READ), 1);
+}
+
+#[test]
+fn sequential_reads_are_read_ahead_and_writes_drop_the_window() {
+    let (srv, dev) = connect(Fake {
+        size: 4 << 20,
+        max_payload: 1 << 20,
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    let data: Vec<u8> = (0..(2u32 << 20)).map(|i| (i % 241) as u8 + 1).collect();
+    dev.write_at(&data, 0).unwrap();
+    dev.flush().unwrap();
+    // 256 sequential 4 KiB reads (1 MiB): windows of 64 KiB doubling to
+    // 1 MiB, a handful of requests, not 256.
+    let mut b = vec![0u8; 4096];
+    for i in 0..256u64 {
+        dev.read_at(&mut b, i * 4096).unwrap();
+        assert_eq!(&b[..], &data[(i * 4096) as usize..][..4096], "block {i}");
+    }
+    let reads = count(&srv, NBD_CMD_READ);
+    assert!(reads <= 8, "{reads} reads");
+    // A write inside the window (queued, not sent): the next read sees it.
+    dev.write_at(&[0xEE; 4096], 257 * 4096).unwrap();
+    dev.read_at(&mut b, 256 * 4096).unwrap();
+    assert_eq!(&b[..], &data[256 * 4096..][..4096]);
+    dev.read_at(&mut b, 257 * 4096).unwrap();
+    assert_eq!(b, vec![0xEE; 4096]);
+    dev.read_at(&mut b, 258 * 4096).unwrap();
+    assert_eq!(&b[..], &data[258 * 4096..][..4096]);
+    // Zeroout and TRIM over the window drop it too.
+    let mut w = vec![0u8; 4096];
+    dev.read_at(&mut w, 259 * 4096).unwrap();
+    dev.zeroout(260 * 4096, 4096).unwrap();
+    dev.read_at(&mut b, 260 * 4096).unwrap();
+    assert_eq!(b, vec![0u8; 4096]);
+    dev.read_at(&mut b, 261 * 4096).unwrap();
+    dev.discard(262 * 4096, 4096).unwrap();
+    dev.read_at(&mut b, 262 * 4096).unwrap();
+    assert_eq!(b, vec![0u8; 4096]);
+    // Random reads fetch no window: one request of 4 KiB each.
+    let before = count(&srv, NBD_CMD_READ);
+    for i in [10u64, 300, 5, 200] {
+        dev.read_at(&mut b, i * 4096).unwrap();
+    }
+    assert_eq!(count(&srv, NBD_CMD_READ), before + 4);
+    let seen = srv.seen.lock().unwrap();
+    let last: Vec<u32> = seen.cmds.iter().rev().take(4).map(|c| c.3).collect();
+    assert_eq!(last, vec![4096; 4]);
+}
+
+#[test]
+fn no_read_ahead_with_a_window_of_one() {
+    // The one-request-at-a-time client (EXT4KIT_NBD_WINDOW=1, set here
+    // on the device, not through the environment).
+    let (srv, dev) = connect(Fake {
+        size: 4 << 20,
+        max_payload: 1 << 20,
+        holes: false,
+        meta: false,
+        ..Fake::default()
+    });
+    let mut dev = dev.unwrap();
+    dev.window = 1;
+    let mut b = vec![0u8; 4096];
+    for i in 0..16u64 {
+        dev.read_at(&mut b, i * 4096).unwrap();
+    }
+    assert_eq!(count(&srv, NBD_CMD_READ), 16);
 }
