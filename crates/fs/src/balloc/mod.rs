@@ -694,6 +694,74 @@ impl BlockAlloc {
     /// not there.
     pub fn alloc(&self, rd: &dyn BlockRead, req: &AllocRequest) -> Result<Allocation, FsError> {
         self.refuse_clusters("allocating blocks")?;
+        self.alloc_any(rd, req)
+    }
+
+    /// Bigalloc (step 2's primitive, not used by the extent writer yet):
+    /// allocate whole clusters covering `req.len` blocks, the goal taken
+    /// down to its cluster's first block and the longest extent to a
+    /// whole number of clusters. Every extent returned starts and ends on
+    /// a cluster boundary (free space is kept in whole clusters, so the
+    /// search never cuts one); a caller maps logical block `l` of a file
+    /// to `c2b(cluster) + (l & mask)` and owns the cluster's other blocks
+    /// (`cluster::Clusters::implied`). Without bigalloc it is
+    /// [`BlockAlloc::alloc`].
+    pub fn alloc_clusters(
+        &self,
+        rd: &dyn BlockRead,
+        req: &AllocRequest,
+    ) -> Result<Allocation, FsError> {
+        let mask = (1u64 << self.layout.cluster_bits) - 1;
+        let mut r = *req;
+        r.len = req.len.div_ceil(mask + 1) * (mask + 1);
+        r.goal = req.goal.map(|g| g & !mask);
+        r.max_extent = req.max_extent & !(mask as u32);
+        if r.max_extent == 0 {
+            return Err(FsError::InvalidRequest(format!(
+                "longest extent {} is shorter than a cluster",
+                req.max_extent
+            )));
+        }
+        let a = self.alloc_any(rd, &r)?;
+        if a.extents
+            .iter()
+            .any(|&(s, n)| s & mask != 0 || u64::from(n) & mask != 0)
+        {
+            self.give_back(rd, &a.extents)?;
+            return Err(FsError::corrupt(
+                "block allocator",
+                format!(
+                    "a cluster allocation was not cluster aligned: {:?}",
+                    a.extents
+                ),
+            ));
+        }
+        Ok(a)
+    }
+
+    /// Bigalloc (step 3's primitive, not used yet): free whole clusters
+    /// (`start` and `len` on cluster boundaries, else `InvalidRequest`
+    /// and nothing freed); what to release is the caller's
+    /// (`cluster::Clusters::released`). Without bigalloc it is
+    /// [`BlockAlloc::free`].
+    pub fn free_clusters(
+        &self,
+        rd: &dyn BlockRead,
+        tid: u32,
+        start: u64,
+        len: u32,
+    ) -> Result<(), FsError> {
+        let mask = (1u64 << self.layout.cluster_bits) - 1;
+        if start & mask != 0 || u64::from(len) & mask != 0 {
+            return Err(FsError::InvalidRequest(format!(
+                "free of blocks {start}+{len}: not whole clusters of {}",
+                mask + 1
+            )));
+        }
+        self.free_any(rd, tid, start, len)
+    }
+
+    fn alloc_any(&self, rd: &dyn BlockRead, req: &AllocRequest) -> Result<Allocation, FsError> {
         loop {
             match self.alloc_once(rd, req) {
                 Err(FsError::SpaceBusy { .. }) if self.wait_for_discard() => continue,
@@ -1082,6 +1150,10 @@ impl BlockAlloc {
     /// [`BlockAlloc::committed`]`(tid)` (and their discard, if on).
     pub fn free(&self, rd: &dyn BlockRead, tid: u32, start: u64, len: u32) -> Result<(), FsError> {
         self.refuse_clusters("freeing blocks")?;
+        self.free_any(rd, tid, start, len)
+    }
+
+    fn free_any(&self, rd: &dyn BlockRead, tid: u32, start: u64, len: u32) -> Result<(), FsError> {
         let parts = self.pieces(start, len)?;
         // Check everything before changing anything.
         for &(g, rel, n) in &parts {
