@@ -45,6 +45,16 @@ struct Written {
     many: usize,
     /// Bytes per cluster.
     cluster: u64,
+    /// `stat -f` of the kernel's mount after the script (block size,
+    /// blocks, free, available).
+    statfs: String,
+}
+
+/// `stat -f` numbers of a mounted filesystem: block size, blocks, free,
+/// available.
+fn statfs_line(m: &Path) -> Result<String, String> {
+    let o = run_ok(tool("stat").args(["-f", "-c", "%S %b %f %a"]).arg(m))?;
+    Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
 /// The number after `name` in `ext4kit stat`'s output.
@@ -128,6 +138,7 @@ fn kernel_script(root: &Path, bs: u64, ratio: u64) -> Written {
         files,
         many,
         cluster: cluster as u64,
+        statfs: String::new(),
     }
 }
 
@@ -287,7 +298,16 @@ fn ro_mount_reads(img: &Path, w: &Written) -> Result<(), String> {
     let n = fs::read_dir(m.path().join("many"))
         .map_err(|e| e.to_string())?
         .count();
+    // statfs in blocks as the kernel reports it (free clusters and the
+    // overhead's clusters times the ratio).
+    let st = statfs_line(m.path())?;
     m.unmount()?;
+    if st != w.statfs {
+        return Err(format!(
+            "mount -o ro: stat -f {st:?}, the kernel's {:?}",
+            w.statfs
+        ));
+    }
     if n != w.many {
         return Err(format!(
             "mount -o ro: /many has {n} entries, want {}",
@@ -321,7 +341,9 @@ fn kernel_written_bigalloc_reads_back_and_writes_are_refused() {
                 Ok(m) => m,
                 Err(e) => return skip(name, &format!("kernel mount of a bigalloc image: {e}")),
             };
-            let w = kernel_script(mnt.path(), bs, ratio);
+            let mut w = kernel_script(mnt.path(), bs, ratio);
+            run_ok(&mut tool("sync")).unwrap();
+            w.statfs = statfs_line(mnt.path()).unwrap();
             mnt.unmount().unwrap();
             w
         };
