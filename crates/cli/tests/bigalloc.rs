@@ -14,7 +14,7 @@ use std::path::Path;
 
 use common::fuse::FuseMount;
 use common::*;
-use ext4kit_device::{FileDevice, OpenOptions};
+use ext4kit_device::{Device, FileDevice, OpenOptions};
 use ext4kit_fs::balloc::cluster::{Clusters, Run};
 use ext4kit_fs::sb::Volume;
 
@@ -45,6 +45,16 @@ struct Written {
     many: usize,
     /// Bytes per cluster.
     cluster: u64,
+    /// `stat -f` of the kernel's mount after the script (block size,
+    /// blocks, free, available).
+    statfs: String,
+}
+
+/// `stat -f` numbers of a mounted filesystem: block size, blocks, free,
+/// available.
+fn statfs_line(m: &Path) -> Result<String, String> {
+    let o = run_ok(tool("stat").args(["-f", "-c", "%S %b %f %a"]).arg(m))?;
+    Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
 /// The number after `name` in `ext4kit stat`'s output.
@@ -128,6 +138,7 @@ fn kernel_script(root: &Path, bs: u64, ratio: u64) -> Written {
         files,
         many,
         cluster: cluster as u64,
+        statfs: String::new(),
     }
 }
 
@@ -287,7 +298,16 @@ fn ro_mount_reads(img: &Path, w: &Written) -> Result<(), String> {
     let n = fs::read_dir(m.path().join("many"))
         .map_err(|e| e.to_string())?
         .count();
+    // statfs in blocks as the kernel reports it (free clusters and the
+    // overhead's clusters times the ratio).
+    let st = statfs_line(m.path())?;
     m.unmount()?;
+    if st != w.statfs {
+        return Err(format!(
+            "mount -o ro: stat -f {st:?}, the kernel's {:?}",
+            w.statfs
+        ));
+    }
     if n != w.many {
         return Err(format!(
             "mount -o ro: /many has {n} entries, want {}",
@@ -321,7 +341,9 @@ fn kernel_written_bigalloc_reads_back_and_writes_are_refused() {
                 Ok(m) => m,
                 Err(e) => return skip(name, &format!("kernel mount of a bigalloc image: {e}")),
             };
-            let w = kernel_script(mnt.path(), bs, ratio);
+            let mut w = kernel_script(mnt.path(), bs, ratio);
+            run_ok(&mut tool("sync")).unwrap();
+            w.statfs = statfs_line(mnt.path()).unwrap();
             mnt.unmount().unwrap();
             w
         };
@@ -333,6 +355,119 @@ fn kernel_written_bigalloc_reads_back_and_writes_are_refused() {
             .and_then(|()| ro_mount_reads(&img, &written))
             .and_then(|()| rw_tools_refuse(&img, &host))
             .and_then(|()| e2fsck_clean(&img).map(|_| ()));
+        report_case(label, res, &mut failures);
+        let _ = fs::remove_file(&img);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Open `img` with the engine's internal bigalloc switch
+/// (`RwOptions::bigalloc_writer`, not for users).
+fn open_with_switch(img: &Path) -> Result<ext4kit_fs::fs::Filesystem, String> {
+    let opts = ext4kit_fs::rw::RwOptions {
+        bigalloc_writer: true,
+        ..Default::default()
+    };
+    ext4kit_fs::fs::Filesystem::open(open_file(img), opts).map_err(|e| format!("open: {e}"))
+}
+
+/// Step 1 of the writer (issue 20): with the switch, the allocator reads
+/// cluster bitmaps and renders every group's bitmap byte for byte as
+/// mke2fs wrote it, with its checksum and the descriptor's free count in
+/// clusters; its total is free clusters x ratio (the superblock's count,
+/// as the kernel keeps it); open and close leave e2fsck clean. Without
+/// the switch the engine still refuses the image.
+#[test]
+fn switch_opens_and_renders_bigalloc_bitmaps() {
+    let name = "switch_opens_and_renders_bigalloc_bitmaps";
+    if let Err(why) = e2fs_tools() {
+        return skip(name, &why);
+    }
+    let dir = image_dir();
+    let mut failures = Vec::new();
+    for (label, size, args, _bs, ratio) in GEOMETRIES {
+        let img = mkimg(dir.path(), &format!("{label}.img"), size, args);
+        let res = (|| -> Result<(), String> {
+            let refused = ext4kit_fs::fs::Filesystem::open(open_file(&img), Default::default());
+            if refused.is_ok() {
+                return Err("opened without the switch".into());
+            }
+            // The descriptors and bitmaps as mke2fs wrote them.
+            let dev =
+                FileDevice::open(&img, OpenOptions::read_only()).map_err(|e| e.to_string())?;
+            let vol = Volume::open(&dev).map_err(|e| e.to_string())?;
+            let bs = u64::from(vol.info.block_size);
+            let sb_free = vol.info.sb.free_blocks_count();
+            let mut want = Vec::new();
+            for g in 0..vol.info.groups {
+                let d = vol.fs().group_desc(g).map_err(|e| e.to_string())?;
+                let mut b = vec![0u8; bs as usize];
+                dev.read_at(&mut b, d.block_bitmap() * bs)
+                    .map_err(|e| e.to_string())?;
+                want.push((d.free_blocks(), d.block_bitmap(), d.block_bitmap_csum(), b));
+            }
+            drop(vol);
+            drop(dev);
+            let desc_sum: u64 = want.iter().map(|w| u64::from(w.0)).sum();
+            if desc_sum * ratio != sb_free {
+                return Err(format!("mke2fs: {desc_sum} clusters, sb {sb_free}"));
+            }
+            let fs = open_with_switch(&img)?;
+            let ba = fs.block_alloc();
+            if ba.free_blocks() != sb_free {
+                return Err(format!("allocator {} free, sb {sb_free}", ba.free_blocks()));
+            }
+            let rd = fs.rw().blocks();
+            for (g, (free, at, csum, bytes)) in want.iter().enumerate() {
+                let side = ba.render(rd, g as u32, true).map_err(|e| e.to_string())?;
+                if side.free_blocks != *free {
+                    return Err(format!(
+                        "group {g}: {} free, descriptor {free}",
+                        side.free_blocks
+                    ));
+                }
+                if let Some((blk, img, c)) = side.bitmap {
+                    let n = ba.layout().block_bitmap_bytes();
+                    // 32-byte descriptors keep the checksum's low half.
+                    let mask = if ba.layout().desc_size >= 64 {
+                        u32::MAX
+                    } else {
+                        0xFFFF
+                    };
+                    if blk != *at || img[..n] != bytes[..n] || c & mask != csum & mask {
+                        return Err(format!("group {g}: bitmap differs from mke2fs's"));
+                    }
+                }
+            }
+            // An operation that allocates nothing: empty files (the
+            // inode side renders the group, the block side unchanged).
+            let spec = ext4kit_fs::fs::NewInode::new(0o100644, 0, 0);
+            for n in 0..3 {
+                fs.create(2, format!("empty{n}").as_bytes(), &spec)
+                    .map_err(|e| format!("create: {e}"))?;
+            }
+            fs.close().map_err(|e| format!("close: {e}"))?;
+            e2fsck_clean(&img)?;
+            // Allocating is refused (steps 2-4 are not written). The
+            // refusal comes inside the write's handle, so the engine
+            // aborts its journal (what committed before stays in the log):
+            // the next open replays it and the image is clean.
+            let fs = open_with_switch(&img)?;
+            let ino = fs
+                .create(2, b"data", &spec)
+                .map_err(|e| format!("create: {e}"))?
+                .0
+                .ino;
+            match fs.write_at(ino, 0, b"x") {
+                Err(ext4kit_fs::FsError::Unsupported(_)) => {}
+                r => return Err(format!("write on bigalloc: {r:?}")),
+            }
+            let _ = fs.close();
+            open_with_switch(&img)?
+                .close()
+                .map_err(|e| format!("close after replay: {e}"))?;
+            e2fsck_clean(&img).map(|_| ())
+        })();
         report_case(label, res, &mut failures);
         let _ = fs::remove_file(&img);
     }

@@ -357,7 +357,13 @@ impl Filesystem {
         // The superblock here; the descriptors are checked (in large
         // sequential reads, never held) by the allocators' pass below.
         let info = FsInfo::load_superblock(rw.blocks())?;
-        if let Some(f) = info.unknown_ro_compat.first() {
+        // bigalloc is unknown to the read side's list; the internal
+        // switch lets the engine take it.
+        if let Some(f) = info
+            .unknown_ro_compat
+            .iter()
+            .find(|f| !(opts.bigalloc_writer && f.as_str() == "bigalloc"))
+        {
             return Err(FsError::Unsupported(format!(
                 "read-only compatible feature {f}"
             )));
@@ -377,7 +383,7 @@ impl Filesystem {
             blocks: rw.blocks(),
             info: &info,
         })?;
-        let layout = Layout::from_superblock(&info.sb)?;
+        let layout = Layout::from_superblock_with(&info.sb, opts.bigalloc_writer)?;
         let descs = Arc::new(DescTable::new(layout.clone()));
         let dirty = Arc::new(DirtySet::default());
         let rd = rw.blocks();

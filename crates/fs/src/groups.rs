@@ -48,6 +48,10 @@ pub struct Layout {
     /// them `bg_itable_unused` and the UNINIT flags.
     pub group_csum: bool,
     pub csum: Csum,
+    /// Bigalloc: `s_log_cluster_size - s_log_block_size` (0 without it).
+    /// The allocator keeps blocks; its bitmaps and descriptor counts on
+    /// disk are in clusters of `1 << cluster_bits` blocks.
+    pub cluster_bits: u32,
 }
 
 fn bad_sb(detail: impl Into<String>) -> FsError {
@@ -58,17 +62,50 @@ impl Layout {
     /// Derive the layout from a parsed superblock; refuses what the
     /// allocators do not handle (bigalloc) and impossible numbers.
     pub fn from_superblock(sb: &Superblock) -> Result<Self, FsError> {
+        Self::from_superblock_with(sb, false)
+    }
+
+    /// [`Layout::from_superblock`]; `bigalloc`: take a bigalloc
+    /// filesystem (the engine's internal switch, `RwOptions::bigalloc_writer`;
+    /// the bigalloc writer is unfinished, see ARCHITECTURE).
+    pub fn from_superblock_with(sb: &Superblock, bigalloc: bool) -> Result<Self, FsError> {
         let block_size = sb
             .block_size()
             .ok_or_else(|| bad_sb("block size out of range"))?;
         let ro = RoCompat(sb.s_feature_ro_compat.get());
         let inc = Incompat(sb.s_feature_incompat.get());
+        let mut cluster_bits = 0;
         if ro.contains(RoCompat::BIGALLOC) {
-            return Err(FsError::Unsupported("bigalloc (cluster allocation)".into()));
+            if !bigalloc {
+                return Err(FsError::Unsupported("bigalloc (cluster allocation)".into()));
+            }
+            let (lc, lb) = (sb.s_log_cluster_size.get(), sb.s_log_block_size.get());
+            if lc < lb || lc - lb > 16 {
+                return Err(bad_sb(format!("log cluster size {lc}")));
+            }
+            cluster_bits = lc - lb;
         }
         let bpg = sb.s_blocks_per_group.get();
         let ipg = sb.s_inodes_per_group.get();
-        if bpg == 0 || bpg > block_size * 8 || !bpg.is_multiple_of(8) {
+        if cluster_bits > 0 {
+            let cpg = sb.s_clusters_per_group.get();
+            // The allocator's packed counts hold 2^19 blocks per group.
+            if cpg == 0
+                || cpg > block_size * 8
+                || !cpg.is_multiple_of(8)
+                || u64::from(cpg) << cluster_bits != u64::from(bpg)
+                || bpg > 1 << 19
+            {
+                return Err(bad_sb(format!(
+                    "clusters per group {cpg}, blocks per group {bpg}"
+                )));
+            }
+            if sb.s_first_data_block.get() != 0
+                || !sb.blocks_count().is_multiple_of(1 << cluster_bits)
+            {
+                return Err(bad_sb("bigalloc groups not cluster aligned"));
+            }
+        } else if bpg == 0 || bpg > block_size * 8 || !bpg.is_multiple_of(8) {
             return Err(bad_sb(format!("blocks per group {bpg}")));
         }
         if ipg == 0 || ipg > block_size * 8 || !ipg.is_multiple_of(8) {
@@ -129,6 +166,7 @@ impl Layout {
             backups: Backups::of(sb),
             group_csum: ro.contains(RoCompat::METADATA_CSUM) || ro.contains(RoCompat::GDT_CSUM),
             csum: Csum::from_superblock(sb),
+            cluster_bits,
         })
     }
 
@@ -214,7 +252,7 @@ impl Layout {
 
     /// Bytes of a block bitmap that its checksum covers.
     pub fn block_bitmap_bytes(&self) -> usize {
-        self.blocks_per_group as usize / 8
+        (self.blocks_per_group >> self.cluster_bits) as usize / 8
     }
 
     /// Bytes of an inode bitmap that its checksum covers.

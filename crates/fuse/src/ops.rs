@@ -811,22 +811,36 @@ impl FuseFs {
                         Ok((b, i))
                     })
                     .map_err(|e| errno(&e))?;
+                let bits = sb
+                    .s_log_cluster_size
+                    .get()
+                    .saturating_sub(sb.s_log_block_size.get())
+                    .min(31);
                 (
                     sb.blocks_count(),
-                    bfree,
+                    bfree << bits,
                     sb.r_blocks_count(),
                     u64::from(sb.s_inodes_count.get()),
                     ffree,
                 )
             }
         };
+        // Bigalloc: the descriptors and s_overhead_clusters count
+        // clusters; statfs reports blocks, as ext4_statfs (EXT4_C2B).
+        let cbits = self.s.backend.read(|f| {
+            let sb = &f.info.sb;
+            sb.s_log_cluster_size
+                .get()
+                .saturating_sub(sb.s_log_block_size.get())
+                .min(31)
+        });
         let overhead = self
             .s
             .backend
             .read(|f| u64::from(f.info.sb.s_overhead_clusters.get()));
         // None recorded (images from older mke2fs): as the kernel computes it.
         let overhead = if overhead != 0 {
-            overhead
+            overhead << cbits
         } else {
             self.computed_overhead()
         };

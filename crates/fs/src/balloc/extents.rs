@@ -208,6 +208,36 @@ impl ExtentSet {
         best
     }
 
+    /// Bigalloc: the whole clusters of `1 << cluster_bits` blocks inside
+    /// the set's ranges, in cluster numbers (a cluster is free only when
+    /// all of its blocks are).
+    pub fn whole_clusters(&self, cluster_bits: u32) -> ExtentSet {
+        if cluster_bits == 0 {
+            return self.clone();
+        }
+        let r = 1u64 << cluster_bits;
+        let runs = self.v.iter().filter_map(|&(s, n)| {
+            let a = u64::from(s).div_ceil(r);
+            let b = (u64::from(s) + u64::from(n)) / r;
+            (a < b).then(|| (a as u32, (b - a) as u32))
+        });
+        ExtentSet::from_sorted(runs.collect::<Vec<_>>())
+    }
+
+    /// Bigalloc: cluster ranges as block ranges (`<< cluster_bits`),
+    /// clipped to `nblocks`.
+    pub fn expand_clusters(&self, cluster_bits: u32, nblocks: u32) -> ExtentSet {
+        if cluster_bits == 0 {
+            return self.clone();
+        }
+        let runs = self.v.iter().filter_map(|&(s, n)| {
+            let a = u64::from(s) << cluster_bits;
+            let b = ((u64::from(s) + u64::from(n)) << cluster_bits).min(u64::from(nblocks));
+            (a < b).then(|| (a as u32, (b - a) as u32))
+        });
+        ExtentSet::from_sorted(runs.collect::<Vec<_>>())
+    }
+
     /// Clear the bits of the set's blocks in `bitmap` (others untouched).
     /// Whole bytes at a time inside a range (a group's free space is
     /// rendered into its bitmap at the end of every allocating handle:
@@ -237,6 +267,19 @@ impl ExtentSet {
 
 #[cfg(test)]
 mod tests {
+
+    /// Bigalloc: a cluster is free only when all its blocks are; clusters
+    /// expand back to blocks, clipped to the group.
+    #[test]
+    fn whole_clusters_and_back() {
+        let s = ExtentSet::from_sorted([(1, 1), (3, 9), (16, 4), (22, 1)]);
+        let c = s.whole_clusters(2);
+        assert_eq!(c.iter().collect::<Vec<_>>(), vec![(1, 2), (4, 1)]);
+        let b = c.expand_clusters(2, 18);
+        assert_eq!(b.iter().collect::<Vec<_>>(), vec![(4, 8), (16, 2)]);
+        assert_eq!(s.whole_clusters(0), s);
+        assert_eq!(s.expand_clusters(0, 4), s);
+    }
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeSet;

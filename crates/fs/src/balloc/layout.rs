@@ -101,6 +101,12 @@ pub fn layout_stats(
     runs: &[(u64, u64)],
     own_only: bool,
 ) -> (u32, u32) {
+    if layout.cluster_bits > 0 {
+        // Bigalloc: whole clusters only; the set is built (few groups on
+        // the images bigalloc is used for, and never on the plain path).
+        let set = layout_free(layout, g, desc, runs, own_only);
+        return (set.total() as u32, set.largest());
+    }
     let n = layout.blocks_in_group(g);
     let gs = layout.group_start(g);
     let ge = gs + u64::from(n);
@@ -183,6 +189,13 @@ pub fn layout_free(
             }
             cut(s, e);
         }
+    }
+    if layout.cluster_bits > 0 {
+        // Bigalloc: metadata placed block by block takes its whole
+        // cluster (a cluster is free only when all its blocks are).
+        set = set
+            .whole_clusters(layout.cluster_bits)
+            .expand_clusters(layout.cluster_bits, n);
     }
     set
 }

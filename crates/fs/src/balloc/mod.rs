@@ -369,7 +369,9 @@ impl BlockAlloc {
                 file(g, st, &mut total);
                 state.push(AtomicU64::new(st.pack()));
             } else {
-                later.push((g, d.free_blocks()));
+                // Bigalloc: the descriptor counts clusters; the
+                // allocator keeps blocks of whole clusters.
+                later.push((g, d.free_blocks() << layout.cluster_bits));
                 state.push(AtomicU64::new(0));
             }
             Ok(())
@@ -431,6 +433,19 @@ impl BlockAlloc {
 
     pub fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    /// Bigalloc (only behind the engine's internal switch): the allocator
+    /// reads and renders cluster bitmaps and counts, but allocating and
+    /// freeing in whole clusters is not written yet (ARCHITECTURE,
+    /// "bigalloc"): refused, before anything changes.
+    fn refuse_clusters(&self, what: &str) -> Result<(), FsError> {
+        if self.layout.cluster_bits > 0 {
+            return Err(FsError::Unsupported(format!(
+                "bigalloc: {what} in clusters is not written yet"
+            )));
+        }
+        Ok(())
     }
 
     /// The goal block for an inode's first data block (the kernel's
@@ -648,7 +663,10 @@ impl BlockAlloc {
                 format!("group {g} (block {blk}): checksum mismatch"),
             ));
         }
-        let free = ExtentSet::from_clear_bits(&buf, l.blocks_in_group(g));
+        // Bigalloc: one bit per cluster, kept as the cluster's blocks.
+        let n = l.blocks_in_group(g);
+        let free = ExtentSet::from_clear_bits(&buf, n.div_ceil(1 << l.cluster_bits))
+            .expand_clusters(l.cluster_bits, n);
         if free.total() != u64::from(bg.st.disk_free) {
             return Err(FsError::corrupt(
                 "block bitmap",
@@ -675,6 +693,75 @@ impl BlockAlloc {
     /// for 30 s) stand in the way, [`FsError::NoSpace`] when the space is
     /// not there.
     pub fn alloc(&self, rd: &dyn BlockRead, req: &AllocRequest) -> Result<Allocation, FsError> {
+        self.refuse_clusters("allocating blocks")?;
+        self.alloc_any(rd, req)
+    }
+
+    /// Bigalloc (step 2's primitive, not used by the extent writer yet):
+    /// allocate whole clusters covering `req.len` blocks, the goal taken
+    /// down to its cluster's first block and the longest extent to a
+    /// whole number of clusters. Every extent returned starts and ends on
+    /// a cluster boundary (free space is kept in whole clusters, so the
+    /// search never cuts one); a caller maps logical block `l` of a file
+    /// to `c2b(cluster) + (l & mask)` and owns the cluster's other blocks
+    /// (`cluster::Clusters::implied`). Without bigalloc it is
+    /// [`BlockAlloc::alloc`].
+    pub fn alloc_clusters(
+        &self,
+        rd: &dyn BlockRead,
+        req: &AllocRequest,
+    ) -> Result<Allocation, FsError> {
+        let mask = (1u64 << self.layout.cluster_bits) - 1;
+        let mut r = *req;
+        r.len = req.len.div_ceil(mask + 1) * (mask + 1);
+        r.goal = req.goal.map(|g| g & !mask);
+        r.max_extent = req.max_extent & !(mask as u32);
+        if r.max_extent == 0 {
+            return Err(FsError::InvalidRequest(format!(
+                "longest extent {} is shorter than a cluster",
+                req.max_extent
+            )));
+        }
+        let a = self.alloc_any(rd, &r)?;
+        if a.extents
+            .iter()
+            .any(|&(s, n)| s & mask != 0 || u64::from(n) & mask != 0)
+        {
+            self.give_back(rd, &a.extents)?;
+            return Err(FsError::corrupt(
+                "block allocator",
+                format!(
+                    "a cluster allocation was not cluster aligned: {:?}",
+                    a.extents
+                ),
+            ));
+        }
+        Ok(a)
+    }
+
+    /// Bigalloc (step 3's primitive, not used yet): free whole clusters
+    /// (`start` and `len` on cluster boundaries, else `InvalidRequest`
+    /// and nothing freed); what to release is the caller's
+    /// (`cluster::Clusters::released`). Without bigalloc it is
+    /// [`BlockAlloc::free`].
+    pub fn free_clusters(
+        &self,
+        rd: &dyn BlockRead,
+        tid: u32,
+        start: u64,
+        len: u32,
+    ) -> Result<(), FsError> {
+        let mask = (1u64 << self.layout.cluster_bits) - 1;
+        if start & mask != 0 || u64::from(len) & mask != 0 {
+            return Err(FsError::InvalidRequest(format!(
+                "free of blocks {start}+{len}: not whole clusters of {}",
+                mask + 1
+            )));
+        }
+        self.free_any(rd, tid, start, len)
+    }
+
+    fn alloc_any(&self, rd: &dyn BlockRead, req: &AllocRequest) -> Result<Allocation, FsError> {
         loop {
             match self.alloc_once(rd, req) {
                 Err(FsError::SpaceBusy { .. }) if self.wait_for_discard() => continue,
@@ -1062,6 +1149,11 @@ impl BlockAlloc {
     /// in use; they become free on disk now and allocatable after
     /// [`BlockAlloc::committed`]`(tid)` (and their discard, if on).
     pub fn free(&self, rd: &dyn BlockRead, tid: u32, start: u64, len: u32) -> Result<(), FsError> {
+        self.refuse_clusters("freeing blocks")?;
+        self.free_any(rd, tid, start, len)
+    }
+
+    fn free_any(&self, rd: &dyn BlockRead, tid: u32, start: u64, len: u32) -> Result<(), FsError> {
         let parts = self.pieces(start, len)?;
         // Check everything before changing anything.
         for &(g, rel, n) in &parts {
@@ -1312,9 +1404,11 @@ impl BlockAlloc {
         with_bitmap: bool,
     ) -> Result<BlockSide, FsError> {
         let mut bg = self.group(g)?;
+        // Bigalloc: the descriptor counts clusters.
+        let cb = self.layout.cluster_bits;
         if !with_bitmap {
             return Ok(BlockSide {
-                free_blocks: bg.st.disk_free,
+                free_blocks: bg.st.disk_free >> cb,
                 block_uninit: bg.st.block_uninit,
                 bitmap: None,
             });
@@ -1327,13 +1421,24 @@ impl BlockAlloc {
             let at = self.descs.get(rd, g)?.block_bitmap();
             let mut buf = vec![0xFFu8; l.block_size as usize];
             let st = bg.sets();
-            st.avail.clear_bits(&mut buf);
-            st.busy.clear_bits(&mut buf);
+            if cb == 0 {
+                st.avail.clear_bits(&mut buf);
+                st.busy.clear_bits(&mut buf);
+            } else {
+                // A cluster's bit is clear only when all its blocks are
+                // free (avail and busy together: one cluster may be split
+                // between them).
+                let mut all = st.avail.clone();
+                for (s, n) in st.busy.iter() {
+                    all.insert(s, n);
+                }
+                all.whole_clusters(cb).clear_bits(&mut buf);
+            }
             let csum = l.bitmap_csum(&buf[..l.block_bitmap_bytes()]);
             Some((at, buf, csum))
         };
         Ok(BlockSide {
-            free_blocks: bg.st.disk_free,
+            free_blocks: bg.st.disk_free >> cb,
             block_uninit: bg.st.block_uninit,
             bitmap,
         })

@@ -772,3 +772,86 @@ fn reserved_inodes_past_group_0_are_never_allocated() {
         assert!(a.ino >= 12, "reserved inode {} handed out", a.ino);
     }
 }
+
+/// Bigalloc behind the engine's switch: the allocator's cluster
+/// primitives hand out and take back whole clusters only, and the
+/// rendered cluster bitmap and count follow them; the block-granular
+/// `alloc`/`free` refuse (the extent writer does not use clusters yet).
+#[test]
+fn bigalloc_alloc_and_free_whole_clusters() {
+    let mut m = MemImage::new(32 << 20, 1024, 16384);
+    m.features = vec!["bigalloc".into()];
+    let dev = m.make().unwrap();
+    let mut buf = vec![0u8; 1024];
+    dev.read_at(&mut buf, 1024).unwrap();
+    let sb = Superblock::parse(&buf).unwrap();
+    assert!(Layout::from_superblock(&sb).is_err());
+    let layout = Layout::from_superblock_with(&sb, true).unwrap();
+    let cb = layout.cluster_bits;
+    assert_eq!(cb, 4);
+    let r = 1u64 << cb;
+    let rd = DeviceBlocks::new(&dev, layout.block_size, layout.blocks_count);
+    let descs = Arc::new(DescTable::read(layout.clone(), &rd).unwrap());
+    let ba = BlockAlloc::open(&rd, descs.clone(), Arc::new(DirtySet::default()), false).unwrap();
+    let free0 = ba.free_blocks();
+    assert_eq!(free0, sb.free_blocks_count());
+    assert!(matches!(
+        ba.alloc(&rd, &AllocRequest::new(1, 0)),
+        Err(FsError::Unsupported(_))
+    ));
+    // 1 block, 17 blocks, and a goal inside a cluster.
+    let mut got = Vec::new();
+    for (len, mid_goal) in [(1u64, false), (17, false), (5, true)] {
+        let mut req = AllocRequest::new(len, 0);
+        // Three blocks into the cluster after the last allocation.
+        let goal = mid_goal.then(|| {
+            let &(s, n): &(u64, u32) = got.last().unwrap();
+            s + u64::from(n) + 3
+        });
+        req.goal = goal;
+        let a = ba.alloc_clusters(&rd, &req).unwrap();
+        let total: u64 = a.extents.iter().map(|e| u64::from(e.1)).sum();
+        assert_eq!(total, len.div_ceil(r) * r, "{len}");
+        for &(s, n) in &a.extents {
+            assert_eq!(s % r, 0, "{s}");
+            assert_eq!(u64::from(n) % r, 0, "{n}");
+        }
+        if let Some(g) = goal {
+            assert_eq!(a.extents[0].0, g & !(r - 1));
+        }
+        got.extend(a.extents);
+    }
+    assert_eq!(ba.free_blocks(), free0 - 16 - 32 - 16);
+    // The rendered bitmap: one bit per cluster, set for each allocated
+    // cluster; the count in clusters.
+    let side = ba.render(&rd, 0, true).unwrap();
+    let (_, img, _) = side.bitmap.expect("group 0 has a bitmap");
+    let bit = |c: u64| img[(c / 8) as usize] >> (c % 8) & 1;
+    for &(s, n) in &got {
+        for c in s / r..(s + u64::from(n)) / r {
+            assert_eq!(bit(c), 1, "cluster {c}");
+        }
+    }
+    let cpg = u64::from(layout.blocks_per_group) >> cb;
+    let clear = (0..cpg.min(layout.blocks_count >> cb))
+        .filter(|&c| bit(c) == 0)
+        .count() as u32;
+    assert_eq!(side.free_blocks, clear);
+    assert_eq!(u64::from(clear) << cb, ba.free_blocks());
+    // Frees: whole clusters only.
+    let (s, _) = got[1];
+    assert!(matches!(
+        ba.free_clusters(&rd, 1, s + 1, 16),
+        Err(FsError::InvalidRequest(_))
+    ));
+    assert!(matches!(
+        ba.free(&rd, 1, s, 16),
+        Err(FsError::Unsupported(_))
+    ));
+    ba.free_clusters(&rd, 1, s, 32).unwrap();
+    assert_eq!(ba.free_blocks(), free0 - 32);
+    let side = ba.render(&rd, 0, true).unwrap();
+    let (_, img, _) = side.bitmap.unwrap();
+    assert_eq!(img[(s / r / 8) as usize] >> (s / r % 8) & 1, 0);
+    assert_eq!(u64::from(side.free_blocks) << cb, ba.free_blocks());
+}

@@ -494,7 +494,9 @@ fn read_inode(
             format!("descriptor size {desc_size} is invalid"),
         ));
     }
-    let gdt = u64::from(sb.s_first_data_block.get()) + 1;
+    // The block after the superblock's (block 2 with 1 KiB blocks also
+    // when bigalloc makes s_first_data_block 0).
+    let gdt = ext4kit_format::layout::gdt_start(bs);
     let byte = u64::from(group) * u64::from(desc_size);
     let dblk = gdt + byte / u64::from(bs);
     if dblk >= fs_blocks {
