@@ -1,8 +1,8 @@
 //! ea_inode read-write: xattr values in EA inodes written, replaced and
-//! removed by the engine (refcounts, hashes, quota), read back by e2fsck,
-//! debugfs and the kernel, and the kernel's read back by us; a power cut
-//! at every write of a set/replace/remove leaves the old or the new value
-//! and a clean image.
+//! removed by the engine (refcounts, hashes, quota), checked by e2fsck,
+//! read back by the kernel and by getfattr through our mount, and the
+//! kernel's values read back by us; a power cut at every write of a
+//! set/replace/remove leaves the old or the new value and a clean image.
 
 mod common;
 
@@ -11,6 +11,7 @@ use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
+use common::fuse::FuseMount;
 use common::*;
 use ext4kit_device::{CutMode, Device, MemDevice};
 use ext4kit_format::inode::{ROOT_INO, S_IFREG};
@@ -45,7 +46,7 @@ fn ea_image(dir: &Path, name: &str, extra: &[&str]) -> std::path::PathBuf {
 /// large by small, small by large), remove, unlink of a file holding
 /// them, then a seeded mix of small and big values on three files, on
 /// 1 KiB and 4 KiB blocks and with quota; e2fsck clean, the values read
-/// back after a reopen and by debugfs.
+/// back after a reopen.
 #[test]
 fn set_replace_remove_and_random_mix() {
     if let Err(r) = e2fs_tools() {
@@ -344,4 +345,75 @@ fn power_cut_at_every_write() {
         }
     }
     assert!(seen_new, "some cut kept the new value");
+}
+
+/// Through the mount (our transport and fuser's): `setfattr` of a
+/// 20 KiB and a 64 KiB value, `getfattr` reads them back, a replace and a
+/// remove; after unmount e2fsck is clean and the engine reads the values.
+#[test]
+fn through_the_mount() {
+    let what = "ea_inode through_the_mount";
+    if let Err(r) = e2fs_tools() {
+        return skip(what, &r);
+    }
+    if let Err(r) = fuse_available() {
+        return skip(what, &r);
+    }
+    if !have("setfattr") || !have("getfattr") {
+        return skip(what, "no setfattr/getfattr");
+    }
+    let dir = image_dir();
+    let v20 = pattern(20 * 1024, 31);
+    let v64 = pattern(65536, 32);
+    let path = dir.path().join("v64");
+    fs::write(&path, &v64).unwrap();
+    for (n, opts) in [("m1.img", &[][..]), ("m2.img", &["transport=fuser"][..])] {
+        let img = ea_image(dir.path(), n, &["-b", "4096"]);
+        let m = FuseMount::new(&img, opts).unwrap();
+        let f = m.path().join("f");
+        fs::write(&f, b"data").unwrap();
+        let hex: String = std::iter::once("0x".to_string())
+            .chain(v20.iter().map(|b| format!("{b:02x}")))
+            .collect();
+        run_ok(
+            tool("setfattr")
+                .args(["-n", "user.big", "-v", &hex])
+                .arg(&f),
+        )
+        .unwrap();
+        // A 64 KiB value from a file (too long for one argument in hex).
+        let restore = dir.path().join("restore");
+        let mut text = format!("# file: {}\nuser.huge=0x", f.display());
+        for b in &v64 {
+            text.push_str(&format!("{b:02x}"));
+        }
+        text.push_str("\n\n");
+        fs::write(&restore, text).unwrap();
+        run_ok(tool("setfattr").arg(format!("--restore={}", restore.display()))).unwrap();
+        for (k, v) in [("user.big", &v20), ("user.huge", &v64)] {
+            let out = run_ok(tool("getfattr").args(["-n", k, "--only-values"]).arg(&f)).unwrap();
+            assert!(out.stdout == *v, "{n} {k}: {} bytes", out.stdout.len());
+        }
+        run_ok(
+            tool("setfattr")
+                .args(["-n", "user.big", "-v", "small"])
+                .arg(&f),
+        )
+        .unwrap();
+        run_ok(tool("setfattr").args(["-x", "user.huge"]).arg(&f)).unwrap();
+        run_ok(
+            tool("setfattr")
+                .args(["-n", "user.again", "-v", &hex])
+                .arg(&f),
+        )
+        .unwrap();
+        m.unmount().unwrap();
+        e2fsck_clean(&img).unwrap_or_else(|e| panic!("{n}: {e}"));
+        let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+        let i = ino_of(&fs, "f");
+        assert_eq!(get(&fs, i, "user.big").as_deref(), Some(&b"small"[..]));
+        assert_eq!(get(&fs, i, "user.again").as_deref(), Some(&v20[..]));
+        assert!(get(&fs, i, "user.huge").is_none());
+        fs.close().unwrap();
+    }
 }
