@@ -1162,7 +1162,8 @@ impl Filesystem {
         self.truncate_with(ino, 0, true)?;
         // Taking an orphan off the old list may store its neighbour.
         let walk = self.inode_any(ino)?.links == 0 && self.on_orphan_list(ino);
-        let mut op = self.begin_as(6, 2, walk)?;
+        let (ec, eg) = self.ea_release_cost(&self.inode_any(ino)?)?;
+        let mut op = self.begin_as(6 + ec, 2 + eg, walk)?;
         op.own(ino);
         let mut inode = self.inode_any(ino)?;
         let orphan = inode.links == 0;
@@ -1171,11 +1172,15 @@ impl Filesystem {
                 self.orphan_del(&mut op, &mut inode)?;
             }
             self.release_blocks_all(&mut op, &mut inode)?;
-            if inode.file_acl != 0 {
-                let geo = self.xattr_geometry();
+            let geo = self.xattr_geometry();
+            if inode.file_acl != 0 || geo.ea_inode {
                 let mut slot = inode.raw.clone();
                 let mut io = self.xattr_io(&mut op);
+                let (_, i) = xw::ea_charge(&geo, &io, ino, &slot).map_err(xattr_fs)?;
                 xw::release_xattr_block(&geo, &mut io, ino, &mut slot).map_err(xattr_fs)?;
+                drop(io);
+                // The values' blocks leave with i_blocks (quota_note_alloc).
+                self.quota_note_ea(&mut op, ino, &slot, 0, -(i as i64));
                 // Link count 0 here (an orphan, or its last link gone).
                 inode = self.decode_any(ino, slot)?;
             }
@@ -1411,7 +1416,14 @@ impl Filesystem {
         mode: SetMode,
     ) -> Result<u32, XattrError> {
         let geo = self.xattr_geometry();
-        let mut op = self.begin(4, 2)?;
+        // With ea_inode: a new EA inode, the old one's release, and the
+        // references a shared block's copy takes (one inode block each).
+        let credits = if geo.ea_inode {
+            4 + 2 * ea_inode::ea_inode_credits(geo.block_size as u64) + 16
+        } else {
+            4
+        };
+        let mut op = self.begin(credits, 2)?;
         op.own(ino);
         // Nothing changed yet: a refusal ends the empty handle.
         let mut inode = self.inode_open(ino)?;
@@ -1419,11 +1431,32 @@ impl Filesystem {
         let mut slot = inode.raw.clone();
         let r = {
             let mut io = self.xattr_io(&mut op);
-            xw::set_xattr(&geo, &mut io, ino, &mut slot, name, value, mode)
+            let before = xw::ea_charge(&geo, &io, ino, &slot);
+            let r = before.and_then(|before| {
+                let c = xw::set_xattr(&geo, &mut io, ino, &mut slot, name, value, mode)?;
+                let after = xw::ea_charge(&geo, &io, ino, &slot)?;
+                Ok((c, before, after))
+            });
+            drop(io);
+            r.map(|(c, b, a)| {
+                // The values' blocks count in the inode's i_blocks (and so
+                // in its quota through store_inode); the EA inodes count
+                // as inodes of its owner.
+                let (db, di) = (a.0 as i64 - b.0 as i64, a.1 as i64 - b.1 as i64);
+                xw::charge_ea_blocks(&geo, ino, &mut slot, db);
+                self.quota_note_ea(&mut op, ino, &slot, 0, di);
+                c
+            })
         };
         let changed = match r {
             Ok(c) => c,
             Err(XattrError::Fs(e)) => return Err(XattrError::Fs(self.fail(op, e))),
+            Err(e) if op.h.changed() => {
+                // ENOSPC after an EA inode was made and released again:
+                // the handle's (balanced) changes are committed.
+                self.finish(op).map_err(XattrError::Fs)?;
+                return Err(e);
+            }
             Err(e) => {
                 // Nothing changed: end the (empty) handle.
                 drop(op);
@@ -2732,6 +2765,22 @@ impl XattrBlocks for XattrIo<'_, '_> {
         self.op.h.free_extent(blk, 1);
         self.op.h.revoke(blk)
     }
+
+    fn ea_inode_create(
+        &mut self,
+        owner: u32,
+        uid: u32,
+        gid: u32,
+        value: &[u8],
+        hash: u32,
+    ) -> Result<Option<u32>, FsError> {
+        self.fs
+            .ea_inode_create_in(self.op, owner, uid, gid, value, hash)
+    }
+
+    fn ea_inode_ref(&mut self, inum: u32, delta: i64) -> Result<(), FsError> {
+        self.fs.ea_inode_ref_in(self.op, inum, delta)
+    }
 }
 
 fn xattr_fs(e: XattrError) -> FsError {
@@ -2836,6 +2885,7 @@ pub(crate) fn normalize(mut v: Vec<Mapping>) -> Vec<Mapping> {
     out
 }
 
+mod ea_inode;
 mod errors;
 pub mod flags;
 mod inline;

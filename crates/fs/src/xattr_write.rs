@@ -38,9 +38,22 @@
 //!   attribute is EEXIST under [`SetMode::Create`], a missing one ENODATA
 //!   under [`SetMode::Replace`] and on remove.
 //!
-//! Not done: values in EA inodes (ea_inode; touching such an entry, or a
-//! value that ea_inode would move to one, is [`XattrError::NotSupported`]),
-//! `system.data` (inline data, left to the inline-data code), growing
+//! - **EA inodes** (ea_inode, `ext4_xattr_inode_*`): a value whose padded
+//!   size exceeds `EXT4_XATTR_MIN_LARGE_EA_SIZE`, or that fits nowhere
+//!   else, goes to a new EA inode ([`XattrBlocks::ea_inode_create`]); the
+//!   entry (in the inode or the block) has `e_value_inum`, no bytes in its
+//!   area, and the hash of its name and the value's crc32c. References
+//!   are counted per place: an in-inode entry holds one, a block holds one
+//!   for each of its entries whatever its `h_refcount` (a shared block's
+//!   copy takes one more of each, a freed block drops them); a removed or
+//!   replaced entry drops its reference ([`XattrBlocks::ea_inode_ref`]),
+//!   and the last one frees the EA inode in the same transaction (no
+//!   orphan is needed: nothing is left half done across a crash). EA
+//!   inodes are not shared between values (the kernel's EA-inode cache):
+//!   each new value gets its own, which the kernel and e2fsck accept.
+//!   Blocks naming EA inodes are not shared either.
+//!
+//! Not done: `system.data` (inline data, left to the inline-data code), growing
 //! `i_extra_isize`, quota. Permission checks (owner, CAP_SYS_ADMIN for
 //! `trusted.`, sticky directories, clearing S_ISGID on ACL changes) are the
 //! caller's; the file-type rules that do not depend on the caller are here
@@ -95,6 +108,58 @@ pub trait XattrBlocks {
         let _ = hash;
         Vec::new()
     }
+    /// ea_inode: make an EA inode holding `value` for inode `owner`
+    /// (owned by `uid:gid`, as `ext4_xattr_inode_create`): a regular
+    /// file with EXT4_EA_INODE_FL, one link, refcount 1 (`i_ctime` high
+    /// word, `i_version` low word), `hash` (crc32c of the value) in
+    /// `i_atime`, the value in its data blocks (journaled, as the kernel
+    /// writes them). `Ok(None)` when the filesystem is full (ENOSPC).
+    /// The default cannot: values that need one are refused.
+    fn ea_inode_create(
+        &mut self,
+        owner: u32,
+        uid: u32,
+        gid: u32,
+        value: &[u8],
+        hash: u32,
+    ) -> Result<Option<u32>, FsError> {
+        let _ = (owner, uid, gid, value, hash);
+        Err(FsError::Unsupported(
+            "attribute values in EA inodes (ea_inode) here".into(),
+        ))
+    }
+    /// ea_inode: add `delta` (+1 or -1) to EA inode `inum`'s refcount
+    /// (`ext4_xattr_inode_update_ref`); the inode is freed with its
+    /// blocks when the count reaches 0, in the same transaction.
+    fn ea_inode_ref(&mut self, inum: u32, delta: i64) -> Result<(), FsError> {
+        let _ = (inum, delta);
+        Err(FsError::Unsupported(
+            "attribute values in EA inodes (ea_inode) here".into(),
+        ))
+    }
+}
+
+/// A value as [`set_entry`] stores it: bytes in the area, or a reference
+/// to an EA inode (no bytes in the area).
+#[derive(Clone, Copy)]
+enum Val<'a> {
+    Bytes(&'a [u8]),
+    Ea { inum: u32, len: usize, hash: u32 },
+}
+
+impl Val<'_> {
+    /// Bytes the value takes in its area.
+    fn area_size(&self) -> usize {
+        match self {
+            Val::Bytes(v) => fx::value_size_padded(v.len()),
+            Val::Ea { .. } => 0,
+        }
+    }
+}
+
+/// `ext4_xattr_inode_hash`: crc32c of the value with the filesystem seed.
+pub fn ea_value_hash(geo: &XattrGeometry, value: &[u8]) -> u32 {
+    ext4kit_format::checksum::crc32c_raw(geo.csum.seed, value)
 }
 
 /// The filesystem settings the xattr writer needs.
@@ -106,7 +171,7 @@ pub struct XattrGeometry {
     pub bit64: bool,
     /// huge_file: `i_blocks` has 48 bits and may count in blocks.
     pub huge_file: bool,
-    /// ea_inode (large values in EA inodes; not written here).
+    /// ea_inode (large values in EA inodes).
     pub ea_inode: bool,
     pub first_data_block: u64,
     pub blocks_per_group: u32,
@@ -399,17 +464,6 @@ fn find(b: &[u8], first: usize, index: u8, name: &[u8], sorted: bool) -> (usize,
     (e, cmp == 0)
 }
 
-fn any_ea_inode(b: &[u8], first: usize) -> bool {
-    let mut e = first;
-    while !is_last(b, e) {
-        if ent(b, e).inum != 0 {
-            return true;
-        }
-        e = next(b, e);
-    }
-    false
-}
-
 /// `ext4_xattr_set_entry` (without EA inodes): set (`Some`) or remove
 /// (`None`) the entry at `here` (`found`: it is the named entry, else the
 /// insertion point). Nothing changes on ENOSPC.
@@ -422,7 +476,7 @@ fn set_entry(
     found: bool,
     index: u8,
     name: &[u8],
-    value: Option<&[u8]>,
+    value: Option<Val<'_>>,
     is_block: bool,
     reserve: Option<usize>,
 ) -> Result<(), XattrError> {
@@ -434,8 +488,10 @@ fn set_entry(
     } else {
         0
     };
-    let new_size = value.map_or(0, |v| fx::value_size_padded(v.len()));
-    if let Some(v) = value
+    let new_size = value.map_or(0, |v| v.area_size());
+    if let Some(Val::Bytes(v)) = value
+        && found
+        && ent(b, here).inum == 0
         && new_size != 0
         && new_size == old_size
     {
@@ -470,11 +526,9 @@ fn set_entry(
                 return Err(XattrError::NoSpace);
             }
         }
-        if found && ent(b, here).inum != 0 {
-            return Err(ea_inode_unsupported());
-        }
-        // Remove the old value, closing the gap.
-        if found && ent(b, here).size != 0 {
+        // Remove the old value, closing the gap (a value in an EA inode
+        // has none here; the caller drops that inode's reference).
+        if found && ent(b, here).inum == 0 && ent(b, here).size != 0 {
             let first_val = base + min_offs;
             let offs = ent(b, here).offs;
             let val = base + offs;
@@ -512,29 +566,41 @@ fn set_entry(
                 p32(b, here + 8, 0);
             }
         }
-        if let Some(v) = value {
-            if !v.is_empty() {
-                let off = min_offs - new_size;
-                p16(b, here + 2, off as u16);
-                let at = base + off;
-                b[at..at + v.len()].copy_from_slice(v);
-                b[at + v.len()..at + new_size].fill(0);
+        match value {
+            Some(Val::Bytes(v)) => {
+                if !v.is_empty() {
+                    let off = min_offs - new_size;
+                    p16(b, here + 2, off as u16);
+                    let at = base + off;
+                    b[at..at + v.len()].copy_from_slice(v);
+                    b[at + v.len()..at + new_size].fill(0);
+                }
+                p32(b, here + 8, v.len() as u32);
             }
-            p32(b, here + 8, v.len() as u32);
+            Some(Val::Ea { inum, len, .. }) => {
+                p16(b, here + 2, 0);
+                p32(b, here + 4, inum);
+                p32(b, here + 8, len as u32);
+            }
+            None => {}
         }
     }
-    if let Some(v) = value {
-        let hash = if is_block { fx::entry_hash(name, v) } else { 0 };
-        p32(b, here + 12, hash);
+    match value {
+        // In the block and in the inode alike, an entry naming an EA inode
+        // hashes the name and the value's crc32c (ext4_xattr_set_entry).
+        Some(Val::Ea { hash, .. }) => {
+            p32(b, here + 12, fx::entry_hash(name, &hash.to_le_bytes()));
+        }
+        Some(Val::Bytes(v)) => {
+            let hash = if is_block { fx::entry_hash(name, v) } else { 0 };
+            p32(b, here + 12, hash);
+        }
+        None => {}
     }
     if is_block {
         rehash(b);
     }
     Ok(())
-}
-
-fn ea_inode_unsupported() -> XattrError {
-    XattrError::NotSupported("attribute values in EA inodes (ea_inode) are not written".into())
 }
 
 /// `ext4_xattr_rehash`: the block header's hash.
@@ -600,7 +666,7 @@ fn ibody_set(
     ib: &Ibody,
     index: u8,
     name: &[u8],
-    value: Option<&[u8]>,
+    value: Option<Val<'_>>,
 ) -> Result<(), XattrError> {
     let first = ib.start + 4;
     if g32(slot, ib.start) != XATTR_MAGIC {
@@ -699,6 +765,11 @@ fn release_block(
 ) -> Result<(), XattrError> {
     let refs = g32(&data, 4);
     if refs <= 1 {
+        // ext4_xattr_inode_dec_ref_all: the block's EA inode references
+        // go with it.
+        for inum in ea_inums(&data, BLOCK_HEADER_SIZE) {
+            blocks.ea_inode_ref(inum, -1)?;
+        }
         blocks.free(blk)?;
     } else {
         p32(&mut data, 4, refs - 1);
@@ -720,14 +791,11 @@ fn block_set(
     cur: Option<&Block>,
     index: u8,
     name: &[u8],
-    value: Option<&[u8]>,
+    value: Option<Val<'_>>,
 ) -> Result<(), XattrError> {
     let reserve = geo.ea_inode.then(|| fx::block_reserve(geo.block_size));
     let (mut buf, here, found) = match cur {
         Some(c) => {
-            if any_ea_inode(&c.data, BLOCK_HEADER_SIZE) {
-                return Err(ea_inode_unsupported());
-            }
             let mut b = c.data.clone();
             p32(&mut b, 4, 1);
             (b, c.here, c.found)
@@ -784,12 +852,62 @@ fn block_set(
         Some(nb)
     };
     set_slot_file_acl(geo, slot, new_blk.unwrap_or(0));
+    // EA inode references belong to the block: a shared block keeps its
+    // own (the changed entry's too), and its copy takes one more of each
+    // EA inode it carries over (ext4_xattr_inode_inc_ref_all); a private
+    // block loses the changed entry's.
+    let old_inum = cur
+        .filter(|c| c.found)
+        .map_or(0, |c| ent(&c.data, c.here).inum);
+    if let Some(c) = cur {
+        if private {
+            if old_inum != 0 {
+                blocks.ea_inode_ref(old_inum, -1)?;
+            }
+        } else if new_blk.is_some() && new_blk != Some(c.blk) {
+            for inum in ea_inums(&c.data, BLOCK_HEADER_SIZE) {
+                if !(c.found && inum == old_inum) {
+                    blocks.ea_inode_ref(inum, 1)?;
+                }
+            }
+        }
+    }
     if let Some(c) = cur
         && Some(c.blk) != new_blk
     {
-        release_block(geo, blocks, slot, c.blk, c.data.clone())?;
+        // The old block's remaining EA inode references went to `buf` (or
+        // away with the changed entry, above): none to drop on release.
+        let mut old = c.data.clone();
+        if private {
+            clear_ea_inums(&mut old);
+        }
+        release_block(geo, blocks, slot, c.blk, old)?;
     }
     Ok(())
+}
+
+/// The EA inodes an area's entries name (one per entry).
+fn ea_inums(b: &[u8], first: usize) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut e = first;
+    while !is_last(b, e) {
+        let n = ent(b, e).inum;
+        if n != 0 {
+            out.push(n);
+        }
+        e = next(b, e);
+    }
+    out
+}
+
+/// Zero the EA inode numbers of a block image (so that releasing it
+/// drops no EA inode references).
+fn clear_ea_inums(b: &mut [u8]) {
+    let mut e = BLOCK_HEADER_SIZE;
+    while !is_last(b, e) {
+        p32(b, e + 4, 0);
+        e = next(b, e);
+    }
 }
 
 /// A block the caller knows of ([`XattrBlocks::candidates`]) with the same
@@ -856,6 +974,85 @@ fn value_same(b: &[u8], base: usize, here: usize, value: &[u8]) -> bool {
     x.inum == 0 && x.size == value.len() && b[base + x.offs..base + x.offs + x.size] == *value
 }
 
+/// Store value `v` of (`index`, `name`): in the inode when it fits,
+/// else in the block, removing the entry from the other place; with
+/// `in_ea` the value goes to a new EA inode first and the entry names
+/// it (the inode is released again when no place has room).
+#[allow(clippy::too_many_arguments)]
+fn place(
+    geo: &XattrGeometry,
+    blocks: &mut dyn XattrBlocks,
+    ino: u32,
+    s: &mut [u8],
+    ib: &Option<Ibody>,
+    ib_found: bool,
+    bl: &mut Option<Block>,
+    bl_found: bool,
+    index: u8,
+    name: &[u8],
+    v: Val<'_>,
+    in_ea: bool,
+) -> Result<(), XattrError> {
+    let mut val = v;
+    let mut made = 0;
+    if in_ea && let Val::Bytes(bytes) = v {
+        let hash = ea_value_hash(geo, bytes);
+        let uid = u32::from(g16(s, 2)) | (u32::from(g16(s, 0x78)) << 16);
+        let gid = u32::from(g16(s, 0x18)) | (u32::from(g16(s, 0x7A)) << 16);
+        let Some(inum) = blocks.ea_inode_create(ino, uid, gid, bytes, hash)? else {
+            return Err(XattrError::NoSpace);
+        };
+        made = inum;
+        val = Val::Ea {
+            inum,
+            len: bytes.len(),
+            hash,
+        };
+    }
+    let r = (|| {
+        let mut work = s.to_vec();
+        let in_ibody = match ib {
+            Some(i) => ibody_set(&mut work, i, index, name, Some(val)),
+            None => Err(XattrError::NoSpace),
+        };
+        match in_ibody {
+            Ok(()) => {
+                if bl_found {
+                    block_set(geo, blocks, ino, &mut work, bl.as_ref(), index, name, None)?;
+                }
+            }
+            Err(XattrError::NoSpace) => {
+                let mut work = s.to_vec();
+                if bl.is_none() {
+                    *bl = block_find(geo, blocks, ino, &work, index, name)?;
+                }
+                block_set(
+                    geo,
+                    blocks,
+                    ino,
+                    &mut work,
+                    bl.as_ref(),
+                    index,
+                    name,
+                    Some(val),
+                )?;
+                if let (true, Some(i)) = (ib_found, ib) {
+                    ibody_set(&mut work, i, index, name, None)?;
+                }
+                s.copy_from_slice(&work);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+        s.copy_from_slice(&work);
+        Ok(())
+    })();
+    if r.is_err() && made != 0 {
+        blocks.ea_inode_ref(made, -1)?;
+    }
+    r
+}
+
 /// `ext4_xattr_set_handle` for a stored (index, suffix) name and an
 /// on-disk value. Works on a copy of the slot; the slot is updated only
 /// on success.
@@ -891,6 +1088,12 @@ fn set_raw(
     } else if mode == SetMode::Create {
         return Err(XattrError::Exists);
     }
+    // The in-inode entry's EA inode reference is the inode's: it goes
+    // when that entry is removed or replaced (block entries: block_set).
+    let ib_inum = match (&ib, ib_found) {
+        (Some(i), true) => ent(&s, i.here).inum,
+        _ => 0,
+    };
     match value {
         None => {
             if let (true, Some(i)) = (ib_found, &ib) {
@@ -910,33 +1113,47 @@ fn set_raw(
             {
                 return Ok(false);
             }
-            if geo.ea_inode
-                && fx::value_size_padded(v.len()) > fx::min_large_ea_size(geo.block_size)
-            {
-                return Err(ea_inode_unsupported());
-            }
-            let in_ibody = match &ib {
-                Some(i) => ibody_set(&mut s, i, index, name, Some(v)),
-                None => Err(XattrError::NoSpace),
-            };
-            match in_ibody {
-                Ok(()) => {
-                    if bl_found {
-                        block_set(geo, blocks, ino, &mut s, bl.as_ref(), index, name, None)?;
-                    }
+            let large = geo.ea_inode
+                && fx::value_size_padded(v.len()) > fx::min_large_ea_size(geo.block_size);
+            let r = place(
+                geo,
+                blocks,
+                ino,
+                &mut s,
+                &ib,
+                ib_found,
+                &mut bl,
+                bl_found,
+                index,
+                name,
+                Val::Bytes(v),
+                large,
+            );
+            match r {
+                // ext4_xattr_set_handle: with ea_inode, a value that fits
+                // nowhere is retried in an EA inode.
+                Err(XattrError::NoSpace) if geo.ea_inode && !large && !v.is_empty() => {
+                    place(
+                        geo,
+                        blocks,
+                        ino,
+                        &mut s,
+                        &ib,
+                        ib_found,
+                        &mut bl,
+                        bl_found,
+                        index,
+                        name,
+                        Val::Bytes(v),
+                        true,
+                    )?;
                 }
-                Err(XattrError::NoSpace) => {
-                    if bl.is_none() {
-                        bl = block_find(geo, blocks, ino, &s, index, name)?;
-                    }
-                    block_set(geo, blocks, ino, &mut s, bl.as_ref(), index, name, Some(v))?;
-                    if let (true, Some(i)) = (ib_found, &ib) {
-                        ibody_set(&mut s, i, index, name, None)?;
-                    }
-                }
-                Err(e) => return Err(e),
+                r => r?,
             }
         }
+    }
+    if ib_inum != 0 {
+        blocks.ea_inode_ref(ib_inum, -1)?;
     }
     if geo.csum.metadata {
         set_checksum(&mut s, ino, &geo.csum);
@@ -1166,7 +1383,9 @@ pub fn chmod(
 
 /// Drop the inode's xattr block reference (for an inode being deleted,
 /// `ext4_xattr_delete_inode`): the block is freed with its last
-/// reference, else its refcount lowered; `i_file_acl` becomes 0 and
+/// reference (and its EA inode references with it), else its refcount
+/// lowered; with ea_inode, the in-inode entries' EA inodes lose their
+/// references too (call it then also without a block); `i_file_acl` becomes 0 and
 /// `i_blocks` loses the block. Returns whether there was a block.
 pub fn release_xattr_block(
     geo: &XattrGeometry,
@@ -1174,15 +1393,40 @@ pub fn release_xattr_block(
     ino: u32,
     slot: &mut [u8],
 ) -> Result<bool, XattrError> {
-    let blk = slot_file_acl(geo, slot);
+    let mut s = slot.to_vec();
+    // The in-inode entries' EA inodes lose their references (and the
+    // entries their numbers: a second call drops nothing).
+    let mut dropped = false;
+    if geo.ea_inode
+        && let Some(start) = ibody_start(&s)
+        && g32(&s, start) == XATTR_MAGIC
+    {
+        let first = start + 4;
+        check_area(&s, first, first, true).map_err(|d| corrupt(ino, "in the inode", d))?;
+        let mut e = first;
+        while !is_last(&s, e) {
+            let n = ent(&s, e).inum;
+            if n != 0 {
+                blocks.ea_inode_ref(n, -1)?;
+                p32(&mut s, e + 4, 0);
+                dropped = true;
+            }
+            e = next(&s, e);
+        }
+    }
+    let blk = slot_file_acl(geo, &s);
     if blk == 0 {
+        if dropped {
+            if geo.csum.metadata {
+                set_checksum(&mut s, ino, &geo.csum);
+            }
+            slot.copy_from_slice(&s);
+        }
         return Ok(false);
     }
     let data = read_block(geo, blocks, ino, blk)?;
-    if any_ea_inode(&data, BLOCK_HEADER_SIZE) {
-        return Err(ea_inode_unsupported());
-    }
-    let mut s = slot.to_vec();
+    check_area(&data, 0, BLOCK_HEADER_SIZE, geo.ea_inode)
+        .map_err(|d| corrupt(ino, &format!("block {blk}"), d))?;
     release_block(geo, blocks, &mut s, blk, data)?;
     set_slot_file_acl(geo, &mut s, 0);
     if geo.csum.metadata {
@@ -1190,6 +1434,62 @@ pub fn release_xattr_block(
     }
     slot.copy_from_slice(&s);
     Ok(true)
+}
+
+/// Add `bytes` (a multiple of the block size, may be negative) of EA
+/// inode values to inode `ino`'s `i_blocks` (image `slot`): the kernel
+/// charges them to the inode naming them (`ext4_xattr_inode_alloc_quota`,
+/// which adds to `i_blocks`), and e2fsck expects them there.
+pub fn charge_ea_blocks(geo: &XattrGeometry, ino: u32, slot: &mut [u8], bytes: i64) {
+    if bytes == 0 {
+        return;
+    }
+    add_slot_blocks(geo, slot, bytes / geo.block_size as i64);
+    if geo.csum.metadata {
+        set_checksum(slot, ino, &geo.csum);
+    }
+}
+
+/// What e2fsck charges inode `ino` (image `slot`) to quota for values in
+/// EA inodes: (bytes, inodes), one inode and the value's size rounded up
+/// to blocks for each entry in the inode or its block naming an EA inode.
+pub fn ea_charge(
+    geo: &XattrGeometry,
+    blocks: &dyn XattrBlocks,
+    ino: u32,
+    slot: &[u8],
+) -> Result<(u64, u64), XattrError> {
+    if !geo.ea_inode {
+        return Ok((0, 0));
+    }
+    let bs = geo.block_size as u64;
+    let mut out = (0u64, 0u64);
+    let mut add = |b: &[u8], first: usize| {
+        let mut e = first;
+        while !is_last(b, e) {
+            let x = ent(b, e);
+            if x.inum != 0 {
+                out.0 += (x.size as u64).div_ceil(bs) * bs;
+                out.1 += 1;
+            }
+            e = next(b, e);
+        }
+    };
+    if let Some(start) = ibody_start(slot)
+        && g32(slot, start) == XATTR_MAGIC
+    {
+        let first = start + 4;
+        check_area(slot, first, first, true).map_err(|d| corrupt(ino, "in the inode", d))?;
+        add(slot, first);
+    }
+    let blk = slot_file_acl(geo, slot);
+    if blk != 0 {
+        let data = read_block(geo, blocks, ino, blk)?;
+        check_area(&data, 0, BLOCK_HEADER_SIZE, true)
+            .map_err(|d| corrupt(ino, &format!("block {blk}"), d))?;
+        add(&data, BLOCK_HEADER_SIZE);
+    }
+    Ok(out)
 }
 
 /// Add a reference to inode `ino`'s xattr block from another inode whose

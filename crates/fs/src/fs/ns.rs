@@ -518,7 +518,8 @@ impl Filesystem {
     /// Blocks and groups a complete release of `inode` needs.
     fn release_cost(&self, inode: &InodeInfo) -> Result<(u32, u32), FsError> {
         if !inode.has_extents() {
-            return Ok((2, 1));
+            let (ec, eg) = self.ea_release_cost(inode)?;
+            return Ok((2 + ec, 1 + eg));
         }
         let (maps, nodes) = self.mapping(inode)?;
         let l = self.descs.layout();
@@ -526,7 +527,8 @@ impl Filesystem {
         for m in &maps {
             groups.extend(l.group_of(m.pblk)..=l.group_of(m.pblk + u64::from(m.len) - 1));
         }
-        Ok((nodes.len() as u32 + 4, groups.len() as u32 + 2))
+        let (ec, eg) = self.ea_release_cost(inode)?;
+        Ok((nodes.len() as u32 + 4 + ec, groups.len() as u32 + 2 + eg))
     }
 
     /// Free everything of `inode` inside `op` (blocks, tree, xattr block,
@@ -554,11 +556,15 @@ impl Filesystem {
             }
         }
         let ino = inode.ino;
-        if inode.file_acl != 0 {
-            let geo = self.xattr_geometry();
+        let geo = self.xattr_geometry();
+        if inode.file_acl != 0 || geo.ea_inode {
             let mut slot = inode.raw.clone();
             let mut io = self.xattr_io(op);
+            let (_, i) = xw::ea_charge(&geo, &io, ino, &slot).map_err(xattr_fs)?;
             xw::release_xattr_block(&geo, &mut io, ino, &mut slot).map_err(xattr_fs)?;
+            drop(io);
+            // The values' blocks leave with i_blocks (quota_note_alloc).
+            self.quota_note_ea(op, ino, &slot, 0, -(i as i64));
             *inode = self.decode_any(ino, slot)?;
         }
         let t = now();

@@ -27,6 +27,7 @@
 
 use super::*;
 use crate::sb::Fs;
+use ext4kit_format::inode::EXT4_EA_INODE_FL;
 
 /// Quota block size (`QT_BLKSIZE`).
 const QB: usize = 1024;
@@ -555,7 +556,7 @@ impl Filesystem {
         ino: u32,
         new: &[u8],
     ) -> Result<(), FsError> {
-        if self.quota.is_none() {
+        if self.quota.is_none() || is_ea_inode(new) {
             return Ok(());
         }
         let (blk, off) = self.inode_location(ino)?;
@@ -566,9 +567,35 @@ impl Filesystem {
         Ok(())
     }
 
+    /// Note `bytes` and `inodes` of EA inode values charged to inode
+    /// `ino` (slot `raw`): e2fsck charges an inode, for each entry it
+    /// sees (in the inode or its block) naming an EA inode, one inode and
+    /// the value's size in blocks; the EA inode itself is not charged.
+    pub(crate) fn quota_note_ea(
+        &self,
+        op: &mut Op<'_>,
+        ino: u32,
+        raw: &[u8],
+        bytes: i64,
+        inodes: i64,
+    ) {
+        let Some(q) = &self.quota else {
+            return;
+        };
+        if (bytes == 0 && inodes == 0) || !self.quota_counted(q, ino) {
+            return;
+        }
+        let c = self.charge(raw);
+        for t in 0..3 {
+            if q.enabled[t] {
+                op.quota.push((t as u8, c.ids[t], bytes, inodes));
+            }
+        }
+    }
+
     /// Note a new inode (slot `raw`) or a freed one.
     pub(crate) fn quota_note_alloc(&self, op: &mut Op<'_>, ino: u32, raw: &[u8], alloc: bool) {
-        if self.quota.is_none() {
+        if self.quota.is_none() || is_ea_inode(raw) {
             return;
         }
         let c = self.charge(raw);
@@ -726,6 +753,12 @@ impl Filesystem {
         }
         Ok(out)
     }
+}
+
+/// EA inodes are charged to the inodes naming them, not by themselves.
+fn is_ea_inode(raw: &[u8]) -> bool {
+    raw.get(0x20..0x24)
+        .is_some_and(|f| u32::from_le_bytes([f[0], f[1], f[2], f[3]]) & EXT4_EA_INODE_FL != 0)
 }
 
 #[cfg(test)]
