@@ -91,11 +91,17 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   defaults                ext4kit's defaults (rw, relatime, nosuid, nodev, \
                   exec, async)\n  \
                   transport=ext4kit|fuser the FUSE session: ext4kit's own loop on \
-                  /dev/fuse (the default; it serves O_TMPFILE and the statx birth time) or \
+                  io_uring or /dev/fuse (the default, see uring; it serves O_TMPFILE and the statx birth time) or \
                   fuser's (O_TMPFILE fails with EOPNOTSUPP, no statx birth time)\n  \
-                  uring                   ext4kit's own loop over FUSE over io_uring (kernel \
-                  6.14+; as root it sets fuse.enable_uring to Y, saying so; without it: \
-                  /dev/fuse, one line why)\n\n\
+                  uring, nouring          ext4kit's own loop over FUSE over io_uring (kernel \
+                  6.14+), by default where the kernel offers it: \
+                  /sys/module/fuse/parameters/enable_uring Y, or N and the mount runs as \
+                  root (it sets it to Y, saying so on stderr); otherwise, or where the \
+                  kernel lacks it, /dev/fuse. uring insists (where it cannot, /dev/fuse \
+                  with one line why); nouring serves on /dev/fuse only. `ext4kit status` \
+                  shows the transport in use\n  \
+                  uring_depth=N           ring entries per io_uring thread (1 to 64, default \
+                  4): requests the kernel can hand a ring before it answers one\n\n\
                   A mounted or busy device is refused; an unknown option is refused with \
                   one line before anything is opened.";
 
