@@ -142,11 +142,11 @@ fn absolute(p: &Path, what: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// A FUSE mount whose server died (kill -9, a crash) stays in the mount
-/// table and answers every stat with ENOTCONN: say so, and how to clear
+/// table and answers every stat with ENOTCONN (ECONNABORTED after io_uring): say so, and how to clear
 /// it, instead of "Not a directory".
 fn stale_mount_check(mp: &Path) -> anyhow::Result<()> {
     match std::fs::metadata(mp) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)) => {
             let d = mp.display();
             bail!(
                 "mount point {d}: a stale FUSE mount (its server is gone: {e}); \
