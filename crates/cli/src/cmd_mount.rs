@@ -91,11 +91,18 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   defaults                ext4kit's defaults (rw, relatime, nosuid, nodev, \
                   exec, async)\n  \
                   transport=ext4kit|fuser the FUSE session: ext4kit's own loop on \
-                  /dev/fuse (the default; it serves O_TMPFILE and the statx birth time) or \
+                  io_uring or /dev/fuse (the default, see uring; it serves O_TMPFILE and the statx birth time) or \
                   fuser's (O_TMPFILE fails with EOPNOTSUPP, no statx birth time)\n  \
-                  uring                   ext4kit's own loop over FUSE over io_uring (kernel \
-                  6.14+; as root it sets fuse.enable_uring to Y, saying so; without it: \
-                  /dev/fuse, one line why)\n\n\
+                  uring, nouring          ext4kit's own loop over FUSE over io_uring (kernel \
+                  6.14+), by default as root where the kernel offers it \
+                  (/sys/module/fuse/parameters/enable_uring: at N the mount sets it to Y, \
+                  saying so on stderr); not as root, or where the kernel lacks it, \
+                  /dev/fuse (not as root uring works where the switch is Y, but a killed \
+                  server's mount outlives fusermount3's auto_unmount). uring insists (where it cannot, /dev/fuse \
+                  with one line why); nouring serves on /dev/fuse only. `ext4kit status` \
+                  shows the transport in use\n  \
+                  uring_depth=N           ring entries per io_uring thread (1 to 64, default \
+                  4): requests the kernel can hand a ring before it answers one\n\n\
                   A mounted or busy device is refused; an unknown option is refused with \
                   one line before anything is opened.";
 
@@ -136,11 +143,11 @@ fn absolute(p: &Path, what: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// A FUSE mount whose server died (kill -9, a crash) stays in the mount
-/// table and answers every stat with ENOTCONN: say so, and how to clear
+/// table and answers every stat with ENOTCONN (ECONNABORTED after io_uring): say so, and how to clear
 /// it, instead of "Not a directory".
 fn stale_mount_check(mp: &Path) -> anyhow::Result<()> {
     match std::fs::metadata(mp) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)) => {
             let d = mp.display();
             bail!(
                 "mount point {d}: a stale FUSE mount (its server is gone: {e}); \

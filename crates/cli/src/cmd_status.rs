@@ -41,6 +41,9 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<i32> {
     let device = v["device"].as_str().unwrap_or("?");
     let pid = v["pid"].as_u64().unwrap_or(0);
     outln!("{shown}: {device} (ext4kit mount, pid {pid})");
+    if let Some(t) = v["transport"].as_str() {
+        outln!("transport: {t}");
+    }
     match v["lazyinit"]["text"].as_str() {
         Some(t) => outln!("{t}"),
         None => outln!("lazy init: not running (noinit_itable or a read-only mount)"),

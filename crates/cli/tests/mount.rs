@@ -371,7 +371,7 @@ const FUSER: &[&str] = &["transport=fuser"];
 /// on fuser's by `EXT4KIT_TEST_TRANSPORT=fuser`.
 fn default_transport() -> &'static [&'static str] {
     match std::env::var("EXT4KIT_TEST_TRANSPORT").as_deref() {
-        Ok("fuser") => OWN,
+        Ok("fuser" | "devfuse") => OWN,
         _ => &[],
     }
 }
@@ -384,6 +384,59 @@ fn tree_through_the_mount_reads_back_on_the_kernel() {
 #[test]
 fn fuser_transport_tree_reads_back_on_the_kernel() {
     tree_readback("fuser_transport_tree_reads_back_on_the_kernel", FUSER);
+}
+
+/// Our own session on `/dev/fuse` (`nouring`), kept covered now that
+/// io_uring is the default where the kernel offers it: the tree, kill -9
+/// and pjdfstest tests run on it explicitly.
+const DEVFUSE: &[&str] = &["transport=ext4kit", "nouring"];
+
+#[test]
+fn devfuse_transport_tree_reads_back_on_the_kernel() {
+    tree_readback("devfuse_transport_tree_reads_back_on_the_kernel", DEVFUSE);
+}
+
+/// The transport the mount's status names, and its ring threads: the
+/// default is io_uring where the kernel offers it (as root the switch is
+/// held on by `FuseMount`), `nouring` is `/dev/fuse`, fuser's is fuser.
+#[test]
+fn the_default_transport_is_io_uring_where_the_kernel_offers_it() {
+    let what = "the_default_transport_is_io_uring_where_the_kernel_offers_it";
+    if let Err(e) = fuse_available() {
+        return skip(what, &e);
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "64M");
+    let status = |m: &FuseMount| -> serde_json::Value {
+        let out = run_ok(ext4kit().args(["status", "--json"]).arg(m.path())).unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let uring = fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok()
+        && nix::unistd::geteuid().is_root();
+    // Explicit transport=ext4kit: EXT4KIT_TEST_TRANSPORT=devfuse's
+    // nouring (given first) stays, fuser's is undone.
+    let own_default = std::env::var("EXT4KIT_TEST_TRANSPORT").as_deref() != Ok("devfuse");
+    let m = FuseMount::new(&img, &["transport=ext4kit"]).unwrap();
+    let v = status(&m);
+    if uring && own_default {
+        assert_rings(URING, &m);
+        assert_eq!(v["transport"], "io_uring", "{v}");
+        let out = run_ok(ext4kit().arg("status").arg(m.path())).unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(text.contains("transport: io_uring"), "{text}");
+    } else {
+        eprintln!("{what}: no FUSE over io_uring to default to here");
+        assert_eq!(v["transport"], "/dev/fuse", "{v}");
+    }
+    m.unmount().unwrap();
+    let m = FuseMount::new(&img, DEVFUSE).unwrap();
+    assert_eq!(status(&m)["transport"], "/dev/fuse");
+    assert_eq!(ring_threads(&m), 0);
+    m.unmount().unwrap();
+    let m = FuseMount::new(&img, FUSER).unwrap();
+    assert_eq!(status(&m)["transport"], "fuser");
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
 }
 
 /// The end of a connection ends the rings: an unmount, and an abort
@@ -561,6 +614,8 @@ fn background_mount_and_signals_close_cleanly() {
         .prefix("ext4kit-fuse.")
         .tempdir()
         .unwrap();
+    // The switch held on first: the mount finds it Y and says nothing.
+    let uring = uring_for_mount();
     let out = run(ext4kit()
         .arg("mount")
         .arg(&img)
@@ -572,6 +627,7 @@ fn background_mount_and_signals_close_cleanly() {
     let guard = FuseMount {
         dir: Some(mnt),
         child: None,
+        uring,
     };
     assert!(out.status.success(), "{}", last_line(&out));
     assert!(out.stdout.is_empty() && out.stderr.is_empty());
@@ -678,6 +734,11 @@ fn kill9_during_fsyncs_then_replay() {
 #[test]
 fn fuser_transport_kill9_during_fsyncs_then_replay() {
     kill9_replay("fuser_transport_kill9_during_fsyncs_then_replay", FUSER);
+}
+
+#[test]
+fn devfuse_transport_kill9_during_fsyncs_then_replay() {
+    kill9_replay("devfuse_transport_kill9_during_fsyncs_then_replay", DEVFUSE);
 }
 
 #[test]
@@ -819,6 +880,11 @@ fn pjdfstest_on_the_mount() {
 #[test]
 fn fuser_transport_pjdfstest() {
     pjdfstest("fuser_transport_pjdfstest", FUSER);
+}
+
+#[test]
+fn devfuse_transport_pjdfstest() {
+    pjdfstest("devfuse_transport_pjdfstest", DEVFUSE);
 }
 
 #[test]

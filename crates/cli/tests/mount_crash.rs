@@ -36,6 +36,7 @@ use std::sync::{Arc, mpsc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use common::fuse::{UringSwitch, test_transport_opts, uring_for_mount};
 use common::*;
 use ext4kit_device::{CutMode, CutReplay, Device, MemDevice, RecordingDevice, Trace, host};
 use ext4kit_fs::fs::Filesystem;
@@ -52,6 +53,8 @@ const THREADS: u32 = 3;
 struct TracedMount {
     dir: Option<tempfile::TempDir>,
     server: Option<JoinHandle<Result<MountReport, MountError>>>,
+    /// `enable_uring` held on while the mount lives (as `FuseMount`).
+    _uring: Option<UringSwitch>,
 }
 
 impl TracedMount {
@@ -65,8 +68,7 @@ impl TracedMount {
             mountpoint: dir.path().to_path_buf(),
             // EXT4KIT_TEST_TRANSPORT, as for every `FuseMount` of a run.
             opts: MountOptions::parse(
-                std::env::var("EXT4KIT_TEST_TRANSPORT")
-                    .map(|t| format!("transport={t}"))
+                test_transport_opts()
                     .iter()
                     .map(String::as_str)
                     .chain([opts]),
@@ -74,6 +76,7 @@ impl TracedMount {
             .map_err(|e| e.0)?,
             threads: 3,
         };
+        let uring = uring_for_mount();
         let (tx, rx) = mpsc::channel();
         let server = thread::spawn(move || {
             let wrap = move |d: Arc<dyn Device>| -> Arc<dyn Device> {
@@ -86,6 +89,7 @@ impl TracedMount {
         let mut m = TracedMount {
             dir: Some(dir),
             server: Some(server),
+            _uring: uring,
         };
         match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(()) => Ok(m),

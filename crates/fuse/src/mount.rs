@@ -48,7 +48,7 @@ use signal_hook::iterator::Signals;
 
 use crate::fusermount;
 use crate::ops::FuseFs;
-use crate::options::{LazyinitPace, MountOptions};
+use crate::options::{LazyinitPace, MountOptions, Uring};
 use crate::shared::{Backend, Shared};
 
 /// Why a mount failed or did not end cleanly. One line each.
@@ -269,6 +269,16 @@ impl Served {
         }
     }
 
+    /// The transport in use, for the status file: `io_uring`,
+    /// `/dev/fuse` (our own session) or `fuser` (fuser's, on `/dev/fuse`).
+    fn transport(&self) -> &'static str {
+        match self {
+            Served::Fuser(_) => "fuser",
+            Served::Own(s) if s.over_uring() => "io_uring",
+            Served::Own(_) => "/dev/fuse",
+        }
+    }
+
     fn run(self, threads: usize) -> io::Result<()> {
         match self {
             Served::Fuser(s) => s.run(),
@@ -334,13 +344,27 @@ fn start_own_session(
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::PermissionsExt;
     let config = fuser_config(req);
-    // `-o uring`: the kernel's switch on (as root) before INIT, which
-    // offers FUSE over io_uring only while it is on.
-    let uring = req.opts.uring
-        && match crate::uring::enable() {
+    // FUSE over io_uring (by default where the kernel offers it, see
+    // [`Uring`]): the kernel's switch on (as root) before INIT, which
+    // offers it only while the switch is on.
+    let insist = req.opts.uring == Uring::On;
+    // Not root, only when asked for: a killed io_uring server's mount
+    // is not ended by fusermount3's auto_unmount (mount_user.rs with the
+    // switch on: still mounted 10 s after kill -9), while the /dev/fuse
+    // one is.
+    let root = nix::unistd::geteuid().is_root();
+    if req.opts.uring == Uring::Auto && !root {
+        tracing::debug!("FUSE over io_uring: not root, -o uring asks for it; serving on /dev/fuse");
+    }
+    let uring = (insist || (req.opts.uring == Uring::Auto && root))
+        && match crate::uring::enable(insist) {
             Ok(_) => true,
+            Err(why) if insist => {
+                eprintln!("ext4kit mount: -o uring: {why}; serving on /dev/fuse");
+                false
+            }
             Err(why) => {
-                eprintln!("ext4kit mount: {why}; serving on /dev/fuse");
+                tracing::debug!("FUSE over io_uring: {why}; serving on /dev/fuse");
                 false
             }
         };
@@ -373,7 +397,11 @@ fn start_own_session(
     if uring {
         // `-o threads` spread over the kernel's queues (one per CPU).
         let cpus = thread::available_parallelism().map_or(1, |n| n.get());
-        s.want_uring(req.threads.div_ceil(cpus));
+        s.want_uring(
+            req.threads.div_ceil(cpus),
+            usize::from(req.opts.uring_depth),
+            insist,
+        );
     }
     if let Err(e) = s.handshake() {
         // Not served: take the mount down again (fusermount3 does it
@@ -736,6 +764,7 @@ fn publish_status(
     device: &Path,
     lazy: Option<&StatusSource>,
     shared: &Shared,
+    transport: &str,
 ) {
     let lazy = lazy.map(|s| {
         let st = s.get();
@@ -749,6 +778,7 @@ fn publish_status(
         "mountpoint": mnt.display().to_string(),
         "device": device.display().to_string(),
         "pid": std::process::id(),
+        "transport": transport,
         "lazyinit": lazy,
         "discard": discard,
         "requests": shared.requests.to_json(&shared.wbuf),
@@ -852,14 +882,29 @@ pub fn serve_wrapped(
     let lazy = start_lazyinit(&shared, req);
     let status_file = status_path(&mnt);
     let source = lazy.as_ref().map(LazyInitHandle::status_source);
-    publish_status(&status_file, &mnt, &req.device, source.as_ref(), &shared);
+    let transport = session.transport();
+    publish_status(
+        &status_file,
+        &mnt,
+        &req.device,
+        source.as_ref(),
+        &shared,
+        transport,
+    );
     let stop = Arc::new(Stop::default());
     let timer = {
         let (stop, shared) = (stop.clone(), shared.clone());
         let (status_file, mnt, device) = (status_file.clone(), mnt.clone(), req.device.clone());
         thread::spawn(move || {
             while !stop.wait(Duration::from_secs(1)) {
-                publish_status(&status_file, &mnt, &device, source.as_ref(), &shared);
+                publish_status(
+                    &status_file,
+                    &mnt,
+                    &device,
+                    source.as_ref(),
+                    &shared,
+                    transport,
+                );
                 let Backend::Rw(fs) = &shared.backend else {
                     continue;
                 };

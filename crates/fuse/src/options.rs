@@ -23,6 +23,21 @@ pub enum Transport {
     Fuser,
 }
 
+/// FUSE over io_uring on our own transport (`uring` / `nouring`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Uring {
+    /// The default: io_uring where the kernel offers it (its
+    /// `fuse.enable_uring` Y, or N and set by root, saying so), else
+    /// `/dev/fuse` without a word.
+    #[default]
+    Auto,
+    /// `uring`: insist; where it cannot be had, `/dev/fuse` with one
+    /// line why.
+    On,
+    /// `nouring`: `/dev/fuse` only.
+    Off,
+}
+
 /// How online lazy init paces itself (`lazyinit=`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LazyinitPace {
@@ -109,10 +124,15 @@ pub struct MountOptions {
     /// default, see [`Transport`]).
     pub transport: Transport,
     /// `uring` / `nouring`: our own transport over io_uring (FUSE over
-    /// io_uring, kernel 6.14+), falling back to `/dev/fuse` where the
-    /// kernel lacks it. `uring` implies `transport=ext4kit`; a later
-    /// `transport=fuser` turns it off again.
-    pub uring: bool,
+    /// io_uring, kernel 6.14+; by default where the kernel offers it,
+    /// see [`Uring`]), falling back to `/dev/fuse` where the kernel
+    /// lacks it. `uring` implies `transport=ext4kit`; a later
+    /// `transport=fuser` turns it off again (fuser reads `/dev/fuse`).
+    pub uring: Uring,
+    /// `uring_depth=N`: ring entries per ring thread (1 to
+    /// [`MAX_URING_DEPTH`], default [`DEFAULT_URING_DEPTH`]): requests the
+    /// kernel can hand a ring before its thread commits one.
+    pub uring_depth: u16,
 }
 
 impl Default for MountOptions {
@@ -138,11 +158,20 @@ impl Default for MountOptions {
             nodev: true,
             noexec: false,
             transport: Transport::Ext4kit,
-            uring: false,
+            uring: Uring::Auto,
+            uring_depth: DEFAULT_URING_DEPTH,
         }
     }
 }
 
+/// Ring entries per ring thread by default. More than one: a request
+/// whose reply waits (LSEEK with the writeback cache has the kernel
+/// write dirty pages back first, and those WRITEs come to the queue of
+/// the CPU the LSEEK runs on) must not hold the queue's only entry.
+pub const DEFAULT_URING_DEPTH: u16 = 4;
+/// Most ring entries per ring thread (each has a payload buffer of
+/// `max_write`, virtual until touched).
+pub const MAX_URING_DEPTH: u16 = 64;
 /// The kernel's `JBD2_DEFAULT_MAX_COMMIT_AGE`.
 pub const DEFAULT_COMMIT: Duration = Duration::from_secs(5);
 /// FUSE's writeback cache only with `writeback_cache`: it is faster for
@@ -208,16 +237,35 @@ impl MountOptions {
                 self.noinit_itable = false;
                 Ok(())
             }
-            "uring" => {
-                flag(&mut self.uring, true)?;
-                self.transport = Transport::Ext4kit;
+            "uring" | "nouring" => {
+                if value.is_some() {
+                    return Err(OptionError(format!("mount option '{key}' takes no value")));
+                }
+                if key == "uring" {
+                    self.uring = Uring::On;
+                    self.transport = Transport::Ext4kit;
+                } else {
+                    self.uring = Uring::Off;
+                }
                 Ok(())
             }
-            "nouring" => flag(&mut self.uring, false),
+            "uring_depth" => {
+                let v = value.ok_or_else(|| {
+                    OptionError("mount option 'uring_depth' needs a value (1 to 64)".into())
+                })?;
+                let n: u16 = number(key, v)?;
+                if !(1..=MAX_URING_DEPTH).contains(&n) {
+                    return Err(OptionError(format!(
+                        "uring_depth={n} is out of range (1 to {MAX_URING_DEPTH})"
+                    )));
+                }
+                self.uring_depth = n;
+                Ok(())
+            }
             "transport" => {
                 self.transport = match value {
                     Some("fuser") => {
-                        self.uring = false;
+                        self.uring = Uring::Off;
                         Transport::Fuser
                     }
                     Some("ext4kit") => Transport::Ext4kit,
@@ -393,13 +441,26 @@ mod tests {
         assert_eq!(p("transport=fuser").unwrap().transport, Transport::Fuser);
         assert!(p("transport=x").is_err());
         // uring: our own transport over io_uring; later options win.
+        assert_eq!(p("").unwrap().uring, Uring::Auto);
         let u = p("uring").unwrap();
-        assert!(u.uring && u.transport == Transport::Ext4kit);
-        assert!(!p("uring,transport=fuser").unwrap().uring);
+        assert!(u.uring == Uring::On && u.transport == Transport::Ext4kit);
+        assert_eq!(p("uring,transport=fuser").unwrap().uring, Uring::Off);
         let u = p("transport=fuser,uring").unwrap();
-        assert!(u.uring && u.transport == Transport::Ext4kit);
+        assert!(u.uring == Uring::On && u.transport == Transport::Ext4kit);
         let u = p("uring,nouring").unwrap();
-        assert!(!u.uring && u.transport == Transport::Ext4kit);
+        assert!(u.uring == Uring::Off && u.transport == Transport::Ext4kit);
+        assert_eq!(p("nouring,uring").unwrap().uring, Uring::On);
+        assert!(p("nouring=1").is_err());
+        assert_eq!(p("").unwrap().uring_depth, DEFAULT_URING_DEPTH);
+        assert_eq!(p("uring_depth=8").unwrap().uring_depth, 8);
+        for bad in [
+            "uring_depth",
+            "uring_depth=0",
+            "uring_depth=65",
+            "uring_depth=x",
+        ] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
         assert!(p("uring=1").is_err());
         assert!(p("transport").is_err());
         assert!(p("writeback_cache").unwrap().writeback_cache);

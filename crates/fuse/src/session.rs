@@ -169,14 +169,49 @@ fn receive(fd: &File, buf: &mut [u8]) -> io::Result<Got> {
 pub(crate) struct Session {
     fd: Arc<File>,
     fs: FuseFs,
-    /// `-o uring`: the ring threads per queue wanted.
-    uring: Option<usize>,
+    /// FUSE over io_uring: the ring threads per queue and entries per
+    /// ring wanted, and whether `-o uring` insists (then a fallback says
+    /// why on stderr).
+    uring: Option<(usize, usize, bool)>,
     /// The rings, when INIT granted FUSE over io_uring.
     rings: Option<crate::uring::Rings>,
 }
 
 /// A reply made after `dispatch` returned (LSEEK's completion).
 pub(crate) type Later = Box<dyn FnOnce(Vec<u8>) + Send>;
+
+/// A [`Later`] that answers in any case: dropped uncalled (the
+/// completion lost on a path that never called it), it sends EIO for
+/// its request, so the kernel's request ends and, on io_uring, the
+/// ring entry goes back to the kernel.
+pub(crate) struct Deferred {
+    unique: u64,
+    send: Option<Later>,
+}
+
+impl Deferred {
+    pub(crate) fn new(unique: u64, send: Later) -> Deferred {
+        Deferred {
+            unique,
+            send: Some(send),
+        }
+    }
+
+    pub(crate) fn send(mut self, msg: Vec<u8>) {
+        if let Some(f) = self.send.take() {
+            f(msg);
+        }
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        if let Some(f) = self.send.take() {
+            tracing::debug!("request {}: completion dropped; EIO", self.unique);
+            f(codec::reply_error(self.unique, libc::EIO));
+        }
+    }
+}
 
 impl Session {
     pub(crate) fn new(fd: OwnedFd, shared: Arc<Shared>) -> Session {
@@ -190,21 +225,32 @@ impl Session {
 
     /// Ask for FUSE over io_uring at INIT, with `per_queue` ring threads
     /// per kernel queue (see [`crate::uring`]).
-    pub(crate) fn want_uring(&mut self, per_queue: usize) {
-        self.uring = Some(per_queue.max(1));
+    pub(crate) fn want_uring(&mut self, per_queue: usize, depth: usize, insist: bool) {
+        self.uring = Some((per_queue.max(1), depth.max(1), insist));
+    }
+
+    /// INIT granted FUSE over io_uring and the rings were made.
+    pub(crate) fn over_uring(&self) -> bool {
+        self.rings.is_some()
     }
 
     /// The rings for INIT's answer, or why not (one line on stderr).
     fn make_rings(&mut self, init: &InitIn, out: &InitOut) {
-        let Some(per_queue) = self.uring else { return };
+        let Some((per_queue, depth, insist)) = self.uring else {
+            return;
+        };
         let mut kernel = u64::from(init.flags);
         if kernel & init::INIT_EXT != 0 {
             kernel |= u64::from(init.flags2) << 32;
         }
         if kernel & crate::uring::OVER_IO_URING == 0 {
-            eprintln!(
-                "ext4kit mount: the kernel did not offer FUSE over io_uring at INIT; serving on /dev/fuse"
-            );
+            if insist {
+                eprintln!(
+                    "ext4kit mount: the kernel did not offer FUSE over io_uring at INIT; serving on /dev/fuse"
+                );
+            } else {
+                tracing::debug!("no FUSE over io_uring at INIT; serving on /dev/fuse");
+            }
             return;
         }
         let queues = std::fs::read_to_string("/sys/devices/system/cpu/possible")
@@ -215,7 +261,7 @@ impl Session {
             return;
         };
         let payload = (out.max_write as usize).max(usize::from(out.max_pages) * 4096);
-        match crate::uring::Rings::new(&self.fd, queues, per_queue, payload) {
+        match crate::uring::Rings::new(&self.fd, queues, per_queue, depth, payload) {
             Ok(r) => self.rings = Some(r),
             Err(e) => eprintln!("ext4kit mount: io_uring: {e}; serving on /dev/fuse"),
         }
@@ -626,7 +672,7 @@ pub(crate) fn dispatch(
         Operation::Removexattr { name } => empty(u, fs.op_removexattr(ino, name)),
         Operation::Access { mask } => empty(u, fs.op_access(&caller(&h), ino, mask as i32)),
         Operation::Lseek(l) => {
-            let send = later();
+            let send = Deferred::new(u, later());
             fs.op_lseek(ino, l.offset as i64, l.whence as i32, move |r| {
                 let msg = match r {
                     Ok(offset) => codec::reply_struct(
@@ -637,7 +683,7 @@ pub(crate) fn dispatch(
                     ),
                     Err(e) => err(u, e),
                 };
-                send(msg);
+                send.send(msg);
             });
             return None;
         }
@@ -692,6 +738,25 @@ const WRITE_CACHE: u32 = 1 << 0;
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_deferred_reply_dropped_uncalled_answers_eio() {
+        use std::sync::{Arc, Mutex};
+        let got: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+        let sink = |g: &Arc<Mutex<Vec<Vec<u8>>>>| -> super::Later {
+            let g = g.clone();
+            Box::new(move |m| g.lock().unwrap().push(m))
+        };
+        // Called: its own reply, once.
+        super::Deferred::new(5, sink(&got)).send(codec::reply(5, &[b"x"]));
+        // Dropped uncalled: EIO for its unique.
+        drop(super::Deferred::new(6, sink(&got)));
+        let got = got.lock().unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0], codec::reply(5, &[b"x"]));
+        let (h, rest) = OutHeader::read_from_prefix(&got[1]).unwrap();
+        assert_eq!((h.unique, h.error, rest.len()), (6, -libc::EIO, 0));
+    }
+
     use super::*;
     use crate::options::MountOptions;
     use crate::proto::abi::{AttrOut, Dirent, EntryOut, MkdirIn, OpenOut, OutHeader, ReadIn};

@@ -1,8 +1,9 @@
-//! FUSE over io_uring on our own transport (`-o uring`; ARCHITECTURE
-//! "Our own FUSE transport", io_uring). After INIT granted
-//! `FUSE_OVER_IO_URING`, one ring per kernel queue (a queue per possible
-//! CPU, `qid` = the CPU of the task making the request) and `per_queue`
-//! ring threads per queue, each with one entry: the entry is REGISTERed
+//! FUSE over io_uring on our own transport (the default where the kernel
+//! offers it, `-o uring` insists; ARCHITECTURE "Our own FUSE transport",
+//! io_uring). After INIT granted `FUSE_OVER_IO_URING`, one ring per
+//! kernel queue (a queue per possible CPU, `qid` = the CPU of the task
+//! making the request) and `per_queue` ring threads per queue, each with
+//! `uring_depth` entries: each entry is REGISTERed
 //! with its header (`fuse_uring_req_header`) and payload buffers, each
 //! completion is a request, rebuilt into the `/dev/fuse` byte form for
 //! the same `Request::parse` and `dispatch`, and its reply goes back with
@@ -145,14 +146,15 @@ pub(crate) fn possible_cpus(list: &str) -> Option<usize> {
     (n > 0).then_some(n)
 }
 
-/// `-o uring` before the mount: whether the kernel has FUSE over
-/// io_uring, switched on as root when it is off (one line on stderr).
+/// Before the mount (unless `-o nouring`): whether the kernel has FUSE
+/// over io_uring, switched on as root when it is off (one line on
+/// stderr). `insist`: asked for by `-o uring` (the line says so).
 /// `Ok(Some(was))`: usable, `was` the switch before; `Err`: why not.
-pub(crate) fn enable() -> Result<Option<bool>, String> {
-    enable_at(Path::new(ENABLE_URING))
+pub(crate) fn enable(insist: bool) -> Result<Option<bool>, String> {
+    enable_at(Path::new(ENABLE_URING), insist)
 }
 
-fn enable_at(p: &Path) -> Result<Option<bool>, String> {
+fn enable_at(p: &Path, insist: bool) -> Result<Option<bool>, String> {
     let v = std::fs::read_to_string(p).map_err(|_| {
         format!(
             "the kernel has no FUSE over io_uring ({} missing)",
@@ -166,7 +168,14 @@ fn enable_at(p: &Path) -> Result<Option<bool>, String> {
         return Err(format!("{} is N and only root may set it", p.display()));
     }
     std::fs::write(p, "Y").map_err(|e| format!("setting {}: {e}", p.display()))?;
-    eprintln!("ext4kit mount: set {} to Y for -o uring", p.display());
+    if insist {
+        eprintln!("ext4kit mount: set {} to Y for -o uring", p.display());
+    } else {
+        eprintln!(
+            "ext4kit mount: set {} to Y for FUSE over io_uring (-o nouring: /dev/fuse)",
+            p.display()
+        );
+    }
     Ok(Some(false))
 }
 
@@ -178,12 +187,13 @@ pub(crate) struct Rings {
 }
 
 impl Rings {
-    /// `per_queue` rings of one entry for each of `queues` queues on
-    /// `fd`, with payload buffers of `payload` bytes.
+    /// `per_queue` rings of `depth` entries for each of `queues` queues
+    /// on `fd`, with payload buffers of `payload` bytes.
     pub(crate) fn new(
         fd: &File,
         queues: usize,
         per_queue: usize,
+        depth: usize,
         payload: usize,
     ) -> io::Result<Rings> {
         let payload = payload.max(MIN_READ_BUFFER);
@@ -191,7 +201,7 @@ impl Rings {
         for qid in 0..queues {
             for _ in 0..per_queue.max(1) {
                 let fd = OwnedFd::from(fd.try_clone()?);
-                let (r, w) = CmdRing::new(fd, 1, HEADER, payload)?;
+                let (r, w) = CmdRing::new(fd, depth.max(1), HEADER, payload)?;
                 rings.push((qid as u16, r, w));
             }
         }
@@ -461,15 +471,15 @@ mod tests {
     fn enabling_reads_the_switch() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("enable_uring");
-        assert!(enable_at(&p).is_err());
+        assert!(enable_at(&p, false).is_err());
         std::fs::write(&p, "Y\n").unwrap();
-        assert_eq!(enable_at(&p), Ok(Some(true)));
+        assert_eq!(enable_at(&p, false), Ok(Some(true)));
         std::fs::write(&p, "N\n").unwrap();
         if nix::unistd::geteuid().is_root() {
-            assert_eq!(enable_at(&p), Ok(Some(false)));
+            assert_eq!(enable_at(&p, true), Ok(Some(false)));
             assert_eq!(std::fs::read_to_string(&p).unwrap(), "Y");
         } else {
-            assert!(enable_at(&p).is_err());
+            assert!(enable_at(&p, true).is_err());
         }
     }
 }

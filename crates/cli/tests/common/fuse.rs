@@ -50,6 +50,37 @@ pub fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> 
 pub struct FuseMount {
     pub dir: Option<tempfile::TempDir>,
     pub child: Option<Child>,
+    /// As root: `enable_uring` held on while the mount lives (the
+    /// default transport uses FUSE over io_uring where the kernel offers
+    /// it; kernels without the "can't be disabled once enabled on a
+    /// connection" change refuse the ring commands of a live mount once
+    /// the switch is N again, so it stays on until the mount is gone), back to what
+    /// it was after the last mount of the test binary. Declared after
+    /// `dir`, so dropped after the unmount.
+    pub uring: Option<UringSwitch>,
+}
+
+/// The `-o` options `EXT4KIT_TEST_TRANSPORT` puts first on every mount
+/// of a run: `fuser` (fuser's session), `ext4kit` (our own, on io_uring
+/// where the kernel offers it: the default), `devfuse` (our own on
+/// `/dev/fuse`: `nouring`). A test's own options come later and win.
+pub fn test_transport_opts() -> Vec<String> {
+    match std::env::var("EXT4KIT_TEST_TRANSPORT").as_deref() {
+        Err(_) | Ok("") => Vec::new(),
+        Ok("devfuse") => vec!["transport=ext4kit".into(), "nouring".into()],
+        Ok(t) => vec![format!("transport={t}")],
+    }
+}
+
+/// As root, the `enable_uring` switch held on for a mount (see
+/// [`FuseMount::uring`]); None elsewhere (the mount then uses io_uring
+/// only if the switch is already Y).
+pub fn uring_for_mount() -> Option<UringSwitch> {
+    if nix::unistd::geteuid().is_root() {
+        UringSwitch::on().ok()
+    } else {
+        None
+    }
 }
 
 impl FuseMount {
@@ -87,12 +118,13 @@ impl FuseMount {
         let mut c = ext4kit();
         c.arg("mount").arg("-f");
         c.envs(env.iter().copied());
-        // EXT4KIT_TEST_TRANSPORT=fuser (or =ext4kit, the default): every
-        // mount of the run on that FUSE session (its option given first,
-        // so a test's own `transport=` wins).
-        if let Ok(t) = std::env::var("EXT4KIT_TEST_TRANSPORT") {
-            c.arg("-o").arg(format!("transport={t}"));
+        // EXT4KIT_TEST_TRANSPORT=fuser|ext4kit|devfuse: every mount of
+        // the run on that FUSE session (its options given first, so a
+        // test's own `transport=` or `uring` wins).
+        for o in test_transport_opts() {
+            c.arg("-o").arg(o);
         }
+        let uring = uring_for_mount();
         for o in opts {
             c.arg("-o").arg(o);
         }
@@ -119,6 +151,7 @@ impl FuseMount {
         let mut m = FuseMount {
             dir: Some(dir),
             child: Some(child),
+            uring,
         };
         let path = m.path().to_path_buf();
         let limit = Instant::now() + Duration::from_secs(20);
