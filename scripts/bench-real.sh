@@ -14,6 +14,8 @@
 #   ext4kit-own the same with -o transport=ext4kit (our own FUSE transport,
 #               crates/fuse/src/session.rs; the default since session 17)
 #   ext4kit-fuser the same with -o transport=fuser (fuser 0.18's session)
+#   ext4kit-devfuse the same with -o nouring (our own transport on /dev/fuse,
+#               where io_uring is the default: as root since session 18)
 #   ext4kit-noidle the default mount with the idle commit off
 #               (EXT4KIT_IDLE_COMMIT=0: what committing once the mount is
 #               quiet, for sync(1)'s sake, costs; issue 23)
@@ -117,7 +119,7 @@ for g in $rows; do
     [[ $g == session || $g == postmark || $g == fio ]] || die "BENCH_ROWS: unknown '$g' (session, postmark, fio)"
 done
 for s in $systems; do
-    [[ $s == kernel || $s == ext4kit || $s == ext4kit-wb || $s == ext4kit-own || $s == ext4kit-fuser || $s == ext4kit-uring || $s == ext4kit-noidle || $s == fuse2fs || $s == base ]] || die "BENCH_SYSTEMS: unknown '$s'"
+    [[ $s == kernel || $s == ext4kit || $s == ext4kit-wb || $s == ext4kit-own || $s == ext4kit-fuser || $s == ext4kit-uring || $s == ext4kit-noidle || $s == ext4kit-devfuse || $s == fuse2fs || $s == base ]] || die "BENCH_SYSTEMS: unknown '$s'"
     if [[ $s == base && ! -x ${EXT4KIT_BASE:-} ]]; then die "BENCH_SYSTEMS has base: EXT4KIT_BASE must name an ext4kit binary"; fi
 done
 need_pkg() { # command package
@@ -261,12 +263,13 @@ up_sys() { # SYSTEM
     [[ $1 == ext4kit-own ]] && opts=transport=ext4kit${ours_opts:+,$ours_opts}
     [[ $1 == ext4kit-fuser ]] && opts=transport=fuser${ours_opts:+,$ours_opts}
     [[ $1 == ext4kit-uring ]] && opts=uring${ours_opts:+,$ours_opts}
+    [[ $1 == ext4kit-devfuse ]] && opts=nouring${ours_opts:+,$ours_opts}
     if [[ $1 == base ]]; then
         local keep=$ext4kit
         ext4kit=$base_bin
         up ext4kit "$img" "$opts"
         ext4kit=$keep
-    elif [[ $1 == ext4kit-own || $1 == ext4kit-fuser || $1 == ext4kit-uring ]]; then
+    elif [[ $1 == ext4kit-own || $1 == ext4kit-fuser || $1 == ext4kit-uring || $1 == ext4kit-devfuse ]]; then
         up ext4kit "$img" "$opts"
     elif [[ $1 == ext4kit-noidle ]]; then
         EXT4KIT_IDLE_COMMIT=0 up ext4kit "$img" "$ours_opts"
@@ -349,7 +352,7 @@ session() { # SYSTEM: the session rows on one mount of a fresh image
     check "$sys" "session"
 }
 down_fuse() { # SYSTEM: unmount, and for FUSE wait until the image is closed
-    if [[ $1 == base || $1 == ext4kit-own || $1 == ext4kit-fuser || $1 == ext4kit-uring || $1 == ext4kit-noidle ]]; then down ext4kit; else down "$1"; fi
+    if [[ $1 == base || $1 == ext4kit-own || $1 == ext4kit-fuser || $1 == ext4kit-uring || $1 == ext4kit-noidle || $1 == ext4kit-devfuse ]]; then down ext4kit; else down "$1"; fi
     sync -f "$img"
 }
 
@@ -439,7 +442,7 @@ for s in $systems; do hdr+=" $s |"; sep+="---|"; done
 own_col=
 [[ " $systems " == *" ext4kit-own "* && $ours != ext4kit-own ]] && { own_col=1; hdr+=" ext4kit-own/$ours |"; sep+="---|"; }
 variant_cols=()
-for v in ext4kit-fuser ext4kit-uring ext4kit-noidle; do
+for v in ext4kit-fuser ext4kit-uring ext4kit-devfuse ext4kit-noidle; do
     [[ " $systems " == *" $v "* && $ours != "$v" ]] && { variant_cols+=("$v"); hdr+=" $v/$ours |"; sep+="---|"; }
 done
 echo "$hdr"
