@@ -267,6 +267,14 @@ fn user_mounts_through_fusermount3() {
     // allow_other, and auto_unmount after a kill -9.
     if Path::new("/etc/fuse.conf").is_file() {
         kill("allow_other", true, Ns::AllowOther { fuse });
+        // The same over FUSE over io_uring (a user's mount takes it with
+        // `-o uring` where the switch is on): the killed server's rings
+        // hold fusermount3's socket, so its auto_unmount sees the
+        // connection gone (not ECONNABORTED mid-teardown) and unmounts.
+        match common::fuse::UringSwitch::on() {
+            Ok(_on) => kill("uring,allow_other", true, Ns::AllowOther { fuse }),
+            Err(why) => skip("user_mounts_through_fusermount3 (-o uring)", &why),
+        }
     }
 
     // allow_other without user_allow_other in /etc/fuse.conf: refused,

@@ -63,6 +63,24 @@ pub enum Event {
 }
 
 impl CmdRing {
+    /// Give `file` to the ring (a registered, fixed file) and close our
+    /// own descriptor of it: its last reference then goes only when the
+    /// ring is torn down, after every command of the ring has ended,
+    /// also when the process is killed. The mount puts fusermount3's
+    /// `auto_unmount` socket here, so fusermount3 looks at the mount
+    /// point only once the FUSE connection is fully gone. On an error
+    /// the file is given back.
+    pub fn hold(&self, file: OwnedFd) -> Result<(), (io::Error, OwnedFd)> {
+        use std::os::fd::AsRawFd;
+        match self.ring.submitter().register_files(&[file.as_raw_fd()]) {
+            Ok(()) => {
+                drop(file);
+                Ok(())
+            }
+            Err(e) => Err((e, file)),
+        }
+    }
+
     /// A ring for commands on `fd` with `slots` slots of a `header_len`
     /// and a `payload_len` buffer each (zeroed; the memory is taken from
     /// the system only where touched).

@@ -45,6 +45,20 @@ pub(crate) struct Helper {
     child: Option<Child>,
 }
 
+impl Helper {
+    /// The socket fusermount3 watches (its close starts the
+    /// `auto_unmount`), for a place that closes it later than this
+    /// process's exit would (the io_uring rings: `Session::hold`).
+    pub(crate) fn take_socket(&mut self) -> Option<UnixStream> {
+        self.sock.take()
+    }
+
+    /// Give the socket back (nothing took it over).
+    pub(crate) fn put_socket(&mut self, sock: UnixStream) {
+        self.sock = Some(sock);
+    }
+}
+
 impl Drop for Helper {
     fn drop(&mut self) {
         drop(self.sock.take());

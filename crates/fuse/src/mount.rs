@@ -411,6 +411,19 @@ fn start_own_session(
         }
         return Err(e);
     }
+    // With io_uring, fusermount3's socket goes into the rings: a killed
+    // server's rings are torn down after its /dev/fuse descriptors are
+    // closed, and fusermount3 decides whether to unmount when the socket
+    // closes, by looking at the mount point; during the teardown the
+    // kernel answers ECONNABORTED, which it does not take for a dead
+    // server (mount_user.rs with `-o uring`).
+    let mut helper = helper;
+    if let Some(h) = helper.as_mut()
+        && let Some(sock) = h.take_socket()
+        && let Err(back) = s.hold(std::os::fd::OwnedFd::from(sock))
+    {
+        h.put_socket(std::os::unix::net::UnixStream::from(back));
+    }
     Ok((Served::Own(s), helper))
 }
 

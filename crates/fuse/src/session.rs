@@ -267,6 +267,15 @@ impl Session {
         }
     }
 
+    /// Hold `file` until the io_uring rings are torn down, if there
+    /// are rings; else (or when it cannot) it is given back.
+    pub(crate) fn hold(&self, file: std::os::fd::OwnedFd) -> Result<(), std::os::fd::OwnedFd> {
+        match &self.rings {
+            Some(r) => r.hold(file),
+            None => Err(file),
+        }
+    }
+
     pub(crate) fn notifier(&self) -> Arc<dyn Notify> {
         Arc::new(DevNotifier(self.fd.clone()))
     }

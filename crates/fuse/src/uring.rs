@@ -187,6 +187,18 @@ pub(crate) struct Rings {
 }
 
 impl Rings {
+    /// Hold `file` in the first ring until the rings are torn down
+    /// ([`CmdRing::hold`]); given back when it cannot.
+    pub(crate) fn hold(&self, file: OwnedFd) -> Result<(), OwnedFd> {
+        match self.rings.first() {
+            Some((_, r, _)) => r.hold(file).map_err(|(e, f)| {
+                tracing::debug!("io_uring: registering a file: {e}");
+                f
+            }),
+            None => Err(file),
+        }
+    }
+
     /// `per_queue` rings of `depth` entries for each of `queues` queues
     /// on `fd`, with payload buffers of `payload` bytes.
     pub(crate) fn new(
