@@ -94,11 +94,10 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   io_uring or /dev/fuse (the default, see uring; it serves O_TMPFILE and the statx birth time) or \
                   fuser's (O_TMPFILE fails with EOPNOTSUPP, no statx birth time)\n  \
                   uring, nouring          ext4kit's own loop over FUSE over io_uring (kernel \
-                  6.14+), by default as root where the kernel offers it \
-                  (/sys/module/fuse/parameters/enable_uring: at N the mount sets it to Y, \
-                  saying so on stderr); not as root, or where the kernel lacks it, \
-                  /dev/fuse (not as root uring works where the switch is Y, but a killed \
-                  server's mount outlives fusermount3's auto_unmount). uring insists (where it cannot, /dev/fuse \
+                  6.14+), by default where the kernel offers it: \
+                  /sys/module/fuse/parameters/enable_uring Y, or N and the mount runs as \
+                  root (it sets it to Y, saying so on stderr); otherwise, or where the \
+                  kernel lacks it, /dev/fuse. uring insists (where it cannot, /dev/fuse \
                   with one line why); nouring serves on /dev/fuse only. `ext4kit status` \
                   shows the transport in use\n  \
                   uring_depth=N           ring entries per io_uring thread (1 to 64, default \

@@ -348,15 +348,7 @@ fn start_own_session(
     // [`Uring`]): the kernel's switch on (as root) before INIT, which
     // offers it only while the switch is on.
     let insist = req.opts.uring == Uring::On;
-    // Not root, only when asked for: a killed io_uring server's mount
-    // is not ended by fusermount3's auto_unmount (mount_user.rs with the
-    // switch on: still mounted 10 s after kill -9), while the /dev/fuse
-    // one is.
-    let root = nix::unistd::geteuid().is_root();
-    if req.opts.uring == Uring::Auto && !root {
-        tracing::debug!("FUSE over io_uring: not root, -o uring asks for it; serving on /dev/fuse");
-    }
-    let uring = (insist || (req.opts.uring == Uring::Auto && root))
+    let uring = req.opts.uring != Uring::Off
         && match crate::uring::enable(insist) {
             Ok(_) => true,
             Err(why) if insist => {
