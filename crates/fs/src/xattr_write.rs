@@ -1115,39 +1115,26 @@ fn set_raw(
             }
             let large = geo.ea_inode
                 && fx::value_size_padded(v.len()) > fx::min_large_ea_size(geo.block_size);
-            let r = place(
-                geo,
-                blocks,
-                ino,
-                &mut s,
-                &ib,
-                ib_found,
-                &mut bl,
-                bl_found,
-                index,
-                name,
-                Val::Bytes(v),
-                large,
-            );
-            match r {
+            let mut put = |large| {
+                place(
+                    geo,
+                    blocks,
+                    ino,
+                    &mut s,
+                    &ib,
+                    ib_found,
+                    &mut bl,
+                    bl_found,
+                    index,
+                    name,
+                    Val::Bytes(v),
+                    large,
+                )
+            };
+            match put(large) {
                 // ext4_xattr_set_handle: with ea_inode, a value that fits
                 // nowhere is retried in an EA inode.
-                Err(XattrError::NoSpace) if geo.ea_inode && !large && !v.is_empty() => {
-                    place(
-                        geo,
-                        blocks,
-                        ino,
-                        &mut s,
-                        &ib,
-                        ib_found,
-                        &mut bl,
-                        bl_found,
-                        index,
-                        name,
-                        Val::Bytes(v),
-                        true,
-                    )?;
-                }
+                Err(XattrError::NoSpace) if geo.ea_inode && !large && !v.is_empty() => put(true)?,
                 r => r?,
             }
         }
