@@ -488,8 +488,8 @@ impl FuseFs {
             *g = None;
         }
         let over = self.s.wbuf.note(ino, &g, pid);
-        self.s.wbuf.gc(&slot, &g);
         drop(g);
+        self.s.wbuf.release(slot);
         if over {
             self.s.evict();
         }

@@ -319,7 +319,8 @@ impl WriteBuffer {
         self.table().last.get(&pid).copied()
     }
 
-    /// `ino`'s slot (made when missing).
+    /// `ino`'s slot (made when missing). Give it back with
+    /// [`WriteBuffer::release`] once its guard is dropped.
     pub fn slot(&self, ino: u32) -> Arc<Slot> {
         self.table()
             .slots
@@ -383,20 +384,32 @@ impl WriteBuffer {
         self.count(|c| c.buffered += 1);
     }
 
-    /// Forget `slot` if it is empty and nobody else holds it (under its
-    /// lock `g`: whoever wants it takes it from the table, under the
-    /// table's lock, which this holds).
-    pub fn gc(&self, slot: &Arc<Slot>, g: &Option<InodeBuf>) {
-        if g.is_some() {
-            return;
-        }
+    /// Done with `slot` (its guard dropped first): forget it if it is
+    /// empty and nobody else holds it. The `Arc` is dropped here, under
+    /// the table's lock, as every other holder's is, and a slot is only
+    /// handed out under that lock: of several threads done with one slot
+    /// the last one sees that it is the last (checked before dropping
+    /// the guard, two threads could each count the other and both leave
+    /// an empty slot behind).
+    pub fn release(&self, slot: Arc<Slot>) {
         let mut t = self.table();
-        // The table's and ours: nobody else has it or can get it now.
-        if Arc::strong_count(slot) == 2
-            && t.slots.get(&slot.ino).is_some_and(|s| Arc::ptr_eq(s, slot))
+        // The table's and ours: nobody else has it or can get it now, so
+        // nobody holds its lock either.
+        if Arc::strong_count(&slot) == 2
+            && t.slots
+                .get(&slot.ino)
+                .is_some_and(|s| Arc::ptr_eq(s, &slot))
         {
-            t.slots.remove(&slot.ino);
+            let empty = match slot.buf.try_lock() {
+                Ok(b) => b.is_none(),
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().is_none(),
+                Err(std::sync::TryLockError::WouldBlock) => false,
+            };
+            if empty {
+                t.slots.remove(&slot.ino);
+            }
         }
+        drop(slot);
     }
 
     /// Write what the locked slot `g` holds to `sink` (ranges in file
@@ -443,7 +456,8 @@ impl WriteBuffer {
         };
         let mut g = slot.lock();
         let r = self.flush_locked(&mut g, sink);
-        self.gc(&slot, &g);
+        drop(g);
+        self.release(slot);
         r
     }
 
@@ -612,7 +626,10 @@ mod tests {
         let mut g = slot.lock();
         g.get_or_insert_with(|| InodeBuf::new(ino, 0, 0o100644))
             .add(off, data, t(sec));
-        w.note(ino, &g, Some(pid))
+        let over = w.note(ino, &g, Some(pid));
+        drop(g);
+        w.release(slot);
+        over
     }
 
     #[test]
