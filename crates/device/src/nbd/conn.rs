@@ -107,8 +107,12 @@ pub(crate) struct ExportInfo {
     pub size: u64,
     /// Transmission flags.
     pub flags: u16,
-    /// Structured replies negotiated.
+    /// Structured replies negotiated (also implied by `extended`).
     pub structured: bool,
+    /// Extended headers negotiated: 64-bit lengths in requests (one
+    /// BLOCK_STATUS for a whole large device), every reply a 32-byte
+    /// extended chunk.
+    pub extended: bool,
     /// The context id of `base:allocation`, when the server gave one.
     pub alloc_ctx: Option<u32>,
     pub min_block: u32,
@@ -159,7 +163,14 @@ fn rep_error(what: &str, r: &OptionReply) -> String {
     }
 }
 
-/// The fixed newstyle handshake for `export`: structured replies, the
+/// Whether to ask for extended headers (`EXT4KIT_NBD_EXTENDED=0` says
+/// no: to compare with a server that lacks them).
+fn want_extended() -> bool {
+    std::env::var_os("EXT4KIT_NBD_EXTENDED").is_none_or(|v| v != "0")
+}
+
+/// The fixed newstyle handshake for `export`: extended headers (which
+/// imply structured replies) or else structured replies, the
 /// `base:allocation` context, then NBD_OPT_GO asking for the block sizes
 /// (NBD_OPT_EXPORT_NAME when the server does not know NBD_OPT_GO).
 pub(crate) fn handshake(s: &mut Sock, export: &str) -> Result<ExportInfo, String> {
@@ -182,12 +193,24 @@ pub(crate) fn handshake(s: &mut Sock, export: &str) -> Result<ExportInfo, String
     let cflags = NBD_FLAG_C_FIXED_NEWSTYLE | if no_zeroes { NBD_FLAG_C_NO_ZEROES } else { 0 };
     s.write_all(&cflags.to_be_bytes()).map_err(hs_err)?;
 
-    send_option(s, NBD_OPT_STRUCTURED_REPLY, &[])?;
-    let r = reply_for(s, NBD_OPT_STRUCTURED_REPLY)?;
-    let structured = match r.reply_type {
-        NBD_REP_ACK => true,
-        t if t & NBD_REP_FLAG_ERROR != 0 => false,
-        t => return Err(format!("unexpected reply {t} to NBD_OPT_STRUCTURED_REPLY")),
+    let mut extended = false;
+    if want_extended() {
+        send_option(s, NBD_OPT_EXTENDED_HEADERS, &[])?;
+        let r = reply_for(s, NBD_OPT_EXTENDED_HEADERS)?;
+        extended = match r.reply_type {
+            NBD_REP_ACK => true,
+            t if t & NBD_REP_FLAG_ERROR != 0 => false,
+            t => return Err(format!("unexpected reply {t} to NBD_OPT_EXTENDED_HEADERS")),
+        };
+    }
+    let structured = extended || {
+        send_option(s, NBD_OPT_STRUCTURED_REPLY, &[])?;
+        let r = reply_for(s, NBD_OPT_STRUCTURED_REPLY)?;
+        match r.reply_type {
+            NBD_REP_ACK => true,
+            t if t & NBD_REP_FLAG_ERROR != 0 => false,
+            t => return Err(format!("unexpected reply {t} to NBD_OPT_STRUCTURED_REPLY")),
+        }
     };
 
     let mut alloc_ctx = None;
@@ -277,6 +300,7 @@ pub(crate) fn handshake(s: &mut Sock, export: &str) -> Result<ExportInfo, String
         size,
         flags,
         structured,
+        extended,
         alloc_ctx,
         min_block,
         pref_block,
@@ -324,7 +348,7 @@ struct SlotState {
     /// Bytes of a read the reply covered.
     covered: u64,
     /// A block status reply's descriptors (for `base:allocation`).
-    extents: Vec<(u32, u32)>,
+    extents: Vec<(u64, u32)>,
 }
 
 struct Slot {
@@ -394,7 +418,7 @@ impl Ticket {
 /// What a completed request returned.
 pub(crate) struct Done {
     pub data: Vec<u8>,
-    pub extents: Vec<(u32, u32)>,
+    pub extents: Vec<(u64, u32)>,
 }
 
 /// The transmission phase of one connection.
@@ -423,10 +447,11 @@ impl Conn {
         });
         let sh = Arc::clone(&shared);
         let max_chunk = u64::from(info.max_payload) + 4096;
+        let extended = info.extended;
         let reader = std::thread::Builder::new()
             .name("nbd-reader".into())
             .spawn(move || {
-                let why = read_loop(rsock, &sh, max_chunk);
+                let why = read_loop(rsock, &sh, max_chunk, extended);
                 sh.kill(why);
             })?;
         Ok(Conn {
@@ -445,17 +470,32 @@ impl Conn {
         self.shared.lock().dead.clone()
     }
 
-    /// Send one request; `payload` is a write's data.
+    /// Send one request; `payload` is a write's data. Lengths over 32
+    /// bits need extended headers (and a read never has one).
     pub(crate) fn submit(
         &self,
         cmd: u16,
         flags: u16,
         offset: u64,
-        len: u32,
+        len: u64,
         payload: &[u8],
     ) -> Result<Ticket, ReqError> {
+        let too_long = || ReqError::Conn(format!("a request of {len} bytes is too long"));
+        let hdr = Request {
+            flags,
+            cmd,
+            cookie: 0,
+            offset,
+            len,
+        };
+        if !self.info.extended && u32::try_from(len).is_err() {
+            return Err(too_long());
+        }
         let kind = match cmd {
-            NBD_CMD_READ => Kind::Read { offset, len },
+            NBD_CMD_READ => Kind::Read {
+                offset,
+                len: u32::try_from(len).map_err(|_| too_long())?,
+            },
             NBD_CMD_BLOCK_STATUS => Kind::BlockStatus,
             _ => Kind::Other,
         };
@@ -479,14 +519,9 @@ impl Conn {
             // Registered before it is sent: the reply may come at once.
             p.slots.insert(cookie, Arc::clone(&slot));
         }
-        let hdr = Request {
-            flags,
-            cmd,
-            cookie,
-            offset,
-            len,
-        }
-        .encode();
+        let hdr = Request { cookie, ..hdr }
+            .encode(self.info.extended)
+            .map_err(|e| ReqError::Conn(e.to_string()))?;
         let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = write_all_parts(&mut *w, &[&hdr, payload]) {
             drop(w);
@@ -577,8 +612,8 @@ impl Drop for Conn {
                 offset: 0,
                 len: 0,
             }
-            .encode();
-            if let Ok(mut w) = self.writer.lock() {
+            .encode(self.info.extended);
+            if let (Ok(hdr), Ok(mut w)) = (hdr, self.writer.lock()) {
                 let _ = write_all_parts(&mut *w, &[&hdr]);
             }
         }
@@ -603,9 +638,9 @@ fn lost(e: &io::Error) -> String {
 }
 
 /// The reader thread: returns why it stopped.
-fn read_loop(mut r: Sock, sh: &Shared, max_chunk: u64) -> String {
+fn read_loop(mut r: Sock, sh: &Shared, max_chunk: u64, extended: bool) -> String {
     loop {
-        let h = match read_reply_header(&mut r) {
+        let h = match read_reply_header(&mut r, extended) {
             Ok(h) => h,
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
                 return format!("protocol error from the server: {e}");
@@ -638,7 +673,7 @@ fn read_loop(mut r: Sock, sh: &Shared, max_chunk: u64) -> String {
                 len,
                 ..
             } => {
-                if u64::from(len) > max_chunk {
+                if len > max_chunk {
                     return format!("protocol error from the server: a reply chunk of {len} bytes");
                 }
                 if let Err(why) = read_chunk(&mut r, sh, &slot, chunk_type, len) {
@@ -657,7 +692,7 @@ fn read_loop(mut r: Sock, sh: &Shared, max_chunk: u64) -> String {
 
 /// Read one structured chunk's payload into its slot. `Err`: the
 /// connection cannot go on (why).
-fn read_chunk(r: &mut Sock, sh: &Shared, slot: &Slot, t: u16, len: u32) -> Result<(), String> {
+fn read_chunk(r: &mut Sock, sh: &Shared, slot: &Slot, t: u16, len: u64) -> Result<(), String> {
     let proto = |m: String| format!("protocol error from the server: {m}");
     let payload = |r: &mut Sock| -> Result<Vec<u8>, String> {
         let mut p = vec![0u8; len as usize];
@@ -668,7 +703,7 @@ fn read_chunk(r: &mut Sock, sh: &Shared, slot: &Slot, t: u16, len: u32) -> Resul
         (NBD_REPLY_TYPE_NONE, _) if len == 0 => Ok(()),
         (NBD_REPLY_TYPE_OFFSET_DATA, Kind::Read { offset, len: rlen }) if len >= 8 => {
             let off = read_u64(r).map_err(|e| lost(&e))?;
-            let n = u64::from(len - 8);
+            let n = len - 8;
             let start = off.checked_sub(offset).filter(|s| s + n <= u64::from(rlen));
             let Some(start) = start else {
                 return Err(proto(format!("data chunk at byte {off} outside the read")));
@@ -693,9 +728,14 @@ fn read_chunk(r: &mut Sock, sh: &Shared, slot: &Slot, t: u16, len: u32) -> Resul
             st.covered += n;
             Ok(())
         }
-        (NBD_REPLY_TYPE_BLOCK_STATUS, Kind::BlockStatus) => {
+        (NBD_REPLY_TYPE_BLOCK_STATUS | NBD_REPLY_TYPE_BLOCK_STATUS_EXT, Kind::BlockStatus) => {
             let p = payload(r)?;
-            let (id, descs) = decode_block_status(&p).map_err(|e| proto(e.to_string()))?;
+            let (id, descs) = if t == NBD_REPLY_TYPE_BLOCK_STATUS_EXT {
+                decode_block_status_ext(&p)
+            } else {
+                decode_block_status(&p)
+            }
+            .map_err(|e| proto(e.to_string()))?;
             if Some(id) == sh.alloc_ctx {
                 slot.lock().extents = descs;
             }
@@ -775,7 +815,7 @@ impl Pool {
         cmd: u16,
         flags: u16,
         offset: u64,
-        len: u32,
+        len: u64,
         payload: &[u8],
     ) -> Result<PoolTicket, ReqError> {
         let n = self.conns.len() as u64;
@@ -801,7 +841,7 @@ impl Pool {
         cmd: u16,
         flags: u16,
         offset: u64,
-        len: u32,
+        len: u64,
         payload: &[u8],
     ) -> Result<Done, ReqError> {
         let t = self.submit(cmd, flags, offset, len, payload)?;

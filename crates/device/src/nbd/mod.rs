@@ -57,6 +57,13 @@ pub const WINDOW: usize = 16;
 /// (4 GiB − 64 KiB), so a whole-device TRIM or zero check of 1 TiB is 257
 /// requests, not 1024.
 const MAX_RANGE: u64 = 0xFFFF_0000;
+/// The BLOCK_STATUS range asked at once with extended headers: any
+/// device (one request answers a whole 1 TiB export where the server's
+/// reply covers it; a shorter reply is followed up as without them).
+/// TRIM and WRITE_ZEROES stay in [`MAX_RANGE`] slices: one request of a
+/// whole large device on a server that writes the zeros could outlast
+/// the reply timeout.
+const EXT_STATUS_RANGE: u64 = 1 << 62;
 /// Behind (unacknowledged) writes allowed per request of the window.
 pub const BEHIND_PER_WINDOW: usize = 4;
 /// Bytes of behind writes allowed.
@@ -517,8 +524,7 @@ impl NbdDevice {
             self.reap(b);
         }
         // The queue is bounded by the maximum request (far below 4 GiB).
-        let len32 = u32::try_from(len).unwrap_or(u32::MAX);
-        match self.conn.submit(NBD_CMD_WRITE, 0, q.offset, len32, &q.data) {
+        match self.conn.submit(NBD_CMD_WRITE, 0, q.offset, len, &q.data) {
             Ok(ticket) => {
                 b.reqs.push_back(Sent {
                     offset: q.offset,
@@ -593,11 +599,9 @@ impl NbdDevice {
         for (o, l) in Self::split(offset, buf.len() as u64, self.max_request()) {
             self.make_room(l)?;
             let s = (o - offset) as usize;
-            // Requests are split far below 4 GiB.
-            let len32 = u32::try_from(l).unwrap_or(u32::MAX);
             let t = self
                 .conn
-                .submit(NBD_CMD_WRITE, 0, o, len32, &buf[s..s + l as usize])
+                .submit(NBD_CMD_WRITE, 0, o, l, &buf[s..s + l as usize])
                 .map_err(|e| self.err("write", o, l, e))?;
             let mut b = self.behind();
             b.reqs.push_back(Sent {
@@ -710,6 +714,15 @@ impl NbdDevice {
         u64::from(m - m % self.conn.info.min_block)
     }
 
+    /// The largest BLOCK_STATUS range asked in one request.
+    fn status_range(&self) -> u64 {
+        if self.conn.info.extended {
+            EXT_STATUS_RANGE
+        } else {
+            MAX_RANGE
+        }
+    }
+
     fn min_block(&self) -> u64 {
         u64::from(self.conn.info.min_block)
     }
@@ -737,9 +750,7 @@ impl NbdDevice {
                     }
                 }
             }
-            // Requests are split far below 4 GiB.
-            let len32 = u32::try_from(len).unwrap_or(u32::MAX);
-            match self.conn.submit(cmd, 0, off, len32, payload(off, len)) {
+            match self.conn.submit(cmd, 0, off, len, payload(off, len)) {
                 Ok(t) => in_flight.push_back((off, len, t)),
                 Err(e) => {
                     first_err = Some(Failed(off, len, e));
@@ -841,12 +852,13 @@ impl NbdDevice {
         // bumps the epoch (so the reply is not learnt).
         let epoch = self.zeros().generation();
         self.wait_behind(Some((offset, len)))?;
-        // Slices of MAX_RANGE asked a window at a time; a reply that
-        // covers less than its slice is followed up one at a time.
-        let slices = Self::split(offset, len, MAX_RANGE);
-        let mut got: Vec<Vec<(u32, u32)>> = vec![Vec::new(); slices.len()];
+        // Slices of `status_range` asked a window at a time; a reply
+        // that covers less than its slice is followed up one at a time.
+        let range = self.status_range();
+        let slices = Self::split(offset, len, range);
+        let mut got: Vec<Vec<(u64, u32)>> = vec![Vec::new(); slices.len()];
         self.pipeline(NBD_CMD_BLOCK_STATUS, &slices, &|_, _| &[], &mut |o, d| {
-            got[((o - offset) / MAX_RANGE) as usize] = d.extents;
+            got[((o - offset) / range) as usize] = d.extents;
         })
         .map_err(|f| self.failed("block status", f))?;
         for (&(s, n), descs) in slices.iter().zip(got) {
@@ -875,7 +887,7 @@ impl NbdDevice {
                             ReqError::Conn("the server sent an empty extent".into()),
                         ));
                     }
-                    let e = (cur + u64::from(l)).min(end);
+                    let e = cur.saturating_add(l).min(end);
                     match out.last_mut() {
                         Some(last) if last.1 == cur && last.2 == flags => last.1 = e,
                         _ => out.push((cur, e, flags)),
@@ -888,7 +900,7 @@ impl NbdDevice {
                 let n = end - cur;
                 descs = self
                     .conn
-                    .call(NBD_CMD_BLOCK_STATUS, 0, cur, n as u32, &[])
+                    .call(NBD_CMD_BLOCK_STATUS, 0, cur, n, &[])
                     .map_err(|e| self.err("block status", cur, n, e))?
                     .extents;
             }
@@ -914,11 +926,12 @@ impl NbdDevice {
         // The epoch before waiting (see `extents`).
         let epoch = self.zeros().generation();
         self.wait_behind(Some((offset, len)))?;
-        let slices = Self::split(offset, len, MAX_RANGE);
+        let range = self.status_range();
+        let slices = Self::split(offset, len, range);
         let mut holes = true;
         let mut rest: Vec<(u64, u64)> = Vec::new();
         self.pipeline(NBD_CMD_BLOCK_STATUS, &slices, &|_, _| &[], &mut |o, d| {
-            let end = (o + MAX_RANGE).min(offset + len);
+            let end = o.saturating_add(range).min(offset + len);
             let mut cur = o;
             for (l, f) in d.extents {
                 if cur >= end {
@@ -928,7 +941,7 @@ impl NbdDevice {
                     holes = false;
                     return;
                 }
-                cur += u64::from(l);
+                cur = cur.saturating_add(l);
             }
             if cur < end {
                 rest.push((cur, end - cur));

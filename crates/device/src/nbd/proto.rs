@@ -18,6 +18,9 @@ pub const NBD_REP_MAGIC: u64 = 0x0003_e889_0455_65a9;
 pub const NBD_REQUEST_MAGIC: u32 = 0x2560_9513;
 pub const NBD_SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 pub const NBD_STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+/// Requests and replies once `NBD_OPT_EXTENDED_HEADERS` is negotiated.
+pub const NBD_EXTENDED_REQUEST_MAGIC: u32 = 0x21e4_1c71;
+pub const NBD_EXTENDED_REPLY_MAGIC: u32 = 0x6e8a_278c;
 
 // Handshake flags (server) and client flags.
 pub const NBD_FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
@@ -43,6 +46,7 @@ pub const NBD_OPT_ABORT: u32 = 2;
 pub const NBD_OPT_GO: u32 = 7;
 pub const NBD_OPT_STRUCTURED_REPLY: u32 = 8;
 pub const NBD_OPT_SET_META_CONTEXT: u32 = 10;
+pub const NBD_OPT_EXTENDED_HEADERS: u32 = 11;
 
 // Option replies.
 pub const NBD_REP_ACK: u32 = 1;
@@ -58,6 +62,7 @@ pub const NBD_REP_ERR_UNKNOWN: u32 = NBD_REP_FLAG_ERROR | 6;
 pub const NBD_REP_ERR_SHUTDOWN: u32 = NBD_REP_FLAG_ERROR | 7;
 pub const NBD_REP_ERR_BLOCK_SIZE_REQD: u32 = NBD_REP_FLAG_ERROR | 8;
 pub const NBD_REP_ERR_TOO_BIG: u32 = NBD_REP_FLAG_ERROR | 9;
+pub const NBD_REP_ERR_EXT_HEADER_REQD: u32 = NBD_REP_FLAG_ERROR | 10;
 
 // Information types (NBD_REP_INFO).
 pub const NBD_INFO_EXPORT: u16 = 0;
@@ -85,6 +90,8 @@ pub const NBD_REPLY_TYPE_NONE: u16 = 0;
 pub const NBD_REPLY_TYPE_OFFSET_DATA: u16 = 1;
 pub const NBD_REPLY_TYPE_OFFSET_HOLE: u16 = 2;
 pub const NBD_REPLY_TYPE_BLOCK_STATUS: u16 = 5;
+/// Block status with 64-bit lengths and flags (extended headers).
+pub const NBD_REPLY_TYPE_BLOCK_STATUS_EXT: u16 = 6;
 pub const NBD_REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
 pub const NBD_REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) | 2;
 
@@ -266,50 +273,74 @@ pub fn read_option_reply(r: &mut impl Read) -> io::Result<OptionReply> {
     })
 }
 
-/// A request header (28 bytes; the payload of a write follows).
+/// A request header (28 bytes, 32 with extended headers; the payload of
+/// a write follows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
     pub flags: u16,
     pub cmd: u16,
     pub cookie: u64,
     pub offset: u64,
-    pub len: u32,
+    /// 32 bits on the wire without extended headers.
+    pub len: u64,
 }
 
 impl Request {
     pub const SIZE: usize = 28;
+    pub const EXTENDED_SIZE: usize = 32;
 
-    pub fn encode(&self) -> [u8; Self::SIZE] {
-        let mut b = [0u8; Self::SIZE];
-        b[0..4].copy_from_slice(&NBD_REQUEST_MAGIC.to_be_bytes());
-        b[4..6].copy_from_slice(&self.flags.to_be_bytes());
-        b[6..8].copy_from_slice(&self.cmd.to_be_bytes());
-        b[8..16].copy_from_slice(&self.cookie.to_be_bytes());
-        b[16..24].copy_from_slice(&self.offset.to_be_bytes());
-        b[24..28].copy_from_slice(&self.len.to_be_bytes());
-        b
+    /// The header as sent: compact (`len` must fit 32 bits) or extended.
+    pub fn encode(&self, extended: bool) -> io::Result<Vec<u8>> {
+        let mut b = Vec::with_capacity(Self::EXTENDED_SIZE);
+        let magic = if extended {
+            NBD_EXTENDED_REQUEST_MAGIC
+        } else {
+            NBD_REQUEST_MAGIC
+        };
+        b.extend_from_slice(&magic.to_be_bytes());
+        b.extend_from_slice(&self.flags.to_be_bytes());
+        b.extend_from_slice(&self.cmd.to_be_bytes());
+        b.extend_from_slice(&self.cookie.to_be_bytes());
+        b.extend_from_slice(&self.offset.to_be_bytes());
+        if extended {
+            b.extend_from_slice(&self.len.to_be_bytes());
+        } else {
+            let len = u32::try_from(self.len).map_err(|_| {
+                invalid(format!(
+                    "a request of {} bytes needs extended headers",
+                    self.len
+                ))
+            })?;
+            b.extend_from_slice(&len.to_be_bytes());
+        }
+        Ok(b)
     }
 
-    /// For the test servers: decode a header.
-    pub fn decode(b: &[u8; Self::SIZE]) -> io::Result<Request> {
+    /// For the test servers: decode a header (28 or 32 bytes, by magic).
+    pub fn decode(b: &[u8]) -> io::Result<Request> {
         let be32 = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let be16 = |i: usize| u16::from_be_bytes([b[i], b[i + 1]]);
         let be64 = |i: usize| (u64::from(be32(i)) << 32) | u64::from(be32(i + 4));
-        if be32(0) != NBD_REQUEST_MAGIC {
-            return Err(invalid("bad request magic".into()));
+        if b.len() < Self::SIZE {
+            return Err(invalid("short request".into()));
         }
+        let len = match be32(0) {
+            NBD_REQUEST_MAGIC if b.len() == Self::SIZE => u64::from(be32(24)),
+            NBD_EXTENDED_REQUEST_MAGIC if b.len() == Self::EXTENDED_SIZE => be64(24),
+            _ => return Err(invalid("bad request magic".into())),
+        };
         Ok(Request {
             flags: be16(4),
             cmd: be16(6),
             cookie: be64(8),
             offset: be64(16),
-            len: be32(24),
+            len,
         })
     }
 }
 
-/// The start of a reply: a simple reply or a structured reply chunk (its
-/// payload, if any, still unread).
+/// The start of a reply: a simple reply or a structured (or extended)
+/// reply chunk (its payload, if any, still unread).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplyHeader {
     Simple {
@@ -320,7 +351,7 @@ pub enum ReplyHeader {
         flags: u16,
         chunk_type: u16,
         cookie: u64,
-        len: u32,
+        len: u64,
     },
 }
 
@@ -332,20 +363,21 @@ impl ReplyHeader {
     }
 }
 
-/// Read a reply header (16 bytes simple, 20 structured).
-pub fn read_reply_header(r: &mut impl Read) -> io::Result<ReplyHeader> {
+/// Read a reply header (16 bytes simple, 20 structured; 32 extended, the
+/// only kind a server may send once extended headers are negotiated).
+pub fn read_reply_header(r: &mut impl Read, extended: bool) -> io::Result<ReplyHeader> {
     let magic = read_u32(r)?;
     match magic {
-        NBD_SIMPLE_REPLY_MAGIC => {
+        NBD_SIMPLE_REPLY_MAGIC if !extended => {
             let error = read_u32(r)?;
             let cookie = read_u64(r)?;
             Ok(ReplyHeader::Simple { error, cookie })
         }
-        NBD_STRUCTURED_REPLY_MAGIC => {
+        NBD_STRUCTURED_REPLY_MAGIC if !extended => {
             let flags = read_u16(r)?;
             let chunk_type = read_u16(r)?;
             let cookie = read_u64(r)?;
-            let len = read_u32(r)?;
+            let len = u64::from(read_u32(r)?);
             Ok(ReplyHeader::Chunk {
                 flags,
                 chunk_type,
@@ -353,6 +385,25 @@ pub fn read_reply_header(r: &mut impl Read) -> io::Result<ReplyHeader> {
                 len,
             })
         }
+        NBD_EXTENDED_REPLY_MAGIC if extended => {
+            let flags = read_u16(r)?;
+            let chunk_type = read_u16(r)?;
+            let cookie = read_u64(r)?;
+            let _offset = read_u64(r)?;
+            let len = read_u64(r)?;
+            Ok(ReplyHeader::Chunk {
+                flags,
+                chunk_type,
+                cookie,
+                len,
+            })
+        }
+        NBD_SIMPLE_REPLY_MAGIC | NBD_STRUCTURED_REPLY_MAGIC => Err(invalid(format!(
+            "a reply without extended headers ({magic:#x}) after they were negotiated"
+        ))),
+        NBD_EXTENDED_REPLY_MAGIC => Err(invalid(
+            "an extended reply without extended headers negotiated".into(),
+        )),
         m => Err(invalid(format!("bad reply magic {m:#x}"))),
     }
 }
@@ -382,6 +433,25 @@ pub fn encode_chunk(flags: u16, chunk_type: u16, cookie: u64, payload: &[u8]) ->
     v
 }
 
+/// Encode an extended reply chunk (for the test servers).
+pub fn encode_ext_chunk(
+    flags: u16,
+    chunk_type: u16,
+    cookie: u64,
+    offset: u64,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut v = Vec::with_capacity(32 + payload.len());
+    v.extend_from_slice(&NBD_EXTENDED_REPLY_MAGIC.to_be_bytes());
+    v.extend_from_slice(&flags.to_be_bytes());
+    v.extend_from_slice(&chunk_type.to_be_bytes());
+    v.extend_from_slice(&cookie.to_be_bytes());
+    v.extend_from_slice(&offset.to_be_bytes());
+    v.extend_from_slice(&(payload.len() as u64).to_be_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
 /// Decode the payload of an error chunk: (error, message).
 pub fn decode_error_chunk(p: &[u8]) -> io::Result<(u32, String)> {
     if p.len() < 6 {
@@ -397,7 +467,7 @@ pub fn decode_error_chunk(p: &[u8]) -> io::Result<(u32, String)> {
 
 /// Decode the payload of a block status chunk: the context id and the
 /// (length, flags) descriptors.
-pub fn decode_block_status(p: &[u8]) -> io::Result<(u32, Vec<(u32, u32)>)> {
+pub fn decode_block_status(p: &[u8]) -> io::Result<(u32, Vec<(u64, u32)>)> {
     if p.len() < 12 || !(p.len() - 4).is_multiple_of(8) {
         return Err(invalid(format!("block status chunk of {} bytes", p.len())));
     }
@@ -406,8 +476,36 @@ pub fn decode_block_status(p: &[u8]) -> io::Result<(u32, Vec<(u32, u32)>)> {
         .chunks_exact(8)
         .map(|c| {
             (
-                u32::from_be_bytes([c[0], c[1], c[2], c[3]]),
+                u64::from(u32::from_be_bytes([c[0], c[1], c[2], c[3]])),
                 u32::from_be_bytes([c[4], c[5], c[6], c[7]]),
+            )
+        })
+        .collect();
+    Ok((id, descs))
+}
+
+/// Decode the payload of an extended block status chunk
+/// (`NBD_REPLY_TYPE_BLOCK_STATUS_EXT`: id, count, then 64-bit length and
+/// flags per descriptor). The flags of `base:allocation` are 32 bits; the
+/// upper half is dropped.
+pub fn decode_block_status_ext(p: &[u8]) -> io::Result<(u32, Vec<(u64, u32)>)> {
+    let bad = || invalid(format!("extended block status chunk of {} bytes", p.len()));
+    if p.len() < 24 || !(p.len() - 8).is_multiple_of(16) {
+        return Err(bad());
+    }
+    let be32 = |i: usize| u32::from_be_bytes([p[i], p[i + 1], p[i + 2], p[i + 3]]);
+    let id = be32(0);
+    if usize::try_from(be32(4)).ok() != Some((p.len() - 8) / 16) {
+        return Err(bad());
+    }
+    let descs = p[8..]
+        .chunks_exact(16)
+        .map(|c| {
+            let mut l = [0u8; 8];
+            l.copy_from_slice(&c[..8]);
+            (
+                u64::from_be_bytes(l),
+                u32::from_be_bytes([c[12], c[13], c[14], c[15]]),
             )
         })
         .collect();
@@ -439,10 +537,17 @@ mod tests {
             offset: 1 << 40,
             len: 4096,
         };
-        let b = r.encode();
+        let b = r.encode(false).unwrap();
+        assert_eq!(b.len(), Request::SIZE);
         assert_eq!(&b[0..4], &[0x25, 0x60, 0x95, 0x13]);
         assert_eq!(&b[6..8], &[0, 1]);
         assert_eq!(Request::decode(&b).unwrap(), r);
+        let long = Request { len: 1 << 40, ..r };
+        assert!(long.encode(false).is_err(), "64-bit length, compact header");
+        let b = long.encode(true).unwrap();
+        assert_eq!(b.len(), Request::EXTENDED_SIZE);
+        assert_eq!(&b[0..4], &[0x21, 0xe4, 0x1c, 0x71]);
+        assert_eq!(Request::decode(&b).unwrap(), long);
     }
 
     #[test]
@@ -468,13 +573,13 @@ mod tests {
         ));
         let mut r = &v[..];
         assert_eq!(
-            read_reply_header(&mut r).unwrap(),
+            read_reply_header(&mut r, false).unwrap(),
             ReplyHeader::Simple {
                 error: NBD_EIO,
                 cookie: 9
             }
         );
-        let h = read_reply_header(&mut r).unwrap();
+        let h = read_reply_header(&mut r, false).unwrap();
         let ReplyHeader::Chunk { len, cookie, .. } = h else {
             panic!("{h:?}")
         };
@@ -486,7 +591,50 @@ mod tests {
         assert_eq!((e, m.as_str()), (NBD_EIO, "no"));
         assert!(decode_error_chunk(&[0, 0, 0, 5, 0, 9, b'n']).is_err());
         let bad = [0u8; 16];
-        assert!(read_reply_header(&mut &bad[..]).is_err());
+        assert!(read_reply_header(&mut &bad[..], false).is_err());
+    }
+
+    #[test]
+    fn extended_replies_decode() {
+        let mut p = 7u32.to_be_bytes().to_vec();
+        p.extend(1u32.to_be_bytes());
+        p.extend((5u64 << 32).to_be_bytes());
+        p.extend(u64::from(NBD_STATE_HOLE).to_be_bytes());
+        let v = encode_ext_chunk(
+            NBD_REPLY_FLAG_DONE,
+            NBD_REPLY_TYPE_BLOCK_STATUS_EXT,
+            3,
+            0,
+            &p,
+        );
+        let mut r = &v[..];
+        assert!(
+            read_reply_header(&mut &v[..], false).is_err(),
+            "extended reply without extended headers"
+        );
+        let h = read_reply_header(&mut r, true).unwrap();
+        assert_eq!(
+            h,
+            ReplyHeader::Chunk {
+                flags: NBD_REPLY_FLAG_DONE,
+                chunk_type: NBD_REPLY_TYPE_BLOCK_STATUS_EXT,
+                cookie: 3,
+                len: 24
+            }
+        );
+        assert_eq!(
+            decode_block_status_ext(r).unwrap(),
+            (7, vec![(5 << 32, NBD_STATE_HOLE)])
+        );
+        let mut wrong = p.clone();
+        wrong[7] = 2;
+        assert!(
+            decode_block_status_ext(&wrong).is_err(),
+            "count and size differ"
+        );
+        assert!(decode_block_status_ext(&p[..20]).is_err());
+        let simple = encode_simple_reply(0, 1);
+        assert!(read_reply_header(&mut &simple[..], true).is_err());
     }
 
     #[test]

@@ -38,6 +38,12 @@ struct Fake {
     gate: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// Answer BLOCK_STATUS with one extent only (the client asks again).
     short_status: bool,
+    /// Offer NBD_OPT_EXTENDED_HEADERS (32-byte requests, every reply an
+    /// extended chunk, 64-bit block status).
+    extended: bool,
+    /// Bytes held in memory; past them the export is a zero hole that
+    /// only BLOCK_STATUS may ask about (for exports over 4 GiB).
+    stored: Option<u64>,
 }
 
 impl Default for Fake {
@@ -61,6 +67,8 @@ impl Default for Fake {
             hold_writes: false,
             gate: None,
             short_status: false,
+            extended: false,
+            stored: None,
         }
     }
 }
@@ -68,7 +76,7 @@ impl Default for Fake {
 /// What the server saw.
 #[derive(Default)]
 struct Seen {
-    cmds: Vec<(u16, u16, u64, u32)>,
+    cmds: Vec<(u16, u16, u64, u64)>,
     disconnected: bool,
     /// NBD_CMD_DISC seen, over all connections.
     disconnects: usize,
@@ -115,6 +123,7 @@ fn serve_inner(
     let cflags = read_u32(s)?;
     assert_eq!(cflags, NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES);
     let mut structured = false;
+    let mut extended = false;
     loop {
         assert_eq!(read_u64(s)?, IHAVEOPT);
         let opt = read_u32(s)?;
@@ -122,6 +131,10 @@ fn serve_inner(
         let mut d = vec![0u8; len as usize];
         s.read_exact(&mut d)?;
         match opt {
+            NBD_OPT_EXTENDED_HEADERS if f.extended => {
+                (structured, extended) = (true, true);
+                opt_reply(s, opt, NBD_REP_ACK, &[]);
+            }
             NBD_OPT_STRUCTURED_REPLY if f.structured => {
                 structured = true;
                 opt_reply(s, opt, NBD_REP_ACK, &[]);
@@ -162,9 +175,45 @@ fn serve_inner(
     let mut served = 0usize;
     let mut held: Vec<Vec<u8>> = Vec::new();
     // Held write replies: (offset, len, reply).
-    let mut held_w: Vec<(u64, u32, Vec<u8>)> = Vec::new();
+    let mut held_w: Vec<(u64, u64, Vec<u8>)> = Vec::new();
+    let hsize = if extended {
+        Request::EXTENDED_SIZE
+    } else {
+        Request::SIZE
+    };
+    // Replies as this connection must send them.
+    let chunk = |flags: u16, t: u16, cookie: u64, offset: u64, p: &[u8]| {
+        if extended {
+            encode_ext_chunk(flags, t, cookie, offset, p)
+        } else {
+            encode_chunk(flags, t, cookie, p)
+        }
+    };
+    let simple = |error: u32, cookie: u64, offset: u64| {
+        if !extended {
+            encode_simple_reply(error, cookie)
+        } else if error == 0 {
+            encode_ext_chunk(
+                NBD_REPLY_FLAG_DONE,
+                NBD_REPLY_TYPE_NONE,
+                cookie,
+                offset,
+                &[],
+            )
+        } else {
+            let mut p = error.to_be_bytes().to_vec();
+            p.extend(0u16.to_be_bytes());
+            encode_ext_chunk(
+                NBD_REPLY_FLAG_DONE,
+                NBD_REPLY_TYPE_ERROR,
+                cookie,
+                offset,
+                &p,
+            )
+        }
+    };
     loop {
-        let mut h = [0u8; Request::SIZE];
+        let mut h = vec![0u8; hsize];
         if f.hold_writes {
             // The first byte with a timeout: when none comes, the held
             // replies go out.
@@ -205,10 +254,10 @@ fn serve_inner(
             let mut sn = seen.lock().unwrap();
             sn.cmds.push((r.cmd, r.flags, r.offset, r.len));
             sn.conn_of.push(id);
-            let end = r.offset + u64::from(r.len.max(1));
+            let end = r.offset + r.len.max(1);
             let over = held_w
                 .iter()
-                .filter(|(o, l, _)| *o < end && r.offset < o + u64::from(*l))
+                .filter(|(o, l, _)| *o < end && r.offset < o + *l)
                 .count();
             let all = sn.held;
             sn.unreplied.push((r.cmd, r.offset, over, all));
@@ -238,7 +287,13 @@ fn serve_inner(
                 let mut p = e.to_be_bytes().to_vec();
                 p.extend(5u16.to_be_bytes());
                 p.extend(b"nope!");
-                encode_chunk(NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_ERROR, r.cookie, &p)
+                chunk(
+                    NBD_REPLY_FLAG_DONE,
+                    NBD_REPLY_TYPE_ERROR,
+                    r.cookie,
+                    r.offset,
+                    &p,
+                )
             } else {
                 encode_simple_reply(e, r.cookie)
             }
@@ -252,22 +307,24 @@ fn serve_inner(
                     if f.holes && half > 0 && d[o..o + half].iter().all(|&b| b == 0) {
                         let mut p = r.offset.to_be_bytes().to_vec();
                         p.extend((half as u32).to_be_bytes());
-                        v.extend(encode_chunk(0, NBD_REPLY_TYPE_OFFSET_HOLE, r.cookie, &p));
+                        v.extend(chunk(0, NBD_REPLY_TYPE_OFFSET_HOLE, r.cookie, r.offset, &p));
                         let mut p = (r.offset + half as u64).to_be_bytes().to_vec();
                         p.extend(&d[o + half..o + l]);
-                        v.extend(encode_chunk(
+                        v.extend(chunk(
                             NBD_REPLY_FLAG_DONE,
                             NBD_REPLY_TYPE_OFFSET_DATA,
                             r.cookie,
+                            r.offset,
                             &p,
                         ));
                     } else {
                         let mut p = r.offset.to_be_bytes().to_vec();
                         p.extend(&d[o..o + l]);
-                        v.extend(encode_chunk(
+                        v.extend(chunk(
                             NBD_REPLY_FLAG_DONE,
                             NBD_REPLY_TYPE_OFFSET_DATA,
                             r.cookie,
+                            r.offset,
                             &p,
                         ));
                     }
@@ -280,19 +337,27 @@ fn serve_inner(
                 }
                 NBD_CMD_WRITE => {
                     d[o..o + l].copy_from_slice(&payload);
-                    encode_simple_reply(0, r.cookie)
+                    simple(0, r.cookie, r.offset)
                 }
                 NBD_CMD_WRITE_ZEROES | NBD_CMD_TRIM => {
-                    d[o..o + l].fill(0);
-                    encode_simple_reply(0, r.cookie)
+                    let e = (o + l).min(d.len());
+                    d[o.min(e)..e].fill(0);
+                    simple(0, r.cookie, r.offset)
                 }
-                NBD_CMD_FLUSH => encode_simple_reply(0, r.cookie),
+                NBD_CMD_FLUSH => simple(0, r.cookie, r.offset),
                 NBD_CMD_BLOCK_STATUS => {
-                    // 4 KiB granules, the last one may go past the request.
-                    let mut p = 7u32.to_be_bytes().to_vec();
+                    // 4 KiB granules, the last one may go past the request;
+                    // past the stored bytes one hole to the request's end.
+                    let mut descs: Vec<(u64, u32)> = Vec::new();
                     let mut at = o - o % 4096;
                     let first = at;
                     while at < o + l {
+                        if at >= d.len() {
+                            let n = (o + l - at.max(o)) as u64;
+                            let n = if extended { n } else { n.min(0xFFFF_F000) };
+                            descs.push((n, NBD_STATE_ZERO | NBD_STATE_HOLE));
+                            break;
+                        }
                         let z = d[at..(at + 4096).min(d.len())].iter().all(|&b| b == 0);
                         let st = if z {
                             NBD_STATE_ZERO | NBD_STATE_HOLE
@@ -304,21 +369,33 @@ fn serve_inner(
                         } else {
                             4096
                         };
-                        p.extend((len as u32).to_be_bytes());
-                        p.extend(st.to_be_bytes());
+                        descs.push((len as u64, st));
                         at += 4096;
                         if f.short_status {
                             break;
                         }
                     }
-                    encode_chunk(
-                        NBD_REPLY_FLAG_DONE,
-                        NBD_REPLY_TYPE_BLOCK_STATUS,
-                        r.cookie,
-                        &p,
-                    )
+                    let mut p = 7u32.to_be_bytes().to_vec();
+                    if extended {
+                        p.extend((descs.len() as u32).to_be_bytes());
+                        for (n, st) in descs {
+                            p.extend(n.to_be_bytes());
+                            p.extend(u64::from(st).to_be_bytes());
+                        }
+                    } else {
+                        for (n, st) in descs {
+                            p.extend((n as u32).to_be_bytes());
+                            p.extend(st.to_be_bytes());
+                        }
+                    }
+                    let t = if extended {
+                        NBD_REPLY_TYPE_BLOCK_STATUS_EXT
+                    } else {
+                        NBD_REPLY_TYPE_BLOCK_STATUS
+                    };
+                    chunk(NBD_REPLY_FLAG_DONE, t, r.cookie, r.offset, &p)
                 }
-                _ => encode_simple_reply(NBD_EINVAL, r.cookie),
+                _ => simple(NBD_EINVAL, r.cookie, r.offset),
             }
         };
         if f.hold_writes && r.cmd == NBD_CMD_WRITE {
@@ -343,7 +420,7 @@ fn serve_inner(
 impl Server {
     fn start(f: Fake) -> (Server, UnixStream) {
         let (a, b) = UnixStream::pair().unwrap();
-        let data = Arc::new(Mutex::new(vec![0u8; f.size as usize]));
+        let data = Arc::new(Mutex::new(vec![0u8; f.stored.unwrap_or(f.size) as usize]));
         let seen = Arc::new(Mutex::new(Seen::default()));
         let (d, s) = (Arc::clone(&data), Arc::clone(&seen));
         let handle = std::thread::spawn(move || serve(b, f, d, s, 0));
@@ -554,7 +631,7 @@ fn minimum_block_size_is_honoured() {
     let seen = srv.seen.lock().unwrap();
     for c in &seen.cmds {
         if c.0 != NBD_CMD_BLOCK_STATUS {
-            assert_eq!((c.2 % 4096, u64::from(c.3) % 4096), (0, 0), "{c:?}");
+            assert_eq!((c.2 % 4096, c.3 % 4096), (0, 0), "{c:?}");
         }
     }
 }
@@ -770,7 +847,7 @@ fn window_of_one_writes_one_at_a_time() {
 }
 
 /// The (offset, length) of each WRITE the server saw.
-fn writes_seen(srv: &Server) -> Vec<(u64, u32)> {
+fn writes_seen(srv: &Server) -> Vec<(u64, u64)> {
     let seen = srv.seen.lock().unwrap();
     seen.cmds
         .iter()
@@ -1206,7 +1283,7 @@ fn sequential_reads_are_read_ahead_and_writes_drop_the_window() {
     }
     assert_eq!(count(&srv, NBD_CMD_READ), before + 4);
     let seen = srv.seen.lock().unwrap();
-    let last: Vec<u32> = seen.cmds.iter().rev().take(4).map(|c| c.3).collect();
+    let last: Vec<u64> = seen.cmds.iter().rev().take(4).map(|c| c.3).collect();
     assert_eq!(last, vec![4096; 4]);
 }
 
@@ -1228,4 +1305,112 @@ fn no_read_ahead_with_a_window_of_one() {
         dev.read_at(&mut b, i * 4096).unwrap();
     }
     assert_eq!(count(&srv, NBD_CMD_READ), 16);
+}
+
+#[test]
+fn extended_headers_carry_every_command() {
+    let (mut srv, dev) = connect(Fake {
+        extended: true,
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    assert!(dev.conn.info.extended && dev.conn.info.structured);
+    let buf: Vec<u8> = (0..200_000u32).map(|i| (i % 249) as u8).collect();
+    dev.write_at(&buf, 8192).unwrap();
+    let mut back = vec![0u8; buf.len() + 8192];
+    dev.read_at(&mut back, 0).unwrap();
+    assert!(back[..8192].iter().all(|&b| b == 0), "a hole chunk");
+    assert_eq!(&back[8192..], &buf[..]);
+    assert_eq!(
+        dev.known_zero_ranges(0, 8192 + 4096).unwrap(),
+        vec![(0, 8192)]
+    );
+    dev.zeroout(8192, 4096).unwrap();
+    dev.flush().unwrap();
+    drop(dev);
+    srv.join();
+    assert!(srv.seen.lock().unwrap().disconnected);
+}
+
+#[test]
+fn extended_headers_ask_block_status_of_a_large_export_once() {
+    let size = 16u64 << 30;
+    let stored = Some(1 << 20);
+    // Without extended headers: 4 GiB − 64 KiB slices, 5 requests.
+    let (_srv, dev) = connect(Fake {
+        size,
+        stored,
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    assert!(!dev.conn.info.extended, "the fake refuses the option");
+    assert_eq!(dev.known_zero_ranges(0, size).unwrap(), vec![(0, size)]);
+    assert_eq!(count(&_srv, NBD_CMD_BLOCK_STATUS), 5);
+    drop(dev);
+    // With them: one request for the whole export.
+    let (srv, dev) = connect(Fake {
+        size,
+        stored,
+        extended: true,
+        ..Fake::default()
+    });
+    let dev = dev.unwrap();
+    dev.write_at(&[1u8; 100], 4096).unwrap();
+    assert_eq!(
+        dev.known_zero_ranges(0, size).unwrap(),
+        vec![(0, 4096), (8192, size)]
+    );
+    assert_eq!(count(&srv, NBD_CMD_BLOCK_STATUS), 1);
+    let seen = srv.seen.lock().unwrap();
+    let bs = seen
+        .cmds
+        .iter()
+        .find(|c| c.0 == NBD_CMD_BLOCK_STATUS)
+        .copied();
+    assert_eq!(bs.map(|c| (c.2, c.3)), Some((0, size)));
+}
+
+#[test]
+fn a_compact_reply_after_extended_headers_is_a_protocol_error() {
+    // A server that accepts the option but answers with simple replies.
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let h = std::thread::spawn(move || -> std::io::Result<()> {
+        b.write_all(&NBDMAGIC.to_be_bytes())?;
+        b.write_all(&IHAVEOPT.to_be_bytes())?;
+        b.write_all(&(NBD_FLAG_FIXED_NEWSTYLE | NBD_FLAG_NO_ZEROES).to_be_bytes())?;
+        read_u32(&mut b)?;
+        loop {
+            read_u64(&mut b)?;
+            let opt = read_u32(&mut b)?;
+            let len = read_u32(&mut b)?;
+            skip(&mut b, u64::from(len))?;
+            match opt {
+                NBD_OPT_EXTENDED_HEADERS => opt_reply(&mut b, opt, NBD_REP_ACK, &[]),
+                NBD_OPT_GO => {
+                    let mut e = NBD_INFO_EXPORT.to_be_bytes().to_vec();
+                    e.extend((1u64 << 20).to_be_bytes());
+                    e.extend((NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH).to_be_bytes());
+                    opt_reply(&mut b, opt, NBD_REP_INFO, &e);
+                    opt_reply(&mut b, opt, NBD_REP_ACK, &[]);
+                    break;
+                }
+                _ => opt_reply(&mut b, opt, NBD_REP_ERR_UNSUP, &[]),
+            }
+        }
+        let mut h = [0u8; Request::EXTENDED_SIZE];
+        b.read_exact(&mut h)?;
+        let r = Request::decode(&h)?;
+        b.write_all(&encode_simple_reply(0, r.cookie))?;
+        let mut rest = Vec::new();
+        let _ = b.read_to_end(&mut rest);
+        Ok(())
+    });
+    let dev = NbdDevice::over_unix(a, "", OpenOptions::read_write(), T).unwrap();
+    let e = dev.flush().unwrap_err().to_string();
+    assert!(
+        e.contains("protocol error") && e.contains("extended headers"),
+        "{e}"
+    );
+    drop(dev);
+    h.join().unwrap().unwrap();
 }
