@@ -335,11 +335,21 @@ impl<'a, 'd> Engine<'a, 'd> {
         } else {
             opts.paced_batch_time
         };
+        let mut blocks = 1u64;
+        let mut last_block = di;
         while let Some(w) = slot.job.pending.get(done.len()) {
-            if geom.desc_block_index(w.group) != di
-                || done.len() as u64 >= u64::from(opts.max_batch_groups)
-            {
+            if done.len() as u64 >= u64::from(opts.max_batch_groups) {
                 break;
+            }
+            let b = geom.desc_block_index(w.group);
+            if b != last_block {
+                // A changed block ends the batch here (what was zeroed is
+                // committed); the next batch starts with it and stops.
+                if slot.job.image.verify_desc_block_unchanged(b).is_err() {
+                    break;
+                }
+                (last_block, blocks) = (b, blocks + 1);
+                requests += 1;
             }
             let (off, len) = w.byte_range(&geom);
             let st = slot.zeroer.zero_range(dev, off, len, geom.block_size)?;
@@ -353,9 +363,9 @@ impl<'a, 'd> Engine<'a, 'd> {
             }
         }
         let groups: Vec<u32> = done.iter().map(|&(g, _)| g).collect();
-        commit_zeroed(&mut slot.job.image, di, &groups)?;
-        // flush, re-read of the descriptor block, its write, flush
-        requests += 4;
+        commit_zeroed(&mut slot.job.image, &groups)?;
+        // flush, per descriptor block a re-read and its write, flush
+        requests += 2 + 2 * blocks;
         slot.job.pending.drain(..done.len());
         let t1 = clock.now();
         let elapsed = t1.saturating_sub(t0);
@@ -520,6 +530,47 @@ mod tests {
             assert_eq!(s.jobs[0].groups_zeroed_now, 0);
             assert!(dev.to_bytes() == snap);
         }
+    }
+
+    #[test]
+    fn one_batch_spans_descriptor_blocks() {
+        // 48 groups of 64-byte descriptors in 1 KiB blocks: three blocks.
+        let groups = 48;
+        let dev = synthetic(true, groups);
+        let used0 = fill_tables(&dev, groups);
+        let job = Job::prepare(&dev).expect("prepare");
+        assert_eq!(job.image.geometry().desc_blocks, 3);
+        let clock = FakeClock::new();
+        let mut batches = Vec::new();
+        let mut obs = |e: &Event<'_>| {
+            if let Event::Batch { groups, .. } = e {
+                batches.push(*groups);
+            }
+        };
+        let s = Engine::new(vec![job], full_speed(), &clock).run(&mut obs);
+        assert!(s.complete(), "{s:?}");
+        assert_eq!(batches, vec![groups], "one batch over the three blocks");
+        assert_eq!(check_invariants(&dev, groups, &used0), groups);
+    }
+
+    #[test]
+    fn a_changed_second_descriptor_block_ends_the_batch_before_it() {
+        let groups = 48;
+        let dev = synthetic(true, groups);
+        fill_tables(&dev, groups);
+        let job = Job::prepare(&dev).expect("prepare");
+        // Someone changes the second descriptor block after the plan.
+        let at = job.image.geometry().desc_block(1) * BS + 1000;
+        dev.write_at(&[0x5a], at).unwrap();
+        let clock = FakeClock::new();
+        let s = Engine::new(vec![job], full_speed(), &clock).run(&mut ());
+        let j = &s.jobs[0];
+        assert_eq!((j.groups_zeroed_now, j.groups_remaining), (16, 32));
+        let e = j.error.as_ref().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("changed"), "{e}");
+        let mut b = [0u8];
+        dev.read_at(&mut b, at).unwrap();
+        assert_eq!(b, [0x5a], "the changed block is not written");
     }
 
     /// A device on which time passes: every operation advances the fake
