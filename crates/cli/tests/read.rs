@@ -1415,7 +1415,7 @@ fn unknown_features_are_named() {
     e2fsck_clean(&img).unwrap();
     for (bit, name) in [
         (0x8_0000u32, "FEATURE_I19"),
-        (0x2_0000, "casefold"),
+        (0x1000, "dirdata"),
         (0x1_0000, "encrypt"),
     ] {
         let copy = dir.path().join("incompat.img");
@@ -1432,6 +1432,16 @@ fn unknown_features_are_named() {
         );
         assert_eq!(image_digest(&copy), before);
     }
+    // casefold is read, but only with the one encoding there is (this
+    // image has s_encoding 0).
+    let copy = dir.path().join("casefold.img");
+    std::fs::copy(&img, &copy).unwrap();
+    patch_sb_word(&copy, 0x60, 0x2_0000);
+    let out = run(ext4kit().arg("ls").arg(&copy)).unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("casefold encoding 0"), "{err}");
     let copy = dir.path().join("rocompat.img");
     std::fs::copy(&img, &copy).unwrap();
     patch_sb_word(&copy, 0x64, 0x10_0000);

@@ -3,6 +3,7 @@
 //! No I/O happens in this crate.
 
 pub mod acl;
+pub mod casefold;
 pub mod checksum;
 pub mod dir;
 pub mod dirhash;

@@ -36,6 +36,16 @@ const MAX_DIR_BLOCKS: u64 = 1 << 31;
 /// Mask of the block number in a dx_entry (the kernel's `dx_get_block`).
 const DX_BLOCK_MASK: u32 = 0x0fff_ffff;
 
+/// Whether a directory entry's name `entry` is the name `asked` (folded in
+/// a casefolded directory: `cf`).
+pub fn names_match(cf: bool, entry: &[u8], asked: &[u8]) -> bool {
+    if cf {
+        ext4kit_format::casefold::same(entry, asked)
+    } else {
+        entry == asked
+    }
+}
+
 fn bad(ino: u32, at: impl std::fmt::Display, d: impl std::fmt::Display) -> FsError {
     FsError::corrupt("directory", format!("inode {ino} {at}: {d}"))
 }
@@ -398,7 +408,14 @@ impl Fs<'_> {
         Ok(out.into_iter().find(|e| e.name == b"..").map(|e| e.ino))
     }
 
-    /// Find `name` in a directory: by hash in an htree, else linearly.
+    /// Whether `dir` hashes and compares folded names (`EXT4_CASEFOLD_FL`
+    /// on a casefold filesystem).
+    pub fn casefolded(&self, dir: &InodeInfo) -> bool {
+        self.info.casefold.is_some() && dir.flags & crate::fs::flags::CASEFOLD_FL != 0
+    }
+
+    /// Find `name` in a directory: by hash in an htree, else linearly. In
+    /// a casefolded directory any name that folds to the same is found.
     pub fn lookup(&self, dir: &InodeInfo, name: &[u8]) -> Result<Option<Entry>, FsError> {
         if !dir.is_dir() {
             return Err(FsError::NotADirectory);
@@ -406,14 +423,24 @@ impl Fs<'_> {
         if self.is_dx(dir) && name != b"." && name != b".." {
             return self.dx_lookup(dir, name);
         }
-        Ok(self.read_dir(dir)?.into_iter().find(|e| e.name == name))
+        let cf = self.casefolded(dir);
+        Ok(self
+            .read_dir(dir)?
+            .into_iter()
+            .find(|e| names_match(cf, &e.name, name)))
     }
 
     fn dx_lookup(&self, dir: &InodeInfo, name: &[u8]) -> Result<Option<Entry>, FsError> {
         let db = self.dir_blocks(dir, false)?;
         let root = self.dir_block(dir, &db, 0)?;
         let (_, node, version, levels) = self.dx_root(dir, &root)?;
-        let h = dirhash::dirhash(version, name, &self.info.hash_seed).ok_or_else(|| {
+        let cf = self.casefolded(dir);
+        let key = if cf {
+            ext4kit_format::casefold::hash_input(name)
+        } else {
+            std::borrow::Cow::Borrowed(name)
+        };
+        let h = dirhash::dirhash(version, &key, &self.info.hash_seed).ok_or_else(|| {
             bad(
                 dir.ino,
                 "htree root",
@@ -445,7 +472,7 @@ impl Fs<'_> {
             let buf = self.dir_block(dir, &db, lblk)?;
             let mut entries = Vec::new();
             self.leaf_entries(dir, &buf, lblk, &mut entries)?;
-            if let Some(e) = entries.into_iter().find(|e| e.name == name) {
+            if let Some(e) = entries.into_iter().find(|e| names_match(cf, &e.name, name)) {
                 return Ok(Some(e));
             }
             // The next leaf holds more of this hash only if its index

@@ -48,6 +48,10 @@ pub struct DirParams {
     pub filetype: bool,
     /// `s_inodes_count` (entries naming a larger inode are corrupt).
     pub inodes_count: u32,
+    /// A casefolded directory (`EXT4_CASEFOLD_FL` on a casefold
+    /// filesystem): `s_encoding_flags`. Names are then hashed and compared
+    /// folded, and strict mode refuses names that are not UTF-8.
+    pub casefold: Option<u16>,
 }
 
 impl DirParams {
@@ -64,6 +68,9 @@ impl DirParams {
             large_dir: info.features.incompat.contains(Incompat::LARGEDIR),
             filetype: info.features.incompat.contains(Incompat::FILETYPE),
             inodes_count: info.inodes_count,
+            casefold: info
+                .casefold
+                .filter(|_| dir.flags & crate::fs::flags::CASEFOLD_FL != 0),
         }
     }
 }
@@ -394,8 +401,9 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
     }
 
     fn find_in(&self, buf: &[u8], recs: &[Rec], name: &[u8]) -> Option<usize> {
+        let cf = self.p.casefold.is_some();
         recs.iter()
-            .position(|r| r.ino != 0 && Self::name_of(buf, r) == name)
+            .position(|r| r.ino != 0 && crate::dir::names_match(cf, Self::name_of(buf, r), name))
     }
 
     fn ft(&self, ft: u8) -> u8 {
@@ -442,7 +450,12 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
         if let Some(f) = self.hash_override {
             return Ok(f(name) & !1);
         }
-        let h = dirhash::dirhash(version, name, &self.p.hash_seed).ok_or_else(|| {
+        let key = if self.p.casefold.is_some() {
+            ext4kit_format::casefold::hash_input(name)
+        } else {
+            std::borrow::Cow::Borrowed(name)
+        };
+        let h = dirhash::dirhash(version, &key, &self.p.hash_seed).ok_or_else(|| {
             FsError::Unsupported(format!(
                 "directory inode {} uses hash version {version}",
                 self.p.ino
@@ -685,6 +698,13 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
     /// name with [`FsError::Exists`].
     pub fn add(&mut self, name: &[u8], ino: u32, file_type: u8) -> Result<(), FsError> {
         check_name(name)?;
+        if let Some(flags) = self.p.casefold
+            && !ext4kit_format::casefold::allowed(name, flags)
+        {
+            return Err(FsError::InvalidName(
+                "not UTF-8 (a casefolded directory in strict mode)",
+            ));
+        }
         if name == b"." || name == b".." {
             return Err(FsError::Exists);
         }
@@ -1251,6 +1271,7 @@ pub(crate) mod tests {
             large_dir,
             filetype: true,
             inodes_count: 1 << 20,
+            casefold: None,
         }
     }
 

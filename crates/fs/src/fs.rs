@@ -868,6 +868,13 @@ impl Filesystem {
                 inherit = Some((p.projid, fl));
             }
         }
+        // A directory made in a casefolded one is casefolded too (the
+        // kernel's EXT4_FL_INHERITED, masked for the type: only
+        // directories carry the flag).
+        let casefold = kind == S_IFDIR
+            && parent != 0
+            && self.read(|fs| fs.info.casefold.is_some())
+            && self.inode_any_op(parent)?.flags & flags::CASEFOLD_FL != 0;
         // From the allocation to the slot's write: a slot that starts a
         // fresh table block is written into a zeroed block (no read),
         // which must not wipe a neighbour slot another create was handed
@@ -901,6 +908,9 @@ impl Filesystem {
         if let Some((projid, fl)) = inherit {
             node.i_projid.set(projid);
             node.i_flags.set(node.i_flags.get() | fl);
+        }
+        if casefold {
+            node.i_flags.set(node.i_flags.get() | flags::CASEFOLD_FL);
         }
         let extents = self.read(|fs| fs.info.features.incompat.contains(Incompat::EXTENTS));
         // A symlink made here is a slow one; create_symlink turns short

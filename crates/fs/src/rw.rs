@@ -67,7 +67,8 @@ pub const RW_INCOMPAT: u32 = Incompat::FILETYPE.bits()
     | Incompat::MMP.bits()
     | Incompat::LARGEDIR.bits()
     | Incompat::INLINE_DATA.bits()
-    | Incompat::EA_INODE.bits();
+    | Incompat::EA_INODE.bits()
+    | Incompat::CASEFOLD.bits();
 
 /// ro_compat features the read-write engine handles.
 pub const RW_RO_COMPAT: u32 = RoCompat::SPARSE_SUPER.bits()

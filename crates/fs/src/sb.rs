@@ -30,7 +30,8 @@ pub const READ_INCOMPAT: u32 = Incompat::FILETYPE.bits()
     | Incompat::EA_INODE.bits()
     | Incompat::CSUM_SEED.bits()
     | Incompat::LARGEDIR.bits()
-    | Incompat::INLINE_DATA.bits();
+    | Incompat::INLINE_DATA.bits()
+    | Incompat::CASEFOLD.bits();
 
 /// ro_compat features the engine knows (others open read-only).
 pub const KNOWN_RO_COMPAT: u32 = RoCompat::SPARSE_SUPER.bits()
@@ -74,6 +75,11 @@ pub struct FsInfo {
     pub def_hash_version: u8,
     /// The directory hash uses unsigned chars (`s_flags`).
     pub unsigned_hash: bool,
+    /// casefold: `s_encoding_flags` (the encoding is utf8-12.1, the only
+    /// one there is); `None` without the feature. Directories with
+    /// `EXT4_CASEFOLD_FL` then hash and compare folded names
+    /// (`ext4kit_format::casefold`).
+    pub casefold: Option<u16>,
     /// Names of ro_compat features the engine does not know (the
     /// filesystem must then be opened read-only).
     pub unknown_ro_compat: Vec<String>,
@@ -159,6 +165,17 @@ impl FsInfo {
                 Features::name_of(Word::Incompat, bit)
             )));
         }
+        let casefold = if features.incompat.contains(Incompat::CASEFOLD) {
+            let enc = sb.s_encoding.get();
+            if enc != ext4kit_format::casefold::ENC_UTF8_12_1 {
+                return Err(FsError::Unsupported(format!(
+                    "casefold encoding {enc} (only utf8-12.1, 1, exists)"
+                )));
+            }
+            Some(sb.s_encoding_flags.get())
+        } else {
+            None
+        };
         let unknown_ro = features.ro_compat.bits() & !KNOWN_RO_COMPAT;
         let unknown_ro_compat = (0..32)
             .filter(|b| unknown_ro & (1 << b) != 0)
@@ -269,6 +286,7 @@ impl FsInfo {
             hash_seed: sb.s_hash_seed,
             def_hash_version: sb.s_def_hash_version,
             unsigned_hash: sb.s_flags.get() & FLAG_UNSIGNED_HASH != 0,
+            casefold,
             unknown_ro_compat,
             replayed_transactions: 0,
             sb,

@@ -33,9 +33,19 @@ fn time(t: TimeOrNow) -> SetTime {
     }
 }
 
+/// fuser takes one TTL for the name and the attributes: 0 s for both of a
+/// volatile entry (a casefolded directory's).
+fn ttl(e: &Entry) -> std::time::Duration {
+    if e.volatile {
+        std::time::Duration::ZERO
+    } else {
+        TTL
+    }
+}
+
 fn reply_entry(r: Result<Entry, Errno>, reply: ReplyEntry) {
     match r {
-        Ok(e) => reply.entry(&TTL, &e.attr.to_fuser(), Generation(e.generation)),
+        Ok(e) => reply.entry(&ttl(&e), &e.attr.to_fuser(), Generation(e.generation)),
         Err(e) => reply.error(e),
     }
 }
@@ -330,7 +340,7 @@ impl fuser::Filesystem for FuseFs {
                 INodeNo(e.entry.attr.ino),
                 e.offset,
                 OsStr::from_bytes(e.name),
-                &TTL,
+                &ttl(&e.entry),
                 &e.entry.attr.to_fuser(),
                 Generation(e.entry.generation),
             )
@@ -417,7 +427,7 @@ impl fuser::Filesystem for FuseFs {
     ) {
         match self.op_create(&caller(req), parent.0, name.as_bytes(), mode, umask, flags) {
             Ok((e, o)) => reply.created(
-                &TTL,
+                &ttl(&e),
                 &e.attr.to_fuser(),
                 Generation(e.generation),
                 FileHandle(o.fh),

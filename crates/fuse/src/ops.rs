@@ -148,7 +148,31 @@ impl FuseFs {
         Entry {
             attr: self.attr(i),
             generation: u64::from(i.generation),
+            volatile: false,
         }
+    }
+
+    /// `e`, named in directory `parent` (see [`Entry::volatile`]).
+    fn in_dir(&self, e: Entry, parent: u64) -> Entry {
+        Entry {
+            volatile: self.volatile_names(parent),
+            ..e
+        }
+    }
+
+    /// Whether names in directory `dir` are casefolded. The kernel's
+    /// dcache compares names byte for byte (FUSE has no casefolding
+    /// dentry operations), so each spelling is a dentry of its own: a
+    /// cached "a" would outlive the rename or unlink of "A", a negative
+    /// "a" the create of "A". Their entries are valid for 0 s (their
+    /// attributes for the usual TTL).
+    fn volatile_names(&self, dir: u64) -> bool {
+        if !self.s.backend.read(|f| f.info.casefold.is_some()) {
+            return false;
+        }
+        ext4_ino(INodeNo(dir))
+            .and_then(|d| self.s.inode(d))
+            .is_ok_and(|d| d.flags & ext4kit_fs::fs::flags::CASEFOLD_FL != 0)
     }
 
     /// The flags of an open file: the page cache kept across opens (the
@@ -1281,6 +1305,9 @@ pub struct Caller {
 pub struct Entry {
     pub attr: Attr,
     pub generation: u64,
+    /// The name is in a casefolded directory: the entry is valid for 0 s
+    /// (`FuseFs::volatile_names`).
+    pub volatile: bool,
 }
 
 /// The answer to OPEN, OPENDIR: the handle and the `FOPEN_*` bits.
@@ -1379,7 +1406,7 @@ impl FuseFs {
     pub fn op_lookup(&self, parent: u64, name: &[u8]) -> R<Entry> {
         RequestCounts::bump(&self.s.requests.lookup);
         match self.do_lookup(INodeNo(parent), OsStr::from_bytes(name)) {
-            Ok(i) => Ok(self.entry(&i)),
+            Ok(i) => Ok(self.in_dir(self.entry(&i), parent)),
             // A name that is not there is a negative entry the kernel
             // keeps for the TTL (as the kernel's ext4 keeps a negative
             // dentry), not an ENOENT it would ask again at every open or
@@ -1391,6 +1418,7 @@ impl FuseFs {
             Err(e) if e == Errno::ENOENT => Ok(Entry {
                 attr: crate::attr::negative_attr(),
                 generation: 0,
+                volatile: self.volatile_names(parent),
             }),
             Err(e) => Err(e),
         }
@@ -1470,7 +1498,7 @@ impl FuseFs {
     ) -> R<Entry> {
         let name = OsStr::from_bytes(name);
         let i = self.make(req, INodeNo(parent), name, umask, Make::Node { mode, rdev })?;
-        Ok(self.entry(&i))
+        Ok(self.in_dir(self.entry(&i), parent))
     }
 
     pub fn op_mkdir(
@@ -1483,7 +1511,7 @@ impl FuseFs {
     ) -> R<Entry> {
         let name = OsStr::from_bytes(name);
         let i = self.make(req, INodeNo(parent), name, umask, Make::Dir { mode })?;
-        Ok(self.entry(&i))
+        Ok(self.in_dir(self.entry(&i), parent))
     }
 
     pub fn op_unlink(&self, parent: u64, name: &[u8]) -> R<()> {
@@ -1503,7 +1531,7 @@ impl FuseFs {
     pub fn op_symlink(&self, req: &Caller, parent: u64, name: &[u8], target: &[u8]) -> R<Entry> {
         let name = OsStr::from_bytes(name);
         let i = self.make(req, INodeNo(parent), name, 0, Make::Symlink { target })?;
-        Ok(self.entry(&i))
+        Ok(self.in_dir(self.entry(&i), parent))
     }
 
     /// `flags`: `RENAME_NOREPLACE`/`EXCHANGE`/`WHITEOUT` (RENAME2).
@@ -1543,7 +1571,7 @@ impl FuseFs {
         st.changed(p, tid);
         drop(st);
         let i = self.s.inode(ino)?;
-        Ok(self.entry(&i))
+        Ok(self.in_dir(self.entry(&i), newparent))
     }
 
     /// `flags`: the open(2) flags.
@@ -1723,6 +1751,7 @@ impl FuseFs {
         RequestCounts::bump(&self.s.requests.readdirplus);
         let dir = ext4_ino(INodeNo(ino))?;
         let snap = self.do_readdir(dir, fh, offset)?;
+        let volatile = self.volatile_names(ino);
         let fresh = offset == 0;
         let start = usize::try_from(offset).unwrap_or(usize::MAX);
         let mut linked = Vec::new();
@@ -1748,7 +1777,10 @@ impl FuseFs {
             let e = DirEntryPlus {
                 offset: k as u64 + 1,
                 name: &item.name,
-                entry: self.entry_of(&i),
+                entry: Entry {
+                    volatile,
+                    ..self.entry_of(&i)
+                },
             };
             if add(e) {
                 break;
@@ -1859,7 +1891,7 @@ impl FuseFs {
             fh,
             flags: self.open_flags().bits(),
         };
-        Ok((self.entry_of(&i), opened))
+        Ok((self.in_dir(self.entry_of(&i), parent), opened))
     }
 
     /// TMPFILE (open with O_TMPFILE): a regular file without a name

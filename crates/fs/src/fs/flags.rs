@@ -8,7 +8,8 @@
 //! request; the engine applies what ext4 itself decides. Flags the
 //! engine cannot honour are refused with EOPNOTSUPP: data journaling
 //! (`j`), a change of the extent flag (`e`: the kernel migrates the
-//! mapping), casefold. The others are stored and reported; immutable and
+//! mapping). casefold (`F`) changes only on an empty directory of a
+//! casefold filesystem, as ext4. The others are stored and reported; immutable and
 //! append-only are enforced here, `noatime`, `sync`, `dirsync`, `nodump`
 //! and the rest are kept as ext4 keeps them (the engine never updates
 //! atime and commits only on sync anyway).
@@ -26,6 +27,8 @@ pub const DIRSYNC_FL: u32 = 0x0001_0000;
 pub const TOPDIR_FL: u32 = 0x0002_0000;
 pub const DAX_FL: u32 = 0x0200_0000;
 pub const PROJINHERIT_FL: u32 = 0x2000_0000;
+/// `EXT4_ENCRYPT_FL`.
+pub const ENCRYPT_FL: u32 = 0x0000_0800;
 pub const CASEFOLD_FL: u32 = 0x4000_0000;
 /// `EXT4_FL_USER_VISIBLE`: what GETFLAGS shows (EXTENTS, INDEX,
 /// INLINE_DATA, HUGE_FILE included).
@@ -83,6 +86,8 @@ pub fn setflags_result(mode: u16, old: u32, flags: u32) -> Result<u32, FsError> 
         ));
     }
     if changed & CASEFOLD_FL != 0 {
+        // Filesystem::set_flags checks the directory and clears the bit
+        // from what it asks here.
         return Err(FsError::Unsupported("casefold".into()));
     }
     let set = FL_USER_MODIFIABLE & !(JOURNAL_DATA_FL | EXT4_EXTENTS_FL);
@@ -161,7 +166,17 @@ impl Filesystem {
         op.own(ino);
         // Refusals before any change end the empty handle.
         let mut inode = self.inode_any(ino)?;
-        let new = setflags_result(inode.mode, inode.flags, flags)?;
+        // casefold (`chattr +F`/`-F`): ext4_ioctl_setflags' checks, then
+        // the rest of the rules on the other bits.
+        let cf = (inode.flags ^ flags) & CASEFOLD_FL != 0;
+        if cf {
+            self.casefold_change_ok(&inode)?;
+        }
+        let asked = if cf { flags ^ CASEFOLD_FL } else { flags };
+        let mut new = setflags_result(inode.mode, inode.flags, asked)?;
+        if cf {
+            new ^= CASEFOLD_FL;
+        }
         let r = (|| {
             let t = now();
             self.edit_inode(&mut inode, |n| {
@@ -174,6 +189,33 @@ impl Filesystem {
             Ok(()) => self.finish(op),
             Err(e) => Err(self.fail(op, e)),
         }
+    }
+}
+
+impl Filesystem {
+    /// Whether `inode`'s casefold flag may change: a casefold filesystem
+    /// (EOPNOTSUPP), a directory (ENOTDIR), empty (ENOTEMPTY), as
+    /// `ext4_ioctl_setflags`; an encrypted one is refused (its names would
+    /// hash with SipHash under the directory's key).
+    fn casefold_change_ok(&self, inode: &InodeInfo) -> Result<(), FsError> {
+        if self.read(|fs| fs.info.casefold.is_none()) {
+            return Err(FsError::Unsupported(
+                "casefold (chattr +F) without the casefold feature".into(),
+            ));
+        }
+        if !inode.is_dir() {
+            return Err(FsError::NotADirectory);
+        }
+        if inode.flags & ENCRYPT_FL != 0 {
+            return Err(FsError::Unsupported(
+                "casefold on an encrypted directory".into(),
+            ));
+        }
+        let entries = self.read(|f| f.read_dir(inode))?;
+        if entries.iter().any(|e| e.name != b"." && e.name != b"..") {
+            return Err(FsError::NotEmpty);
+        }
+        Ok(())
     }
 }
 

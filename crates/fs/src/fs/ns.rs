@@ -307,8 +307,24 @@ impl Filesystem {
 
     fn check_absent(&self, d: &InodeInfo, name: &[u8]) -> Result<(), FsError> {
         crate::dir_write::check_name(name)?;
+        self.check_encoding(d, name)?;
         if self.read(|f| f.lookup(d, name))?.is_some() {
             return Err(FsError::Exists);
+        }
+        Ok(())
+    }
+
+    /// EINVAL for a new name in a casefolded directory of a strict-mode
+    /// filesystem that is not UTF-8 (the kernel's
+    /// `generic_ci_validate_strict_name`), before anything changes.
+    fn check_encoding(&self, d: &InodeInfo, name: &[u8]) -> Result<(), FsError> {
+        if let Some(flags) = self.read(|f| f.info.casefold)
+            && d.flags & flags::CASEFOLD_FL != 0
+            && !ext4kit_format::casefold::allowed(name, flags)
+        {
+            return Err(FsError::InvalidName(
+                "not UTF-8 (a casefolded directory in strict mode)",
+            ));
         }
         Ok(())
     }
@@ -899,6 +915,7 @@ impl Filesystem {
             }
         }
         let src = self.lookup(sdir, sname)?.ok_or(FsError::NotFound)?;
+        self.check_encoding(&self.inode(ddir)?, dname)?;
         let dst = self.lookup(ddir, dname)?;
         // As do_renameat2: NOREPLACE is checked first, then two links of
         // one inode make the rename a no-op (vfs_rename).

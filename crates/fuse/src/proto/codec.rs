@@ -406,12 +406,13 @@ pub fn fuse_attr(a: &Attr) -> FuseAttr {
 
 /// An entry answer valid for `ttl` (names and attributes alike).
 pub fn entry_out(e: &Entry, ttl: Duration) -> EntryOut {
+    let name_ttl = if e.volatile { Duration::ZERO } else { ttl };
     EntryOut {
         nodeid: e.attr.ino,
         generation: e.generation,
-        entry_valid: ttl.as_secs(),
+        entry_valid: name_ttl.as_secs(),
         attr_valid: ttl.as_secs(),
-        entry_valid_nsec: ttl.subsec_nanos(),
+        entry_valid_nsec: name_ttl.subsec_nanos(),
         attr_valid_nsec: ttl.subsec_nanos(),
         attr: fuse_attr(&e.attr),
     }
@@ -942,11 +943,23 @@ mod tests {
             &Entry {
                 attr: a,
                 generation: 3,
+                volatile: false,
             },
             Duration::from_millis(1500),
         );
         assert_eq!((e.nodeid, e.generation), (12, 3));
         assert_eq!((e.entry_valid, e.entry_valid_nsec), (1, 500_000_000));
+        // A casefolded directory's name: 0 s, its attributes the TTL.
+        let v = entry_out(
+            &Entry {
+                attr: a,
+                generation: 3,
+                volatile: true,
+            },
+            Duration::from_millis(1500),
+        );
+        assert_eq!((v.entry_valid, v.entry_valid_nsec), (0, 0));
+        assert_eq!((v.attr_valid, v.attr_valid_nsec), (1, 500_000_000));
         assert_eq!(
             (e.attr.mtime, e.attr.mtimensec, e.attr.mode),
             (100, 1, 0o20644)

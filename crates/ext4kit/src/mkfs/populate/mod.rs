@@ -672,6 +672,8 @@ impl Pop<'_> {
             large_dir: f.incompat.contains(Incompat::LARGEDIR),
             filetype: f.incompat.contains(Incompat::FILETYPE),
             inodes_count: self.l.inodes_count,
+            // mkfs -d makes no casefolded directory (mke2fs -d neither).
+            casefold: None,
         }
     }
 
