@@ -175,7 +175,7 @@ impl Export<'_> {
                     .map(|n| &n.inode)
                     .ok_or_else(|| anyhow!("empty path"))?;
                 self.fs
-                    .read_dir(d)
+                    .read_dir_user(d)
                     .map_err(|e| anyhow!("'{}': {e}", show(self.spec, path, None)))
             }
             fn inode(&mut self, path: &[Node], e: &Entry) -> anyhow::Result<Option<InodeInfo>> {

@@ -236,7 +236,7 @@ fn check_tree(fs: &Fs<'_>, dir: InodeInfo, spec: &str) -> anyhow::Result<()> {
                 .map(|n| &n.inode)
                 .ok_or_else(|| anyhow!("empty path"))?;
             let err = |e: FsError| anyhow!("cannot remove '{}': {e}", show(self.spec, path, None));
-            let entries = self.fs.read_dir(d).map_err(err)?;
+            let entries = self.fs.read_dir_user(d).map_err(err)?;
             ext4kit_fs::dir::check_dots(d, &entries).map_err(err)?;
             Ok(entries)
         }
@@ -291,7 +291,7 @@ fn remove_tree(fs: &Filesystem, dir: InodeInfo) -> Result<(), FsError> {
         type Err = FsError;
         fn entries(&mut self, path: &[Node]) -> Result<Vec<Entry>, FsError> {
             let d = path.last().map(|n| &n.inode).ok_or(FsError::NotFound)?;
-            self.0.read(|f| f.read_dir(d))
+            self.0.read(|f| f.read_dir_user(d))
         }
         fn inode(&mut self, _: &[Node], e: &Entry) -> Result<Option<InodeInfo>, FsError> {
             self.0.inode(e.ino).map(Some)

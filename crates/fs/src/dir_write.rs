@@ -749,8 +749,15 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
     }
 
     /// Remove `name`; returns what it pointed at. `.` and `..` are refused.
+    /// `name` is matched, never written: any on-disk bytes (an encrypted
+    /// directory's ciphertext names may hold '/' or NUL).
     pub fn remove(&mut self, name: &[u8]) -> Result<Slot, FsError> {
-        check_name(name)?;
+        if name.is_empty() {
+            return Err(FsError::InvalidName("empty name"));
+        }
+        if name.len() > 255 {
+            return Err(FsError::NameTooLong);
+        }
         if name == b"." || name == b".." {
             return Err(FsError::InvalidName("'.' and '..' cannot be removed"));
         }
