@@ -139,7 +139,7 @@ fn mkdir_check(parents: bool, t: &Target, f: &Fs<'_>) -> anyhow::Result<()> {
                 // Followed by the operation itself.
                 Some(i) if i.is_symlink() => return Ok(()),
                 Some(_) => return Err(e(FsError::NotADirectory)),
-                None => return Ok(()),
+                None => return ext4kit_fs::fs::flags::may_create_in(&cur).map_err(e),
             }
         }
         return Ok(());
@@ -152,7 +152,7 @@ fn mkdir_check(parents: bool, t: &Target, f: &Fs<'_>) -> anyhow::Result<()> {
     if ro_lookup(f, &d, &name).map_err(e)?.is_some() {
         return Err(e(FsError::Exists));
     }
-    Ok(())
+    ext4kit_fs::fs::flags::may_create_in(&d).map_err(e)
 }
 
 /// Run `ext4kit mkdir`.
@@ -552,6 +552,7 @@ fn mv_some_can_move(
                 .map_err(e)?
                 .ok_or_else(|| e(FsError::NotFound))?;
             let dd = ro_dir(f, &n.dst_dir).map_err(e)?;
+            ext4kit_fs::fs::flags::may_rename_between(&sd, &dd).map_err(e)?;
             if exchange && ro_lookup(f, &dd, &n.dst_name).map_err(e)?.is_none() {
                 return Err(e(FsError::NotFound));
             }
@@ -677,6 +678,7 @@ fn ln_check(args: &LnArgs, lt: &Target, f: &Fs<'_>) -> anyhow::Result<()> {
     {
         return Err(e(FsError::Exists));
     }
+    ext4kit_fs::fs::flags::may_create_in(&d).map_err(e)?;
     if !args.symbolic {
         let tt = parse_target(&args.target);
         if tt.img != lt.img {

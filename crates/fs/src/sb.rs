@@ -54,7 +54,8 @@ pub const KNOWN_RO_COMPAT: u32 = RoCompat::SPARSE_SUPER.bits()
     | RoCompat::METADATA_CSUM.bits()
     | RoCompat::ORPHAN_PRESENT.bits()
     | RoCompat::QUOTA.bits()
-    | RoCompat::PROJECT.bits();
+    | RoCompat::PROJECT.bits()
+    | RoCompat::VERITY.bits();
 
 fn corrupt(what: &'static str, detail: impl Into<String>) -> FsError {
     FsError::corrupt(what, detail)

@@ -91,7 +91,7 @@ pub fn setflags_result(mode: u16, old: u32, flags: u32) -> Result<u32, FsError> 
 }
 
 /// EPERM when `i`'s data may not change (immutable): write, fallocate.
-pub(crate) fn may_write_data(i: &InodeInfo) -> Result<(), FsError> {
+pub fn may_write_data(i: &InodeInfo) -> Result<(), FsError> {
     if i.flags & IMMUTABLE_FL != 0 {
         return Err(FsError::NotPermitted("the file is immutable"));
     }
@@ -133,10 +133,21 @@ pub(crate) fn may_add_entry(d: &InodeInfo) -> Result<(), FsError> {
 /// ENOKEY for a new inode or name in encrypted directory `d`
 /// (`fscrypt_prepare_new_inode`, `fscrypt_prepare_link`: both need the
 /// directory's key, which the engine never has).
-pub(crate) fn may_create_in(d: &InodeInfo) -> Result<(), FsError> {
+pub fn may_create_in(d: &InodeInfo) -> Result<(), FsError> {
     if d.flags & ENCRYPT_FL != 0 {
         return Err(FsError::NoKey(
             "a new name in an encrypted directory needs its key",
+        ));
+    }
+    Ok(())
+}
+
+/// ENOKEY for a rename out of `sd` into `dd` when either is encrypted
+/// (`fscrypt_prepare_rename` needs both keys, also within one directory).
+pub fn may_rename_between(sd: &InodeInfo, dd: &InodeInfo) -> Result<(), FsError> {
+    if (sd.flags | dd.flags) & ENCRYPT_FL != 0 {
+        return Err(FsError::NoKey(
+            "a rename in or out of an encrypted directory needs its key",
         ));
     }
     Ok(())
@@ -147,7 +158,7 @@ pub(crate) fn may_create_in(d: &InodeInfo) -> Result<(), FsError> {
 /// with a size: even truncating to 0 needs the key), EPERM for an
 /// fs-verity file (`fsverity_file_open` for writing,
 /// `fsverity_prepare_setattr`), EPERM when immutable.
-pub(crate) fn may_write_contents(i: &InodeInfo) -> Result<(), FsError> {
+pub fn may_write_contents(i: &InodeInfo) -> Result<(), FsError> {
     if i.flags & VERITY_FL != 0 {
         return Err(FsError::NotPermitted("the file has fs-verity"));
     }

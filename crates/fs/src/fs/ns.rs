@@ -934,13 +934,7 @@ impl Filesystem {
         // fscrypt_prepare_rename: both directories' keys, which the
         // engine never has (ENOKEY; a rename inside one encrypted
         // directory too).
-        if crate::dir::is_encrypted(&self.inode(sdir)?)
-            || crate::dir::is_encrypted(&self.inode(ddir)?)
-        {
-            return Err(FsError::NoKey(
-                "a rename in or out of an encrypted directory needs its key",
-            ));
-        }
+        flags::may_rename_between(&self.inode(sdir)?, &self.inode(ddir)?)?;
         // As do_renameat2: NOREPLACE is checked first, then two links of
         // one inode make the rename a no-op (vfs_rename).
         if flags.noreplace && dst.is_some() {
