@@ -77,12 +77,14 @@ fn walk_ino(root: &Path, rel: &str, out: &mut BTreeMap<u64, String>) {
 /// slow), `enc/sub/` (with `enc/sub/deeper/`) and `enc/empty/`; then, without
 /// the key, `plain/` (unencrypted) and the kernel's no-key view.
 fn kernel_image(dir: &Path, name: &str, size: &str, files: usize) -> Kimg {
-    let img = mkimg(
-        dir,
-        name,
-        size,
-        &["-O", "encrypt", "-b", "4096", "-N", "2048"],
-    );
+    kernel_image_with(dir, name, size, files, &["-b", "4096"])
+}
+
+/// [`kernel_image`] with these mke2fs arguments.
+fn kernel_image_with(dir: &Path, name: &str, size: &str, files: usize, args: &[&str]) -> Kimg {
+    let mut all = vec!["-O", "encrypt", "-N", "2048"];
+    all.extend_from_slice(args);
+    let img = mkimg(dir, name, size, &all);
     let mut k = Kimg {
         img: img.clone(),
         files: BTreeMap::new(),
@@ -416,6 +418,49 @@ fn tools_without_keys() {
         assert_eq!(out.stdout, b"kept");
         m.unmount().unwrap();
     }
+}
+
+/// Without dir_index (1 KiB blocks, a linear directory of many blocks)
+/// the kernel's no-key names carry hash words 0: the listings match, and
+/// unlink by those names works; the kernel reads the rest.
+#[test]
+fn linear_directories_without_dir_index() {
+    let what = "encrypt linear_directories_without_dir_index";
+    if let Some(why) = why_not() {
+        return skip(what, &why);
+    }
+    let dir = image_dir();
+    let k = kernel_image_with(
+        dir.path(),
+        "linear.img",
+        "32M",
+        60,
+        &["-b", "1024", "-O", "^dir_index"],
+    );
+    let mut want = Expect::of(&k);
+    {
+        let fs = Filesystem::open(open_file(&k.img), RwOptions::default()).unwrap();
+        for (d, names) in &k.listing {
+            let i = fs.inode(ino_at(&fs, d)).unwrap();
+            assert!(!i.is_htree(), "{d} has an index");
+            let got: BTreeSet<String> = fs
+                .read(|f| f.read_dir_user(&i))
+                .unwrap()
+                .into_iter()
+                .map(|e| String::from_utf8(e.name).unwrap())
+                .filter(|n| n != "." && n != "..")
+                .collect();
+            assert_eq!(&got, names, "listing of {d}");
+        }
+        for p in ["enc/file-007-nnnnnnn", "enc/sub/s2"] {
+            let (d, name) = parent_and_name(&k.nokey[p]);
+            fs.unlink(ino_at(&fs, d), name.as_bytes()).unwrap();
+            want.remove(p);
+        }
+        fs.close().unwrap();
+    }
+    e2fsck_clean(&k.img).unwrap();
+    kernel_verify(&k.img, &want);
 }
 
 /// The same through `ext4kit mount`: readdir and readlink as the
