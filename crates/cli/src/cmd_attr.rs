@@ -355,7 +355,8 @@ pub fn truncate(args: &TruncateArgs) -> anyhow::Result<i32> {
         if !inode.is_regular() {
             bail!("cannot truncate '{}': not a regular file", t.spec);
         }
-        Ok(())
+        ext4kit_fs::fs::flags::may_write_contents(inode)
+            .map_err(|e| anyhow!("failed to truncate '{}': {e}", t.spec))
     };
     each(&args.targets, check, |fs, t| {
         let inode = resolve(fs, t)?;
@@ -422,7 +423,10 @@ pub fn fallocate(args: &FallocateArgs) -> anyhow::Result<i32> {
     let check = move |t: &Target, fs: &Fs<'_>| {
         let inode = match find(fs, t, create)? {
             Found::Inode(i) => i,
-            Found::Missing { .. } => return Ok(()),
+            Found::Missing { dir, .. } => {
+                return ext4kit_fs::fs::flags::may_create_in(&fs.inode(dir)?)
+                    .map_err(|e| anyhow!("fallocate failed: '{}': {e}", t.spec));
+            }
         };
         if !inode.is_regular() {
             let why = if inode.is_dir() {
@@ -432,7 +436,8 @@ pub fn fallocate(args: &FallocateArgs) -> anyhow::Result<i32> {
             };
             bail!("fallocate failed: '{}': {why}", t.spec);
         }
-        Ok(())
+        ext4kit_fs::fs::flags::may_write_contents(&inode)
+            .map_err(|e| anyhow!("fallocate failed: '{}': {e}", t.spec))
     };
     each_fs(std::slice::from_ref(&args.target), check, |fs, t| {
         let ino = match fs.read(|f| find(f, t, create))? {

@@ -36,6 +36,7 @@ use crate::cmd_attr::open_rw;
 use crate::cmd_ls::{Target, access_error, open_image, open_volume, parse_target};
 use crate::cmd_ns::{resolve_dir, split_last};
 use crate::walk::{Node, Step, Tree, show, walk};
+use ext4kit_fs::fs::flags;
 use ext4kit_fs::fs::{Filesystem, NewInode, SetAttr, Times};
 
 /// Copy files between images (IMG:PATH) and the host.
@@ -175,7 +176,7 @@ impl Export<'_> {
                     .map(|n| &n.inode)
                     .ok_or_else(|| anyhow!("empty path"))?;
                 self.fs
-                    .read_dir(d)
+                    .read_dir_user(d)
                     .map_err(|e| anyhow!("'{}': {e}", show(self.spec, path, None)))
             }
             fn inode(&mut self, path: &[Node], e: &Entry) -> anyhow::Result<Option<InodeInfo>> {
@@ -402,9 +403,16 @@ fn import(srcs: &[OsString], t: &Target, recursive: bool, archive: bool) -> anyh
         let dev = open_image(t)?;
         let vol = open_volume(t, dev.as_ref())?;
         let fs = vol.fs();
+        let keyless = |e: FsError| anyhow!("cannot copy to '{}': {e}", t.spec);
         match fs.resolve(&t.path, true) {
-            Ok(i) if i.is_dir() => true,
-            Ok(i) if srcs.len() == 1 && i.is_regular() => false,
+            Ok(i) if i.is_dir() => {
+                flags::may_create_in(&i).map_err(keyless)?;
+                true
+            }
+            Ok(i) if srcs.len() == 1 && i.is_regular() => {
+                flags::may_write_contents(&i).map_err(keyless)?;
+                false
+            }
             Ok(_) if srcs.len() > 1 => bail!("target '{}' is not a directory", t.spec),
             Ok(_) => bail!("cannot overwrite '{}': not a regular file", t.spec),
             Err(FsError::NotFound) if srcs.len() == 1 => {
@@ -413,7 +421,10 @@ fn import(srcs: &[OsString], t: &Target, recursive: bool, archive: bool) -> anyh
                     bail!("cannot create '{}'", t.spec);
                 }
                 match fs.resolve(&parent, true) {
-                    Ok(d) if d.is_dir() => false,
+                    Ok(d) if d.is_dir() => {
+                        flags::may_create_in(&d).map_err(keyless)?;
+                        false
+                    }
                     Ok(_) => return Err(access_error(&t.spec, &FsError::NotADirectory)),
                     Err(e) => return Err(anyhow!("cannot create regular file '{}': {e}", t.spec)),
                 }

@@ -314,7 +314,7 @@ fn list_one(
         }
         return Ok(Vec::new());
     }
-    let mut entries = cx.fs.read_dir(inode)?;
+    let mut entries = cx.fs.read_dir_user(inode)?;
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     entries.retain(|e| cx.args.all || !e.name.starts_with(b"."));
     if header {

@@ -139,7 +139,7 @@ fn mkdir_check(parents: bool, t: &Target, f: &Fs<'_>) -> anyhow::Result<()> {
                 // Followed by the operation itself.
                 Some(i) if i.is_symlink() => return Ok(()),
                 Some(_) => return Err(e(FsError::NotADirectory)),
-                None => return Ok(()),
+                None => return ext4kit_fs::fs::flags::may_create_in(&cur).map_err(e),
             }
         }
         return Ok(());
@@ -152,7 +152,7 @@ fn mkdir_check(parents: bool, t: &Target, f: &Fs<'_>) -> anyhow::Result<()> {
     if ro_lookup(f, &d, &name).map_err(e)?.is_some() {
         return Err(e(FsError::Exists));
     }
-    Ok(())
+    ext4kit_fs::fs::flags::may_create_in(&d).map_err(e)
 }
 
 /// Run `ext4kit mkdir`.
@@ -236,7 +236,7 @@ fn check_tree(fs: &Fs<'_>, dir: InodeInfo, spec: &str) -> anyhow::Result<()> {
                 .map(|n| &n.inode)
                 .ok_or_else(|| anyhow!("empty path"))?;
             let err = |e: FsError| anyhow!("cannot remove '{}': {e}", show(self.spec, path, None));
-            let entries = self.fs.read_dir(d).map_err(err)?;
+            let entries = self.fs.read_dir_user(d).map_err(err)?;
             ext4kit_fs::dir::check_dots(d, &entries).map_err(err)?;
             Ok(entries)
         }
@@ -291,7 +291,7 @@ fn remove_tree(fs: &Filesystem, dir: InodeInfo) -> Result<(), FsError> {
         type Err = FsError;
         fn entries(&mut self, path: &[Node]) -> Result<Vec<Entry>, FsError> {
             let d = path.last().map(|n| &n.inode).ok_or(FsError::NotFound)?;
-            self.0.read(|f| f.read_dir(d))
+            self.0.read(|f| f.read_dir_user(d))
         }
         fn inode(&mut self, _: &[Node], e: &Entry) -> Result<Option<InodeInfo>, FsError> {
             self.0.inode(e.ino).map(Some)
@@ -552,6 +552,7 @@ fn mv_some_can_move(
                 .map_err(e)?
                 .ok_or_else(|| e(FsError::NotFound))?;
             let dd = ro_dir(f, &n.dst_dir).map_err(e)?;
+            ext4kit_fs::fs::flags::may_rename_between(&sd, &dd).map_err(e)?;
             if exchange && ro_lookup(f, &dd, &n.dst_name).map_err(e)?.is_none() {
                 return Err(e(FsError::NotFound));
             }
@@ -677,6 +678,7 @@ fn ln_check(args: &LnArgs, lt: &Target, f: &Fs<'_>) -> anyhow::Result<()> {
     {
         return Err(e(FsError::Exists));
     }
+    ext4kit_fs::fs::flags::may_create_in(&d).map_err(e)?;
     if !args.symbolic {
         let tt = parse_target(&args.target);
         if tt.img != lt.img {

@@ -43,7 +43,12 @@ mod walk;
                   inode tables offline, reads and changes unmounted images (ls, cat, stat, \
                   cp, mkdir, rm, mv, ln, chmod, chown, truncate, fallocate, fstrim, info, \
                   journal), and mounts them read-write through FUSE with the kernel's \
-                  journaling (mount, status, sync)."
+                  journaling (mount, status, sync).\n\n\
+                  Encrypted files and directories are handled without keys, as the kernel \
+                  does without the key: listed and removed by their no-key names, stat, \
+                  chmod, chown and xattrs allowed; contents, new names and renames in \
+                  encrypted directories refused (Required key not available). fs-verity \
+                  files read up to their size; writes and size changes are refused (EPERM)."
 )]
 struct Cli {
     #[command(subcommand)]

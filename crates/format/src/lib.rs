@@ -9,6 +9,7 @@ pub mod dir;
 pub mod dirhash;
 pub mod extent;
 pub mod features;
+pub mod fscrypt;
 pub mod group_desc;
 pub mod htree;
 pub mod inode;

@@ -6,6 +6,7 @@
 use ext4kit_format::dir::{FT_DIR_CSUM, TAIL_SIZE, rec_len, rec_len_from_disk};
 use ext4kit_format::dirhash::{self, DX_HASH_SIPHASH};
 use ext4kit_format::features::{Compat, Incompat};
+use ext4kit_format::fscrypt::{self, NoKeyName};
 use ext4kit_format::htree::{self, DxRootInfo};
 use zerocopy::FromBytes;
 
@@ -28,6 +29,12 @@ impl Entry {
     pub fn name_lossy(&self) -> String {
         String::from_utf8_lossy(&self.name).into_owned()
     }
+}
+
+/// Does `i` have `EXT4_ENCRYPT_FL` (a directory: its names are
+/// ciphertext)?
+pub fn is_encrypted(i: &InodeInfo) -> bool {
+    i.flags & fscrypt::ENCRYPT_FL != 0
 }
 
 /// Largest directory read in one piece (inline or block).
@@ -409,14 +416,85 @@ impl Fs<'_> {
     }
 
     /// Whether `dir` hashes and compares folded names (`EXT4_CASEFOLD_FL`
-    /// on a casefold filesystem).
+    /// on a casefold filesystem; not an encrypted directory, whose names
+    /// are ciphertext hashed with SipHash under its key).
     pub fn casefolded(&self, dir: &InodeInfo) -> bool {
-        self.info.casefold.is_some() && dir.flags & crate::fs::flags::CASEFOLD_FL != 0
+        self.info.casefold.is_some()
+            && dir.flags & crate::fs::flags::CASEFOLD_FL != 0
+            && !is_encrypted(dir)
     }
 
-    /// Find `name` in a directory: by hash in an htree, else linearly. In
-    /// a casefolded directory any name that folds to the same is found.
+    /// Look `name` up as a user gives it: in an encrypted directory a
+    /// no-key name (as [`Fs::read_dir_user`] lists it; any other name is
+    /// absent, the kernel's ENOENT without the key). The entry carries the
+    /// on-disk name.
     pub fn lookup(&self, dir: &InodeInfo, name: &[u8]) -> Result<Option<Entry>, FsError> {
+        if !is_encrypted(dir) || name == b"." || name == b".." {
+            return self.lookup_disk(dir, name);
+        }
+        if !dir.is_dir() {
+            return Err(FsError::NotADirectory);
+        }
+        match fscrypt::decode_nokey_name(name) {
+            None => Ok(None),
+            Some(NoKeyName::Full(disk)) => self.lookup_disk(dir, &disk),
+            Some(long) => Ok(self
+                .read_dir(dir)?
+                .into_iter()
+                .find(|e| e.name != b"." && e.name != b".." && long.matches(&e.name))),
+        }
+    }
+
+    /// [`Fs::read_dir`] with an encrypted directory's names as the
+    /// kernel's no-key names (`fscrypt_fname_disk_to_usr` with the hash
+    /// words its readdir passes: the entry's htree hash where the kernel
+    /// reads the directory in hash order, `is_dx_dir`, else 0 and 0).
+    pub fn read_dir_user(&self, dir: &InodeInfo) -> Result<Vec<Entry>, FsError> {
+        let mut entries = self.read_dir(dir)?;
+        if !is_encrypted(dir) {
+            return Ok(entries);
+        }
+        let hashed = self.info.features.compat.contains(Compat::DIR_INDEX)
+            && (dir.is_htree()
+                || dir.size == u64::from(self.info.block_size)
+                || dir.has_inline_data());
+        let version = if !hashed {
+            None
+        } else if self.is_dx(dir) {
+            let db = self.dir_blocks(dir, false)?;
+            let root = self.dir_block(dir, &db, 0)?;
+            Some(self.dx_root(dir, &root)?.2)
+        } else {
+            Some(dirhash::effective_version(
+                self.info.def_hash_version,
+                self.info.unsigned_hash,
+            ))
+        };
+        for e in &mut entries {
+            if e.name == b"." || e.name == b".." {
+                continue;
+            }
+            let (major, minor) =
+                match version.and_then(|v| dirhash::dirhash(v, &e.name, &self.info.hash_seed)) {
+                    Some(h) => (dirhash::kernel_major(h), h.minor),
+                    None => (0, 0),
+                };
+            e.name = fscrypt::nokey_name(&e.name, major, minor);
+        }
+        Ok(entries)
+    }
+
+    /// The on-disk name of the entry a user calls `name` in `dir` (itself
+    /// outside encrypted directories); `None` when there is none.
+    pub fn disk_name(&self, dir: &InodeInfo, name: &[u8]) -> Result<Option<Vec<u8>>, FsError> {
+        if !is_encrypted(dir) {
+            return Ok(Some(name.to_vec()));
+        }
+        Ok(self.lookup(dir, name)?.map(|e| e.name))
+    }
+
+    /// Look up an entry by its on-disk name.
+    pub fn lookup_disk(&self, dir: &InodeInfo, name: &[u8]) -> Result<Option<Entry>, FsError> {
         if !dir.is_dir() {
             return Err(FsError::NotADirectory);
         }

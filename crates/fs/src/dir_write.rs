@@ -68,9 +68,10 @@ impl DirParams {
             large_dir: info.features.incompat.contains(Incompat::LARGEDIR),
             filetype: info.features.incompat.contains(Incompat::FILETYPE),
             inodes_count: info.inodes_count,
-            casefold: info
-                .casefold
-                .filter(|_| dir.flags & crate::fs::flags::CASEFOLD_FL != 0),
+            casefold: info.casefold.filter(|_| {
+                dir.flags & crate::fs::flags::CASEFOLD_FL != 0
+                    && dir.flags & ext4kit_format::fscrypt::ENCRYPT_FL == 0
+            }),
         }
     }
 }
@@ -769,8 +770,15 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
     }
 
     /// Remove `name`; returns what it pointed at. `.` and `..` are refused.
+    /// `name` is matched, never written: any on-disk bytes (an encrypted
+    /// directory's ciphertext names may hold '/' or NUL).
     pub fn remove(&mut self, name: &[u8]) -> Result<Slot, FsError> {
-        check_name(name)?;
+        if name.is_empty() {
+            return Err(FsError::InvalidName("empty name"));
+        }
+        if name.len() > 255 {
+            return Err(FsError::NameTooLong);
+        }
         if name == b"." || name == b".." {
             return Err(FsError::InvalidName("'.' and '..' cannot be removed"));
         }

@@ -97,6 +97,11 @@ pub enum FsError {
     /// (EPERM, as ext4 and the VFS answer).
     #[error("Operation not permitted ({0})")]
     NotPermitted(&'static str),
+    /// The operation needs the encryption key of an encrypted file or
+    /// directory, which the engine never has (ENOKEY, as fscrypt answers
+    /// without the key: `fscrypt_require_key`, `fscrypt_prepare_*`).
+    #[error("Required key not available ({0})")]
+    NoKey(&'static str),
     /// A rename or link into a directory with PROJINHERIT of another
     /// project (EXDEV, as ext4's `ext4_rename` and `ext4_link`: the
     /// caller copies instead).
@@ -113,6 +118,7 @@ impl FsError {
     pub fn errno(&self) -> i32 {
         match self {
             FsError::NotPermitted(_) => 1,   // EPERM
+            FsError::NoKey(_) => 126,        // ENOKEY
             FsError::NotFound => 2,          // ENOENT
             FsError::NotADirectory => 20,    // ENOTDIR
             FsError::IsADirectory => 21,     // EISDIR

@@ -1815,7 +1815,7 @@ impl Filesystem {
                 })?;
         }
         let inode = self.inode_any(ino)?;
-        flags::may_write_data(&inode)?;
+        flags::may_write_contents(&inode)?;
         if inode.is_regular() && !ranges.iter().all(|r| r.1.is_empty()) {
             self.uninline(ino, true)?;
         }
@@ -1918,7 +1918,7 @@ impl Filesystem {
             .ok_or_else(|| {
                 FsError::InvalidRequest(format!("write past the largest file at {off}"))
             })?;
-        flags::may_write_data(&self.inode_any(ino)?)?;
+        flags::may_write_contents(&self.inode_any(ino)?)?;
         if data.is_empty() {
             return Ok((self.rw.journal().running_tid(), 0, None));
         }
@@ -2264,7 +2264,11 @@ impl Filesystem {
     }
 
     fn truncate_op(&self, ino: u32, size: u64) -> Result<u32, FsError> {
-        flags::may_setattr(&self.inode_any(ino)?, true)?;
+        let inode = self.inode_any(ino)?;
+        flags::may_setattr(&inode, true)?;
+        if !inode.is_dir() {
+            flags::may_write_contents(&inode)?;
+        }
         self.truncate_with(ino, size, true)
     }
 
@@ -2521,6 +2525,9 @@ impl Filesystem {
             ));
         }
         let inode = self.inode_any(ino)?;
+        if inode.is_regular() {
+            flags::may_write_contents(&inode)?;
+        }
         // vfs_fallocate: nothing on an immutable file, only plain
         // allocation on an append-only one.
         if mode.punch_hole || mode.zero_range {

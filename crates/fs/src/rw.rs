@@ -68,7 +68,10 @@ pub const RW_INCOMPAT: u32 = Incompat::FILETYPE.bits()
     | Incompat::LARGEDIR.bits()
     | Incompat::INLINE_DATA.bits()
     | Incompat::EA_INODE.bits()
-    | Incompat::CASEFOLD.bits();
+    | Incompat::CASEFOLD.bits()
+    // Per file, not per image: what needs a key is refused per operation
+    // (`fs/crypt.rs`).
+    | Incompat::ENCRYPT.bits();
 
 /// ro_compat features the read-write engine handles.
 pub const RW_RO_COMPAT: u32 = RoCompat::SPARSE_SUPER.bits()
@@ -80,7 +83,9 @@ pub const RW_RO_COMPAT: u32 = RoCompat::SPARSE_SUPER.bits()
     | RoCompat::METADATA_CSUM.bits()
     | RoCompat::ORPHAN_PRESENT.bits()
     | RoCompat::QUOTA.bits()
-    | RoCompat::PROJECT.bits();
+    | RoCompat::PROJECT.bits()
+    // fs-verity files are read-only per file (`fs/crypt.rs`).
+    | RoCompat::VERITY.bits();
 
 fn feature_names(word: Word, bits: u32) -> String {
     (0..32)

@@ -31,7 +31,19 @@ pub const READ_INCOMPAT: u32 = Incompat::FILETYPE.bits()
     | Incompat::CSUM_SEED.bits()
     | Incompat::LARGEDIR.bits()
     | Incompat::INLINE_DATA.bits()
-    | Incompat::CASEFOLD.bits();
+    | Incompat::CASEFOLD.bits()
+    | Incompat::ENCRYPT.bits();
+
+/// ENOKEY for the contents of an encrypted regular file (what
+/// `fscrypt_file_open` refuses without the key). An encrypted directory's
+/// entries are read (their names as no-key names, see [`crate::dir`]), an
+/// encrypted symlink's target as a no-key name ([`Fs::read_link`]).
+pub fn need_key_for_contents(inode: &crate::inode::InodeInfo) -> Result<(), FsError> {
+    if inode.flags & ext4kit_format::fscrypt::ENCRYPT_FL != 0 && inode.is_regular() {
+        return Err(FsError::NoKey("the file's contents are encrypted"));
+    }
+    Ok(())
+}
 
 /// ro_compat features the engine knows (others open read-only).
 pub const KNOWN_RO_COMPAT: u32 = RoCompat::SPARSE_SUPER.bits()
@@ -43,7 +55,8 @@ pub const KNOWN_RO_COMPAT: u32 = RoCompat::SPARSE_SUPER.bits()
     | RoCompat::METADATA_CSUM.bits()
     | RoCompat::ORPHAN_PRESENT.bits()
     | RoCompat::QUOTA.bits()
-    | RoCompat::PROJECT.bits();
+    | RoCompat::PROJECT.bits()
+    | RoCompat::VERITY.bits();
 
 fn corrupt(what: &'static str, detail: impl Into<String>) -> FsError {
     FsError::corrupt(what, detail)

@@ -127,8 +127,17 @@ pub fn ioctl(s: &Shared, ino: u32, cmd: u32, in_data: &[u8]) -> Result<Vec<u8>, 
 /// `may_open`'s flag checks (the kernel makes them on an ext4 inode,
 /// not on a FUSE one): EPERM for opening an immutable file for writing,
 /// an append-only one for writing without `O_APPEND` or with `O_TRUNC`.
+///
+/// Without keys (`fscrypt_file_open`, `fsverity_file_open`): ENOKEY for an
+/// encrypted regular file, EPERM for an fs-verity file opened for writing.
 pub fn may_open(i: &InodeInfo, oflags: i32) -> Result<(), Errno> {
     let write = oflags & libc::O_ACCMODE != libc::O_RDONLY;
+    if i.is_regular() && i.flags & ext4kit_format::fscrypt::ENCRYPT_FL != 0 {
+        return Err(Errno::from_i32(libc::ENOKEY));
+    }
+    if (write || oflags & libc::O_TRUNC != 0) && i.flags & ext4kit_format::fscrypt::VERITY_FL != 0 {
+        return Err(Errno::EPERM);
+    }
     if write && i.flags & IMMUTABLE_FL != 0 {
         return Err(Errno::EPERM);
     }

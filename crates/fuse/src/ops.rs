@@ -630,7 +630,7 @@ impl FuseFs {
         let entries = self
             .s
             .backend
-            .read_inode(ino, |f, d| f.read_dir(d))
+            .read_inode(ino, |f, d| f.read_dir_user(d))
             .map_err(|e| errno(&e))?;
         let mut items = Vec::with_capacity(entries.len());
         for e in entries {

@@ -27,9 +27,8 @@ pub const DIRSYNC_FL: u32 = 0x0001_0000;
 pub const TOPDIR_FL: u32 = 0x0002_0000;
 pub const DAX_FL: u32 = 0x0200_0000;
 pub const PROJINHERIT_FL: u32 = 0x2000_0000;
-/// `EXT4_ENCRYPT_FL`.
-pub const ENCRYPT_FL: u32 = 0x0000_0800;
 pub const CASEFOLD_FL: u32 = 0x4000_0000;
+use ext4kit_format::fscrypt::{ENCRYPT_FL, VERITY_FL};
 /// `EXT4_FL_USER_VISIBLE`: what GETFLAGS shows (EXTENTS, INDEX,
 /// INLINE_DATA, HUGE_FILE included).
 pub const FL_USER_VISIBLE: u32 = 0x725B_DFFF;
@@ -95,7 +94,7 @@ pub fn setflags_result(mode: u16, old: u32, flags: u32) -> Result<u32, FsError> 
 }
 
 /// EPERM when `i`'s data may not change (immutable): write, fallocate.
-pub(crate) fn may_write_data(i: &InodeInfo) -> Result<(), FsError> {
+pub fn may_write_data(i: &InodeInfo) -> Result<(), FsError> {
     if i.flags & IMMUTABLE_FL != 0 {
         return Err(FsError::NotPermitted("the file is immutable"));
     }
@@ -132,6 +131,44 @@ pub(crate) fn may_add_entry(d: &InodeInfo) -> Result<(), FsError> {
         return Err(FsError::NotPermitted("the directory is immutable"));
     }
     Ok(())
+}
+
+/// ENOKEY for a new inode or name in encrypted directory `d`
+/// (`fscrypt_prepare_new_inode`, `fscrypt_prepare_link`: both need the
+/// directory's key, which the engine never has).
+pub fn may_create_in(d: &InodeInfo) -> Result<(), FsError> {
+    if d.flags & ENCRYPT_FL != 0 {
+        return Err(FsError::NoKey(
+            "a new name in an encrypted directory needs its key",
+        ));
+    }
+    Ok(())
+}
+
+/// ENOKEY for a rename out of `sd` into `dd` when either is encrypted
+/// (`fscrypt_prepare_rename` needs both keys, also within one directory).
+pub fn may_rename_between(sd: &InodeInfo, dd: &InodeInfo) -> Result<(), FsError> {
+    if (sd.flags | dd.flags) & ENCRYPT_FL != 0 {
+        return Err(FsError::NoKey(
+            "a rename in or out of an encrypted directory needs its key",
+        ));
+    }
+    Ok(())
+}
+
+/// The contents of `i` may be written, truncated or allocated: ENOKEY for
+/// an encrypted regular file (`fscrypt_file_open`, `fscrypt_prepare_setattr`
+/// with a size: even truncating to 0 needs the key), EPERM for an
+/// fs-verity file (`fsverity_file_open` for writing,
+/// `fsverity_prepare_setattr`), EPERM when immutable.
+pub fn may_write_contents(i: &InodeInfo) -> Result<(), FsError> {
+    if i.flags & VERITY_FL != 0 {
+        return Err(FsError::NotPermitted("the file has fs-verity"));
+    }
+    if i.flags & ENCRYPT_FL != 0 && i.is_regular() {
+        return Err(FsError::NoKey("the file's contents are encrypted"));
+    }
+    may_write_data(i)
 }
 
 /// EPERM when `victim`'s entry may not leave directory `d`

@@ -193,6 +193,29 @@ impl Filesystem {
         }
     }
 
+    /// [`Filesystem::lookup`] by on-disk name (no no-key decoding).
+    fn lookup_disk(&self, dir: u32, name: &[u8]) -> Result<Option<InodeInfo>, FsError> {
+        let found = {
+            let _r = self.locks.read(dir);
+            let d = self.inode(dir)?;
+            self.read(|f| f.lookup_disk(&d, name))?
+        };
+        match found {
+            Some(e) => Ok(Some(self.inode(e.ino)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The on-disk name of `dir`'s entry `name` (a no-key name in an
+    /// encrypted directory; NotFound when no entry has it). The caller
+    /// holds `dir`'s call lock.
+    fn disk_name(&self, dir: u32, name: &[u8]) -> Result<Vec<u8>, FsError> {
+        let _r = self.locks.read(dir);
+        let d = self.inode(dir)?;
+        self.read(|f| f.disk_name(&d, name))?
+            .ok_or(FsError::NotFound)
+    }
+
     fn touch_dir(&self, d: &mut InodeInfo, links: i32) -> Result<(), FsError> {
         let t = now();
         let (s, x) = encode_time(t);
@@ -263,6 +286,9 @@ impl Filesystem {
             return Err(FsError::NotADirectory);
         }
         flags::may_add_entry(&d)?;
+        if absent.is_some() {
+            flags::may_create_in(&d)?;
+        }
         if let Some(name) = absent {
             self.check_absent(&d, name)?;
         }
@@ -377,6 +403,7 @@ impl Filesystem {
         }
         let _p = self.locks.call(parent);
         self.guard("create_tmpfile", parent, || {
+            flags::may_create_in(&self.inode(parent)?)?;
             self.in_dir(parent, None, 6, 1, |fs, op, _d| {
                 let spec = NewInode { links: 0, ..*spec };
                 let mut i = fs.create_inode(op, parent, &spec)?;
@@ -657,7 +684,9 @@ impl Filesystem {
         keep: impl FnOnce(u32) -> bool,
     ) -> Result<(u32, u32, bool), FsError> {
         let p_lock = self.locks.call(parent);
-        let Some(target) = self.lookup(parent, name)? else {
+        let disk = self.disk_name(parent, name)?;
+        let name = &disk[..];
+        let Some(target) = self.lookup_disk(parent, name)? else {
             return Err(FsError::NotFound);
         };
         if target.is_dir() {
@@ -727,7 +756,9 @@ impl Filesystem {
         if name == b".." {
             return Err(FsError::NotEmpty);
         }
-        let Some(target) = self.lookup(parent, name)? else {
+        let disk = self.disk_name(parent, name)?;
+        let name = &disk[..];
+        let Some(target) = self.lookup_disk(parent, name)? else {
             return Err(FsError::NotFound);
         };
         if !target.is_dir() {
@@ -917,6 +948,10 @@ impl Filesystem {
         let src = self.lookup(sdir, sname)?.ok_or(FsError::NotFound)?;
         self.check_encoding(&self.inode(ddir)?, dname)?;
         let dst = self.lookup(ddir, dname)?;
+        // fscrypt_prepare_rename: both directories' keys, which the
+        // engine never has (ENOKEY; a rename inside one encrypted
+        // directory too).
+        flags::may_rename_between(&self.inode(sdir)?, &self.inode(ddir)?)?;
         // As do_renameat2: NOREPLACE is checked first, then two links of
         // one inode make the rename a no-op (vfs_rename).
         if flags.noreplace && dst.is_some() {
