@@ -159,8 +159,12 @@ fn stale_mount_check(mp: &Path) -> anyhow::Result<()> {
 
 /// Run `ext4kit mount`.
 pub fn run(args: &MountArgs) -> anyhow::Result<i32> {
-    let opts =
+    let mut opts =
         MountOptions::parse(args.options.iter().map(String::as_str)).map_err(|e| anyhow!("{e}"))?;
+    // --journal-path is -o journal_path= (an -o given wins).
+    if opts.journal_path.is_none() {
+        opts.journal_path = crate::extjournal::path().map(Into::into);
+    }
     // As mount(8): only root may mount with suid or dev (fusermount3
     // makes every user mount nosuid,nodev).
     if (!opts.nosuid || !opts.nodev) && !nix::unistd::geteuid().is_root() {
@@ -211,6 +215,18 @@ fn detach(args: &MountArgs, device: &Path, mountpoint: &Path) -> anyhow::Result<
     let mut cmd = Command::new(exe);
     cmd.arg("mount").arg("--daemon-child");
     for o in &args.options {
+        cmd.arg("-o").arg(o);
+    }
+    // The journal device, absolute (the child runs in /), last so that
+    // it wins.
+    let jp = MountOptions::parse(args.options.iter().map(String::as_str))
+        .ok()
+        .and_then(|o| o.journal_path)
+        .or_else(|| crate::extjournal::path().map(Into::into));
+    if let Some(jp) = jp {
+        let abs = std::path::absolute(&jp).unwrap_or(jp);
+        let mut o = std::ffi::OsString::from("journal_path=");
+        o.push(abs.as_os_str());
         cmd.arg("-o").arg(o);
     }
     if let Some(t) = args.threads {

@@ -26,6 +26,7 @@ mod cmd_status;
 mod cmd_sync;
 mod direct;
 mod errmsg;
+mod extjournal;
 mod jdev;
 mod probe;
 mod undo;
@@ -48,6 +49,12 @@ mod walk;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// The external journal device of the filesystem (`mkfs -O
+    /// journal_dev`, attached with `-J device=`): the kernel's
+    /// journal_path= mount option, e2fsck's -j. Checked to be the
+    /// filesystem's journal before anything is written.
+    #[arg(long, global = true, value_name = "PATH")]
+    journal_path: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -237,6 +244,7 @@ fn main() {
                 std::process::exit(usage_error(&prog, &e));
             }
         };
+        extjournal::set(cli.journal_path.clone());
         match &cli.cmd {
             Cmd::Mkfs(a) => cmd_mkfs::run(a, &Personality::Ext4kit),
             Cmd::Lazyinit(a) => cmd_lazyinit::run(a),

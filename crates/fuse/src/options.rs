@@ -133,6 +133,10 @@ pub struct MountOptions {
     /// [`MAX_URING_DEPTH`], default [`DEFAULT_URING_DEPTH`]): requests the
     /// kernel can hand a ring before its thread commits one.
     pub uring_depth: u16,
+    /// `journal_path=PATH`: the filesystem's external journal device
+    /// (the kernel's option; checked to be the filesystem's journal at
+    /// open).
+    pub journal_path: Option<std::path::PathBuf>,
 }
 
 impl Default for MountOptions {
@@ -160,6 +164,7 @@ impl Default for MountOptions {
             transport: Transport::Ext4kit,
             uring: Uring::Auto,
             uring_depth: DEFAULT_URING_DEPTH,
+            journal_path: None,
         }
     }
 }
@@ -260,6 +265,17 @@ impl MountOptions {
                     )));
                 }
                 self.uring_depth = n;
+                Ok(())
+            }
+            "journal_path" => {
+                match value {
+                    Some(v) if !v.is_empty() => self.journal_path = Some(v.into()),
+                    _ => {
+                        return Err(OptionError(
+                            "mount option 'journal_path' needs a value (the journal device)".into(),
+                        ));
+                    }
+                }
                 Ok(())
             }
             "transport" => {

@@ -865,3 +865,27 @@ pub fn run_cut<R>(
     let r = run(std::sync::Arc::new(fault));
     (mem, r, ctl.ops())
 }
+
+/// [`run_cut`] for a filesystem with an external journal: copies of
+/// `fs` and `journal` joined ([`ext4kit_device::WithJournal`]) under one
+/// [`FaultDevice`], so the cut counts the writes of both devices and a
+/// flush is the barrier of both. Returns both copies.
+pub fn run_cut_joined<R>(
+    fs: &MemDevice,
+    journal: &MemDevice,
+    cut: Option<u64>,
+    mode: CutMode,
+    run: impl FnOnce(std::sync::Arc<dyn Device>) -> R,
+) -> (std::sync::Arc<MemDevice>, std::sync::Arc<MemDevice>, R, u64) {
+    let f = std::sync::Arc::new(fs.snapshot());
+    let j = std::sync::Arc::new(journal.snapshot());
+    let joined = ext4kit_device::WithJournal::new(f.clone(), j.clone());
+    let fault = FaultDevice::new(joined);
+    let ctl = fault.control();
+    ctl.set_cut_mode(mode);
+    if let Some(n) = cut {
+        ctl.power_cut_after(n);
+    }
+    let r = run(std::sync::Arc::new(fault));
+    (f, j, r, ctl.ops())
+}

@@ -43,7 +43,11 @@ pub enum RecoverError {
     /// The filesystem has no journal.
     #[error("the filesystem has no journal")]
     NoJournal,
-    /// A valid setup this code does not handle (external journal, fast
+    /// The journal is on another device: not given, or not the right
+    /// one (the message says which and how to name it).
+    #[error("{0}")]
+    ExternalJournal(String),
+    /// A valid setup this code does not handle (fast
     /// commits, an unknown journal feature...).
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -112,6 +116,8 @@ pub struct Journal {
     first: u32,
     last: u32,
     maxlen: u32,
+    jsb_block: u64,
+    external: bool,
 }
 
 impl std::fmt::Debug for Journal {
@@ -133,6 +139,19 @@ fn read_block(dev: &dyn Device, bs: u32, block: u64) -> Result<Vec<u8>, RecoverE
         .ok_or_else(|| corrupt("block number", format!("{block} overflows")))?;
     dev.read_at(&mut buf, off)?;
     Ok(buf)
+}
+
+/// A UUID as `blkid` prints it.
+pub fn fmt_uuid(u: &[u8; 16]) -> String {
+    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        h[..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..].concat()
+    )
 }
 
 fn be32(b: &[u8], off: usize) -> u32 {
@@ -202,27 +221,25 @@ impl Journal {
         if !compat.contains(Compat::HAS_JOURNAL) || (ino == 0 && sb.s_journal_dev.get() == 0) {
             return Err(RecoverError::NoJournal);
         }
-        if ino == 0 || sb.s_journal_dev.get() != 0 || sb.s_journal_uuid != [0; 16] {
-            let u = sb.s_journal_uuid;
-            return Err(RecoverError::Unsupported(format!(
-                "external journals are not supported (the journal is on device {:#06x}, UUID {:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x})",
-                sb.s_journal_dev.get(),
-                u[0],
-                u[1],
-                u[2],
-                u[3],
-                u[4],
-                u[5],
-                u[6],
-                u[7],
-                u[8],
-                u[9],
-                u[10],
-                u[11],
-                u[12],
-                u[13],
-                u[14],
-                u[15]
+        let names_device = sb.s_journal_dev.get() != 0 || sb.s_journal_uuid != [0; 16];
+        if ino != 0 && names_device {
+            // ext4_load_journal: "filesystem has both journal inode and
+            // journal device!"
+            return Err(corrupt(
+                "superblock",
+                format!(
+                    "it names both a journal inode ({ino}) and a journal device (UUID {}, device {:#06x})",
+                    fmt_uuid(&sb.s_journal_uuid),
+                    sb.s_journal_dev.get()
+                ),
+            ));
+        }
+        if ino == 0 {
+            return Self::open_external(dev, sb);
+        }
+        if dev.journal_base().is_some() {
+            return Err(RecoverError::ExternalJournal(format!(
+                "the filesystem's journal is internal (inode {ino}): journal_path= names no journal device"
             )));
         }
         let bs = sb
@@ -311,7 +328,139 @@ impl Journal {
             fmt,
             runs,
             seed,
+            jsb_block: jsb_blk,
+            external: false,
         })
+    }
+
+    /// The journal of a filesystem whose journal is on another device
+    /// (`s_journal_inum` 0, `s_journal_uuid`/`s_journal_dev` set): `dev`
+    /// must be a [`ext4kit_device::WithJournal`] joining the journal
+    /// device ([`Device::journal_base`]). Checked as the kernel's
+    /// `ext4_get_dev_journal` and jbd2's superblock load check it: the
+    /// device is a journal device (ext4 superblock with incompat
+    /// JOURNAL_DEV), its UUID is the filesystem's `s_journal_uuid`, the
+    /// block sizes are equal, the jbd2 superblock (at block
+    /// `ext2fs_journal_sb_start`) is valid, has one user and that user is
+    /// this filesystem. Log block `n` is block `n` of the journal device
+    /// (jbd2's `bmap` of a device journal is the identity; `s_first` is
+    /// the block after the jbd2 superblock).
+    fn open_external(dev: &dyn Device, sb: Superblock) -> Result<Journal, RecoverError> {
+        let want = sb.s_journal_uuid;
+        let Some(base) = dev.journal_base() else {
+            return Err(RecoverError::ExternalJournal(format!(
+                "the journal is on another device (UUID {}, device {:#06x}): name it with journal_path=PATH (--journal-path PATH)",
+                fmt_uuid(&want),
+                sb.s_journal_dev.get()
+            )));
+        };
+        let bs = sb
+            .block_size()
+            .ok_or_else(|| corrupt("superblock", "block size out of range"))?;
+        let fs_blocks = sb.blocks_count();
+        if fs_blocks == 0 || fs_blocks.saturating_mul(u64::from(bs)) > base {
+            return Err(corrupt(
+                "superblock",
+                format!("{fs_blocks} blocks of {bs} bytes do not fit the device ({base} bytes)"),
+            ));
+        }
+        if base % u64::from(bs) != 0 {
+            return Err(corrupt(
+                "journal device",
+                format!("offset {base} is not a multiple of the block size"),
+            ));
+        }
+        let jsize = dev.size() - base;
+        let bad_dev = |why: String| RecoverError::ExternalJournal(format!("journal device: {why}"));
+        let mut raw = vec![0u8; SUPERBLOCK_SIZE];
+        if jsize < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
+            return Err(bad_dev(format!(
+                "not an external journal device (only {jsize} bytes)"
+            )));
+        }
+        dev.read_at(&mut raw, base + SUPERBLOCK_OFFSET)?;
+        let jsb_ext4 =
+            Superblock::parse(&raw).ok_or_else(|| corrupt("superblock", "short read"))?;
+        if jsb_ext4.s_magic.get() != EXT4_MAGIC
+            || !Incompat(jsb_ext4.s_feature_incompat.get()).contains(Incompat::JOURNAL_DEV)
+        {
+            return Err(bad_dev(
+                "not an external journal device (no ext4 superblock with the journal_dev feature)"
+                    .into(),
+            ));
+        }
+        if RoCompat(jsb_ext4.s_feature_ro_compat.get()).contains(RoCompat::METADATA_CSUM)
+            && !jsb_ext4.checksum_ok()
+        {
+            return Err(bad_dev("its superblock checksum does not match".into()));
+        }
+        if jsb_ext4.s_uuid != want {
+            return Err(bad_dev(format!(
+                "UUID {} is not the filesystem's journal UUID {}",
+                fmt_uuid(&jsb_ext4.s_uuid),
+                fmt_uuid(&want)
+            )));
+        }
+        let jbs = jsb_ext4.block_size().unwrap_or(0);
+        if jbs != bs {
+            return Err(bad_dev(format!(
+                "block size {jbs} differs from the filesystem's {bs}"
+            )));
+        }
+        let jblocks = jsb_ext4.blocks_count().min(jsize / u64::from(bs));
+        let start: u64 = if bs == 1024 { 2 } else { 1 };
+        let base_blk = base / u64::from(bs);
+        let jsb_blk = base_blk + start;
+        if start >= jblocks {
+            return Err(bad_dev(format!("only {jblocks} blocks")));
+        }
+        let rawj = read_block(dev, bs, jsb_blk)?;
+        let jsb = JournalSuperblock::parse(&rawj).ok_or_else(|| bad_jsb("short block"))?;
+        let fmt = validate_jsb(&jsb, &rawj, bs, jblocks)?;
+        let nr = jsb.s_nr_users.get();
+        if nr == 0 || !jsb.s_users[..16].eq(&sb.s_uuid[..]) {
+            return Err(bad_dev(format!(
+                "the filesystem (UUID {}) is not among its users",
+                fmt_uuid(&sb.s_uuid)
+            )));
+        }
+        let maxlen = jsb.s_maxlen.get();
+        let first = jsb.s_first.get();
+        if u64::from(first) <= start {
+            return Err(bad_jsb(format!(
+                "s_first {first} is not after the journal superblock (block {start})"
+            )));
+        }
+        let seed = jcsum::seed(&jsb.s_uuid);
+        Ok(Journal {
+            block_size: bs,
+            fs_blocks,
+            first,
+            last: maxlen - jsb.fc_area_blocks(),
+            maxlen,
+            sb,
+            jsb,
+            fmt,
+            runs: vec![Run {
+                lblk: 0,
+                pblk: base_blk,
+                len: maxlen,
+            }],
+            seed,
+            jsb_block: jsb_blk,
+            external: true,
+        })
+    }
+
+    /// Physical block of the journal superblock (log block 0 of an
+    /// internal journal; block 1 or 2 of an external journal device).
+    pub fn jsb_block(&self) -> u64 {
+        self.jsb_block
+    }
+
+    /// Is the journal on another device ([`ext4kit_device::WithJournal`])?
+    pub fn is_external(&self) -> bool {
+        self.external
     }
 
     /// `j_csum_seed`: crc32c of the journal UUID.
@@ -1295,9 +1444,7 @@ pub fn apply(dev: &dyn Device, j: &Journal, rec: &Recovery) -> Result<Applied, R
     }
     dev.flush()?;
 
-    let jblk = j
-        .phys(0)
-        .ok_or_else(|| corrupt("journal inode", "block 0 is not mapped"))?;
+    let jblk = j.jsb_block();
     let mut raw = read_block(dev, j.block_size, jblk)?;
     let mut jsb = JournalSuperblock::parse(&raw).ok_or_else(|| bad_jsb("short block"))?;
     let had_errno = jsb.s_errno.get() != 0 || rec.failed_commit.is_some();
@@ -2025,7 +2172,22 @@ pub(crate) mod tests {
         sb.update_checksum();
         dev.write_at(sb.as_bytes(), SUPERBLOCK_OFFSET).unwrap();
         let e = Journal::open(&dev).unwrap_err().to_string();
-        assert!(e.contains("external journals"), "{e}");
+        assert!(e.contains("both a journal inode"), "{e}");
+        // Only the device: the option is named, with the UUID.
+        sb.s_journal_inum.set(0);
+        sb.s_journal_uuid = [0xAB; 16];
+        sb.update_checksum();
+        dev.write_at(sb.as_bytes(), SUPERBLOCK_OFFSET).unwrap();
+        let e = Journal::open(&dev).unwrap_err().to_string();
+        assert!(
+            e.contains("journal_path=") && e.contains("abababab-abab-abab-abab-abababababab"),
+            "{e}"
+        );
+        // A device that is not a journal device.
+        let other = Arc::new(MemDevice::new(4 << 20));
+        let joined = ext4kit_device::WithJournal::new(Arc::new(dev.snapshot()), other);
+        let e = Journal::open(&joined).unwrap_err().to_string();
+        assert!(e.contains("not an external journal device"), "{e}");
     }
 
     proptest! {
