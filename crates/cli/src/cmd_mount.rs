@@ -52,6 +52,8 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   superblock's setting, tune2fs -e)\n  \
                   norecovery, noload      with ro only: do not replay a dirty journal, not \
                   even in memory\n  \
+                  journal_path=PATH       the external journal device of a filesystem made \
+                  with -J device= (also --journal-path PATH)\n  \
                   data=ordered            the only data mode (the default)\n  \
                   discard, nodiscard      discard the blocks each commit freed, together and \
                   in parallel after the commit; at mount, discard what a crash lost \
@@ -224,7 +226,11 @@ fn detach(args: &MountArgs, device: &Path, mountpoint: &Path) -> anyhow::Result<
         .and_then(|o| o.journal_path)
         .or_else(|| crate::extjournal::path().map(Into::into));
     if let Some(jp) = jp {
-        let abs = std::path::absolute(&jp).unwrap_or(jp);
+        let abs = if ext4kit_device::is_device_uri(&jp) {
+            jp
+        } else {
+            std::path::absolute(&jp).unwrap_or(jp)
+        };
         let mut o = std::ffi::OsString::from("journal_path=");
         o.push(abs.as_os_str());
         cmd.arg("-o").arg(o);

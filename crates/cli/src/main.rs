@@ -246,6 +246,12 @@ fn main() {
         };
         extjournal::set(cli.journal_path.clone());
         match &cli.cmd {
+            Cmd::Mkfs(_) if cli.journal_path.is_some() => {
+                eprintln!(
+                    "ext4kit mkfs: --journal-path names the journal device of an existing filesystem; mkfs attaches one with -J device= (see --help)"
+                );
+                std::process::exit(1);
+            }
             Cmd::Mkfs(a) => cmd_mkfs::run(a, &Personality::Ext4kit),
             Cmd::Lazyinit(a) => cmd_lazyinit::run(a),
             Cmd::Info(a) => cmd_info::run(a),

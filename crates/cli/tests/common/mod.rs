@@ -279,7 +279,21 @@ pub fn e2fsck_clean(path: &Path) -> Result<String, String> {
 /// no_optimize_extents`: no pass-1E offers to repack an extent tree,
 /// which are optimizations, not repairs).
 pub fn e2fsck_clean_with(path: &Path, extra: &[&str]) -> Result<String, String> {
-    let out = run(tool("e2fsck").arg("-fn").args(extra).arg(path))?;
+    e2fsck_clean_env(path, extra, &[])
+}
+
+/// [`e2fsck_clean_with`] with environment variables for e2fsck (e.g.
+/// `BLKID_FILE`).
+pub fn e2fsck_clean_env(
+    path: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Result<String, String> {
+    let mut cmd = tool("e2fsck");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = run(cmd.arg("-fn").args(extra).arg(path))?;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stderr),
