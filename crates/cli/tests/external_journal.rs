@@ -342,7 +342,19 @@ fn a_dirty_kernel_external_journal_is_replayed_like_the_kernel() {
         "{:?}",
         want.keys()
     );
-    // Ours (a write tool replays first), then the kernel reads it.
+    // e2fsck's replay on other copies: the oracle for the bytes.
+    let (ef, ej) = (d.join("ef.img"), d.join("ej.img"));
+    sparse_copy(&fsimg, &ef);
+    sparse_copy(&jimg, &ej);
+    let cache = d.join("e2fsck-blkid.tab");
+    let e = run(tool("e2fsck")
+        .env("BLKID_FILE", &cache)
+        .args(["-E", "journal_only", "-y", "-j"])
+        .arg(&ej)
+        .arg(&ef))
+    .unwrap();
+    assert!(e.status.code().is_some_and(|c| c <= 1), "e2fsck: {e:?}");
+    // Ours, then the kernel reads it.
     run_ok(
         ext4kit()
             .args(jp(&jimg))
@@ -350,6 +362,17 @@ fn a_dirty_kernel_external_journal_is_replayed_like_the_kernel() {
             .arg(&fsimg),
     )
     .unwrap();
+    for (a, b) in [(&fsimg, &ef), (&jimg, &ej)] {
+        let (ma, mb) = (d.join("a.masked"), d.join("b.masked"));
+        sparse_copy(a, &ma);
+        sparse_copy(b, &mb);
+        mask_superblock(&ma);
+        mask_superblock(&mb);
+        sparse_equal(&ma, &mb)
+            .unwrap_or_else(|e| panic!("{}: replay differs from e2fsck's: {e}", a.display()));
+        fs::remove_file(&ma).unwrap();
+        fs::remove_file(&mb).unwrap();
+    }
     // (The superblock's free counts are stale after any replay, as
     // after the kernel's: e2fsck -fn is clean once a mount wrote them.)
     let k = KernelPair::new(&fsimg, &jimg).unwrap();

@@ -779,6 +779,22 @@ pub fn mkimg(dir: &Path, name: &str, size: &str, args: &[&str]) -> PathBuf {
     img
 }
 
+/// Superblock fields that say when and how much was written, and the
+/// checksum over them: the only bytes allowed to differ from e2fsck's.
+pub fn mask_superblock(img: &Path) {
+    use ext4kit_format::superblock::Superblock;
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(img).unwrap();
+    for (off, len) in [
+        (std::mem::offset_of!(Superblock, s_wtime), 4),
+        (std::mem::offset_of!(Superblock, s_wtime_hi), 1),
+        (std::mem::offset_of!(Superblock, s_kbytes_written), 8),
+        (std::mem::offset_of!(Superblock, s_checksum), 4),
+    ] {
+        f.write_all_at(&vec![0u8; len], 1024 + off as u64).unwrap();
+    }
+}
+
 /// Copy an image, keeping its holes.
 pub fn sparse_copy(src: &Path, dst: &Path) {
     run_ok(tool("cp").arg("--sparse=always").arg(src).arg(dst)).unwrap();
