@@ -208,7 +208,10 @@ fn images_with_an_external_journal_are_written_and_stay_clean() {
         assert!(t.contains("external"), "{name}: {t}");
         let out = run_ok(ext4kit().args(jp(&jimg)).arg("info").arg(&fsimg)).unwrap();
         let t = String::from_utf8_lossy(&out.stdout);
-        assert!(t.contains("external"), "{name}: info: {t}");
+        assert!(
+            t.contains("journal:             external (UUID ") && t.contains(" blocks"),
+            "{name}: info: {t}"
+        );
 
         // The FUSE mount: -o journal_path= (refused without it).
         match fuse_available() {

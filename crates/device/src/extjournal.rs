@@ -289,6 +289,51 @@ mod tests {
         assert!(w.read_at(&mut b, u64::MAX - 10).is_err());
     }
 
+    /// A memory device that logs its flushes into a shared list.
+    struct Logged {
+        inner: MemDevice,
+        tag: &'static str,
+        log: Arc<std::sync::Mutex<Vec<&'static str>>>,
+    }
+
+    impl Device for Logged {
+        crate::forward_device!(inner; flush);
+        fn flush(&self) -> Result<()> {
+            self.log.lock().unwrap().push(self.tag);
+            self.inner.flush()
+        }
+    }
+
+    #[test]
+    fn a_flush_flushes_the_journal_device_first_and_skips_a_clean_side() {
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let dev = |tag| {
+            Arc::new(Logged {
+                inner: MemDevice::new(1 << 20),
+                tag,
+                log: log.clone(),
+            })
+        };
+        let w = WithJournal::new(dev("fs"), dev("journal"));
+        w.flush().unwrap();
+        assert_eq!(*log.lock().unwrap(), ["journal", "fs"]);
+        log.lock().unwrap().clear();
+        w.flush().unwrap();
+        assert!(log.lock().unwrap().is_empty(), "nothing written since");
+        w.write_at(&[1; 512], 0).unwrap();
+        w.flush().unwrap();
+        assert_eq!(*log.lock().unwrap(), ["fs"]);
+        log.lock().unwrap().clear();
+        w.write_at(&[1; 512], ALIGN).unwrap();
+        w.write_at(&[1; 512], 4096).unwrap();
+        w.flush().unwrap();
+        assert_eq!(*log.lock().unwrap(), ["journal", "fs"]);
+        log.lock().unwrap().clear();
+        w.discard(ALIGN, 4096).unwrap();
+        w.flush().unwrap();
+        assert_eq!(*log.lock().unwrap(), ["journal"]);
+    }
+
     #[test]
     fn known_zero_ranges_are_in_joined_offsets() {
         let (_fs, _j, w) = pair();
