@@ -112,6 +112,21 @@ fn e2fsck_clean_ext(fsimg: &Path, jimg: &Path) -> Result<String, String> {
     r
 }
 
+/// `e2fsck -E journal_only -y -j JOURNAL FS` (a fresh blkid cache, see
+/// [`e2fsck_clean_ext`]): the replay oracle.
+fn e2fsck_journal_only(fsimg: &Path, jimg: &Path) {
+    let cache = fsimg.with_extension("blkid.tab");
+    let _ = fs::remove_file(&cache);
+    let e = run(tool("e2fsck")
+        .env("BLKID_FILE", &cache)
+        .args(["-E", "journal_only", "-y", "-j"])
+        .arg(jimg)
+        .arg(fsimg))
+    .unwrap();
+    let _ = fs::remove_file(&cache);
+    assert!(e.status.code().is_some_and(|c| c <= 1), "e2fsck: {e:?}");
+}
+
 /// Every file under `root` (as the kernel shows it): path -> contents
 /// (directories as "<dir>").
 fn walk(root: &Path) -> BTreeMap<String, Vec<u8>> {
@@ -349,14 +364,7 @@ fn a_dirty_kernel_external_journal_is_replayed_like_the_kernel() {
     let (ef, ej) = (d.join("ef.img"), d.join("ej.img"));
     sparse_copy(&fsimg, &ef);
     sparse_copy(&jimg, &ej);
-    let cache = d.join("e2fsck-blkid.tab");
-    let e = run(tool("e2fsck")
-        .env("BLKID_FILE", &cache)
-        .args(["-E", "journal_only", "-y", "-j"])
-        .arg(&ej)
-        .arg(&ef))
-    .unwrap();
-    assert!(e.status.code().is_some_and(|c| c <= 1), "e2fsck: {e:?}");
+    e2fsck_journal_only(&ef, &ej);
     // Ours, then the kernel reads it.
     run_ok(
         ext4kit()
@@ -498,6 +506,7 @@ fn a_power_cut_at_every_write_across_both_devices() {
     assert!(f0.to_bytes() != base_f.to_bytes() && j0.to_bytes() != base_j.to_bytes());
     let (outf, outj) = (d.join("out.img"), d.join("out-j.img"));
     let mut seen = [false; 2];
+    let mut replayed = 0;
     for mode in [
         CutMode::DropAll,
         CutMode::Subset {
@@ -507,6 +516,35 @@ fn a_power_cut_at_every_write_across_both_devices() {
     ] {
         for cut in 1..ops {
             let (f, j, _, _) = run_cut_joined(&base_f, &base_j, Some(cut), mode, run);
+            // A dirty log: `journal replay` gives e2fsck's bytes on both
+            // devices.
+            let fb = f.to_bytes();
+            if fb[1024 + 0x60] & 0x4 != 0 {
+                fs::write(&outf, &fb).unwrap();
+                fs::write(&outj, j.to_bytes()).unwrap();
+                let (ef, ej) = (d.join("e.img"), d.join("e-j.img"));
+                fs::copy(&outf, &ef).unwrap();
+                fs::copy(&outj, &ej).unwrap();
+                e2fsck_journal_only(&ef, &ej);
+                run_ok(
+                    ext4kit()
+                        .args(jp(&outj))
+                        .args(["journal", "replay"])
+                        .arg(&outf),
+                )
+                .unwrap();
+                for (a, b) in [(&outf, &ef), (&outj, &ej)] {
+                    mask_superblock(a);
+                    mask_superblock(b);
+                    sparse_equal(a, b).unwrap_or_else(|e| {
+                        panic!(
+                            "cut {cut} {mode:?}: {}: not e2fsck's replay: {e}",
+                            a.display()
+                        )
+                    });
+                }
+                replayed += 1;
+            }
             {
                 let fs = Filesystem::open(joined(f.clone(), j.clone()), RwOptions::default())
                     .unwrap_or_else(|e| panic!("cut {cut} {mode:?}: {e}"));
@@ -529,4 +567,6 @@ fn a_power_cut_at_every_write_across_both_devices() {
         }
     }
     assert!(seen[1], "some cut kept the data");
+    assert!(replayed > 0, "no cut left a dirty log");
+    eprintln!("{what}: {ops} writes, {replayed} dirty logs replayed like e2fsck");
 }
