@@ -233,8 +233,10 @@ impl Device for WithJournal {
         self.fs.reports_allocation() && self.journal.reports_allocation()
     }
 
+    /// The filesystem device's (what the tools' "allocated" reports are
+    /// about; the journal device's storage is its own).
     fn allocated_bytes(&self) -> Option<u64> {
-        Some(self.fs.allocated_bytes()? + self.journal.allocated_bytes()?)
+        self.fs.allocated_bytes()
     }
 
     fn is_rotational(&self) -> Option<bool> {

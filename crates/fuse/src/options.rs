@@ -455,6 +455,14 @@ mod tests {
             Transport::Ext4kit
         );
         assert_eq!(p("transport=fuser").unwrap().transport, Transport::Fuser);
+        // journal_path=: the external journal device; a value is needed.
+        assert_eq!(
+            p("journal_path=/dev/sdb1").unwrap().journal_path,
+            Some("/dev/sdb1".into())
+        );
+        assert_eq!(p("").unwrap().journal_path, None);
+        assert!(p("journal_path").is_err());
+        assert!(p("journal_path=").is_err());
         assert!(p("transport=x").is_err());
         // uring: our own transport over io_uring; later options win.
         assert_eq!(p("").unwrap().uring, Uring::Auto);
