@@ -218,10 +218,12 @@ impl Journal {
             ));
         }
         let ino = sb.s_journal_inum.get();
-        if !compat.contains(Compat::HAS_JOURNAL) || (ino == 0 && sb.s_journal_dev.get() == 0) {
+        // A journal device is named by its UUID (and the device number
+        // hint, which the kernel's journal_path= replaces).
+        let names_device = sb.s_journal_dev.get() != 0 || sb.s_journal_uuid != [0; 16];
+        if !compat.contains(Compat::HAS_JOURNAL) || (ino == 0 && !names_device) {
             return Err(RecoverError::NoJournal);
         }
-        let names_device = sb.s_journal_dev.get() != 0 || sb.s_journal_uuid != [0; 16];
         if ino != 0 && names_device {
             // ext4_load_journal: "filesystem has both journal inode and
             // journal device!"
@@ -2188,6 +2190,105 @@ pub(crate) mod tests {
         let joined = ext4kit_device::WithJournal::new(Arc::new(dev.snapshot()), other);
         let e = Journal::open(&joined).unwrap_err().to_string();
         assert!(e.contains("not an external journal device"), "{e}");
+    }
+
+    /// A filesystem whose journal is on another device (UUID `[0x11;
+    /// 16]`) and that device (4 MiB of 4 KiB blocks, the jbd2 superblock
+    /// at block 1, `s_first` 2, this filesystem its one user); `edit`
+    /// changes the device's ext4 and jbd2 superblocks before they are
+    /// written.
+    fn external_pair(
+        edit: impl FnOnce(&mut Superblock, &mut JournalSuperblock),
+    ) -> (Arc<MemDevice>, Arc<MemDevice>) {
+        let fs = image();
+        let mut sb = read_superblock(&fs).unwrap();
+        sb.s_journal_inum.set(0);
+        sb.s_journal_uuid = [0x11; 16];
+        sb.update_checksum();
+        fs.write_at(sb.as_bytes(), SUPERBLOCK_OFFSET).unwrap();
+        let jdev = MemDevice::new(4 << 20);
+        let mut jsb_ext4 = Superblock::new_zeroed();
+        jsb_ext4.s_magic.set(EXT4_MAGIC);
+        jsb_ext4
+            .s_feature_incompat
+            .set(Incompat::JOURNAL_DEV.bits());
+        jsb_ext4.s_uuid = [0x11; 16];
+        jsb_ext4.s_log_block_size.set(2);
+        jsb_ext4.s_blocks_count_lo.set(1024);
+        let mut jsb = JournalSuperblock::new(4096, 1024, [0x11; 16]);
+        jsb.s_first.set(2);
+        jsb.s_users[..16].copy_from_slice(&sb.s_uuid);
+        edit(&mut jsb_ext4, &mut jsb);
+        jdev.write_at(jsb_ext4.as_bytes(), SUPERBLOCK_OFFSET)
+            .unwrap();
+        jdev.write_at(jsb.as_bytes(), 4096).unwrap();
+        (Arc::new(fs), Arc::new(jdev))
+    }
+
+    #[test]
+    fn an_external_journal_device_is_checked_as_the_kernel_checks_it() {
+        let (fs, jdev) = external_pair(|_, _| {});
+        let joined = ext4kit_device::WithJournal::new(fs.clone(), jdev.clone());
+        let j = Journal::open(&joined).unwrap();
+        let base = joined.journal_base().unwrap() / 4096;
+        assert!(j.is_external());
+        assert_eq!((j.jsb_block(), j.first(), j.maxlen()), (base + 1, 2, 1024));
+        assert_eq!(j.phys(2), Some(base + 2));
+        let refused = |edit: fn(&mut Superblock, &mut JournalSuperblock), want: &str| {
+            let (fs, jdev) = external_pair(edit);
+            let joined = ext4kit_device::WithJournal::new(fs, jdev);
+            let e = Journal::open(&joined).unwrap_err().to_string();
+            assert!(e.contains(want) && !e.contains('\n'), "{want}: {e}");
+        };
+        refused(
+            |s, _| s.s_feature_incompat.set(0),
+            "not an external journal device",
+        );
+        refused(
+            |s, _| s.s_uuid = [0x22; 16],
+            "is not the filesystem's journal UUID",
+        );
+        refused(|s, _| s.s_log_block_size.set(0), "block size 1024 differs");
+        refused(|_, j| j.s_users[0] ^= 1, "is not among its users");
+        refused(|_, j| j.s_nr_users.set(0), "is not among its users");
+        refused(|_, j| j.s_nr_users.set(2), "shared by several filesystems");
+        refused(|_, j| j.s_first.set(1), "s_first 1 is not after");
+        refused(|_, j| j.h_magic.set(0), "magic");
+    }
+
+    #[test]
+    fn the_engine_commits_to_an_external_journal_device() {
+        let (fs, jdev) = external_pair(|_, _| {});
+        let ext4_sb = {
+            let mut b = vec![0u8; 1024];
+            jdev.read_at(&mut b, SUPERBLOCK_OFFSET).unwrap();
+            b
+        };
+        let joined: Arc<dyn Device> =
+            Arc::new(ext4kit_device::WithJournal::new(fs.clone(), jdev.clone()));
+        let rw =
+            crate::fs::Filesystem::open(joined.clone(), crate::rw::RwOptions::default()).unwrap();
+        let spec = crate::fs::NewInode::new(inode::S_IFDIR | 0o755, 0, 0);
+        rw.mkdir(2, b"d", &spec).unwrap();
+        rw.sync().unwrap();
+        // Committed, not checkpointed: the log on the journal device
+        // holds it and the filesystem says needs_recovery.
+        let j = Journal::open(&*joined).unwrap();
+        assert_ne!(j.jsb.s_start.get(), 0);
+        assert!(Incompat(j.sb.s_feature_incompat.get()).contains(Incompat::RECOVER));
+        assert!(recover(&*joined, &j).unwrap().transactions() >= 1);
+        rw.close().unwrap();
+        let j = Journal::open(&*joined).unwrap();
+        assert_eq!(j.jsb.s_start.get(), 0);
+        assert!(j.jsb.s_sequence.get() > 1);
+        assert!(!Incompat(j.sb.s_feature_incompat.get()).contains(Incompat::RECOVER));
+        // The device's own ext4 superblock is never written.
+        let mut b = vec![0u8; 1024];
+        jdev.read_at(&mut b, SUPERBLOCK_OFFSET).unwrap();
+        assert_eq!(b, ext4_sb);
+        // And the filesystem reads back without the journal device.
+        let vol = crate::sb::Volume::open(&*fs).unwrap();
+        assert!(vol.fs().resolve(b"/d", true).is_ok());
     }
 
     proptest! {
