@@ -21,7 +21,8 @@ use crate::cmd_ls::{Target, access_error, open_image, open_volume, parse_target}
 /// Open the image of `t` for writing (replaying a dirty journal).
 pub fn open_rw(t: &Target) -> anyhow::Result<Filesystem> {
     // Refuses a mounted device or a file behind a mounted loop device.
-    let dev: Arc<dyn Device> = Arc::from(open_device(&t.img, OpenOptions::read_write())?);
+    let dev: Arc<dyn Device> =
+        Arc::from(crate::extjournal::open(&t.img, OpenOptions::read_write())?);
     Filesystem::open(dev, RwOptions::default()).with_context(|| format!("{}", t.img.display()))
 }
 
@@ -87,7 +88,7 @@ pub(crate) fn open_rw_checked(
         return open_rw(t);
     }
     let dev: Arc<dyn Device> = match open_device(&t.img, OpenOptions::read_write()) {
-        Ok(d) => Arc::from(d),
+        Ok(d) => Arc::from(crate::extjournal::attach(d, OpenOptions::read_write())?),
         Err(e) => {
             // Report what the check says first, as when it ran alone.
             check_read_only(t, check)?;

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, anyhow};
-use ext4kit_device::{Device, OpenOptions, open_device};
+use ext4kit_device::{Device, OpenOptions};
 use ext4kit_format::features::{Compat, Incompat};
 use ext4kit_fs::balloc::BlockAlloc;
 use ext4kit_fs::discard::{DiscardOptions, Discarder, Reconcile, TrimReport, TrimRequest};
@@ -108,7 +108,7 @@ pub fn run(args: &FstrimArgs) -> anyhow::Result<i32> {
     }
     // Refuses a mounted device (or a file behind a mounted loop device)
     // and a device someone else holds exclusively.
-    let dev: Arc<dyn Device> = Arc::from(open_device(path, OpenOptions::read_write())?);
+    let dev: Arc<dyn Device> = Arc::from(crate::extjournal::open(path, OpenOptions::read_write())?);
     let allocated_before = dev.allocated_bytes();
     let (replayed, rep) = (|| -> anyhow::Result<(u32, TrimReport)> {
         // Validate before anything is written: superblock, features and

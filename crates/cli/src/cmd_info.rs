@@ -38,6 +38,18 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
     let features = img.features().names();
     let allocated = dev.allocated_bytes();
     let journal = journal_info(&img).with_context(|| format!("{}", path.display()))?;
+    let external = journal.is_none() && img.features().compat.contains(Compat::HAS_JOURNAL);
+    // With --journal-path: the journal device, checked as a writer
+    // checks it (a wrong one is refused with one line).
+    let external_blocks = match crate::extjournal::path() {
+        Some(_) if external => {
+            let joined = crate::extjournal::open(path, OpenOptions::read_only())?;
+            let j = ext4kit_fs::journal::recover::Journal::open(joined.as_ref())
+                .with_context(|| format!("{}", path.display()))?;
+            Some(u64::from(j.maxlen()))
+        }
+        _ => None,
+    };
     let s = Summary::of(sb);
     if args.json {
         let v = json!({
@@ -65,7 +77,7 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
             "last_check_time": s.last_check,
             "journal_inode": journal.map(|j| j.inode),
             "journal_bytes": journal.map(|j| j.bytes),
-            "journal_blocks": journal.map(|j| j.bytes / u64::from(g.block_size)),
+            "journal_blocks": journal.map(|j| j.bytes / u64::from(g.block_size)).or(external_blocks),
             "groups": g.group_count,
             "blocks_per_group": g.blocks_per_group,
             "inodes_per_group": g.inodes_per_group,
@@ -93,6 +105,9 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
         v["desc_block_locations"] = json!(g.desc_locs);
         v["first_error"] = json!(s.first_error.as_ref().map(FsErrorInfo::json));
         v["last_error"] = json!(s.last_error.as_ref().map(FsErrorInfo::json));
+        v["journal_uuid"] =
+            json!(external.then(|| ext4kit_fs::journal::recover::fmt_uuid(&sb.s_journal_uuid)));
+        v["journal_device"] = json!(external.then(|| sb.s_journal_dev.get()));
         outln!("{v}");
         return Ok(0);
     }
@@ -195,7 +210,12 @@ pub fn run(args: &InfoArgs) -> anyhow::Result<i32> {
             j.inode
         ),
         None if img.features().compat.contains(Compat::HAS_JOURNAL) => {
-            outln!("journal:             external")
+            outln!(
+                "journal:             external (UUID {}, device {:#06x}){}",
+                ext4kit_fs::journal::recover::fmt_uuid(&sb.s_journal_uuid),
+                sb.s_journal_dev.get(),
+                external_blocks.map_or(String::new(), |n| format!(", {n} blocks"))
+            )
         }
         None => outln!("journal:             none"),
     }

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use ext4kit_device::{Device, OpenOptions, open_device};
+use ext4kit_device::{Device, OpenOptions};
 use ext4kit_format::features::Incompat;
 use ext4kit_format::jbd2::*;
 use ext4kit_fs::journal::fast_commit::{self, FcLog, FcTag};
@@ -90,7 +90,7 @@ fn needs_recovery(j: &Journal) -> bool {
 
 fn dump(args: &DumpArgs) -> anyhow::Result<i32> {
     let path = &args.device;
-    let dev = open_device(path, OpenOptions::read_only())?;
+    let dev = crate::extjournal::open(path, OpenOptions::read_only())?;
     let j = open_journal(dev.as_ref(), path)?;
     let (rec, res) = recover::analyze(dev.as_ref(), &j);
     let jsb = &j.jsb;
@@ -133,6 +133,7 @@ fn dump(args: &DumpArgs) -> anyhow::Result<i32> {
             "block_size": j.block_size,
             "maxlen": jsb.s_maxlen.get(),
             "first": jsb.s_first.get(),
+            "external": j.is_external(),
             "start": jsb.s_start.get(),
             "sequence": jsb.s_sequence.get(),
             "errno": jsb.s_errno.get() as i32,
@@ -156,6 +157,12 @@ fn dump(args: &DumpArgs) -> anyhow::Result<i32> {
         });
         outln!("{v}");
         return Ok(0);
+    }
+    if j.is_external() {
+        outln!(
+            "Journal on an external journal device (UUID {})",
+            recover::fmt_uuid(&j.sb.s_journal_uuid)
+        );
     }
     outln!(
         "Journal: {} blocks of {} bytes, first {}, features: {}",
@@ -389,7 +396,7 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<i32> {
     };
     // Refuses a mounted device (or a file behind a mounted loop device)
     // and a device someone else holds exclusively.
-    let dev = open_device(path, opts)?;
+    let dev = crate::extjournal::open(path, opts)?;
     let j = open_journal(dev.as_ref(), path)?;
     let p = path.display();
     if !needs_recovery(&j) {

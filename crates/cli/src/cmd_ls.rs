@@ -9,7 +9,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 use anyhow::anyhow;
-use ext4kit_device::{Device, OpenOptions, open_device};
+use ext4kit_device::{Device, OpenOptions};
 use ext4kit_fs::FsError;
 use ext4kit_fs::inode::{FileType, InodeInfo, Timestamp};
 use ext4kit_fs::sb::{Fs, Volume};
@@ -87,7 +87,7 @@ pub fn parse_target(arg: &OsStr) -> Target {
 /// Open an image read-only.
 pub fn open_image(t: &Target) -> anyhow::Result<Box<dyn Device>> {
     // Device errors name the path themselves.
-    Ok(open_device(&t.img, OpenOptions::read_only())?)
+    crate::extjournal::open(&t.img, OpenOptions::read_only())
 }
 
 /// Validate the filesystem (replaying a dirty journal in memory).

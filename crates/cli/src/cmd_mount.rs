@@ -52,6 +52,8 @@ pub const LONG_ABOUT: &str = "Mount an ext4 image file or block device through F
                   superblock's setting, tune2fs -e)\n  \
                   norecovery, noload      with ro only: do not replay a dirty journal, not \
                   even in memory\n  \
+                  journal_path=PATH       the external journal device of a filesystem made \
+                  with -J device= (also --journal-path PATH)\n  \
                   data=ordered            the only data mode (the default)\n  \
                   discard, nodiscard      discard the blocks each commit freed, together and \
                   in parallel after the commit; at mount, discard what a crash lost \
@@ -159,8 +161,12 @@ fn stale_mount_check(mp: &Path) -> anyhow::Result<()> {
 
 /// Run `ext4kit mount`.
 pub fn run(args: &MountArgs) -> anyhow::Result<i32> {
-    let opts =
+    let mut opts =
         MountOptions::parse(args.options.iter().map(String::as_str)).map_err(|e| anyhow!("{e}"))?;
+    // --journal-path is -o journal_path= (an -o given wins).
+    if opts.journal_path.is_none() {
+        opts.journal_path = crate::extjournal::path().map(Into::into);
+    }
     // As mount(8): only root may mount with suid or dev (fusermount3
     // makes every user mount nosuid,nodev).
     if (!opts.nosuid || !opts.nodev) && !nix::unistd::geteuid().is_root() {
@@ -211,6 +217,22 @@ fn detach(args: &MountArgs, device: &Path, mountpoint: &Path) -> anyhow::Result<
     let mut cmd = Command::new(exe);
     cmd.arg("mount").arg("--daemon-child");
     for o in &args.options {
+        cmd.arg("-o").arg(o);
+    }
+    // The journal device, absolute (the child runs in /), last so that
+    // it wins.
+    let jp = MountOptions::parse(args.options.iter().map(String::as_str))
+        .ok()
+        .and_then(|o| o.journal_path)
+        .or_else(|| crate::extjournal::path().map(Into::into));
+    if let Some(jp) = jp {
+        let abs = if ext4kit_device::is_device_uri(&jp) {
+            jp
+        } else {
+            std::path::absolute(&jp).unwrap_or(jp)
+        };
+        let mut o = std::ffi::OsString::from("journal_path=");
+        o.push(abs.as_os_str());
         cmd.arg("-o").arg(o);
     }
     if let Some(t) = args.threads {

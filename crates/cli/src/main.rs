@@ -26,6 +26,7 @@ mod cmd_status;
 mod cmd_sync;
 mod direct;
 mod errmsg;
+mod extjournal;
 mod jdev;
 mod probe;
 mod undo;
@@ -53,6 +54,12 @@ mod walk;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// The external journal device of the filesystem (`mkfs -O
+    /// journal_dev`, attached with `-J device=`): the kernel's
+    /// journal_path= mount option, e2fsck's -j. Checked to be the
+    /// filesystem's journal before anything is written.
+    #[arg(long, global = true, value_name = "PATH")]
+    journal_path: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -242,7 +249,14 @@ fn main() {
                 std::process::exit(usage_error(&prog, &e));
             }
         };
+        extjournal::set(cli.journal_path.clone());
         match &cli.cmd {
+            Cmd::Mkfs(_) if cli.journal_path.is_some() => {
+                eprintln!(
+                    "ext4kit mkfs: --journal-path names the journal device of an existing filesystem; mkfs attaches one with -J device= (see --help)"
+                );
+                std::process::exit(1);
+            }
             Cmd::Mkfs(a) => cmd_mkfs::run(a, &Personality::Ext4kit),
             Cmd::Lazyinit(a) => cmd_lazyinit::run(a),
             Cmd::Info(a) => cmd_info::run(a),

@@ -31,21 +31,6 @@ fn e2fs_tools() -> Result<(), String> {
     Ok(())
 }
 
-/// Superblock fields that say when and how much was written, and the
-/// checksum over them: the only bytes allowed to differ from e2fsck's.
-fn mask_superblock(img: &Path) {
-    use std::os::unix::fs::FileExt;
-    let f = fs::OpenOptions::new().write(true).open(img).unwrap();
-    for (off, len) in [
-        (std::mem::offset_of!(Superblock, s_wtime), 4),
-        (std::mem::offset_of!(Superblock, s_wtime_hi), 1),
-        (std::mem::offset_of!(Superblock, s_kbytes_written), 8),
-        (std::mem::offset_of!(Superblock, s_checksum), 4),
-    ] {
-        f.write_all_at(&vec![0u8; len], 1024 + off as u64).unwrap();
-    }
-}
-
 fn text(out: &Output) -> String {
     format!(
         "{}{}",

@@ -1225,8 +1225,8 @@ fn block_device_format_matches_mke2fs_and_stays_thin() {
 /// (given the journal) finds it clean, a read-only mount reads it back.
 /// ext4kit's read side (info, ls, cat) opens such a filesystem, and so
 /// does offline lazyinit (it never needs the journal); the read-write
-/// tools refuse it with one line naming the external journal and write
-/// nothing.
+/// tools refuse it without `--journal-path` with one line naming the
+/// option and write nothing, and write it with the option.
 #[test]
 fn kernel_external_journal() {
     const TEST: &str = "mkfs_kernel external journal";
@@ -1304,7 +1304,16 @@ fn kernel_external_journal() {
         "mkdir on an external-journal filesystem succeeded"
     );
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("external journal"), "{err}");
+    assert!(err.contains("journal_path"), "{err}");
     assert_eq!(file_hash(&img).unwrap(), before, "the refused mkdir wrote");
+    drop(jlo);
+    run_ok(
+        ext4kit()
+            .args(["--journal-path", &jimg.display().to_string(), "mkdir"])
+            .arg(format!("{}:/new", img.display())),
+    )
+    .unwrap();
+    e2fsck_clean_with(&img, &["-j", &jimg.display().to_string()])
+        .unwrap_or_else(|e| panic!("{TEST}: after ext4kit mkdir: {e}"));
     eprintln!("ok     {TEST}: {} files ({summary})", expect.len());
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 mod blockdev;
 mod delay;
+mod extjournal;
 mod fault;
 mod file;
 mod fuse_dev;
@@ -30,6 +31,7 @@ pub mod uring_cmd;
 
 pub use blockdev::BlockDevice;
 pub use delay::{DelayControl, DelayDevice, DiscardRecord};
+pub use extjournal::WithJournal;
 pub use fault::{CutMode, FaultControl, FaultDevice, TEAR_SECTOR};
 pub use file::FileDevice;
 pub use fuse_dev::fuse_clone;
@@ -349,6 +351,14 @@ pub trait Device: Send + Sync {
 
     /// A human-readable name (the path) for messages.
     fn name(&self) -> String;
+
+    /// For a filesystem whose journal is on another device
+    /// ([`WithJournal`]): the byte offset at which the journal device's
+    /// bytes start in this device's address space (the filesystem device
+    /// is `0..base`). `None` for every ordinary device.
+    fn journal_base(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Inside an `impl Device for Wrapper` block: every [`Device`] method
@@ -417,6 +427,8 @@ macro_rules! forward_device {
             fn is_rotational(&self) -> Option<bool> { self.$inner.is_rotational() });
         $crate::forward_device!(@pick name [$($own)*]
             fn name(&self) -> String { self.$inner.name() });
+        $crate::forward_device!(@pick journal_base [$($own)*]
+            fn journal_base(&self) -> Option<u64> { self.$inner.journal_base() });
     };
     // `$m` is in the wrapper's own list: nothing generated.
     (@pick size [size $($r:ident)*] $f:item) => {};
@@ -436,6 +448,7 @@ macro_rules! forward_device {
     (@pick allocated_bytes [allocated_bytes $($r:ident)*] $f:item) => {};
     (@pick is_rotational [is_rotational $($r:ident)*] $f:item) => {};
     (@pick name [name $($r:ident)*] $f:item) => {};
+    (@pick journal_base [journal_base $($r:ident)*] $f:item) => {};
     // Not this one: look at the rest of the list.
     (@pick $m:ident [$h:ident $($r:ident)*] $f:item) => {
         $crate::forward_device!(@pick $m [$($r)*] $f);
@@ -497,6 +510,9 @@ macro_rules! forward_device_impl {
             }
             fn name(&self) -> String {
                 (**self).name()
+            }
+            fn journal_base(&self) -> Option<u64> {
+                (**self).journal_base()
             }
         }
     )*};

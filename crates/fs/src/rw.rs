@@ -655,9 +655,7 @@ impl RwFs {
                     let c = ext4kit_format::checksum::jbd2::superblock(jsb.as_bytes());
                     jsb.s_checksum.set(c);
                 }
-                let p = j
-                    .phys(0)
-                    .ok_or_else(|| FsError::corrupt("journal inode", "block 0 is not mapped"))?;
+                let p = j.jsb_block();
                 dev.write_at(jsb.as_bytes(), p * u64::from(j.block_size))?;
                 dev.flush()?;
                 report.discarded_log = true;

@@ -147,7 +147,8 @@ fn open_backend_wrapped(
             write: false,
             exclusive: true,
         };
-        let dev: &'static dyn Device = Box::leak(open_device(path, o).map_err(dev_err(path))?);
+        let dev = with_journal(open_device(path, o).map_err(dev_err(path))?, opts, o)?;
+        let dev: &'static dyn Device = Box::leak(dev);
         let vol = if opts.norecovery {
             volume_without_replay(dev)
         } else {
@@ -156,9 +157,11 @@ fn open_backend_wrapped(
         .map_err(fs_err(path))?;
         return Ok(Backend::Ro(vol));
     }
-    let dev: Arc<dyn Device> = wrap(Arc::from(
+    let dev: Arc<dyn Device> = wrap(Arc::from(with_journal(
         open_device(path, OpenOptions::read_write()).map_err(dev_err(path))?,
-    ));
+        opts,
+        OpenOptions::read_write(),
+    )?));
     // -o discard: the per-commit discard batch and, at open, the
     // reconciler that gives back what an earlier crash or kill lost.
     let ro = RwOptions {
@@ -173,6 +176,23 @@ fn open_backend_wrapped(
     };
     let fs = Filesystem::open(dev, ro).map_err(fs_err(path))?;
     Ok(Backend::Rw(Arc::new(fs)))
+}
+
+/// `dev` joined with its external journal device when `-o journal_path=`
+/// names one (opened as `o`: exclusive, refusing a mounted device).
+fn with_journal(
+    dev: Box<dyn Device>,
+    opts: &MountOptions,
+    o: OpenOptions,
+) -> Result<Box<dyn Device>, MountError> {
+    let Some(jp) = &opts.journal_path else {
+        return Ok(dev);
+    };
+    let j: Arc<dyn Device> = Arc::from(open_device(jp, o).map_err(dev_err(jp))?);
+    Ok(Box::new(ext4kit_device::WithJournal::new(
+        Arc::from(dev),
+        j,
+    )))
 }
 
 fn fuser_config(req: &MountRequest) -> Config {

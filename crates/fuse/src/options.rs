@@ -133,6 +133,10 @@ pub struct MountOptions {
     /// [`MAX_URING_DEPTH`], default [`DEFAULT_URING_DEPTH`]): requests the
     /// kernel can hand a ring before its thread commits one.
     pub uring_depth: u16,
+    /// `journal_path=PATH`: the filesystem's external journal device
+    /// (the kernel's option; checked to be the filesystem's journal at
+    /// open).
+    pub journal_path: Option<std::path::PathBuf>,
 }
 
 impl Default for MountOptions {
@@ -160,6 +164,7 @@ impl Default for MountOptions {
             transport: Transport::Ext4kit,
             uring: Uring::Auto,
             uring_depth: DEFAULT_URING_DEPTH,
+            journal_path: None,
         }
     }
 }
@@ -260,6 +265,17 @@ impl MountOptions {
                     )));
                 }
                 self.uring_depth = n;
+                Ok(())
+            }
+            "journal_path" => {
+                match value {
+                    Some(v) if !v.is_empty() => self.journal_path = Some(v.into()),
+                    _ => {
+                        return Err(OptionError(
+                            "mount option 'journal_path' needs a value (the journal device)".into(),
+                        ));
+                    }
+                }
                 Ok(())
             }
             "transport" => {
@@ -439,6 +455,14 @@ mod tests {
             Transport::Ext4kit
         );
         assert_eq!(p("transport=fuser").unwrap().transport, Transport::Fuser);
+        // journal_path=: the external journal device; a value is needed.
+        assert_eq!(
+            p("journal_path=/dev/sdb1").unwrap().journal_path,
+            Some("/dev/sdb1".into())
+        );
+        assert_eq!(p("").unwrap().journal_path, None);
+        assert!(p("journal_path").is_err());
+        assert!(p("journal_path=").is_err());
         assert!(p("transport=x").is_err());
         // uring: our own transport over io_uring; later options win.
         assert_eq!(p("").unwrap().uring, Uring::Auto);

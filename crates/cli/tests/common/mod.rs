@@ -279,7 +279,21 @@ pub fn e2fsck_clean(path: &Path) -> Result<String, String> {
 /// no_optimize_extents`: no pass-1E offers to repack an extent tree,
 /// which are optimizations, not repairs).
 pub fn e2fsck_clean_with(path: &Path, extra: &[&str]) -> Result<String, String> {
-    let out = run(tool("e2fsck").arg("-fn").args(extra).arg(path))?;
+    e2fsck_clean_env(path, extra, &[])
+}
+
+/// [`e2fsck_clean_with`] with environment variables for e2fsck (e.g.
+/// `BLKID_FILE`).
+pub fn e2fsck_clean_env(
+    path: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Result<String, String> {
+    let mut cmd = tool("e2fsck");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = run(cmd.arg("-fn").args(extra).arg(path))?;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stderr),
@@ -765,6 +779,22 @@ pub fn mkimg(dir: &Path, name: &str, size: &str, args: &[&str]) -> PathBuf {
     img
 }
 
+/// Superblock fields that say when and how much was written, and the
+/// checksum over them: the only bytes allowed to differ from e2fsck's.
+pub fn mask_superblock(img: &Path) {
+    use ext4kit_format::superblock::Superblock;
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(img).unwrap();
+    for (off, len) in [
+        (std::mem::offset_of!(Superblock, s_wtime), 4),
+        (std::mem::offset_of!(Superblock, s_wtime_hi), 1),
+        (std::mem::offset_of!(Superblock, s_kbytes_written), 8),
+        (std::mem::offset_of!(Superblock, s_checksum), 4),
+    ] {
+        f.write_all_at(&vec![0u8; len], 1024 + off as u64).unwrap();
+    }
+}
+
 /// Copy an image, keeping its holes.
 pub fn sparse_copy(src: &Path, dst: &Path) {
     run_ok(tool("cp").arg("--sparse=always").arg(src).arg(dst)).unwrap();
@@ -864,4 +894,28 @@ pub fn run_cut<R>(
     }
     let r = run(std::sync::Arc::new(fault));
     (mem, r, ctl.ops())
+}
+
+/// [`run_cut`] for a filesystem with an external journal: copies of
+/// `fs` and `journal` joined ([`ext4kit_device::WithJournal`]) under one
+/// [`FaultDevice`], so the cut counts the writes of both devices and a
+/// flush is the barrier of both. Returns both copies.
+pub fn run_cut_joined<R>(
+    fs: &MemDevice,
+    journal: &MemDevice,
+    cut: Option<u64>,
+    mode: CutMode,
+    run: impl FnOnce(std::sync::Arc<dyn Device>) -> R,
+) -> (std::sync::Arc<MemDevice>, std::sync::Arc<MemDevice>, R, u64) {
+    let f = std::sync::Arc::new(fs.snapshot());
+    let j = std::sync::Arc::new(journal.snapshot());
+    let joined = ext4kit_device::WithJournal::new(f.clone(), j.clone());
+    let fault = FaultDevice::new(joined);
+    let ctl = fault.control();
+    ctl.set_cut_mode(mode);
+    if let Some(n) = cut {
+        ctl.power_cut_after(n);
+    }
+    let r = run(std::sync::Arc::new(fault));
+    (f, j, r, ctl.ops())
 }

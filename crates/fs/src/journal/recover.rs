@@ -43,7 +43,11 @@ pub enum RecoverError {
     /// The filesystem has no journal.
     #[error("the filesystem has no journal")]
     NoJournal,
-    /// A valid setup this code does not handle (external journal, fast
+    /// The journal is on another device: not given, or not the right
+    /// one (the message says which and how to name it).
+    #[error("{0}")]
+    ExternalJournal(String),
+    /// A valid setup this code does not handle (fast
     /// commits, an unknown journal feature...).
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -112,6 +116,8 @@ pub struct Journal {
     first: u32,
     last: u32,
     maxlen: u32,
+    jsb_block: u64,
+    external: bool,
 }
 
 impl std::fmt::Debug for Journal {
@@ -133,6 +139,19 @@ fn read_block(dev: &dyn Device, bs: u32, block: u64) -> Result<Vec<u8>, RecoverE
         .ok_or_else(|| corrupt("block number", format!("{block} overflows")))?;
     dev.read_at(&mut buf, off)?;
     Ok(buf)
+}
+
+/// A UUID as `blkid` prints it.
+pub fn fmt_uuid(u: &[u8; 16]) -> String {
+    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        h[..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..].concat()
+    )
 }
 
 fn be32(b: &[u8], off: usize) -> u32 {
@@ -199,30 +218,30 @@ impl Journal {
             ));
         }
         let ino = sb.s_journal_inum.get();
-        if !compat.contains(Compat::HAS_JOURNAL) || (ino == 0 && sb.s_journal_dev.get() == 0) {
+        // A journal device is named by its UUID (and the device number
+        // hint, which the kernel's journal_path= replaces).
+        let names_device = sb.s_journal_dev.get() != 0 || sb.s_journal_uuid != [0; 16];
+        if !compat.contains(Compat::HAS_JOURNAL) || (ino == 0 && !names_device) {
             return Err(RecoverError::NoJournal);
         }
-        if ino == 0 || sb.s_journal_dev.get() != 0 || sb.s_journal_uuid != [0; 16] {
-            let u = sb.s_journal_uuid;
-            return Err(RecoverError::Unsupported(format!(
-                "external journals are not supported (the journal is on device {:#06x}, UUID {:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x})",
-                sb.s_journal_dev.get(),
-                u[0],
-                u[1],
-                u[2],
-                u[3],
-                u[4],
-                u[5],
-                u[6],
-                u[7],
-                u[8],
-                u[9],
-                u[10],
-                u[11],
-                u[12],
-                u[13],
-                u[14],
-                u[15]
+        if ino != 0 && names_device {
+            // ext4_load_journal: "filesystem has both journal inode and
+            // journal device!"
+            return Err(corrupt(
+                "superblock",
+                format!(
+                    "it names both a journal inode ({ino}) and a journal device (UUID {}, device {:#06x})",
+                    fmt_uuid(&sb.s_journal_uuid),
+                    sb.s_journal_dev.get()
+                ),
+            ));
+        }
+        if ino == 0 {
+            return Self::open_external(dev, sb);
+        }
+        if dev.journal_base().is_some() {
+            return Err(RecoverError::ExternalJournal(format!(
+                "the filesystem's journal is internal (inode {ino}): journal_path= names no journal device"
             )));
         }
         let bs = sb
@@ -311,7 +330,139 @@ impl Journal {
             fmt,
             runs,
             seed,
+            jsb_block: jsb_blk,
+            external: false,
         })
+    }
+
+    /// The journal of a filesystem whose journal is on another device
+    /// (`s_journal_inum` 0, `s_journal_uuid`/`s_journal_dev` set): `dev`
+    /// must be a [`ext4kit_device::WithJournal`] joining the journal
+    /// device ([`Device::journal_base`]). Checked as the kernel's
+    /// `ext4_get_dev_journal` and jbd2's superblock load check it: the
+    /// device is a journal device (ext4 superblock with incompat
+    /// JOURNAL_DEV), its UUID is the filesystem's `s_journal_uuid`, the
+    /// block sizes are equal, the jbd2 superblock (at block
+    /// `ext2fs_journal_sb_start`) is valid, has one user and that user is
+    /// this filesystem. Log block `n` is block `n` of the journal device
+    /// (jbd2's `bmap` of a device journal is the identity; `s_first` is
+    /// the block after the jbd2 superblock).
+    fn open_external(dev: &dyn Device, sb: Superblock) -> Result<Journal, RecoverError> {
+        let want = sb.s_journal_uuid;
+        let Some(base) = dev.journal_base() else {
+            return Err(RecoverError::ExternalJournal(format!(
+                "the journal is on another device (UUID {}, device {:#06x}): name it with journal_path=PATH (--journal-path PATH)",
+                fmt_uuid(&want),
+                sb.s_journal_dev.get()
+            )));
+        };
+        let bs = sb
+            .block_size()
+            .ok_or_else(|| corrupt("superblock", "block size out of range"))?;
+        let fs_blocks = sb.blocks_count();
+        if fs_blocks == 0 || fs_blocks.saturating_mul(u64::from(bs)) > base {
+            return Err(corrupt(
+                "superblock",
+                format!("{fs_blocks} blocks of {bs} bytes do not fit the device ({base} bytes)"),
+            ));
+        }
+        if base % u64::from(bs) != 0 {
+            return Err(corrupt(
+                "journal device",
+                format!("offset {base} is not a multiple of the block size"),
+            ));
+        }
+        let jsize = dev.size() - base;
+        let bad_dev = |why: String| RecoverError::ExternalJournal(format!("journal device: {why}"));
+        let mut raw = vec![0u8; SUPERBLOCK_SIZE];
+        if jsize < SUPERBLOCK_OFFSET + SUPERBLOCK_SIZE as u64 {
+            return Err(bad_dev(format!(
+                "not an external journal device (only {jsize} bytes)"
+            )));
+        }
+        dev.read_at(&mut raw, base + SUPERBLOCK_OFFSET)?;
+        let jsb_ext4 =
+            Superblock::parse(&raw).ok_or_else(|| corrupt("superblock", "short read"))?;
+        if jsb_ext4.s_magic.get() != EXT4_MAGIC
+            || !Incompat(jsb_ext4.s_feature_incompat.get()).contains(Incompat::JOURNAL_DEV)
+        {
+            return Err(bad_dev(
+                "not an external journal device (no ext4 superblock with the journal_dev feature)"
+                    .into(),
+            ));
+        }
+        if RoCompat(jsb_ext4.s_feature_ro_compat.get()).contains(RoCompat::METADATA_CSUM)
+            && !jsb_ext4.checksum_ok()
+        {
+            return Err(bad_dev("its superblock checksum does not match".into()));
+        }
+        if jsb_ext4.s_uuid != want {
+            return Err(bad_dev(format!(
+                "UUID {} is not the filesystem's journal UUID {}",
+                fmt_uuid(&jsb_ext4.s_uuid),
+                fmt_uuid(&want)
+            )));
+        }
+        let jbs = jsb_ext4.block_size().unwrap_or(0);
+        if jbs != bs {
+            return Err(bad_dev(format!(
+                "block size {jbs} differs from the filesystem's {bs}"
+            )));
+        }
+        let jblocks = jsb_ext4.blocks_count().min(jsize / u64::from(bs));
+        let start: u64 = if bs == 1024 { 2 } else { 1 };
+        let base_blk = base / u64::from(bs);
+        let jsb_blk = base_blk + start;
+        if start >= jblocks {
+            return Err(bad_dev(format!("only {jblocks} blocks")));
+        }
+        let rawj = read_block(dev, bs, jsb_blk)?;
+        let jsb = JournalSuperblock::parse(&rawj).ok_or_else(|| bad_jsb("short block"))?;
+        let fmt = validate_jsb(&jsb, &rawj, bs, jblocks)?;
+        let nr = jsb.s_nr_users.get();
+        if nr == 0 || !jsb.s_users[..16].eq(&sb.s_uuid[..]) {
+            return Err(bad_dev(format!(
+                "the filesystem (UUID {}) is not among its users",
+                fmt_uuid(&sb.s_uuid)
+            )));
+        }
+        let maxlen = jsb.s_maxlen.get();
+        let first = jsb.s_first.get();
+        if u64::from(first) <= start {
+            return Err(bad_jsb(format!(
+                "s_first {first} is not after the journal superblock (block {start})"
+            )));
+        }
+        let seed = jcsum::seed(&jsb.s_uuid);
+        Ok(Journal {
+            block_size: bs,
+            fs_blocks,
+            first,
+            last: maxlen - jsb.fc_area_blocks(),
+            maxlen,
+            sb,
+            jsb,
+            fmt,
+            runs: vec![Run {
+                lblk: 0,
+                pblk: base_blk,
+                len: maxlen,
+            }],
+            seed,
+            jsb_block: jsb_blk,
+            external: true,
+        })
+    }
+
+    /// Physical block of the journal superblock (log block 0 of an
+    /// internal journal; block 1 or 2 of an external journal device).
+    pub fn jsb_block(&self) -> u64 {
+        self.jsb_block
+    }
+
+    /// Is the journal on another device ([`ext4kit_device::WithJournal`])?
+    pub fn is_external(&self) -> bool {
+        self.external
     }
 
     /// `j_csum_seed`: crc32c of the journal UUID.
@@ -1295,9 +1446,7 @@ pub fn apply(dev: &dyn Device, j: &Journal, rec: &Recovery) -> Result<Applied, R
     }
     dev.flush()?;
 
-    let jblk = j
-        .phys(0)
-        .ok_or_else(|| corrupt("journal inode", "block 0 is not mapped"))?;
+    let jblk = j.jsb_block();
     let mut raw = read_block(dev, j.block_size, jblk)?;
     let mut jsb = JournalSuperblock::parse(&raw).ok_or_else(|| bad_jsb("short block"))?;
     let had_errno = jsb.s_errno.get() != 0 || rec.failed_commit.is_some();
@@ -2025,7 +2174,121 @@ pub(crate) mod tests {
         sb.update_checksum();
         dev.write_at(sb.as_bytes(), SUPERBLOCK_OFFSET).unwrap();
         let e = Journal::open(&dev).unwrap_err().to_string();
-        assert!(e.contains("external journals"), "{e}");
+        assert!(e.contains("both a journal inode"), "{e}");
+        // Only the device: the option is named, with the UUID.
+        sb.s_journal_inum.set(0);
+        sb.s_journal_uuid = [0xAB; 16];
+        sb.update_checksum();
+        dev.write_at(sb.as_bytes(), SUPERBLOCK_OFFSET).unwrap();
+        let e = Journal::open(&dev).unwrap_err().to_string();
+        assert!(
+            e.contains("journal_path=") && e.contains("abababab-abab-abab-abab-abababababab"),
+            "{e}"
+        );
+        // A device that is not a journal device.
+        let other = Arc::new(MemDevice::new(4 << 20));
+        let joined = ext4kit_device::WithJournal::new(Arc::new(dev.snapshot()), other);
+        let e = Journal::open(&joined).unwrap_err().to_string();
+        assert!(e.contains("not an external journal device"), "{e}");
+    }
+
+    /// A filesystem whose journal is on another device (UUID `[0x11;
+    /// 16]`) and that device (4 MiB of 4 KiB blocks, the jbd2 superblock
+    /// at block 1, `s_first` 2, this filesystem its one user); `edit`
+    /// changes the device's ext4 and jbd2 superblocks before they are
+    /// written.
+    fn external_pair(
+        edit: impl FnOnce(&mut Superblock, &mut JournalSuperblock),
+    ) -> (Arc<MemDevice>, Arc<MemDevice>) {
+        let fs = image();
+        let mut sb = read_superblock(&fs).unwrap();
+        sb.s_journal_inum.set(0);
+        sb.s_journal_uuid = [0x11; 16];
+        sb.update_checksum();
+        fs.write_at(sb.as_bytes(), SUPERBLOCK_OFFSET).unwrap();
+        let jdev = MemDevice::new(4 << 20);
+        let mut jsb_ext4 = Superblock::new_zeroed();
+        jsb_ext4.s_magic.set(EXT4_MAGIC);
+        jsb_ext4
+            .s_feature_incompat
+            .set(Incompat::JOURNAL_DEV.bits());
+        jsb_ext4.s_uuid = [0x11; 16];
+        jsb_ext4.s_log_block_size.set(2);
+        jsb_ext4.s_blocks_count_lo.set(1024);
+        let mut jsb = JournalSuperblock::new(4096, 1024, [0x11; 16]);
+        jsb.s_first.set(2);
+        jsb.s_users[..16].copy_from_slice(&sb.s_uuid);
+        edit(&mut jsb_ext4, &mut jsb);
+        jdev.write_at(jsb_ext4.as_bytes(), SUPERBLOCK_OFFSET)
+            .unwrap();
+        jdev.write_at(jsb.as_bytes(), 4096).unwrap();
+        (Arc::new(fs), Arc::new(jdev))
+    }
+
+    #[test]
+    fn an_external_journal_device_is_checked_as_the_kernel_checks_it() {
+        let (fs, jdev) = external_pair(|_, _| {});
+        let joined = ext4kit_device::WithJournal::new(fs.clone(), jdev.clone());
+        let j = Journal::open(&joined).unwrap();
+        let base = joined.journal_base().unwrap() / 4096;
+        assert!(j.is_external());
+        assert_eq!((j.jsb_block(), j.first(), j.maxlen()), (base + 1, 2, 1024));
+        assert_eq!(j.phys(2), Some(base + 2));
+        let refused = |edit: fn(&mut Superblock, &mut JournalSuperblock), want: &str| {
+            let (fs, jdev) = external_pair(edit);
+            let joined = ext4kit_device::WithJournal::new(fs, jdev);
+            let e = Journal::open(&joined).unwrap_err().to_string();
+            assert!(e.contains(want) && !e.contains('\n'), "{want}: {e}");
+        };
+        refused(
+            |s, _| s.s_feature_incompat.set(0),
+            "not an external journal device",
+        );
+        refused(
+            |s, _| s.s_uuid = [0x22; 16],
+            "is not the filesystem's journal UUID",
+        );
+        refused(|s, _| s.s_log_block_size.set(0), "block size 1024 differs");
+        refused(|_, j| j.s_users[0] ^= 1, "is not among its users");
+        refused(|_, j| j.s_nr_users.set(0), "is not among its users");
+        refused(|_, j| j.s_nr_users.set(2), "shared by several filesystems");
+        refused(|_, j| j.s_first.set(1), "s_first 1 is not after");
+        refused(|_, j| j.h_magic.set(0), "magic");
+    }
+
+    #[test]
+    fn the_engine_commits_to_an_external_journal_device() {
+        let (fs, jdev) = external_pair(|_, _| {});
+        let ext4_sb = {
+            let mut b = vec![0u8; 1024];
+            jdev.read_at(&mut b, SUPERBLOCK_OFFSET).unwrap();
+            b
+        };
+        let joined: Arc<dyn Device> =
+            Arc::new(ext4kit_device::WithJournal::new(fs.clone(), jdev.clone()));
+        let rw =
+            crate::fs::Filesystem::open(joined.clone(), crate::rw::RwOptions::default()).unwrap();
+        let spec = crate::fs::NewInode::new(inode::S_IFDIR | 0o755, 0, 0);
+        rw.mkdir(2, b"d", &spec).unwrap();
+        rw.sync().unwrap();
+        // Committed, not checkpointed: the log on the journal device
+        // holds it and the filesystem says needs_recovery.
+        let j = Journal::open(&*joined).unwrap();
+        assert_ne!(j.jsb.s_start.get(), 0);
+        assert!(Incompat(j.sb.s_feature_incompat.get()).contains(Incompat::RECOVER));
+        assert!(recover(&*joined, &j).unwrap().transactions() >= 1);
+        rw.close().unwrap();
+        let j = Journal::open(&*joined).unwrap();
+        assert_eq!(j.jsb.s_start.get(), 0);
+        assert!(j.jsb.s_sequence.get() > 1);
+        assert!(!Incompat(j.sb.s_feature_incompat.get()).contains(Incompat::RECOVER));
+        // The device's own ext4 superblock is never written.
+        let mut b = vec![0u8; 1024];
+        jdev.read_at(&mut b, SUPERBLOCK_OFFSET).unwrap();
+        assert_eq!(b, ext4_sb);
+        // And the filesystem reads back without the journal device.
+        let vol = crate::sb::Volume::open(&*fs).unwrap();
+        assert!(vol.fs().resolve(b"/d", true).is_ok());
     }
 
     proptest! {

@@ -285,9 +285,7 @@ impl JournalWriter {
         let had_errno = jsb.s_errno.get() != 0;
         jsb.s_errno.set(0);
         let jsb_dirty = (compat, incompat, jsb.s_checksum_type) != old || had_errno;
-        let jsb_block = journal
-            .phys(0)
-            .ok_or_else(|| FsError::corrupt("journal inode", "block 0 is not mapped"))?;
+        let jsb_block = journal.jsb_block();
         let capacity = last - journal.first();
         // jbd2_journal_get_max_txn_bufs: a quarter of the journal without
         // the fast-commit area.
