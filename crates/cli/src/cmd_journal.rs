@@ -403,13 +403,28 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<i32> {
         return Ok(0);
     }
     let rec = recover::recover(dev.as_ref(), &j).with_context(|| format!("{p}"))?;
-    if let Some(why) = rec.fast_commit.refusal() {
-        anyhow::bail!("{p}: {why}");
-    }
+    // Fast commits: replayed when ext4kit covers them, else refused with
+    // one line before anything is written.
     if args.dry_run {
-        outln!("{p}: would replay {}", summary(&rec));
+        let fc = recover::fast_commit_result(dev.as_ref(), &j, &rec)
+            .map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
+        if matches!(rec.fast_commit, FcLog::Valid { .. }) {
+            outln!(
+                "{p}: would replay {} and its fast commits ({} blocks change)",
+                summary(&rec),
+                fc.len()
+            );
+        } else {
+            outln!("{p}: would replay {}", summary(&rec));
+        }
         return Ok(0);
     }
+    let rec = if matches!(rec.fast_commit, FcLog::Valid { .. }) {
+        recover::replay_fast_commits(dev.as_ref(), &j, &rec)
+            .map_err(|e| anyhow::anyhow!("{p}: {e}"))?
+    } else {
+        rec
+    };
     let done = recover::apply(dev.as_ref(), &j, &rec).with_context(|| format!("{p}"))?;
     outln!(
         "{p}: replayed {}; journal reset, next transaction {}{}",

@@ -80,7 +80,7 @@ impl FcLog {
             FcLog::Valid {
                 tid, tags, blocks, ..
             } => Some(format!(
-                "the journal holds fast commits of transaction {tid} ({tags} tags in {blocks} blocks) and ext4kit does not replay fast commits (run e2fsck -fy, or mount it with the kernel)"
+                "the journal holds fast commits of transaction {tid} ({tags} tags in {blocks} blocks) that must be replayed first (run e2fsck -fy, or mount it with the kernel)"
             )),
             FcLog::Bad { tid, block, detail } => Some(format!(
                 "the fast-commit area of transaction {tid} is damaged at journal block {block}: {detail} (the kernel refuses to mount it; run e2fsck -fy)"

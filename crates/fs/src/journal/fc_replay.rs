@@ -24,8 +24,24 @@ use std::sync::Mutex;
 
 use ext4kit_device::Device;
 
+use ext4kit_format::dir::FT_REG_FILE;
+use ext4kit_format::features::RoCompat;
+use ext4kit_format::group_desc::{BG_BLOCK_UNINIT, BG_INODE_UNINIT, GroupDesc};
+use ext4kit_format::inode::{
+    EXT4_EXTENTS_FL, EXT4_HUGE_FILE_FL, EXT4_INDEX_FL, EXT4_INLINE_DATA_FL, S_IFDIR, S_IFLNK,
+    S_IFMT, S_IFREG,
+};
+use ext4kit_format::superblock::{SUPERBLOCK_OFFSET, SUPERBLOCK_SIZE, Superblock};
+use zerocopy::IntoBytes;
+
+use super::fast_commit::{EXT4_FC_TAG_CREAT, EXT4_FC_TAG_LINK, FcTag, replay_inode_bytes};
+use super::recover::{Journal, RecoverError, Recovery};
+use crate::dir_write::{DirBlocks, DirParams, DirWriter};
 use crate::extent::Mapping;
-use crate::extent_write::{ExtentTree, TreeIo};
+use crate::extent_write::{ExtentTree, TreeIo, TreeParams};
+use crate::groups::Layout;
+use crate::rw::{Geometry, locate_inode, summary_counts};
+use crate::sb::{Fs, FsInfo};
 use crate::{BlockRead, FsError};
 
 /// The filesystem as the full commits' replay leaves it, with the fast
@@ -287,14 +303,839 @@ pub fn free_bits(bitmap: &[u8], nbits: u64) -> u64 {
     nbits as u64 - used
 }
 
+// ---------------------------------------------------------------------
+// The replay: the records of a valid fast-commit log applied in order to
+// an overlay of the full replay.
+
+/// Offsets in `struct ext4_inode` the replay reads and writes.
+const I_MODE: usize = 0;
+const I_SIZE_LO: usize = 4;
+const I_LINKS: usize = 26;
+const I_BLOCKS_LO: usize = 28;
+const I_FLAGS: usize = 32;
+const I_BLOCK: usize = 40;
+const I_GENERATION: usize = 100;
+const I_FILE_ACL_LO: usize = 104;
+const I_SIZE_HI: usize = 108;
+const I_BLOCKS_HI: usize = 116;
+const I_FILE_ACL_HI: usize = 118;
+
+fn le16(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+
+fn le32(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+
+fn put16(b: &mut [u8], o: usize, v: u16) {
+    b[o..o + 2].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put32(b: &mut [u8], o: usize, v: u32) {
+    b[o..o + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+/// What the replay refuses: one line naming why (the caller then keeps
+/// the journal as it is, nothing written).
+fn refuse(why: impl std::fmt::Display) -> RecoverError {
+    RecoverError::Unsupported(format!(
+        "the journal holds fast commits that ext4kit cannot replay: {why} (run e2fsck -fy, or mount it with the kernel)"
+    ))
+}
+
+fn fs_err(e: FsError) -> RecoverError {
+    match e {
+        FsError::Recover(r) => r,
+        FsError::Device(d) => RecoverError::from(d),
+        e => RecoverError::Corrupt {
+            what: "fast-commit replay",
+            detail: e.to_string(),
+        },
+    }
+}
+
+/// The block and inode bitmaps of the groups the replay touches, edited
+/// in memory and written (with the descriptors' counts) at the end.
+struct Bitmaps {
+    layout: Layout,
+    blocks: BTreeMap<u32, Vec<u8>>,
+    inodes: BTreeMap<u32, Vec<u8>>,
+}
+
+impl Bitmaps {
+    fn desc(&self, ov: &Overlay<'_>, g: u32) -> Result<(u64, usize, GroupDesc), RecoverError> {
+        let l = &self.layout;
+        if g >= l.group_count {
+            return Err(RecoverError::Corrupt {
+                what: "fast-commit replay",
+                detail: format!("group {g} does not exist"),
+            });
+        }
+        let blk = l.desc_block(l.desc_block_of(g));
+        let off = (g % l.desc_per_block) as usize * l.desc_size;
+        let b = ov.block(blk).map_err(fs_err)?;
+        let d = b
+            .get(off..off + l.desc_size)
+            .and_then(GroupDesc::parse)
+            .ok_or_else(|| RecoverError::Corrupt {
+                what: "group descriptor",
+                detail: format!("group {g}"),
+            })?;
+        Ok((blk, off, d))
+    }
+
+    fn block_bitmap(&mut self, ov: &Overlay<'_>, g: u32) -> Result<&mut Vec<u8>, RecoverError> {
+        if !self.blocks.contains_key(&g) {
+            let (_, _, d) = self.desc(ov, g)?;
+            if self.layout.group_csum && d.flags() & BG_BLOCK_UNINIT != 0 {
+                return Err(refuse(format!(
+                    "it changes blocks of group {g}, whose block bitmap was never initialized"
+                )));
+            }
+            let bm = ov.block(d.block_bitmap()).map_err(fs_err)?;
+            self.blocks.insert(g, bm);
+        }
+        Ok(self.blocks.get_mut(&g).expect("inserted above"))
+    }
+
+    fn mark_blocks(
+        &mut self,
+        ov: &Overlay<'_>,
+        start: u64,
+        len: u64,
+        used: bool,
+    ) -> Result<(), RecoverError> {
+        let end = start.saturating_add(len);
+        let (first, count) = (self.layout.first_data_block, self.layout.blocks_count);
+        if start < first || end > count {
+            return Err(RecoverError::Corrupt {
+                what: "fast-commit replay",
+                detail: format!("blocks {start}..{end} lie outside the filesystem"),
+            });
+        }
+        let mut s = start;
+        while s < end {
+            let g = self.layout.group_of(s);
+            let gs = self.layout.group_start(g);
+            let n = u64::from(self.layout.blocks_in_group(g));
+            let e = end.min(gs + n);
+            let bm = self.block_bitmap(ov, g)?;
+            mark_bits(bm, gs, n, s, e - s, used);
+            s = e;
+        }
+        Ok(())
+    }
+
+    fn mark_inode(&mut self, ov: &Overlay<'_>, ino: u32, used: bool) -> Result<(), RecoverError> {
+        let ipg = self.layout.inodes_per_group;
+        let g = (ino - 1) / ipg;
+        if !self.inodes.contains_key(&g) {
+            let (_, _, d) = self.desc(ov, g)?;
+            let bm = if self.layout.group_csum && d.flags() & BG_INODE_UNINIT != 0 {
+                // An uninitialized inode bitmap reads as all free.
+                let mut v = vec![0xFFu8; self.layout.block_size as usize];
+                v[..self.layout.inode_bitmap_bytes()].fill(0);
+                v
+            } else {
+                ov.block(d.inode_bitmap()).map_err(fs_err)?
+            };
+            self.inodes.insert(g, bm);
+        }
+        let bm = self.inodes.get_mut(&g).expect("inserted above");
+        let first = u64::from(g) * u64::from(ipg) + 1;
+        mark_bits(bm, first, u64::from(ipg), u64::from(ino), 1, used);
+        Ok(())
+    }
+
+    /// Write the bitmaps and the descriptors with their counts as the
+    /// bitmaps say (`ext4_fc_set_bitmaps_and_counters`; the directory
+    /// count from the group's in-use inodes).
+    fn write(self, ov: &Overlay<'_>, geo: &Geometry) -> Result<(), RecoverError> {
+        let l = &self.layout;
+        let mut groups: Vec<u32> = self
+            .blocks
+            .keys()
+            .chain(self.inodes.keys())
+            .copied()
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
+        for g in groups {
+            let (dblk, off, mut d) = self.desc(ov, g)?;
+            if let Some(bm) = self.blocks.get(&g) {
+                let n = u64::from(l.blocks_in_group(g));
+                d.set_free_blocks(free_bits(bm, n) as u32);
+                if l.csum.metadata {
+                    d.set_block_bitmap_csum(l.bitmap_csum(&bm[..l.block_bitmap_bytes()]));
+                }
+                ov.write(d.block_bitmap(), bm).map_err(fs_err)?;
+            }
+            if let Some(bm) = self.inodes.get(&g) {
+                let ipg = l.inodes_per_group;
+                d.set_free_inodes(free_bits(bm, u64::from(ipg)) as u32);
+                // The last inode in use decides the unused tail.
+                let last = (0..ipg)
+                    .rev()
+                    .find(|&i| bm[i as usize / 8] & (1 << (i % 8)) != 0);
+                let mut dirs = 0;
+                for i in 0..=last.unwrap_or(0) {
+                    if last.is_none() || bm[i as usize / 8] & (1 << (i % 8)) == 0 {
+                        continue;
+                    }
+                    let slot = raw_slot(ov, geo, g * ipg + i + 1)?;
+                    if le16(&slot, I_MODE) & S_IFMT == S_IFDIR {
+                        dirs += 1;
+                    }
+                }
+                d.set_used_dirs(dirs);
+                if l.group_csum {
+                    let unused = ipg - last.map_or(0, |i| i + 1);
+                    d.set_itable_unused(unused.min(d.itable_unused()));
+                    d.set_flags(d.flags() & !BG_INODE_UNINIT);
+                }
+                if l.csum.metadata {
+                    d.set_inode_bitmap_csum(l.bitmap_csum(&bm[..l.inode_bitmap_bytes()]));
+                }
+                ov.write(d.inode_bitmap(), bm).map_err(fs_err)?;
+            }
+            if l.group_csum {
+                d.update_checksum(&l.csum, g, l.desc_size);
+            }
+            let mut b = ov.block(dblk).map_err(fs_err)?;
+            b[off..off + l.desc_size].copy_from_slice(d.on_disk(l.desc_size));
+            ov.write(dblk, &b).map_err(fs_err)?;
+        }
+        Ok(())
+    }
+}
+
+/// The slot of inode `ino` as it is in the overlay (no checksum check:
+/// a slot the replay is about to overwrite may be anything).
+fn raw_slot(ov: &Overlay<'_>, geo: &Geometry, ino: u32) -> Result<Vec<u8>, RecoverError> {
+    let (blk, off) = locate_inode(ov, geo, ino).map_err(fs_err)?;
+    let b = ov.block(blk).map_err(fs_err)?;
+    Ok(b[off..off + geo.inode_size as usize].to_vec())
+}
+
+fn put_slot(
+    ov: &Overlay<'_>,
+    geo: &Geometry,
+    ino: u32,
+    slot: &mut [u8],
+) -> Result<(), RecoverError> {
+    ext4kit_format::inode::set_checksum(slot, ino, &geo.csum);
+    let (blk, off) = locate_inode(ov, geo, ino).map_err(fs_err)?;
+    let mut b = ov.block(blk).map_err(fs_err)?;
+    b[off..off + slot.len()].copy_from_slice(slot);
+    ov.write(blk, &b).map_err(fs_err)
+}
+
+/// Does the kernel's `ext4_iget` find inode `slot` (a live inode)?
+fn live(slot: &[u8]) -> bool {
+    le16(slot, I_LINKS) != 0 && le16(slot, I_MODE) != 0
+}
+
+fn size_of(slot: &[u8]) -> u64 {
+    u64::from(le32(slot, I_SIZE_LO)) | (u64::from(le32(slot, I_SIZE_HI)) << 32)
+}
+
+/// The inode kinds the replay covers: a regular file mapped by extents.
+fn check_kind(ino: u32, slot: &[u8]) -> Result<(), RecoverError> {
+    let mode = le16(slot, I_MODE);
+    let flags = le32(slot, I_FLAGS);
+    if mode & S_IFMT != S_IFREG {
+        let kind = match mode & S_IFMT {
+            S_IFDIR => "a directory",
+            S_IFLNK => "a symlink",
+            _ => "a special file",
+        };
+        return Err(refuse(format!("inode {ino} is {kind}")));
+    }
+    if flags & EXT4_INLINE_DATA_FL != 0 {
+        return Err(refuse(format!("inode {ino} has inline data")));
+    }
+    if flags & EXT4_EXTENTS_FL == 0 {
+        return Err(refuse(format!(
+            "inode {ino} is mapped by blocks, not extents"
+        )));
+    }
+    if flags & EXT4_HUGE_FILE_FL != 0 {
+        return Err(refuse(format!("inode {ino} is a huge_file inode")));
+    }
+    Ok(())
+}
+
+struct Replay<'o, 'a> {
+    ov: &'o Overlay<'a>,
+    geo: Geometry,
+    info: FsInfo,
+    bm: Bitmaps,
+    /// Blocks no ADD_RANGE of the log names, free after the full replay:
+    /// where new tree nodes and directory blocks go.
+    spare: Vec<u64>,
+    /// Inodes an INODE, ADD_RANGE, DEL_RANGE or CREAT touched (the
+    /// kernel's `fc_modified_inodes`).
+    modified: std::collections::BTreeSet<u32>,
+}
+
+impl Replay<'_, '_> {
+    fn params(&self, ino: u32, slot: &[u8]) -> TreeParams {
+        let bs = u64::from(self.geo.block_size);
+        TreeParams {
+            ino,
+            generation: le32(slot, I_GENERATION),
+            csum: self.geo.csum,
+            block_size: self.geo.block_size,
+            first_data_block: self.geo.first_data_block,
+            blocks_count: self.geo.blocks,
+            eof_block: size_of(slot).div_ceil(bs),
+        }
+    }
+
+    fn root(slot: &[u8]) -> [u8; 60] {
+        let mut r = [0u8; 60];
+        r.copy_from_slice(&slot[I_BLOCK..I_BLOCK + 60]);
+        r
+    }
+
+    /// The data mappings and the tree node blocks of an extent inode.
+    fn tree_of(&self, ino: u32, slot: &[u8]) -> Result<(Vec<Mapping>, Vec<u64>), RecoverError> {
+        let fs = Fs {
+            blocks: self.ov,
+            info: &self.info,
+        };
+        // The slot may be mid-edit: checksum a copy for the reader.
+        let mut raw = slot.to_vec();
+        ext4kit_format::inode::set_checksum(&mut raw, ino, &self.geo.csum);
+        let inode = fs.decode_inode(ino, raw).map_err(fs_err)?;
+        let (maps, nodes) = fs.extent_tree(&inode).map_err(fs_err)?;
+        Ok((
+            maps,
+            nodes.iter().map(|n| n.pblk).filter(|&p| p != 0).collect(),
+        ))
+    }
+
+    /// Edit inode `ino`'s extent tree with `f`, then apply what it did to
+    /// the bitmaps and store the new root.
+    fn edit_tree(
+        &mut self,
+        ino: u32,
+        f: impl FnOnce(&mut ExtentTree<'_>) -> Result<RangeEffect, FsError>,
+    ) -> Result<(), RecoverError> {
+        let mut slot = raw_slot(self.ov, &self.geo, ino)?;
+        if !live(&slot) {
+            // ext4_iget fails: the kernel skips the record.
+            return Ok(());
+        }
+        check_kind(ino, &slot)?;
+        self.modified.insert(ino);
+        let p = self.params(ino, &slot);
+        let mut io = OverlayTree::new(self.ov, std::mem::take(&mut self.spare));
+        let (eff, root) = {
+            let mut t = ExtentTree::new(&mut io, p, &Self::root(&slot)).map_err(fs_err)?;
+            let eff = f(&mut t).map_err(|e| match e {
+                FsError::NoSpace { .. } => {
+                    refuse("its extent trees need more new blocks than are free")
+                }
+                e => fs_err(e),
+            })?;
+            (eff, *t.root())
+        };
+        for &(s, n) in &eff.freed {
+            self.bm.mark_blocks(self.ov, s, n, false)?;
+        }
+        for &(s, n) in &eff.used {
+            self.bm.mark_blocks(self.ov, s, n, true)?;
+        }
+        for &b in &io.freed {
+            self.bm.mark_blocks(self.ov, b, 1, false)?;
+        }
+        for &b in &io.allocated {
+            self.bm.mark_blocks(self.ov, b, 1, true)?;
+        }
+        self.spare = io.spare;
+        slot[I_BLOCK..I_BLOCK + 60].copy_from_slice(&root);
+        put_slot(self.ov, &self.geo, ino, &mut slot)
+    }
+
+    /// `i_blocks` from the mapping (data, tree nodes, the xattr block),
+    /// as `ext4_ext_replay_set_iblocks` / `ext2fs_count_blocks`.
+    fn set_iblocks(
+        &self,
+        ino: u32,
+        slot: &mut [u8],
+    ) -> Result<(Vec<Mapping>, Vec<u64>), RecoverError> {
+        let (maps, nodes) = self.tree_of(ino, slot)?;
+        let acl =
+            u64::from(le32(slot, I_FILE_ACL_LO)) | (u64::from(le16(slot, I_FILE_ACL_HI)) << 32);
+        let blocks: u64 = maps.iter().map(|m| u64::from(m.len)).sum::<u64>()
+            + nodes.len() as u64
+            + u64::from(acl != 0);
+        let v = blocks * u64::from(self.geo.block_size / 512);
+        put32(slot, I_BLOCKS_LO, v as u32);
+        put16(slot, I_BLOCKS_HI, (v >> 32) as u16);
+        Ok((maps, nodes))
+    }
+
+    /// INODE (`ext4_fc_replay_inode`).
+    fn inode(&mut self, ino: u32, raw: &[u8]) -> Result<(), RecoverError> {
+        self.modified.insert(ino);
+        let mut slot = raw_slot(self.ov, &self.geo, ino)?;
+        // The old inode's blocks are free first (ext4_ext_clear_bb).
+        if live(&slot) && le32(&slot, I_FLAGS) & EXT4_EXTENTS_FL != 0 {
+            let (maps, nodes) = self.tree_of(ino, &slot)?;
+            for m in maps {
+                self.bm
+                    .mark_blocks(self.ov, m.pblk, u64::from(m.len), false)?;
+            }
+            for b in nodes {
+                self.bm.mark_blocks(self.ov, b, 1, false)?;
+            }
+        }
+        let mut len = 128;
+        if self.geo.inode_size > 128 {
+            let extra = usize::from(le16(raw, 128.min(raw.len().saturating_sub(2))));
+            len += extra;
+            if raw.len() < 130 || extra < 4 || len > self.geo.inode_size as usize {
+                return Err(RecoverError::Corrupt {
+                    what: "fast-commit inode",
+                    detail: format!("inode {ino}: i_extra_isize {extra} does not fit"),
+                });
+            }
+        }
+        if raw.len() < len || !replay_inode_bytes(&mut slot, &raw[..len]) {
+            return Err(RecoverError::Corrupt {
+                what: "fast-commit inode",
+                detail: format!("inode {ino}: {} bytes", raw.len()),
+            });
+        }
+        if live(&slot) {
+            check_kind(ino, &slot)?;
+            self.set_iblocks(ino, &mut slot)?;
+        }
+        put_slot(self.ov, &self.geo, ino, &mut slot)?;
+        self.bm.mark_inode(self.ov, ino, live(&slot))
+    }
+
+    /// The directory `parent` as DirBlocks on the overlay.
+    fn dir(&mut self, parent: u32) -> Result<OverlayDir<'_, '_>, RecoverError> {
+        let slot = raw_slot(self.ov, &self.geo, parent)?;
+        let flags = le32(&slot, I_FLAGS);
+        if !live(&slot) || le16(&slot, I_MODE) & S_IFMT != S_IFDIR {
+            return Err(refuse(format!(
+                "the parent {parent} of a name is not a directory"
+            )));
+        }
+        if flags & EXT4_INLINE_DATA_FL != 0 || flags & EXT4_EXTENTS_FL == 0 {
+            return Err(refuse(format!(
+                "directory {parent} is not mapped by extents"
+            )));
+        }
+        let fs = Fs {
+            blocks: self.ov,
+            info: &self.info,
+        };
+        let inode = fs.decode_inode(parent, slot.clone()).map_err(fs_err)?;
+        let params = DirParams::new(&self.info, &inode);
+        let maps = fs.extents(&inode).map_err(fs_err)?;
+        Ok(OverlayDir {
+            ov: self.ov,
+            geo: &self.geo,
+            bm: &mut self.bm,
+            spare: &mut self.spare,
+            ino: parent,
+            slot,
+            params,
+            maps,
+        })
+    }
+
+    /// CREAT and LINK (`ext4_fc_replay_create`, `_link`): the name is
+    /// added unless it exists (-EEXIST is ignored), the link count grows
+    /// by one, a CREAT makes it 1.
+    fn link(
+        &mut self,
+        creat: bool,
+        parent: u32,
+        ino: u32,
+        name: &[u8],
+    ) -> Result<(), RecoverError> {
+        let mut slot = raw_slot(self.ov, &self.geo, ino)?;
+        if creat {
+            self.modified.insert(ino);
+            self.bm.mark_inode(self.ov, ino, true)?;
+        } else if !live(&slot) {
+            return Ok(());
+        }
+        if le16(&slot, I_MODE) == 0 {
+            return Ok(());
+        }
+        check_kind(ino, &slot)?;
+        let added = {
+            let mut d = self.dir(parent)?;
+            let mut w = DirWriter::new(&mut d);
+            if w.find(name).map_err(fs_err)?.is_some() {
+                false
+            } else {
+                w.add(name, ino, FT_REG_FILE).map_err(fs_err)?;
+                true
+            }
+        };
+        // The directory's blocks and inode may have changed: read again.
+        slot = raw_slot(self.ov, &self.geo, ino)?;
+        let links = if creat {
+            1
+        } else {
+            le16(&slot, I_LINKS).saturating_add(u16::from(added))
+        };
+        put16(&mut slot, I_LINKS, links);
+        put_slot(self.ov, &self.geo, ino, &mut slot)
+    }
+
+    /// UNLINK (`ext4_fc_replay_unlink`): the name goes if it names `ino`
+    /// (-ENOENT is ignored), the link count drops by one.
+    fn unlink(&mut self, parent: u32, ino: u32, name: &[u8]) -> Result<(), RecoverError> {
+        let slot = raw_slot(self.ov, &self.geo, ino)?;
+        if !live(&slot) {
+            return Ok(());
+        }
+        let removed = {
+            let mut d = self.dir(parent)?;
+            let mut w = DirWriter::new(&mut d);
+            match w.find(name).map_err(fs_err)? {
+                Some(s) if s.ino == ino => {
+                    w.remove(name).map_err(fs_err)?;
+                    true
+                }
+                _ => false,
+            }
+        };
+        if removed {
+            let mut slot = raw_slot(self.ov, &self.geo, ino)?;
+            let links = le16(&slot, I_LINKS).saturating_sub(1);
+            put16(&mut slot, I_LINKS, links);
+            put_slot(self.ov, &self.geo, ino, &mut slot)?;
+        }
+        Ok(())
+    }
+
+    /// `ext4_fc_set_bitmaps_and_counters`: every block of every live
+    /// replayed inode (data and tree nodes) in use, its inode bit set,
+    /// `i_blocks` recounted; a replayed inode without links is free
+    /// (bit and blocks), as e2fsck's replay leaves it.
+    fn finish(mut self) -> Result<(), RecoverError> {
+        for ino in std::mem::take(&mut self.modified) {
+            let mut slot = raw_slot(self.ov, &self.geo, ino)?;
+            let is_live = live(&slot);
+            if le32(&slot, I_FLAGS) & EXT4_EXTENTS_FL != 0 && le16(&slot, I_MODE) != 0 {
+                let (maps, nodes) = if is_live {
+                    let before = slot.clone();
+                    let r = self.set_iblocks(ino, &mut slot)?;
+                    if slot != before {
+                        put_slot(self.ov, &self.geo, ino, &mut slot)?;
+                    }
+                    r
+                } else {
+                    self.tree_of(ino, &slot)?
+                };
+                for m in maps {
+                    self.bm
+                        .mark_blocks(self.ov, m.pblk, u64::from(m.len), is_live)?;
+                }
+                for b in nodes {
+                    self.bm.mark_blocks(self.ov, b, 1, is_live)?;
+                }
+            }
+            self.bm.mark_inode(self.ov, ino, is_live)?;
+        }
+        self.bm.write(self.ov, &self.geo)?;
+        // The superblock's free counts follow the descriptors.
+        let bs = u64::from(self.geo.block_size);
+        let sb_blk = SUPERBLOCK_OFFSET / bs;
+        let off = (SUPERBLOCK_OFFSET % bs) as usize;
+        let mut b = self.ov.block(sb_blk).map_err(fs_err)?;
+        let mut sb = Superblock::parse(&b[off..off + SUPERBLOCK_SIZE]).ok_or_else(|| {
+            RecoverError::Corrupt {
+                what: "superblock",
+                detail: "short block".into(),
+            }
+        })?;
+        let (free_blocks, free_inodes) = summary_counts(self.ov, &sb).map_err(fs_err)?;
+        sb.set_free_blocks_count(free_blocks);
+        sb.s_free_inodes_count.set(free_inodes);
+        if self.geo.csum.metadata {
+            sb.update_checksum();
+        }
+        b[off..off + SUPERBLOCK_SIZE].copy_from_slice(sb.as_bytes());
+        self.ov.write(sb_blk, &b).map_err(fs_err)
+    }
+}
+
+/// A directory's blocks on the overlay for [`DirWriter`]; a new block
+/// comes from the spare blocks.
+struct OverlayDir<'x, 'a> {
+    ov: &'x Overlay<'a>,
+    geo: &'x Geometry,
+    bm: &'x mut Bitmaps,
+    spare: &'x mut Vec<u64>,
+    ino: u32,
+    slot: Vec<u8>,
+    params: DirParams,
+    maps: Vec<Mapping>,
+}
+
+impl OverlayDir<'_, '_> {
+    fn pblk(&self, lblk: u32) -> Result<u64, FsError> {
+        let l = u64::from(lblk);
+        self.maps
+            .iter()
+            .find(|m| m.lblk <= l && l < m.end() && !m.unwritten)
+            .map(|m| m.pblk + (l - m.lblk))
+            .ok_or_else(|| {
+                FsError::corrupt(
+                    "directory",
+                    format!("directory {}: block {lblk} is a hole", self.ino),
+                )
+            })
+    }
+
+    fn store(&mut self) -> Result<(), FsError> {
+        put_slot(self.ov, self.geo, self.ino, &mut self.slot).map_err(FsError::Recover)
+    }
+}
+
+impl DirBlocks for OverlayDir<'_, '_> {
+    fn params(&self) -> DirParams {
+        self.params
+    }
+
+    fn block_size(&self) -> u32 {
+        self.geo.block_size
+    }
+
+    fn nblocks(&self) -> u32 {
+        (size_of(&self.slot) / u64::from(self.geo.block_size)) as u32
+    }
+
+    fn read(&self, lblk: u32) -> Result<Vec<u8>, FsError> {
+        self.ov.block(self.pblk(lblk)?)
+    }
+
+    fn write(&mut self, lblk: u32, data: &[u8]) -> Result<(), FsError> {
+        let p = self.pblk(lblk)?;
+        self.ov.write(p, data)
+    }
+
+    fn append(&mut self) -> Result<u32, FsError> {
+        let lblk = self.nblocks();
+        let bs = self.geo.block_size;
+        let pblk = self.spare.pop().ok_or(FsError::NoSpace {
+            wanted: 1,
+            available: 0,
+        })?;
+        let m = Mapping {
+            lblk: u64::from(lblk),
+            pblk,
+            len: 1,
+            unwritten: false,
+        };
+        let p = TreeParams {
+            ino: self.ino,
+            generation: le32(&self.slot, I_GENERATION),
+            csum: self.geo.csum,
+            block_size: bs,
+            first_data_block: self.geo.first_data_block,
+            blocks_count: self.geo.blocks,
+            eof_block: u64::from(lblk) + 1,
+        };
+        let mut io = OverlayTree::new(self.ov, std::mem::take(self.spare));
+        let (root, delta) = {
+            let mut t = ExtentTree::new(&mut io, p, &Replay::root(&self.slot))?;
+            t.insert(&m)?;
+            (*t.root(), t.blocks_delta)
+        };
+        *self.spare = io.spare;
+        let rec = |e: RecoverError| FsError::Recover(e);
+        self.bm.mark_blocks(self.ov, pblk, 1, true).map_err(rec)?;
+        for &b in &io.allocated {
+            self.bm.mark_blocks(self.ov, b, 1, true).map_err(rec)?;
+        }
+        for &b in &io.freed {
+            self.bm.mark_blocks(self.ov, b, 1, false).map_err(rec)?;
+        }
+        self.ov.write(pblk, &vec![0u8; bs as usize])?;
+        self.slot[I_BLOCK..I_BLOCK + 60].copy_from_slice(&root);
+        let size = size_of(&self.slot) + u64::from(bs);
+        put32(&mut self.slot, I_SIZE_LO, size as u32);
+        put32(&mut self.slot, I_SIZE_HI, (size >> 32) as u32);
+        let per = i64::from(bs / 512);
+        let old = i64::from(le32(&self.slot, I_BLOCKS_LO));
+        put32(
+            &mut self.slot,
+            I_BLOCKS_LO,
+            (old + per * (1 + delta)).max(0) as u32,
+        );
+        self.maps.push(m);
+        self.store()?;
+        Ok(lblk)
+    }
+
+    fn indexed(&self) -> bool {
+        le32(&self.slot, I_FLAGS) & EXT4_INDEX_FL != 0
+    }
+
+    fn set_indexed(&mut self) -> Result<(), FsError> {
+        let f = le32(&self.slot, I_FLAGS) | EXT4_INDEX_FL;
+        put32(&mut self.slot, I_FLAGS, f);
+        self.store()
+    }
+}
+
+/// Replay the fast commits `tags` (from [`super::fast_commit::records`]
+/// of `rec.fast_commit`) over the full commits' replay `rec.writes`:
+/// returns the home blocks that change (block -> final bytes), for
+/// [`super::fast_commit::commit_as_full`]. Nothing is written to `dev`.
+/// What the replay does not cover (a directory, symlink or special inode,
+/// inline data, block maps, bigalloc, a group whose block bitmap was
+/// never initialized) is [`RecoverError::Unsupported`] with one line.
+pub fn replay(
+    dev: &dyn Device,
+    j: &Journal,
+    rec: &Recovery,
+    tags: &[FcTag],
+) -> Result<BTreeMap<u64, Vec<u8>>, RecoverError> {
+    let ov = Overlay::new(dev, j.block_size, j.fs_blocks, &rec.writes);
+    let info = FsInfo::load(&ov).map_err(fs_err)?;
+    if info.features.ro_compat.contains(RoCompat::BIGALLOC) {
+        return Err(refuse("bigalloc"));
+    }
+    // Every inode a record names is an ordinary one (a parent may be the
+    // root), inside the filesystem.
+    for t in tags {
+        let (ino, parent) = match t {
+            FcTag::Inode { ino, .. }
+            | FcTag::AddRange { ino, .. }
+            | FcTag::DelRange { ino, .. } => (*ino, None),
+            FcTag::Dentry { ino, parent, .. } => (*ino, Some(*parent)),
+            _ => continue,
+        };
+        let ok = |i: u32, root_ok: bool| {
+            i <= info.inodes_count
+                && (i >= info.first_ino || (root_ok && i == ext4kit_format::inode::ROOT_INO))
+        };
+        if !ok(ino, false) || parent.is_some_and(|p| !ok(p, true)) {
+            return Err(refuse(format!(
+                "a record names inode {} (the ordinary inodes are {}..={})",
+                if ok(ino, false) {
+                    parent.unwrap_or(ino)
+                } else {
+                    ino
+                },
+                info.first_ino,
+                info.inodes_count
+            )));
+        }
+    }
+    let geo = Geometry::of(&info.sb, info.block_size, info.blocks_count).map_err(fs_err)?;
+    let layout = Layout::from_superblock(&info.sb).map_err(fs_err)?;
+    // Blocks an ADD_RANGE names are the log's: no new node may take one
+    // (ext4_fc_replay_check_excluded).
+    let mut excluded: Vec<(u64, u64)> = tags
+        .iter()
+        .filter_map(|t| match t {
+            FcTag::AddRange { pblk, len, .. } => Some((*pblk, *pblk + u64::from(*len))),
+            _ => None,
+        })
+        .collect();
+    excluded.sort_unstable();
+    let bm = Bitmaps {
+        layout: layout.clone(),
+        blocks: BTreeMap::new(),
+        inodes: BTreeMap::new(),
+    };
+    let mut spare = Vec::new();
+    const SPARE: usize = 64;
+    for g in 0..layout.group_count {
+        if spare.len() >= SPARE {
+            break;
+        }
+        let (_, _, d) = bm.desc(&ov, g)?;
+        if layout.group_csum && d.flags() & BG_BLOCK_UNINIT != 0 {
+            continue;
+        }
+        let img = ov.block(d.block_bitmap()).map_err(fs_err)?;
+        let gs = layout.group_start(g);
+        for i in 0..u64::from(layout.blocks_in_group(g)) {
+            if spare.len() >= SPARE {
+                break;
+            }
+            let b = gs + i;
+            if img[(i / 8) as usize] & (1 << (i % 8)) == 0
+                && !excluded.iter().any(|&(s, e)| s <= b && b < e)
+            {
+                spare.push(b);
+            }
+        }
+    }
+    spare.sort_unstable_by(|a, b| b.cmp(a));
+    let mut r = Replay {
+        ov: &ov,
+        geo,
+        info,
+        bm,
+        spare,
+        modified: std::collections::BTreeSet::new(),
+    };
+    for t in tags {
+        match t {
+            FcTag::Head { .. } | FcTag::Pad | FcTag::Tail { .. } => {}
+            FcTag::Inode { ino, raw } => r.inode(*ino, raw)?,
+            FcTag::AddRange {
+                ino,
+                lblk,
+                len,
+                unwritten,
+                pblk,
+            } => {
+                let m = Mapping {
+                    lblk: u64::from(*lblk),
+                    pblk: *pblk,
+                    len: u32::from(*len),
+                    unwritten: *unwritten,
+                };
+                if m.len == 0 {
+                    continue;
+                }
+                r.edit_tree(*ino, |t| add_range(t, &m))?
+            }
+            FcTag::DelRange { ino, lblk, len } => {
+                let (a, n) = (u64::from(*lblk), u64::from(*len));
+                r.edit_tree(*ino, |t| del_range(t, a, n))?
+            }
+            FcTag::Dentry {
+                tag,
+                parent,
+                ino,
+                name,
+            } => match *tag {
+                EXT4_FC_TAG_CREAT => r.link(true, *parent, *ino, name)?,
+                EXT4_FC_TAG_LINK => r.link(false, *parent, *ino, name)?,
+                _ => r.unlink(*parent, *ino, name)?,
+            },
+        }
+    }
+    r.finish()?;
+    ov.changes().map_err(fs_err)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::extent_write::{LBLK_END, TreeParams};
+    use crate::extent_write::LBLK_END;
     use ext4kit_device::MemDevice;
     use ext4kit_format::Csum;
     use ext4kit_format::extent::{ENTRIES_IN_INODE, ExtentHeader};
-    use zerocopy::IntoBytes;
 
     const BS: u32 = 1024;
 
