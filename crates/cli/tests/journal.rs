@@ -1279,6 +1279,67 @@ fn kernel_fast_commit_workloads_replay_to_the_kernels_tree() {
     }
 }
 
+/// A power cut at every write of ext4kit's fast-commit replay (the rw
+/// open of a kernel image with fast commits, then its close), whole
+/// flushes lost or a random subset of the unflushed writes kept: the
+/// next open finishes the replay, the tree is the one the kernel's
+/// replay gives, e2fsck -fn is clean.
+#[test]
+fn power_cut_during_a_fast_commit_replay() {
+    use ext4kit_device::{CutMode, Device, MemDevice};
+    use ext4kit_fs::fs::Filesystem;
+    use ext4kit_fs::rw::RwOptions;
+    use std::sync::Arc;
+    let name = "power_cut_during_a_fast_commit_replay";
+    if let Err(why) = kernel_ok() {
+        return skip(name, &why);
+    }
+    let dir = image_dir();
+    let d = dir.path();
+    let img = d.join("fc.img");
+    fc_image(
+        &img,
+        "w('/d/new', b'a'*5000)\nw('/d/keep', b'b'*9000, 'ab')\n\
+         w('/d/big', b'c'*40000)\nos.truncate(d+'/d/big', 10000); fs(d+'/d/big')\n\
+         os.link(d+'/d/new', d+'/d/hard'); fs(d+'/d/new')\nos.rename(d+'/d/other', d+'/d/moved'); fs(d+'/d/moved')\n",
+    );
+    let want = kernel_tree(&img, d.join("kernel.img"));
+    let base = MemDevice::from_bytes(fs::read(&img).unwrap());
+    let _ = fs::remove_file(&img);
+    let run = |dev: Arc<dyn Device>| -> Result<(), String> {
+        let e = |e: ext4kit_fs::FsError| e.to_string();
+        Filesystem::open(dev, RwOptions::default())
+            .map_err(e)?
+            .close()
+            .map_err(e)
+    };
+    let out = d.join("cut.img");
+    let check = |mem: &MemDevice, what: &str| {
+        fs::write(&out, mem.to_bytes()).unwrap();
+        e2fsck_clean(&out).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let got = kernel_tree(&out, d.join("cut-mounted.img"));
+        assert_eq!(got, want, "{what}: the tree after the cut and a reopen");
+    };
+    let (mem, r, ops) = run_cut(&base, None, CutMode::DropAll, run);
+    r.unwrap();
+    check(&mem, "no cut");
+    eprintln!("{name}: {ops} writes");
+    for mode in [
+        CutMode::DropAll,
+        CutMode::Subset {
+            seed: 7,
+            torn: false,
+        },
+    ] {
+        for cut in 1..ops {
+            let (mem, _, _) = run_cut(&base, Some(cut), mode, run);
+            let what = format!("cut {cut} {mode:?}");
+            run(mem.clone() as Arc<dyn Device>).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+            check(&mem, &what);
+        }
+    }
+}
+
 /// Fast commits older than the last full commit (fsyncs, then syncfs,
 /// then more full commits, then a shutdown): the kernel ignores them, so
 /// the replay does, byte for byte like `e2fsck -E journal_only`; ext4kit
