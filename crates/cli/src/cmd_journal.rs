@@ -27,9 +27,12 @@ pub enum JournalCmd {
     Dump(DumpArgs),
     /// Replay a dirty journal into the filesystem (scan, revoke, replay, as
     /// the kernel and e2fsck do), then mark the journal empty and clear
-    /// needs_recovery. Refuses mounted or busy devices, and logs holding
-    /// fast commits to replay (not supported yet: e2fsck -fy or the
-    /// kernel replay them).
+    /// needs_recovery. Fast commits after the last full commit are
+    /// replayed too (as one more full transaction first); a fast-commit
+    /// log of a kind ext4kit does not replay (directories, symlinks and
+    /// special files, inline data, block maps, bigalloc) or a damaged one
+    /// is refused with one line, nothing written. Refuses mounted or busy
+    /// devices.
     Replay(ReplayArgs),
 }
 

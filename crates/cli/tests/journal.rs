@@ -473,7 +473,7 @@ fn refusals_are_one_line_and_write_nothing() {
         let f = fs::OpenOptions::new().write(true).open(&bad).unwrap();
         f.write_all_at(&[0x77], jsb * 1024 + 0x20).unwrap(); // s_errno
     }
-    // (Fast-commit logs: kernel_fast_commit_logs_are_refused_like_this.)
+    // (Fast-commit logs: kernel_fast_commit_logs_are_replayed_like_this.)
     for (img, want) in [
         (&nj, "has no journal"),
         (&bad, "corrupt journal superblock: checksum"),
@@ -1039,14 +1039,18 @@ fn kernel_fast_commit_logs_are_replayed_like_this() {
     for (p, data) in &files[1..] {
         assert!(cat(&by_cp, p) == *data, "{p}: after cp's replay");
     }
-    // Read-only: the state of the full commits (the directory, made
-    // before the fast commits).
+    // Read-only: the replayed state, computed in memory (nothing
+    // written).
     let ls = run_ok(ext4kit().arg("ls").arg(format!("{s}:/"))).unwrap();
     assert!(
         String::from_utf8_lossy(&ls.stdout).contains('d'),
         "{}",
         text(&ls)
     );
+    for (p, data) in &files {
+        assert!(cat(&img, p) == *data, "{p}: read-only, before the replay");
+    }
+    assert_eq!(file_hash(&img).unwrap(), before, "reads wrote");
 
     // The oracles: e2fsck -fy and the kernel's replay, on copies.
     let by_fsck = d.join("fsck.img");

@@ -1,7 +1,9 @@
-//! Pieces of the fast-commit replay (issue 20), built behind the refusal
-//! in [`super::apply`]: nothing here is called by a recovery yet (see
-//! "Toward fast-commit replay" in docs/ARCHITECTURE.md for the plan and
-//! what is missing).
+//! The fast-commit replay (issue 20): [`replay`] applies the records of a
+//! valid fast-commit log, in the kernel's order and per tag as
+//! `ext4_fc_replay` does, to an overlay of the full commits' replay, and
+//! returns the changed home blocks, which [`super::apply`] makes durable
+//! through `fast_commit::commit_as_full` (docs/ARCHITECTURE.md,
+//! "Fast-commit replay"). Its pieces:
 //!
 //! - [`Overlay`]: the image after the full commits' replay (the device
 //!   under [`super::Recovery::writes`]) plus the replay's own changes,
