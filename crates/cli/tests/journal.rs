@@ -1146,9 +1146,14 @@ def w(p,data,mode='wb'):\n    f=open(d+p,mode); f.write(data); f.flush(); os.fsy
 /// the kernel makes anyway (a loaded machine) can turn the fast commits
 /// stale: the image is then made again.
 fn fc_image(img: &Path, workload: &str) -> serde_json::Value {
+    fc_image_with(img, "64M", "4096", workload)
+}
+
+/// [`fc_image`] of `size` with blocks of `bs` bytes.
+fn fc_image_with(img: &Path, size: &str, bs: &str, workload: &str) -> serde_json::Value {
     let mut v = serde_json::Value::Null;
     for attempt in 0..4 {
-        mkfs(img, "64M", &["-b", "4096", "-O", "fast_commit"]);
+        mkfs(img, size, &["-b", bs, "-O", "fast_commit"]);
         let lo = LoopDev::attach(img).unwrap();
         let m = Mount::new(lo.path(), "ext4", Some("commit=60")).unwrap();
         fs::create_dir(m.path().join("d")).unwrap();
@@ -1264,9 +1269,15 @@ fn kernel_fast_commit_workloads_replay_to_the_kernels_tree() {
              w('/d/keep', b'4'*10, 'ab')\n",
         ),
     ];
-    for (i, (what, workload)) in cases.iter().enumerate() {
+    let big = "for i in range(10):\n    w('/d/f%d' % i, bytes([65+i])*(3000*i+10))\n\
+               w('/d/big', b'q'*3000000)\nw('/d/keep', b'k'*70000, 'ab')\n";
+    let cases = cases
+        .iter()
+        .map(|&(what, wl)| (what, "64M", "4096", wl))
+        .chain([("1 KiB blocks, a file across groups", "256M", "1024", big)]);
+    for (i, (what, size, bs, workload)) in cases.enumerate() {
         let img = d.join(format!("w{i}.img"));
-        let v = fc_image(&img, workload);
+        let v = fc_image_with(&img, size, bs, workload);
         eprintln!("{what}: {}", v["fast_commit"]);
         let want = kernel_tree(&img, d.join("kernel.img"));
         let ours = d.join("ours.img");
