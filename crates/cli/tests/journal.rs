@@ -928,8 +928,8 @@ fn cat(img: &Path, path: &str) -> Vec<u8> {
 
 /// The kernel leaves fast commits in the log (fast_commit, files created,
 /// written and fsync'd, then a shutdown without log flush): ext4kit finds
-/// them, `journal replay -n` writes nothing, and `journal replay` and a
-/// write through the tools (`cp`) replay them: the fsync'd files are
+/// them, `journal replay -n` writes nothing, and `journal replay`, a
+/// write through the tools (`cp`) and the FUSE mount replay them: the fsync'd files are
 /// there, `e2fsck -fn` is clean. The two other replayers, `e2fsck -fy`
 /// and the kernel's mount, agree with each other and with ext4kit; reads
 /// before the replay see the full commits' state.
@@ -1038,6 +1038,23 @@ fn kernel_fast_commit_logs_are_replayed_like_this() {
     assert_eq!(cat(&by_cp, "/d/f0"), b"host file\n");
     for (p, data) in &files[1..] {
         assert!(cat(&by_cp, p) == *data, "{p}: after cp's replay");
+    }
+    // The FUSE mount replays them too (its rw open).
+    match fuse_available() {
+        Err(why) => eprintln!("skipping the FUSE mount of an fc image: {why}"),
+        Ok(()) => {
+            let by_mount = d.join("mount.img");
+            sparse_copy(&img, &by_mount);
+            let m = common::fuse::FuseMount::new(&by_mount, &[]).unwrap();
+            for (p, data) in &files {
+                assert!(
+                    fs::read(m.path().join(&p[1..])).unwrap() == *data,
+                    "{p}: through the mount"
+                );
+            }
+            m.unmount().unwrap();
+            e2fsck_clean(&by_mount).unwrap();
+        }
     }
     // Read-only: the replayed state, computed in memory (nothing
     // written).
