@@ -1305,7 +1305,33 @@ fn kernel_fast_commit_workloads_replay_to_the_kernels_tree() {
         e2fsck_clean(&ours).unwrap_or_else(|e| panic!("{what}: {e}"));
         let got = kernel_tree(&ours, d.join("ours-mounted.img"));
         assert_eq!(got, want, "{what}: ext4kit's replay vs the kernel's");
-        for f in [img, ours, d.join("kernel.img"), d.join("ours-mounted.img")] {
+        // The transaction ext4kit commits the replay as (before applying
+        // it) is one the kernel's recovery replays to the same tree.
+        let sealed = d.join("sealed.img");
+        sparse_copy(&img, &sealed);
+        {
+            use ext4kit_device::{FileDevice, OpenOptions};
+            use ext4kit_fs::journal::recover;
+            let dev = FileDevice::open(&sealed, OpenOptions::read_write()).unwrap();
+            let j = recover::Journal::open(&dev).unwrap();
+            let rec = recover::recover(&dev, &j).unwrap();
+            let again = recover::replay_fast_commits(&dev, &j, &rec).unwrap();
+            assert_eq!(again.transactions(), rec.transactions() + 1, "{what}");
+        }
+        let got = kernel_tree(&sealed, d.join("sealed-mounted.img"));
+        assert_eq!(
+            got, want,
+            "{what}: the kernel's recovery of ext4kit's transaction"
+        );
+        e2fsck_clean(&d.join("sealed-mounted.img")).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for f in [
+            img,
+            ours,
+            sealed,
+            d.join("kernel.img"),
+            d.join("ours-mounted.img"),
+            d.join("sealed-mounted.img"),
+        ] {
             let _ = fs::remove_file(f);
         }
     }
