@@ -999,8 +999,8 @@ impl DirBlocks for OverlayDir<'_, '_> {
 /// returns the home blocks that change (block -> final bytes), for
 /// [`super::fast_commit::commit_as_full`]. Nothing is written to `dev`.
 /// What the replay does not cover (a directory, symlink or special inode,
-/// inline data, block maps, bigalloc, a group whose block bitmap was
-/// never initialized) is [`RecoverError::Unsupported`] with one line.
+/// inline data, block maps, bigalloc, quota, a group whose block bitmap
+/// was never initialized) is [`RecoverError::Unsupported`] with one line.
 pub fn replay(
     dev: &dyn Device,
     j: &Journal,
@@ -1011,6 +1011,11 @@ pub fn replay(
     let info = FsInfo::load(&ov).map_err(fs_err)?;
     if info.features.ro_compat.contains(RoCompat::BIGALLOC) {
         return Err(refuse("bigalloc"));
+    }
+    if info.features.ro_compat.contains(RoCompat::QUOTA)
+        || info.features.ro_compat.contains(RoCompat::PROJECT)
+    {
+        return Err(refuse("quota (the replay does not recount usage)"));
     }
     // Every inode a record names is an ordinary one (a parent may be the
     // root), inside the filesystem.

@@ -1932,6 +1932,38 @@ pub(crate) mod tests {
         assert!(e.contains("cannot replay: inode 11 is a directory"), "{e}");
         assert_eq!(e.lines().count(), 1);
         assert!(dev.to_bytes() == before, "a refusal writes nothing");
+
+        // With quota the usage would go stale: refused.
+        let mut m = MemImage::new(32 << 20, 4096, 16384);
+        m.features = vec!["fast_commit".into(), "quota".into()];
+        let dev = m.make().unwrap();
+        let j0 = Journal::open(&dev).unwrap();
+        let mut jsb = j0.jsb.clone();
+        jsb.s_feature_incompat
+            .set(jsb.s_feature_incompat.get() | JBD2_FEATURE_INCOMPAT_FAST_COMMIT);
+        jsb.s_checksum.set(0);
+        let c = jcsum::superblock(jsb.as_bytes());
+        jsb.s_checksum.set(c);
+        dev.write_at(jsb.as_bytes(), j0.phys(0).unwrap() * 4096)
+            .unwrap();
+        let j0 = Journal::open(&dev).unwrap();
+        let j = write_log(&dev, 1, &[txn(5, &[(3000, 1)], 10)]);
+        write_fc(
+            &dev,
+            &j0,
+            6,
+            &[head(6), fc_inode(12, 0o100644, 0, 1), tail()],
+        );
+        let before = dev.to_bytes();
+        let rec = recover(&dev, &j).unwrap();
+        assert!(
+            matches!(rec.fast_commit, FcLog::Valid { .. }),
+            "{:?}",
+            rec.fast_commit
+        );
+        let e = apply(&dev, &j, &rec).unwrap_err().to_string();
+        assert!(e.contains("cannot replay: quota"), "{e}");
+        assert!(dev.to_bytes() == before, "a refusal writes nothing");
     }
 
     /// Every tag decodes into its `ext4_fc_*` fields, in log order, up
