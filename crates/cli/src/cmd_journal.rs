@@ -31,9 +31,8 @@ pub enum JournalCmd {
     /// replayed too (as one more full transaction first); a fast-commit
     /// log of a kind ext4kit does not replay (directories, symlinks and
     /// special files, inline data, block maps, bigalloc, quota) or a
-    /// damaged one
-    /// is refused with one line, nothing written. Refuses mounted or busy
-    /// devices.
+    /// damaged one is refused with one line, nothing written. Refuses
+    /// mounted or busy devices.
     Replay(ReplayArgs),
 }
 
