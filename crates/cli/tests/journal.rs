@@ -1337,6 +1337,147 @@ fn kernel_fast_commit_workloads_replay_to_the_kernels_tree() {
     }
 }
 
+/// A random fsync workload for [`fc_image`] (`seed`): creates, appends,
+/// truncates, overwrites past the end, preallocation, hard links,
+/// renames, unlinks and the odd full commit (`os.sync()`), each step in
+/// a `try` (a step may name a file an earlier one removed).
+fn random_fc_workload(seed: u64) -> String {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let mut names = vec!["keep".to_string(), "other".to_string()];
+    let mut out = String::new();
+    for step in 0..40 {
+        let pick = |names: &[String], k: u64| names[(k % names.len() as u64) as usize].clone();
+        let k = next(100);
+        let n = pick(&names, next(1000));
+        let op = match k {
+            0..25 => {
+                let new = format!("n{step}");
+                names.push(new.clone());
+                let len = [0, 1, 100, 4096, 5000, 20000, 70000][next(7) as usize];
+                format!("w(d+'/d/{new}', bytes([{}])*{len})", next(256))
+            }
+            25..45 => format!(
+                "w(d+'/d/{n}', b'a'*{}, 'ab')",
+                [1, 3000, 9000][next(3) as usize]
+            ),
+            45..55 => format!(
+                "os.truncate(d+'/d/{n}', {}); fs(d+'/d/{n}')",
+                [0, 10, 4096, 6000][next(4) as usize]
+            ),
+            55..65 => {
+                let new = format!("l{step}");
+                names.push(new.clone());
+                format!("os.link(d+'/d/{n}', d+'/d/{new}'); fs(d+'/d/{n}')")
+            }
+            65..75 => {
+                let new = format!("r{step}");
+                names.retain(|m| *m != n);
+                names.push(new.clone());
+                format!("os.rename(d+'/d/{n}', d+'/d/{new}'); fs(d+'/d/{new}')")
+            }
+            75..85 => format!(
+                "fd=os.open(d+'/d/{n}', os.O_RDWR); os.pwrite(fd, b'p'*{}, {}); os.fsync(fd); os.close(fd)",
+                [10, 5000][next(2) as usize],
+                [0, 4096, 100000][next(3) as usize]
+            ),
+            85..90 => format!(
+                "fd=os.open(d+'/d/{n}', os.O_RDWR); os.posix_fallocate(fd, {}, {}); os.fsync(fd); os.close(fd)",
+                [0, 8192][next(2) as usize],
+                [4096, 65536][next(2) as usize]
+            ),
+            90..95 if names.len() > 2 => {
+                names.retain(|m| *m != n);
+                format!("os.unlink(d+'/d/{n}'); fs(d+'/d')")
+            }
+            _ => "os.sync()".to_string(),
+        };
+        out.push_str(&format!("try:\n    {op}\nexcept OSError:\n    pass\n"));
+    }
+    out
+}
+
+/// Random fsync workloads (`EXT4KIT_JOURNAL_FUZZ_CASES` seeds, 6 by
+/// default): a valid fast-commit log is replayed by ext4kit to the
+/// kernel's tree, e2fsck clean; a log the kernel's recovery fails on (its
+/// fast-commit area full: the scan runs past its end) is refused by
+/// ext4kit with one line, nothing written, and the kernel's mount fails
+/// too; a stale one replays as the full log.
+#[test]
+fn kernel_random_fast_commit_workloads_replay_to_the_kernels_tree() {
+    let name = "kernel_random_fast_commit_workloads_replay_to_the_kernels_tree";
+    if let Err(why) = kernel_ok() {
+        return skip(name, &why);
+    }
+    let dir = image_dir();
+    let d = dir.path();
+    let mut states = std::collections::BTreeMap::new();
+    for seed in 1..=fuzz_cases(6) {
+        let img = d.join("r.img");
+        mkfs(&img, "64M", &["-b", "4096", "-O", "fast_commit"]);
+        {
+            let lo = LoopDev::attach(&img).unwrap();
+            let m = Mount::new(lo.path(), "ext4", Some("commit=60")).unwrap();
+            fs::create_dir(m.path().join("d")).unwrap();
+            fs::write(m.path().join("d/keep"), pattern(6000, 1)).unwrap();
+            fs::write(m.path().join("d/other"), pattern(300, 2)).unwrap();
+            run_ok(tool("sync").arg("-f").arg(m.path())).unwrap();
+            let script = format!("{FC_PRELUDE}{}", random_fc_workload(seed));
+            run_ok(tool("python3").arg("-c").arg(&script).arg(m.path()))
+                .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{script}"));
+            shutdown_nologflush_now(m.path());
+            m.unmount().unwrap();
+        }
+        let v = dump_json(&img);
+        let state = v["fast_commit"]["state"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string();
+        *states.entry(state.clone()).or_insert(0) += 1;
+        let what = format!("seed {seed} ({state})");
+        let ours = d.join("ours.img");
+        sparse_copy(&img, &ours);
+        if state == "bad" {
+            let before = file_hash(&ours).unwrap();
+            let out = run(ext4kit().args(["journal", "replay"]).arg(&ours)).unwrap();
+            assert_eq!(out.status.code(), Some(1), "{what}: {}", text(&out));
+            assert_eq!(
+                String::from_utf8_lossy(&out.stderr).lines().count(),
+                1,
+                "{what}"
+            );
+            assert_eq!(file_hash(&ours).unwrap(), before, "{what}: a refusal wrote");
+            assert!(
+                KernelTwin::new(&img, d.join("kernel.img"), None).is_err(),
+                "{what}: the kernel mounted a log ext4kit calls damaged"
+            );
+        } else {
+            let want = kernel_tree(&img, d.join("kernel.img"));
+            run_ok(ext4kit().args(["journal", "replay"]).arg(&ours))
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            // A stale log is the full log's replay, whose superblock
+            // counts may lag as after any crash; a replayed one is exact.
+            if state == "valid" {
+                e2fsck_clean(&ours).map(drop)
+            } else {
+                e2fsck_clean_after_crash(&ours)
+            }
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let got = kernel_tree(&ours, d.join("ours-mounted.img"));
+            assert_eq!(got, want, "{what}: ext4kit's replay vs the kernel's");
+        }
+        for f in ["r.img", "ours.img", "kernel.img", "ours-mounted.img"] {
+            let _ = fs::remove_file(d.join(f));
+        }
+    }
+    eprintln!("{name}: {states:?}");
+}
+
 /// A power cut at every write of ext4kit's fast-commit replay (the rw
 /// open of a kernel image with fast commits, then its close), whole
 /// flushes lost or a random subset of the unflushed writes kept: the
