@@ -27,9 +27,12 @@ pub enum JournalCmd {
     Dump(DumpArgs),
     /// Replay a dirty journal into the filesystem (scan, revoke, replay, as
     /// the kernel and e2fsck do), then mark the journal empty and clear
-    /// needs_recovery. Refuses mounted or busy devices, and logs holding
-    /// fast commits to replay (not supported yet: e2fsck -fy or the
-    /// kernel replay them).
+    /// needs_recovery. Fast commits after the last full commit are
+    /// replayed too (as one more full transaction first); a fast-commit
+    /// log of a kind ext4kit does not replay (directories, symlinks and
+    /// special files, inline data, block maps, bigalloc, quota) or a
+    /// damaged one is refused with one line, nothing written. Refuses
+    /// mounted or busy devices.
     Replay(ReplayArgs),
 }
 
@@ -410,13 +413,28 @@ fn replay(args: &ReplayArgs) -> anyhow::Result<i32> {
         return Ok(0);
     }
     let rec = recover::recover(dev.as_ref(), &j).with_context(|| format!("{p}"))?;
-    if let Some(why) = rec.fast_commit.refusal() {
-        anyhow::bail!("{p}: {why}");
-    }
+    // Fast commits: replayed when ext4kit covers them, else refused with
+    // one line before anything is written.
     if args.dry_run {
-        outln!("{p}: would replay {}", summary(&rec));
+        let fc = recover::fast_commit_result(dev.as_ref(), &j, &rec)
+            .map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
+        if matches!(rec.fast_commit, FcLog::Valid { .. }) {
+            outln!(
+                "{p}: would replay {} and its fast commits ({} blocks change)",
+                summary(&rec),
+                fc.len()
+            );
+        } else {
+            outln!("{p}: would replay {}", summary(&rec));
+        }
         return Ok(0);
     }
+    let rec = if matches!(rec.fast_commit, FcLog::Valid { .. }) {
+        recover::replay_fast_commits(dev.as_ref(), &j, &rec)
+            .map_err(|e| anyhow::anyhow!("{p}: {e}"))?
+    } else {
+        rec
+    };
     let done = recover::apply(dev.as_ref(), &j, &rec).with_context(|| format!("{p}"))?;
     outln!(
         "{p}: replayed {}; journal reset, next transaction {}{}",

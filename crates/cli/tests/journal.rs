@@ -458,7 +458,7 @@ fn refusals_are_one_line_and_write_nothing() {
         let f = fs::OpenOptions::new().write(true).open(&bad).unwrap();
         f.write_all_at(&[0x77], jsb * 1024 + 0x20).unwrap(); // s_errno
     }
-    // (Fast-commit logs: kernel_fast_commit_logs_are_refused_like_this.)
+    // (Fast-commit logs: kernel_fast_commit_logs_are_replayed_like_this.)
     for (img, want) in [
         (&nj, "has no journal"),
         (&bad, "corrupt journal superblock: checksum"),
@@ -900,18 +900,6 @@ fn dump_json(img: &Path) -> serde_json::Value {
     serde_json::from_slice(&j.stdout).unwrap()
 }
 
-/// A command that must fail with one line containing `want` and leave
-/// `img` byte for byte as it was.
-fn refused_one_line(img: &Path, args: &[&str], want: &str) {
-    let before = file_hash(img).unwrap();
-    let out = run(ext4kit().args(args)).unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{args:?}: {}", text(&out));
-    assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
-    assert!(err.contains(want), "{args:?}: {err}");
-    assert_eq!(file_hash(img).unwrap(), before, "{args:?} wrote");
-}
-
 /// `ext4kit cat IMG:PATH` bytes.
 fn cat(img: &Path, path: &str) -> Vec<u8> {
     run_ok(
@@ -925,14 +913,15 @@ fn cat(img: &Path, path: &str) -> Vec<u8> {
 
 /// The kernel leaves fast commits in the log (fast_commit, files created,
 /// written and fsync'd, then a shutdown without log flush): ext4kit finds
-/// them, refuses every write (replay, tools) with one line and writes
-/// nothing; reads work. The two replayers that do fast commits, `e2fsck
-/// -fy` and the kernel's mount, agree with each other, and ext4kit reads
-/// their results as they wrote them; `e2fsck -fn` is clean after both.
+/// them, `journal replay -n` writes nothing, and `journal replay`, a
+/// write through the tools (`cp`) and the FUSE mount replay them: the fsync'd files are
+/// there, `e2fsck -fn` is clean. The two other replayers, `e2fsck -fy`
+/// and the kernel's mount, agree with each other and with ext4kit; reads
+/// before the replay see the full commits' state.
 #[test]
-fn kernel_fast_commit_logs_are_refused_like_this() {
+fn kernel_fast_commit_logs_are_replayed_like_this() {
     if let Err(why) = kernel_ok() {
-        return skip("kernel_fast_commit_logs_are_refused_like_this", &why);
+        return skip("kernel_fast_commit_logs_are_replayed_like_this", &why);
     }
     let dir = image_dir();
     let d = dir.path();
@@ -1005,32 +994,65 @@ fn kernel_fast_commit_logs_are_refused_like_this() {
     assert_eq!(recs[0]["tag"], "HEAD");
     assert_eq!(recs[recs.len() - 1]["tag"], "TAIL");
     let s = img.display().to_string();
-    refused_one_line(
-        &img,
-        &["journal", "replay", &s],
-        "fast commits of transaction",
+    let before = file_hash(&img).unwrap();
+    let out = run_ok(ext4kit().args(["journal", "replay", "-n", &s])).unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("and its fast commits"),
+        "{}",
+        text(&out)
     );
-    refused_one_line(
-        &img,
-        &["journal", "replay", "-n", &s],
-        "does not replay fast commits",
-    );
-    refused_one_line(&img, &["mkdir", &format!("{s}:/x")], "fast commits");
+    assert_eq!(file_hash(&img).unwrap(), before, "replay -n wrote");
+    // ext4kit's replay: `journal replay`, and a write through a tool.
+    let ours = d.join("ours.img");
+    sparse_copy(&img, &ours);
+    run_ok(ext4kit().args(["journal", "replay"]).arg(&ours)).unwrap();
+    e2fsck_clean(&ours).unwrap();
+    assert_eq!(dump_json(&ours)["needs_recovery"], false);
+    let by_cp = d.join("cp.img");
+    sparse_copy(&img, &by_cp);
     let host = d.join("host");
     fs::write(&host, b"host file\n").unwrap();
-    refused_one_line(
-        &img,
-        &["cp", &host.display().to_string(), &format!("{s}:/d/f0")],
-        "fast commits",
-    );
-    // Read-only: the state of the full commits (the directory, made
-    // before the fast commits).
+    run_ok(
+        ext4kit()
+            .arg("cp")
+            .arg(&host)
+            .arg(format!("{}:/d/f0", by_cp.display())),
+    )
+    .unwrap();
+    e2fsck_clean(&by_cp).unwrap();
+    assert_eq!(cat(&by_cp, "/d/f0"), b"host file\n");
+    for (p, data) in &files[1..] {
+        assert!(cat(&by_cp, p) == *data, "{p}: after cp's replay");
+    }
+    // The FUSE mount replays them too (its rw open).
+    match fuse_available() {
+        Err(why) => eprintln!("skipping the FUSE mount of an fc image: {why}"),
+        Ok(()) => {
+            let by_mount = d.join("mount.img");
+            sparse_copy(&img, &by_mount);
+            let m = common::fuse::FuseMount::new(&by_mount, &[]).unwrap();
+            for (p, data) in &files {
+                assert!(
+                    fs::read(m.path().join(&p[1..])).unwrap() == *data,
+                    "{p}: through the mount"
+                );
+            }
+            m.unmount().unwrap();
+            e2fsck_clean(&by_mount).unwrap();
+        }
+    }
+    // Read-only: the replayed state, computed in memory (nothing
+    // written).
     let ls = run_ok(ext4kit().arg("ls").arg(format!("{s}:/"))).unwrap();
     assert!(
         String::from_utf8_lossy(&ls.stdout).contains('d'),
         "{}",
         text(&ls)
     );
+    for (p, data) in &files {
+        assert!(cat(&img, p) == *data, "{p}: read-only, before the replay");
+    }
+    assert_eq!(file_hash(&img).unwrap(), before, "reads wrote");
 
     // The oracles: e2fsck -fy and the kernel's replay, on copies.
     let by_fsck = d.join("fsck.img");
@@ -1063,12 +1085,14 @@ fn kernel_fast_commit_logs_are_refused_like_this() {
             cat(&by_kernel, p) == *data,
             "{p}: the kernel's replay as ext4kit reads it"
         );
+        assert!(cat(&ours, p) == *data, "{p}: ext4kit's replay");
     }
     let list = |img: &Path| {
         let out = run_ok(ext4kit().arg("ls").arg(format!("{}:/d", img.display()))).unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     assert_eq!(list(&by_fsck), list(&by_kernel));
+    assert_eq!(list(&ours), list(&by_kernel));
     // A full transaction of the fast commits' tid after the last full
     // commit (how ext4kit makes a replay durable, fast_commit::
     // commit_as_full; empty here) is one the kernel replays: the fast
@@ -1109,6 +1133,395 @@ fn kernel_fast_commit_logs_are_refused_like_this() {
     )
     .unwrap();
     e2fsck_clean(&by_kernel).unwrap();
+}
+
+/// Python run on a kernel mount (`d`: the mount point) to leave fast
+/// commits behind: `w(path, data, mode)` writes and fsyncs, `fs(path)`
+/// fsyncs.
+const FC_PRELUDE: &str = "import os,sys,ctypes\nd=sys.argv[1]\n\
+def fs(p):\n    fd=os.open(p,os.O_RDONLY); os.fsync(fd); os.close(fd)\n\
+def w(p,data,mode='wb'):\n    f=open(d+p,mode); f.write(data); f.flush(); os.fsync(f.fileno()); f.close()\n";
+
+/// A kernel image with a valid fast-commit log: mkfs with fast_commit,
+/// `/d` with two files made by a full commit, then `workload` (Python,
+/// see [`FC_PRELUDE`]) and a shutdown without log flush. A full commit
+/// the kernel makes anyway (a loaded machine) can turn the fast commits
+/// stale: the image is then made again.
+fn fc_image(img: &Path, workload: &str) -> serde_json::Value {
+    fc_image_with(img, "64M", "4096", workload)
+}
+
+/// [`fc_image`] of `size` with blocks of `bs` bytes.
+fn fc_image_with(img: &Path, size: &str, bs: &str, workload: &str) -> serde_json::Value {
+    let mut v = serde_json::Value::Null;
+    for attempt in 0..4 {
+        mkfs(img, size, &["-b", bs, "-O", "fast_commit"]);
+        let lo = LoopDev::attach(img).unwrap();
+        let m = Mount::new(lo.path(), "ext4", Some("commit=60")).unwrap();
+        fs::create_dir(m.path().join("d")).unwrap();
+        fs::write(m.path().join("d/keep"), pattern(6000, 1)).unwrap();
+        fs::write(m.path().join("d/other"), pattern(300, 2)).unwrap();
+        run_ok(tool("sync").arg("-f").arg(m.path())).unwrap();
+        run_ok(
+            tool("python3")
+                .arg("-c")
+                .arg(format!("{FC_PRELUDE}{workload}"))
+                .arg(m.path()),
+        )
+        .unwrap();
+        shutdown_nologflush_now(m.path());
+        m.unmount().unwrap();
+        drop(lo);
+        v = dump_json(img);
+        if v["fast_commit"]["state"] == "valid" {
+            return v;
+        }
+        eprintln!("attempt {attempt}: no fast commits to replay: {v}");
+    }
+    panic!("no fast commits in the log: {v}");
+}
+
+/// Everything under `root` (a mount): path -> (kind and mode, size, link
+/// count, content hash).
+fn tree(root: &Path) -> std::collections::BTreeMap<String, (u32, u64, u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    fn walk(
+        root: &Path,
+        dir: &Path,
+        out: &mut std::collections::BTreeMap<String, (u32, u64, u64, u64)>,
+    ) {
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let md = fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            let hash = if md.is_file() {
+                file_hash(&p).unwrap().0
+            } else {
+                0
+            };
+            let size = if md.is_dir() { 0 } else { md.size() };
+            out.insert(rel, (md.mode(), size, md.nlink(), hash));
+            if md.is_dir() {
+                walk(root, &p, out);
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+/// The tree the kernel's mount (its own replay) shows for `img`.
+fn kernel_tree(
+    img: &Path,
+    copy: PathBuf,
+) -> std::collections::BTreeMap<String, (u32, u64, u64, u64)> {
+    let twin = KernelTwin::new(img, copy, None).unwrap();
+    let t = tree(twin.path());
+    twin.unmount().unwrap();
+    t
+}
+
+/// Kernel fast-commit logs of every kind the kernel writes (new files,
+/// appends, overwrites, truncates, preallocation, punched holes, a file
+/// of many extents, hard links, renames, several fast commits, fast
+/// commits after a full commit): ext4kit's replay (`journal replay`)
+/// ends in the tree the kernel's own replay of a copy gives (names, modes,
+/// sizes, link counts, contents), e2fsck -fn is clean, and the kernel
+/// mounts ext4kit's result.
+#[test]
+fn kernel_fast_commit_workloads_replay_to_the_kernels_tree() {
+    let name = "kernel_fast_commit_workloads_replay_to_the_kernels_tree";
+    if let Err(why) = kernel_ok() {
+        return skip(name, &why);
+    }
+    let dir = image_dir();
+    let d = dir.path();
+    let cases: &[(&str, &str)] = &[
+        (
+            "creates and appends",
+            "w('/d/new', b'a'*5000)\nw('/d/keep', b'b'*9000, 'ab')\nw('/d/empty', b'')\n\
+             for i in range(20):\n    w('/d/n%d' % i, bytes([65+i])*(100+i*700))\n",
+        ),
+        (
+            "truncates, preallocation and holes",
+            "w('/d/big', b'c'*40000)\nos.truncate(d+'/d/big', 10000); fs(d+'/d/big')\n\
+             os.truncate(d+'/d/keep', 100); fs(d+'/d/keep')\n\
+             fd=os.open(d+'/d/pre', os.O_WRONLY|os.O_CREAT, 0o644)\n\
+             os.posix_fallocate(fd, 0, 65536); os.pwrite(fd, b'z'*5000, 8192); os.fsync(fd); os.close(fd)\n\
+             fd=os.open(d+'/d/hole', os.O_RDWR|os.O_CREAT, 0o644)\nos.write(fd, b'h'*40960); os.fsync(fd)\n\
+             ctypes.CDLL(None).fallocate(fd, 3, ctypes.c_long(8192), ctypes.c_long(12288)); os.fsync(fd); os.close(fd)\n\
+             w('/d/other', b'o'*100, 'r+b')\n",
+        ),
+        (
+            "many extents",
+            "fd=os.open(d+'/d/frag', os.O_WRONLY|os.O_CREAT, 0o644)\n\
+             for i in range(0, 60, 2):\n    os.pwrite(fd, bytes([i])*4096, i*4096); os.fsync(fd)\n\
+             os.close(fd)\n",
+        ),
+        (
+            "links and renames",
+            "w('/d/x', b'x'*100)\nos.link(d+'/d/x', d+'/d/x2'); fs(d+'/d/x')\n\
+             os.rename(d+'/d/x2', d+'/d/y'); fs(d+'/d/y')\nos.rename(d+'/d/keep', d+'/d/kept'); fs(d+'/d/kept')\n\
+             os.link(d+'/d/other', d+'/d/o2'); fs(d+'/d/other')\nos.unlink(d+'/d/o2'); fs(d+'/d/other')\n",
+        ),
+        (
+            "fast commits after a full commit",
+            "w('/d/before', b'1'*3000)\nos.sync()\nw('/d/after', b'2'*7000)\nw('/d/before', b'3'*5000, 'ab')\n\
+             w('/d/keep', b'4'*10, 'ab')\n",
+        ),
+    ];
+    let big = "for i in range(10):\n    w('/d/f%d' % i, bytes([65+i])*(3000*i+10))\n\
+               w('/d/big', b'q'*3000000)\nw('/d/keep', b'k'*70000, 'ab')\n";
+    let cases = cases
+        .iter()
+        .map(|&(what, wl)| (what, "64M", "4096", wl))
+        .chain([("1 KiB blocks, a file across groups", "256M", "1024", big)]);
+    for (i, (what, size, bs, workload)) in cases.enumerate() {
+        let img = d.join(format!("w{i}.img"));
+        let v = fc_image_with(&img, size, bs, workload);
+        eprintln!("{what}: {}", v["fast_commit"]);
+        let want = kernel_tree(&img, d.join("kernel.img"));
+        let ours = d.join("ours.img");
+        sparse_copy(&img, &ours);
+        let out = run_ok(ext4kit().args(["journal", "replay"]).arg(&ours))
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        eprintln!("{what}: {}", text(&out).trim());
+        e2fsck_clean(&ours).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let got = kernel_tree(&ours, d.join("ours-mounted.img"));
+        assert_eq!(got, want, "{what}: ext4kit's replay vs the kernel's");
+        // The transaction ext4kit commits the replay as (before applying
+        // it) is one the kernel's recovery replays to the same tree.
+        let sealed = d.join("sealed.img");
+        sparse_copy(&img, &sealed);
+        {
+            use ext4kit_device::{FileDevice, OpenOptions};
+            use ext4kit_fs::journal::recover;
+            let dev = FileDevice::open(&sealed, OpenOptions::read_write()).unwrap();
+            let j = recover::Journal::open(&dev).unwrap();
+            let rec = recover::recover(&dev, &j).unwrap();
+            let again = recover::replay_fast_commits(&dev, &j, &rec).unwrap();
+            assert_eq!(again.transactions(), rec.transactions() + 1, "{what}");
+        }
+        let got = kernel_tree(&sealed, d.join("sealed-mounted.img"));
+        assert_eq!(
+            got, want,
+            "{what}: the kernel's recovery of ext4kit's transaction"
+        );
+        e2fsck_clean(&d.join("sealed-mounted.img")).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for f in [
+            img,
+            ours,
+            sealed,
+            d.join("kernel.img"),
+            d.join("ours-mounted.img"),
+            d.join("sealed-mounted.img"),
+        ] {
+            let _ = fs::remove_file(f);
+        }
+    }
+}
+
+/// A random fsync workload for [`fc_image`] (`seed`): creates, appends,
+/// truncates, overwrites past the end, preallocation, hard links,
+/// renames, unlinks and the odd full commit (`os.sync()`), each step in
+/// a `try` (a step may name a file an earlier one removed).
+fn random_fc_workload(seed: u64) -> String {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let mut names = vec!["keep".to_string(), "other".to_string()];
+    let mut out = String::new();
+    for step in 0..40 {
+        let pick = |names: &[String], k: u64| names[(k % names.len() as u64) as usize].clone();
+        let k = next(100);
+        let n = pick(&names, next(1000));
+        let op = match k {
+            0..25 => {
+                let new = format!("n{step}");
+                names.push(new.clone());
+                let len = [0, 1, 100, 4096, 5000, 20000, 70000][next(7) as usize];
+                format!("w(d+'/d/{new}', bytes([{}])*{len})", next(256))
+            }
+            25..45 => format!(
+                "w(d+'/d/{n}', b'a'*{}, 'ab')",
+                [1, 3000, 9000][next(3) as usize]
+            ),
+            45..55 => format!(
+                "os.truncate(d+'/d/{n}', {}); fs(d+'/d/{n}')",
+                [0, 10, 4096, 6000][next(4) as usize]
+            ),
+            55..65 => {
+                let new = format!("l{step}");
+                names.push(new.clone());
+                format!("os.link(d+'/d/{n}', d+'/d/{new}'); fs(d+'/d/{n}')")
+            }
+            65..75 => {
+                let new = format!("r{step}");
+                names.retain(|m| *m != n);
+                names.push(new.clone());
+                format!("os.rename(d+'/d/{n}', d+'/d/{new}'); fs(d+'/d/{new}')")
+            }
+            75..85 => format!(
+                "fd=os.open(d+'/d/{n}', os.O_RDWR); os.pwrite(fd, b'p'*{}, {}); os.fsync(fd); os.close(fd)",
+                [10, 5000][next(2) as usize],
+                [0, 4096, 100000][next(3) as usize]
+            ),
+            85..90 => format!(
+                "fd=os.open(d+'/d/{n}', os.O_RDWR); os.posix_fallocate(fd, {}, {}); os.fsync(fd); os.close(fd)",
+                [0, 8192][next(2) as usize],
+                [4096, 65536][next(2) as usize]
+            ),
+            90..95 if names.len() > 2 => {
+                names.retain(|m| *m != n);
+                format!("os.unlink(d+'/d/{n}'); fs(d+'/d')")
+            }
+            _ => "os.sync()".to_string(),
+        };
+        out.push_str(&format!("try:\n    {op}\nexcept OSError:\n    pass\n"));
+    }
+    out
+}
+
+/// Random fsync workloads (`EXT4KIT_JOURNAL_FUZZ_CASES` seeds, 6 by
+/// default): a valid fast-commit log is replayed by ext4kit to the
+/// kernel's tree, e2fsck clean; a log the kernel's recovery fails on (its
+/// fast-commit area full: the scan runs past its end) is refused by
+/// ext4kit with one line, nothing written, and the kernel's mount fails
+/// too; a stale one replays as the full log.
+#[test]
+fn kernel_random_fast_commit_workloads_replay_to_the_kernels_tree() {
+    let name = "kernel_random_fast_commit_workloads_replay_to_the_kernels_tree";
+    if let Err(why) = kernel_ok() {
+        return skip(name, &why);
+    }
+    let dir = image_dir();
+    let d = dir.path();
+    let mut states = std::collections::BTreeMap::new();
+    for seed in 1..=fuzz_cases(6) {
+        let img = d.join("r.img");
+        mkfs(&img, "64M", &["-b", "4096", "-O", "fast_commit"]);
+        {
+            let lo = LoopDev::attach(&img).unwrap();
+            let m = Mount::new(lo.path(), "ext4", Some("commit=60")).unwrap();
+            fs::create_dir(m.path().join("d")).unwrap();
+            fs::write(m.path().join("d/keep"), pattern(6000, 1)).unwrap();
+            fs::write(m.path().join("d/other"), pattern(300, 2)).unwrap();
+            run_ok(tool("sync").arg("-f").arg(m.path())).unwrap();
+            let script = format!("{FC_PRELUDE}{}", random_fc_workload(seed));
+            run_ok(tool("python3").arg("-c").arg(&script).arg(m.path()))
+                .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{script}"));
+            shutdown_nologflush_now(m.path());
+            m.unmount().unwrap();
+        }
+        let v = dump_json(&img);
+        let state = v["fast_commit"]["state"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string();
+        *states.entry(state.clone()).or_insert(0) += 1;
+        let what = format!("seed {seed} ({state})");
+        let ours = d.join("ours.img");
+        sparse_copy(&img, &ours);
+        if state == "bad" {
+            let before = file_hash(&ours).unwrap();
+            let out = run(ext4kit().args(["journal", "replay"]).arg(&ours)).unwrap();
+            assert_eq!(out.status.code(), Some(1), "{what}: {}", text(&out));
+            assert_eq!(
+                String::from_utf8_lossy(&out.stderr).lines().count(),
+                1,
+                "{what}"
+            );
+            assert_eq!(file_hash(&ours).unwrap(), before, "{what}: a refusal wrote");
+            assert!(
+                KernelTwin::new(&img, d.join("kernel.img"), None).is_err(),
+                "{what}: the kernel mounted a log ext4kit calls damaged"
+            );
+        } else {
+            let want = kernel_tree(&img, d.join("kernel.img"));
+            run_ok(ext4kit().args(["journal", "replay"]).arg(&ours))
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            // A stale log is the full log's replay, whose superblock
+            // counts may lag as after any crash; a replayed one is exact.
+            if state == "valid" {
+                e2fsck_clean(&ours).map(drop)
+            } else {
+                e2fsck_clean_after_crash(&ours)
+            }
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let got = kernel_tree(&ours, d.join("ours-mounted.img"));
+            assert_eq!(got, want, "{what}: ext4kit's replay vs the kernel's");
+        }
+        for f in ["r.img", "ours.img", "kernel.img", "ours-mounted.img"] {
+            let _ = fs::remove_file(d.join(f));
+        }
+    }
+    eprintln!("{name}: {states:?}");
+}
+
+/// A power cut at every write of ext4kit's fast-commit replay (the rw
+/// open of a kernel image with fast commits, then its close), whole
+/// flushes lost or a random subset of the unflushed writes kept: the
+/// next open finishes the replay, the tree is the one the kernel's
+/// replay gives, e2fsck -fn is clean.
+#[test]
+fn power_cut_during_a_fast_commit_replay() {
+    use ext4kit_device::{CutMode, Device, MemDevice};
+    use ext4kit_fs::fs::Filesystem;
+    use ext4kit_fs::rw::RwOptions;
+    use std::sync::Arc;
+    let name = "power_cut_during_a_fast_commit_replay";
+    if let Err(why) = kernel_ok() {
+        return skip(name, &why);
+    }
+    let dir = image_dir();
+    let d = dir.path();
+    let img = d.join("fc.img");
+    fc_image(
+        &img,
+        "w('/d/new', b'a'*5000)\nw('/d/keep', b'b'*9000, 'ab')\n\
+         w('/d/big', b'c'*40000)\nos.truncate(d+'/d/big', 10000); fs(d+'/d/big')\n\
+         os.link(d+'/d/new', d+'/d/hard'); fs(d+'/d/new')\nos.rename(d+'/d/other', d+'/d/moved'); fs(d+'/d/moved')\n",
+    );
+    let want = kernel_tree(&img, d.join("kernel.img"));
+    let base = MemDevice::from_bytes(fs::read(&img).unwrap());
+    let _ = fs::remove_file(&img);
+    let run = |dev: Arc<dyn Device>| -> Result<(), String> {
+        let e = |e: ext4kit_fs::FsError| e.to_string();
+        Filesystem::open(dev, RwOptions::default())
+            .map_err(e)?
+            .close()
+            .map_err(e)
+    };
+    let out = d.join("cut.img");
+    let check = |mem: &MemDevice, what: &str| {
+        fs::write(&out, mem.to_bytes()).unwrap();
+        e2fsck_clean(&out).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let got = kernel_tree(&out, d.join("cut-mounted.img"));
+        assert_eq!(got, want, "{what}: the tree after the cut and a reopen");
+    };
+    let (mem, r, ops) = run_cut(&base, None, CutMode::DropAll, run);
+    r.unwrap();
+    check(&mem, "no cut");
+    eprintln!("{name}: {ops} writes");
+    for mode in [
+        CutMode::DropAll,
+        CutMode::Subset {
+            seed: 7,
+            torn: false,
+        },
+    ] {
+        for cut in 1..ops {
+            let (mem, _, _) = run_cut(&base, Some(cut), mode, run);
+            let what = format!("cut {cut} {mode:?}");
+            run(mem.clone() as Arc<dyn Device>).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+            check(&mem, &what);
+        }
+    }
 }
 
 /// Fast commits older than the last full commit (fsyncs, then syncfs,

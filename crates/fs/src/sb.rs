@@ -452,7 +452,11 @@ impl<'d> Volume<'d> {
             let j = Journal::open(dev)?;
             let rec = recover::recover(dev, &j)?;
             replayed = rec.transactions();
-            for (blk, data) in rec.writes {
+            // Fast commits the replay covers are overlaid too (computed,
+            // never written); one it refuses leaves the full commits'
+            // state, as before the replay existed.
+            let fc = recover::fast_commit_result(dev, &j, &rec).unwrap_or_default();
+            for (blk, data) in rec.writes.into_iter().chain(fc) {
                 blocks.overlay(blk, data);
             }
         }

@@ -13,17 +13,17 @@
 //! since the previous TAIL up to the TAIL's crc field) and tid must match.
 //! Everything up to the last valid TAIL is replayed after the full log.
 //!
-//! ext4kit does not replay fast commits (yet): [`scan`] classifies
-//! the area, and [`crate::journal::apply`] refuses to write anything when
-//! the area holds a valid fast-commit log or one the kernel would fail on
-//! (never half a replay). Stale blocks (a HEAD of an older tid, no HEAD)
-//! are what the kernel ignores too: tids only grow, so a fast commit older
-//! than the last full commit can never match the next expected tid.
+//! [`scan`] classifies the area; [`crate::journal::apply`] refuses to
+//! write anything when it holds a log the kernel would fail on, and
+//! replays a valid one (never half a replay). Stale blocks (a HEAD of an
+//! older tid, no HEAD) are what the kernel ignores too: tids only grow,
+//! so a fast commit older than the last full commit can never match the
+//! next expected tid.
 //!
 //! [`records`] decodes a valid log into [`FcTag`]s (what a replay steps
-//! through), and [`commit_as_full`] makes a replay's result durable in one
-//! step, as a full transaction of the fast commits' tid; computing that
-//! result from the records is not built yet (docs/ARCHITECTURE.md).
+//! through, `journal/fc_replay.rs`), and [`commit_as_full`] makes the
+//! replay's result durable in one step, as a full transaction of the
+//! fast commits' tid (docs/ARCHITECTURE.md, "Fast-commit replay").
 
 use std::collections::BTreeMap;
 
@@ -80,7 +80,7 @@ impl FcLog {
             FcLog::Valid {
                 tid, tags, blocks, ..
             } => Some(format!(
-                "the journal holds fast commits of transaction {tid} ({tags} tags in {blocks} blocks) and ext4kit does not replay fast commits (run e2fsck -fy, or mount it with the kernel)"
+                "the journal holds fast commits of transaction {tid} ({tags} tags in {blocks} blocks) that must be replayed first (run e2fsck -fy, or mount it with the kernel)"
             )),
             FcLog::Bad { tid, block, detail } => Some(format!(
                 "the fast-commit area of transaction {tid} is damaged at journal block {block}: {detail} (the kernel refuses to mount it; run e2fsck -fy)"

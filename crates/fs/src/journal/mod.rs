@@ -6,6 +6,7 @@
 pub mod checkpoint;
 pub mod commit;
 pub mod fast_commit;
+pub mod fc_replay;
 pub mod log;
 pub mod recover;
 pub mod txn;

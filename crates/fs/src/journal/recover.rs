@@ -1431,12 +1431,64 @@ pub struct Applied {
     pub marked_error: bool,
 }
 
+/// The fast commits of `rec` replayed (`fast_commit::records`, then
+/// `fc_replay::replay` on an overlay of the full replay, nothing written
+/// in place) and made durable as one more full transaction of their tid
+/// (`fast_commit::commit_as_full`); returns the recovery of the log as it
+/// is then (the full commits and that transaction, no fast commits). What
+/// the replay does not cover is refused with one line before anything is
+/// written; a cut before the new commit block is durable leaves the log
+/// as it was, so the next open computes the same replay again.
+pub fn replay_fast_commits(
+    dev: &dyn Device,
+    j: &Journal,
+    rec: &Recovery,
+) -> Result<Recovery, RecoverError> {
+    let blocks = fast_commit_result(dev, j, rec)?;
+    super::fast_commit::commit_as_full(dev, j, rec, &blocks)?;
+    let again = recover(dev, j)?;
+    if again.fast_commit != FcLog::Empty {
+        return Err(corrupt(
+            "fast-commit replay",
+            "the log still holds fast commits after their replay was committed",
+        ));
+    }
+    Ok(again)
+}
+
+/// What replaying the fast commits of `rec` changes (home block -> final
+/// bytes), computed without writing anything: empty when there are none.
+pub fn fast_commit_result(
+    dev: &dyn Device,
+    j: &Journal,
+    rec: &Recovery,
+) -> Result<BTreeMap<u64, Vec<u8>>, RecoverError> {
+    if let FcLog::Bad { .. } = rec.fast_commit
+        && let Some(why) = rec.fast_commit.refusal()
+    {
+        return Err(RecoverError::Unsupported(why));
+    }
+    let tags = super::fast_commit::records(dev, j, &rec.fast_commit)?;
+    if tags.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    super::fc_replay::replay(dev, j, rec, &tags)
+}
+
 /// Write a recovery home, then release the journal as e2fsck does: flush,
 /// journal superblock `s_start = 0`, `s_sequence = next`, `s_errno = 0`
 /// (checksum when v2/v3), ext4 superblock without `needs_recovery` (and
 /// with the error state when the journal recorded an error, `s_wtime` =
 /// now), flush.
+///
+/// A valid fast-commit log is replayed first ([`replay_fast_commits`]):
+/// its result becomes one more full transaction, and the log then
+/// recovers like any other.
 pub fn apply(dev: &dyn Device, j: &Journal, rec: &Recovery) -> Result<Applied, RecoverError> {
+    if matches!(rec.fast_commit, FcLog::Valid { .. }) {
+        let rec = replay_fast_commits(dev, j, rec)?;
+        return apply(dev, j, &rec);
+    }
     if let Some(why) = rec.fast_commit.refusal() {
         return Err(RecoverError::Unsupported(why));
     }
@@ -1912,8 +1964,11 @@ pub(crate) mod tests {
             }
             other => panic!("{other:?}"),
         }
+        // Its ADD_RANGEs name an inode outside the filesystem: the replay
+        // refuses the image, before writing anything.
         let e = apply(&dev, &j, &rec).unwrap_err().to_string();
-        assert!(e.contains("fast commits of transaction 6"), "{e}");
+        assert!(e.contains("fast commits that ext4kit cannot replay"), "{e}");
+        assert!(e.contains("names inode 117901063"), "{e}");
         assert_eq!(e.lines().count(), 1);
         assert!(dev.to_bytes() == before, "a refusal writes nothing");
 
@@ -1930,6 +1985,134 @@ pub(crate) mod tests {
             "{:?}",
             rec.fast_commit
         );
+    }
+
+    /// An INODE record's value: inode `ino`, 160 bytes (128 + an
+    /// `i_extra_isize` of 32) with `mode`, `size`, `links`, EXTENTS_FL.
+    fn fc_inode(ino: u32, mode: u16, size: u32, links: u16) -> (u16, Option<Vec<u8>>) {
+        let mut v = ino.to_le_bytes().to_vec();
+        let mut raw = vec![0u8; 160];
+        raw[0..2].copy_from_slice(&mode.to_le_bytes());
+        raw[4..8].copy_from_slice(&size.to_le_bytes());
+        raw[26..28].copy_from_slice(&links.to_le_bytes());
+        raw[32..36].copy_from_slice(&EXT4_EXTENTS_FL.to_le_bytes());
+        raw[128..130].copy_from_slice(&32u16.to_le_bytes());
+        v.extend(raw);
+        (fast_commit::EXT4_FC_TAG_INODE, Some(v))
+    }
+
+    fn fc_range(ino: u32, lblk: u32, len: u16, pblk: u32) -> (u16, Option<Vec<u8>>) {
+        let mut v = ino.to_le_bytes().to_vec();
+        v.extend(lblk.to_le_bytes());
+        v.extend(len.to_le_bytes());
+        v.extend(0u16.to_le_bytes());
+        v.extend(pblk.to_le_bytes());
+        (fast_commit::EXT4_FC_TAG_ADD_RANGE, Some(v))
+    }
+
+    fn fc_dentry(tag: u16, parent: u32, ino: u32, name: &[u8]) -> (u16, Option<Vec<u8>>) {
+        let mut v = parent.to_le_bytes().to_vec();
+        v.extend(ino.to_le_bytes());
+        v.extend(name);
+        (tag, Some(v))
+    }
+
+    /// A hand-made log of the kernel's shape (a new file: INODE,
+    /// ADD_RANGE, CREAT, INODE; then a hard link) is replayed by `apply`:
+    /// the file reads back with its name, size, links and bytes, the
+    /// journal ends clean with no fast commits left; an INODE record of a
+    /// directory is refused with one line and nothing written.
+    #[test]
+    fn fast_commits_of_files_are_replayed_and_other_kinds_refused() {
+        use crate::sb::Volume;
+        let dev = fc_image();
+        let j0 = Journal::open(&dev).unwrap();
+        let j = write_log(&dev, 1, &[txn(5, &[(3000, 1)], 10)]);
+        let data: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        let mut blocks = data.clone();
+        blocks.resize(8192, 0);
+        dev.write_at(&blocks, 4000 * 4096).unwrap();
+        write_fc(
+            &dev,
+            &j0,
+            6,
+            &[
+                head(6),
+                fc_inode(12, 0o100644, 5000, 1),
+                fc_range(12, 0, 2, 4000),
+                fc_dentry(fast_commit::EXT4_FC_TAG_CREAT, 2, 12, b"new"),
+                fc_inode(12, 0o100644, 5000, 1),
+                tail(),
+                fc_dentry(fast_commit::EXT4_FC_TAG_LINK, 2, 12, b"hard"),
+                fc_inode(12, 0o100644, 5000, 2),
+                tail(),
+            ],
+        );
+        let rec = recover(&dev, &j).unwrap();
+        assert!(matches!(rec.fast_commit, FcLog::Valid { tags: 9, .. }));
+        apply(&dev, &j, &rec).unwrap();
+        let j = Journal::open(&dev).unwrap();
+        assert_eq!(j.jsb.s_start.get(), 0, "the journal is clean");
+        let vol = Volume::open(&dev).unwrap();
+        let fs = vol.fs();
+        for name in [&b"/new"[..], b"/hard"] {
+            let ino = fs.resolve(name, false).unwrap();
+            assert_eq!((ino.ino, ino.size, ino.links), (12, 5000, 2));
+            assert_eq!(ino.blocks_512, 16, "two blocks, recounted");
+            assert!(fs.read_all(&ino, 1 << 20).unwrap() == data);
+        }
+        // A second replay finds nothing more.
+        let rec = recover(&dev, &j).unwrap();
+        assert!(!rec.dirty && rec.fast_commit == FcLog::Empty);
+
+        // lost+found is a directory: its INODE record is refused.
+        let dev = fc_image();
+        let j0 = Journal::open(&dev).unwrap();
+        let j = write_log(&dev, 1, &[txn(5, &[(3000, 1)], 10)]);
+        write_fc(
+            &dev,
+            &j0,
+            6,
+            &[head(6), fc_inode(11, 0o040700, 16384, 2), tail()],
+        );
+        let before = dev.to_bytes();
+        let rec = recover(&dev, &j).unwrap();
+        let e = apply(&dev, &j, &rec).unwrap_err().to_string();
+        assert!(e.contains("cannot replay: inode 11 is a directory"), "{e}");
+        assert_eq!(e.lines().count(), 1);
+        assert!(dev.to_bytes() == before, "a refusal writes nothing");
+
+        // With quota the usage would go stale: refused.
+        let mut m = MemImage::new(32 << 20, 4096, 16384);
+        m.features = vec!["fast_commit".into(), "quota".into()];
+        let dev = m.make().unwrap();
+        let j0 = Journal::open(&dev).unwrap();
+        let mut jsb = j0.jsb.clone();
+        jsb.s_feature_incompat
+            .set(jsb.s_feature_incompat.get() | JBD2_FEATURE_INCOMPAT_FAST_COMMIT);
+        jsb.s_checksum.set(0);
+        let c = jcsum::superblock(jsb.as_bytes());
+        jsb.s_checksum.set(c);
+        dev.write_at(jsb.as_bytes(), j0.phys(0).unwrap() * 4096)
+            .unwrap();
+        let j0 = Journal::open(&dev).unwrap();
+        let j = write_log(&dev, 1, &[txn(5, &[(3000, 1)], 10)]);
+        write_fc(
+            &dev,
+            &j0,
+            6,
+            &[head(6), fc_inode(12, 0o100644, 0, 1), tail()],
+        );
+        let before = dev.to_bytes();
+        let rec = recover(&dev, &j).unwrap();
+        assert!(
+            matches!(rec.fast_commit, FcLog::Valid { .. }),
+            "{:?}",
+            rec.fast_commit
+        );
+        let e = apply(&dev, &j, &rec).unwrap_err().to_string();
+        assert!(e.contains("cannot replay: quota"), "{e}");
+        assert!(dev.to_bytes() == before, "a refusal writes nothing");
     }
 
     /// Every tag decodes into its `ext4_fc_*` fields, in log order, up
@@ -2295,7 +2478,8 @@ pub(crate) mod tests {
         #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
         /// Random bytes in a valid fast-commit log: the scan classifies
         /// it, the decoder reads what the scan accepted or gives an
-        /// error, never a panic; a refusal stays one line.
+        /// error, the replay replays or refuses, never a panic; a
+        /// refusal stays one line.
         #[test]
         fn fast_commit_corruption_never_panics(muts in proptest::collection::vec((any::<u16>(), any::<u8>(), any::<bool>()), 1..12)) {
             let dev = fc_image();
@@ -2325,6 +2509,10 @@ pub(crate) mod tests {
                 let _ = fast_commit::records(&dev, &j, &rec.fast_commit);
                 if let Some(why) = rec.fast_commit.refusal() {
                     prop_assert_eq!(why.lines().count(), 1);
+                }
+                // The replay of whatever decodes: a result or one line.
+                if let Err(e) = apply(&dev, &j, &rec) {
+                    prop_assert_eq!(e.to_string().lines().count(), 1);
                 }
             }
         }
