@@ -535,15 +535,10 @@ impl Filesystem {
     /// dtime, link count 0, inode bitmap).
     fn release_in(&self, op: &mut Op<'_>, inode: &mut InodeInfo) -> Result<(), FsError> {
         let bs = self.block_size();
-        let rd = self.rw.blocks();
-        let tid = op.h.tid();
         if inode.has_extents() {
             let (maps, nodes) = self.mapping(inode)?;
-            for m in &maps {
-                self.balloc.free(rd, tid, m.pblk, m.len)?;
-                op.h.free_extent(m.pblk, u64::from(m.len));
-            }
-            let freed: u64 = maps.iter().map(|m| u64::from(m.len)).sum();
+            // Every extent goes: nothing stays to keep a cluster.
+            let freed = self.free_data(op, &maps, None, None)?;
             let blocks = inode.blocks_512.saturating_sub(freed * (bs / 512));
             self.edit_inode(inode, |n| n.set_blocks_512(blocks))?;
             self.write_tree(op, inode, &nodes, &[])?;
@@ -575,7 +570,8 @@ impl Filesystem {
         })?;
         self.store_inode(op, inode)?;
         self.quota_note_alloc(op, ino, &inode.raw, false);
-        self.ialloc.free(rd, ino, inode.mode & S_IFMT == S_IFDIR)
+        self.ialloc
+            .free(self.rw.blocks(), ino, inode.mode & S_IFMT == S_IFDIR)
     }
 
     /// Remove `name` (not a directory) from `parent`; the inode is freed
