@@ -971,14 +971,10 @@ impl Filesystem {
             let group = self.inode_group(inode.ino);
             let mut req = AllocRequest::new(1, group);
             req.goal = Some(self.balloc.goal_for_inode(group, false));
-            let a = self.balloc.alloc(self.rw.blocks(), &req)?;
-            let p = a.extents.first().map(|e| e.0).ok_or(FsError::NoSpace {
-                wanted: 1,
-                available: 0,
-            })?;
+            let (p, held) = self.place_block(&[], 0, &req)?;
             op.h.write_data(p, &data)?;
             let len = target.len() as u64;
-            let per512 = bs / 512;
+            let per512 = held * (bs / 512);
             if extents {
                 let m = Mapping {
                     lblk: 0,
@@ -1666,7 +1662,7 @@ impl Filesystem {
     /// a file), `left` and `right` the extents that stay around it; the
     /// blocks given back (whole clusters with bigalloc, only those no
     /// remaining extent uses: [`Clusters::released_all`]).
-    fn free_data(
+    pub(crate) fn free_data(
         &self,
         op: &mut Op<'_>,
         removed: &[Mapping],
@@ -1706,8 +1702,44 @@ impl Filesystem {
         Ok(released)
     }
 
+    /// Where block `lblk` of a file goes, `maps` being its extents in
+    /// logical order (at least those around `lblk`): with bigalloc the
+    /// cluster an extent next to it already holds for its logical
+    /// cluster (nothing allocated, `Clusters::implied`), else a new
+    /// cluster with the block at `lblk`'s offset in it; without, a new
+    /// block. Returns the block and how many blocks the file newly holds
+    /// (for `i_blocks`: 0, 1 or a cluster).
+    pub(crate) fn place_block(
+        &self,
+        maps: &[Mapping],
+        lblk: u64,
+        req: &AllocRequest,
+    ) -> Result<(u64, u64), FsError> {
+        let cl = self.clusters();
+        let none = || FsError::NoSpace {
+            wanted: 1,
+            available: 0,
+        };
+        if cl.ratio() == 1 {
+            let a = self.balloc.alloc(self.rw.blocks(), req)?;
+            return Ok((a.extents.first().map(|e| e.0).ok_or_else(none)?, 1));
+        }
+        let left = maps.iter().rfind(|m| m.end() <= lblk).and_then(as_run);
+        let right = maps.iter().find(|m| m.lblk > lblk).and_then(as_run);
+        let l32 = u32::try_from(lblk)
+            .map_err(|_| FsError::InvalidRequest(format!("logical block {lblk} past 2^32")))?;
+        if let Some((p, _)) = cl.implied(l32, left, right) {
+            return Ok((p, 0));
+        }
+        let mut r = *req;
+        r.len = cl.ratio();
+        let a = self.balloc.alloc_clusters(self.rw.blocks(), &r)?;
+        let c = a.extents.first().map(|e| e.0).ok_or_else(none)?;
+        Ok((c + (lblk & cl.mask()), cl.ratio()))
+    }
+
     /// Cluster arithmetic (bigalloc; ratio 1 without it).
-    fn clusters(&self) -> Clusters {
+    pub(crate) fn clusters(&self) -> Clusters {
         Clusters::new(self.descs.layout().cluster_bits).unwrap_or(Clusters::ONE)
     }
 
@@ -2829,9 +2861,10 @@ impl Filesystem {
     /// [`tree_reserve`] for this operation, plus a deepest tree's (depth
     /// 5) for every other operation running now: each of them may take
     /// its reserve after this one allocated (handles run side by side).
+    /// In blocks; with bigalloc every tree block takes a cluster.
     fn tree_reserve(&self, i_block: &[u8; 60]) -> u64 {
         let others = u64::from(self.active.load(Ordering::Relaxed).saturating_sub(1));
-        tree_reserve(i_block) + others * 2 * (5 + 2)
+        (tree_reserve(i_block) + others * 2 * (5 + 2)) * self.clusters().ratio()
     }
 }
 
@@ -2915,18 +2948,16 @@ impl XattrBlocks for XattrIo<'_, '_> {
         let l = self.fs.descs.layout();
         let mut req = AllocRequest::new(1, l.group_of(goal));
         req.goal = Some(goal);
-        match self.fs.balloc.alloc(self.fs.rw.blocks(), &req) {
-            Ok(a) => Ok(a.extents.first().map(|e| e.0)),
+        // A cluster of its own with bigalloc.
+        match self.fs.alloc_meta_block(&req) {
+            Ok(b) => Ok(Some(b)),
             Err(FsError::NoSpace { .. } | FsError::SpaceBusy { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
     fn free(&mut self, blk: u64) -> Result<(), FsError> {
-        let tid = self.op.h.tid();
-        self.fs.balloc.free(self.fs.rw.blocks(), tid, blk, 1)?;
-        self.op.h.free_extent(blk, 1);
-        self.op.h.revoke(blk)
+        self.fs.free_meta_block(self.op, blk)
     }
 
     fn ea_inode_create(
@@ -3084,7 +3115,7 @@ fn data_inode_writable(ino: u32, inode: &InodeInfo) -> Result<(), FsError> {
 
 /// An extent as the cluster rules see it (`None` past 32-bit logical
 /// blocks or lengths, which no extent has).
-fn as_run(m: &Mapping) -> Option<Run> {
+pub(crate) fn as_run(m: &Mapping) -> Option<Run> {
     Some(Run {
         lblk: u32::try_from(m.lblk).ok()?,
         pblk: m.pblk,
