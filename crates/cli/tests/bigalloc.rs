@@ -2,9 +2,12 @@
 //! 1 KiB blocks with clusters of 4 (s_first_data_block 0, the descriptor
 //! table at block 2): what the kernel writes (files with holes, appends,
 //! truncates, deletes, a directory of many entries) reads back through
-//! `ls`/`cat`/`stat`/`info` and a read-only mount, and every read-write
-//! tool and a read-write mount refuse the image with one line and no write
-//! (cluster allocation is not written yet).
+//! `ls`/`cat`/`stat`/`info` and a read-only mount; the engine writes
+//! bigalloc (whole aligned clusters, the implied cluster of a neighbouring
+//! extent, frees that keep shared clusters, metadata a cluster each):
+//! engine operations, random ones against a model, a power cut at every
+//! write, out of space, the read-write tools and mount, and kernel mounts
+//! reading what we wrote and writing what we then read.
 
 mod common;
 
@@ -142,52 +145,85 @@ fn kernel_script(root: &Path, bs: u64, ratio: u64) -> Written {
     }
 }
 
-/// Each read-write tool on `img` (a bigalloc image) must exit non-zero
-/// with one line naming bigalloc, and leave every byte as it was.
-fn rw_tools_refuse(img: &Path, host_file: &Path) -> Result<(), String> {
+/// Every read-write tool on `img` (a bigalloc image the kernel wrote)
+/// does its work: a copy, a directory, a rename, a hard link, chmod and
+/// chown, a truncate, a fallocate, a removal; e2fsck -fn is clean after
+/// them and `cat` reads what they left. Then a read-write mount (where
+/// FUSE is there) writes, appends to and removes files; clean again, and
+/// `cat` reads what it wrote.
+fn rw_tools_write(img: &Path, host_file: &Path) -> Result<(), String> {
     let p = img.to_str().unwrap();
     let at = |path: &str| format!("{p}:{path}");
     let host = host_file.to_str().unwrap();
+    let host_data = fs::read(host_file).map_err(|e| e.to_string())?;
     let cases: Vec<Vec<String>> = vec![
         vec!["cp".into(), host.into(), at("/new")],
         vec!["mkdir".into(), at("/newdir")],
-        vec!["rm".into(), at("/small")],
-        vec!["mv".into(), at("/small"), at("/moved")],
-        vec!["ln".into(), at("/small"), at("/link")],
-        vec!["chmod".into(), "600".into(), at("/small")],
-        vec!["chown".into(), "1:1".into(), at("/small")],
+        vec!["mv".into(), at("/new"), at("/newdir/new")],
+        vec!["ln".into(), at("/newdir/new"), at("/link")],
+        vec!["chmod".into(), "600".into(), at("/link")],
+        vec!["chown".into(), "1:1".into(), at("/link")],
         vec!["truncate".into(), "-s".into(), "0".into(), at("/grown")],
-        vec![
-            "fallocate".into(),
-            "-l".into(),
-            "65536".into(),
-            at("/small"),
-        ],
+        vec!["fallocate".into(), "-l".into(), "65536".into(), at("/link")],
+        vec!["rm".into(), at("/small")],
     ];
-    let before = file_hash(img).map_err(|e| e.to_string())?;
-    let mnt = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let mut cases = cases;
-    if fuse_available().is_ok() {
-        // A read-write mount (bounded: were it accepted, -f would stay).
-        cases.push(vec![
-            "mount".into(),
-            "-f".into(),
-            p.into(),
-            mnt.path().to_str().unwrap().into(),
-        ]);
-    }
     for args in cases {
-        let out = run(tool("timeout").arg("20").arg(ext4kit_path()).args(&args))?;
-        let err = String::from_utf8_lossy(&out.stderr);
-        if out.status.success() {
-            return Err(format!("{args:?} succeeded on a bigalloc image"));
-        }
-        if err.lines().count() != 1 || !err.contains("bigalloc") {
-            return Err(format!("{args:?}: not one line naming bigalloc: {err:?}"));
-        }
-        if file_hash(img).map_err(|e| e.to_string())? != before {
-            return Err(format!("{args:?} wrote the image"));
-        }
+        run_ok(ext4kit().args(&args)).map_err(|e| format!("{args:?}: {e}"))?;
+    }
+    e2fsck_clean(img).map_err(|e| format!("after the tools: {e}"))?;
+    let cat = |path: &str| -> Result<Vec<u8>, String> {
+        Ok(run_ok(ext4kit().arg("cat").arg(at(path)))?.stdout)
+    };
+    let mut want = host_data.clone();
+    want.resize(65536, 0);
+    if cat("/newdir/new")? != want || cat("/link")? != want {
+        return Err("the copied, moved, linked and fallocated file reads otherwise".into());
+    }
+    if !cat("/grown")?.is_empty() {
+        return Err("/grown is not empty after truncate -s 0".into());
+    }
+    if run(ext4kit().arg("cat").arg(at("/small")))?
+        .status
+        .success()
+    {
+        return Err("/small is still there after rm".into());
+    }
+    if let Err(why) = fuse_available() {
+        eprintln!("read-write mount skipped: {why}");
+        return Ok(());
+    }
+    let big = pattern(200_000, 77);
+    {
+        let m = FuseMount::new(img, &[])?;
+        let r = (|| -> Result<(), String> {
+            let e = |e: std::io::Error| e.to_string();
+            fs::write(m.path().join("from-mount"), &big).map_err(e)?;
+            let f = fs::OpenOptions::new()
+                .append(true)
+                .open(m.path().join("newdir/new"))
+                .map_err(e)?;
+            f.write_all_at(b"appended", 65536).map_err(e)?;
+            drop(f);
+            fs::remove_file(m.path().join("link")).map_err(e)?;
+            fs::create_dir(m.path().join("mdir")).map_err(e)?;
+            for k in 0..200 {
+                fs::write(m.path().join(format!("mdir/f{k:03}")), [k as u8; 100]).map_err(e)?;
+            }
+            if fs::read(m.path().join("from-mount")).map_err(e)? != big {
+                return Err("the mount reads its own write otherwise".into());
+            }
+            Ok(())
+        })();
+        m.unmount()?;
+        r?;
+    }
+    e2fsck_clean(img).map_err(|e| format!("after the mount: {e}"))?;
+    want.extend_from_slice(b"appended");
+    if cat("/from-mount")? != big
+        || cat("/newdir/new")? != want
+        || cat("/mdir/f123")? != [123u8; 100]
+    {
+        return Err("what the mount wrote reads otherwise".into());
     }
     Ok(())
 }
@@ -318,11 +354,11 @@ fn ro_mount_reads(img: &Path, w: &Written) -> Result<(), String> {
 }
 
 /// The kernel writes a bigalloc image of each geometry; e2fsck calls it
-/// clean; ext4kit reads every file and directory back and refuses every
-/// write with one line, the image untouched.
+/// clean; ext4kit reads every file and directory back, then every
+/// read-write tool and a read-write mount write on it (e2fsck clean).
 #[test]
-fn kernel_written_bigalloc_reads_back_and_writes_are_refused() {
-    let name = "kernel_written_bigalloc_reads_back_and_writes_are_refused";
+fn kernel_written_bigalloc_reads_back_and_takes_writes() {
+    let name = "kernel_written_bigalloc_reads_back_and_takes_writes";
     if let Err(why) = e2fs_tools().and_then(|()| kernel_mount_available()) {
         return skip(name, &why);
     }
@@ -353,7 +389,7 @@ fn kernel_written_bigalloc_reads_back_and_writes_are_refused() {
             .and_then(|()| reads_back(&img, &written))
             .and_then(|()| cluster_rules_hold(&img, &written, bs, ratio))
             .and_then(|()| ro_mount_reads(&img, &written))
-            .and_then(|()| rw_tools_refuse(&img, &host))
+            .and_then(|()| rw_tools_write(&img, &host))
             .and_then(|()| e2fsck_clean(&img).map(|_| ()));
         report_case(label, res, &mut failures);
         let _ = fs::remove_file(&img);
@@ -361,25 +397,20 @@ fn kernel_written_bigalloc_reads_back_and_writes_are_refused() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Open `img` with the engine's internal bigalloc switch
-/// (`RwOptions::bigalloc_writer`, not for users).
-fn open_with_switch(img: &Path) -> Result<ext4kit_fs::fs::Filesystem, String> {
-    let opts = ext4kit_fs::rw::RwOptions {
-        bigalloc_writer: true,
-        ..Default::default()
-    };
-    ext4kit_fs::fs::Filesystem::open(open_file(img), opts).map_err(|e| format!("open: {e}"))
+/// Open `img` read-write with the engine.
+fn open_rw(img: &Path) -> Result<ext4kit_fs::fs::Filesystem, String> {
+    ext4kit_fs::fs::Filesystem::open(open_file(img), Default::default())
+        .map_err(|e| format!("open: {e}"))
 }
 
-/// Step 1 of the writer (issue 20): with the switch, the allocator reads
+/// Step 1 of the writer (issue 20): the allocator reads
 /// cluster bitmaps and renders every group's bitmap byte for byte as
 /// mke2fs wrote it, with its checksum and the descriptor's free count in
 /// clusters; its total is free clusters x ratio (the superblock's count,
-/// as the kernel keeps it); open and close leave e2fsck clean. Without
-/// the switch the engine still refuses the image.
+/// as the kernel keeps it); open and close leave e2fsck clean.
 #[test]
-fn switch_opens_and_renders_bigalloc_bitmaps() {
-    let name = "switch_opens_and_renders_bigalloc_bitmaps";
+fn opens_and_renders_bigalloc_bitmaps() {
+    let name = "opens_and_renders_bigalloc_bitmaps";
     if let Err(why) = e2fs_tools() {
         return skip(name, &why);
     }
@@ -388,10 +419,6 @@ fn switch_opens_and_renders_bigalloc_bitmaps() {
     for (label, size, args, _bs, ratio) in GEOMETRIES {
         let img = mkimg(dir.path(), &format!("{label}.img"), size, args);
         let res = (|| -> Result<(), String> {
-            let refused = ext4kit_fs::fs::Filesystem::open(open_file(&img), Default::default());
-            if refused.is_ok() {
-                return Err("opened without the switch".into());
-            }
             // The descriptors and bitmaps as mke2fs wrote them.
             let dev =
                 FileDevice::open(&img, OpenOptions::read_only()).map_err(|e| e.to_string())?;
@@ -412,7 +439,7 @@ fn switch_opens_and_renders_bigalloc_bitmaps() {
             if desc_sum * ratio != sb_free {
                 return Err(format!("mke2fs: {desc_sum} clusters, sb {sb_free}"));
             }
-            let fs = open_with_switch(&img)?;
+            let fs = open_rw(&img)?;
             let ba = fs.block_alloc();
             if ba.free_blocks() != sb_free {
                 return Err(format!("allocator {} free, sb {sb_free}", ba.free_blocks()));
@@ -449,7 +476,7 @@ fn switch_opens_and_renders_bigalloc_bitmaps() {
             fs.close().map_err(|e| format!("close: {e}"))?;
             e2fsck_clean(&img)?;
             // Data and a directory block are written now (steps 2-4).
-            let fs = open_with_switch(&img)?;
+            let fs = open_rw(&img)?;
             let ino = fs
                 .create(2, b"data", &spec)
                 .map_err(|e| format!("create: {e}"))?
@@ -501,15 +528,15 @@ fn put(v: &mut Vec<u8>, off: u64, data: &[u8]) {
     v[off as usize..end].copy_from_slice(data);
 }
 
-/// Steps 2 and 3 of the writer (issue 20): with the switch, writes,
+/// Steps 2 and 3 of the writer (issue 20): writes,
 /// sparse writes, appends, fallocate, truncates, punches and unlinks on
 /// both geometries leave whole aligned clusters, the implied cluster of
 /// a neighbouring extent, `i_blocks` and every count exact (e2fsck -fn
 /// clean, no "fix?"), and the contents read back (before and after a
 /// reopen, and through a kernel mount where there is one).
 #[test]
-fn switch_writes_truncates_and_frees_in_clusters() {
-    let name = "switch_writes_truncates_and_frees_in_clusters";
+fn writes_truncates_and_frees_in_clusters() {
+    let name = "writes_truncates_and_frees_in_clusters";
     if let Err(why) = e2fs_tools() {
         return skip(name, &why);
     }
@@ -519,7 +546,7 @@ fn switch_writes_truncates_and_frees_in_clusters() {
         let img = mkimg(dir.path(), &format!("{label}.img"), size, args);
         let cl = bs * ratio;
         let res = (|| -> Result<(), String> {
-            let fs = open_with_switch(&img)?;
+            let fs = open_rw(&img)?;
             let spec = ext4kit_fs::fs::NewInode::new(0o100644, 0, 0);
             let mut m: Model = Vec::new();
             let mk = |fs: &ext4kit_fs::fs::Filesystem,
@@ -614,7 +641,7 @@ fn switch_writes_truncates_and_frees_in_clusters() {
             e("unlink", fs.unlink(2, gone.1.as_bytes()))?;
             fs.close().map_err(|e| format!("close: {e}"))?;
             e2fsck_clean(&img)?;
-            let fs = open_with_switch(&img)?;
+            let fs = open_rw(&img)?;
             model_matches(&fs, &m)?;
             fs.close().map_err(|e| format!("close: {e}"))?;
             e2fsck_clean(&img)?;
@@ -717,15 +744,15 @@ fn random_op(
 }
 
 /// Random writes, truncates, punches, fallocates and unlinks over three
-/// files with the switch, checked against an in-memory model of their
+/// files, checked against an in-memory model of their
 /// contents as they go; e2fsck -fn clean at the end; then the kernel
 /// mounts the image read-write, reads every file as the model has it,
 /// appends to and truncates them; e2fsck clean again, the engine reads
 /// the kernel's writes back, writes more itself, and the image stays
 /// clean.
 #[test]
-fn switch_random_ops_match_a_model_and_the_kernel() {
-    let name = "switch_random_ops_match_a_model_and_the_kernel";
+fn random_ops_match_a_model_and_the_kernel() {
+    let name = "random_ops_match_a_model_and_the_kernel";
     if let Err(why) = e2fs_tools() {
         return skip(name, &why);
     }
@@ -735,7 +762,7 @@ fn switch_random_ops_match_a_model_and_the_kernel() {
         let img = mkimg(dir.path(), &format!("{label}.img"), size, args);
         let span = 24 * bs * ratio;
         let res = (|| -> Result<(), String> {
-            let fs = open_with_switch(&img)?;
+            let fs = open_rw(&img)?;
             let spec = ext4kit_fs::fs::NewInode::new(0o100644, 0, 0);
             let mut m: Model = Vec::new();
             for k in 0..3 {
@@ -789,7 +816,7 @@ fn switch_random_ops_match_a_model_and_the_kernel() {
                 r?;
             }
             e2fsck_clean(&img).map_err(|e| format!("after the kernel's writes: {e}"))?;
-            let fs = open_with_switch(&img)?;
+            let fs = open_rw(&img)?;
             model_matches(&fs, &m).map_err(|e| format!("the kernel's writes: {e}"))?;
             for step in 240..300 {
                 random_op(&fs, &mut m, &mut rng, span, step)?;
@@ -805,15 +832,14 @@ fn switch_random_ops_match_a_model_and_the_kernel() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// A power cut at every write of a short bigalloc sequence with the
-/// switch (writes sharing a cluster, an append, a sparse write, a
+/// A power cut at every write of a short bigalloc sequence (writes sharing a cluster, an append, a sparse write, a
 /// truncate into a cluster, a punch, an unlink, each synced), both
 /// geometries: the next open replays the journal, the files read back
 /// as the model had them after some prefix of the synced steps, and
 /// e2fsck -fn is clean.
 #[test]
-fn switch_power_cut_at_every_write() {
-    let name = "switch_power_cut_at_every_write";
+fn power_cut_at_every_write() {
+    let name = "power_cut_at_every_write";
     if let Err(why) = e2fs_tools() {
         return skip(name, &why);
     }
@@ -824,7 +850,7 @@ fn switch_power_cut_at_every_write() {
         let res = (|| -> Result<(), String> {
             let spec = ext4kit_fs::fs::NewInode::new(0o100644, 0, 0);
             let (a, b) = {
-                let fs = open_with_switch(&img)?;
+                let fs = open_rw(&img)?;
                 let c = |n: &[u8]| {
                     fs.create(2, n, &spec)
                         .map(|x| x.0.ino)
@@ -865,12 +891,8 @@ fn switch_power_cut_at_every_write() {
                 states.push((x, y));
             }
             let run = |dev: std::sync::Arc<dyn Device>| -> Result<(), String> {
-                let opts = ext4kit_fs::rw::RwOptions {
-                    bigalloc_writer: true,
-                    ..Default::default()
-                };
                 let e = |e: ext4kit_fs::FsError| e.to_string();
-                let fs = ext4kit_fs::fs::Filesystem::open(dev, opts).map_err(e)?;
+                let fs = ext4kit_fs::fs::Filesystem::open(dev, Default::default()).map_err(e)?;
                 for (k, &(what, off, len)) in steps.iter().enumerate() {
                     match what {
                         "write" => {
@@ -906,10 +928,7 @@ fn switch_power_cut_at_every_write() {
                 let (mem, _, _) = one(Some(cut));
                 let fs = ext4kit_fs::fs::Filesystem::open(
                     mem.clone() as std::sync::Arc<dyn Device>,
-                    ext4kit_fs::rw::RwOptions {
-                        bigalloc_writer: true,
-                        ..Default::default()
-                    },
+                    Default::default(),
                 )
                 .map_err(|e| format!("cut {cut}: open: {e}"))?;
                 let read = |ino: u32| -> Result<Vec<u8>, String> {
@@ -987,8 +1006,8 @@ fn switch_power_cut_at_every_write() {
 /// clean and exact; the kernel reads the files, the directory and the
 /// attributes back (getfattr where installed).
 #[test]
-fn switch_metadata_in_whole_clusters() {
-    let name = "switch_metadata_in_whole_clusters";
+fn metadata_in_whole_clusters() {
+    let name = "metadata_in_whole_clusters";
     if let Err(why) = e2fs_tools() {
         return skip(name, &why);
     }
@@ -999,7 +1018,7 @@ fn switch_metadata_in_whole_clusters() {
         a.extend_from_slice(&["-O", "quota,inline_data,ea_inode", "-I", "256"]);
         let img = mkimg(dir.path(), &format!("{label}.img"), size, &a);
         let res = (|| -> Result<(), String> {
-            let fs = open_with_switch(&img)?;
+            let fs = open_rw(&img)?;
             let file = ext4kit_fs::fs::NewInode::new(0o100644, 0, 0);
             let dspec = ext4kit_fs::fs::NewInode::new(0o040755, 0, 0);
             fn e(w: &str) -> impl Fn(ext4kit_fs::FsError) -> String + '_ {
@@ -1061,7 +1080,7 @@ fn switch_metadata_in_whole_clusters() {
             model_matches(&fs, &m)?;
             fs.close().map_err(|e| format!("close: {e}"))?;
             e2fsck_clean(&img)?;
-            let fs = open_with_switch(&img)?;
+            let fs = open_rw(&img)?;
             model_matches(&fs, &m)?;
             let xs = fs.xattrs(x).map_err(e("xattrs"))?;
             for (n, v) in [("user.a", &v1), ("user.b", &v2)] {
@@ -1113,14 +1132,14 @@ fn switch_metadata_in_whole_clusters() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Out of space with the switch: files written round-robin (many
+/// Out of space: files written round-robin (many
 /// extents, tree blocks taking clusters) until a write comes back short
 /// and then with ENOSPC; the journal is not aborted (the tree edits'
 /// reserve counts clusters), a truncate frees space and, once it
 /// committed, a write succeeds again; the contents match the model, e2fsck -fn is clean.
 #[test]
-fn switch_full_filesystem_is_enospc_not_an_abort() {
-    let name = "switch_full_filesystem_is_enospc_not_an_abort";
+fn full_filesystem_is_enospc_not_an_abort() {
+    let name = "full_filesystem_is_enospc_not_an_abort";
     if let Err(why) = e2fs_tools() {
         return skip(name, &why);
     }
@@ -1130,7 +1149,7 @@ fn switch_full_filesystem_is_enospc_not_an_abort() {
         let img = mkimg(dir.path(), &format!("{label}.img"), "16M", args);
         let cl = bs * ratio;
         let res = (|| -> Result<(), String> {
-            let fs = open_with_switch(&img)?;
+            let fs = open_rw(&img)?;
             let spec = ext4kit_fs::fs::NewInode::new(0o100644, 0, 0);
             let mut m: Model = Vec::new();
             for k in 0..4 {
@@ -1179,7 +1198,7 @@ fn switch_full_filesystem_is_enospc_not_an_abort() {
             model_matches(&fs, &m)?;
             fs.close().map_err(|e| format!("close: {e}"))?;
             e2fsck_clean(&img)?;
-            let fs = open_with_switch(&img)?;
+            let fs = open_rw(&img)?;
             model_matches(&fs, &m)?;
             fs.close().map_err(|e| format!("close: {e}"))
         })();

@@ -358,12 +358,12 @@ impl Filesystem {
         // The superblock here; the descriptors are checked (in large
         // sequential reads, never held) by the allocators' pass below.
         let info = FsInfo::load_superblock(rw.blocks())?;
-        // bigalloc is unknown to the read side's list; the internal
-        // switch lets the engine take it.
+        // bigalloc is unknown to the read side's list; the engine
+        // writes it (clusters: ARCHITECTURE, "bigalloc").
         if let Some(f) = info
             .unknown_ro_compat
             .iter()
-            .find(|f| !(opts.bigalloc_writer && f.as_str() == "bigalloc"))
+            .find(|f| f.as_str() != "bigalloc")
         {
             return Err(FsError::Unsupported(format!(
                 "read-only compatible feature {f}"
@@ -384,7 +384,7 @@ impl Filesystem {
             blocks: rw.blocks(),
             info: &info,
         })?;
-        let layout = Layout::from_superblock_with(&info.sb, opts.bigalloc_writer)?;
+        let layout = Layout::from_superblock(&info.sb)?;
         let descs = Arc::new(DescTable::new(layout.clone()));
         let dirty = Arc::new(DirtySet::default());
         let rd = rw.blocks();
