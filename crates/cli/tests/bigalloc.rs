@@ -863,7 +863,8 @@ fn random_ops_match_a_model_and_the_kernel() {
 
 /// A power cut at every write of a short bigalloc sequence (writes sharing a cluster, an append, a sparse write, a
 /// truncate into a cluster, a punch, an unlink, each synced), both
-/// geometries: the next open replays the journal, the files read back
+/// geometries, the unflushed writes all lost or a subset kept: the next
+/// open replays the journal, the files read back
 /// as the model had them after some prefix of the synced steps, and
 /// e2fsck -fn is clean.
 #[test]
@@ -947,14 +948,26 @@ fn power_cut_at_every_write() {
                 }
                 fs.close().map_err(e)
             };
-            let one = |cut: Option<u64>| run_cut(&base, cut, CutMode::DropAll, run);
-            let (mem, r, ops) = one(None);
+            let one = |cut: Option<u64>, mode| run_cut(&base, cut, mode, run);
+            let (mem, r, ops) = one(None, CutMode::DropAll);
             r.map_err(|e| format!("uncut run: {e}"))?;
             drop(mem);
             let out = dir.path().join("cut.img");
             let mut seen = vec![false; states.len()];
-            for cut in 1..ops {
-                let (mem, _, _) = one(Some(cut));
+            // Unflushed writes all lost, or a subset of them kept.
+            let modes = [
+                CutMode::DropAll,
+                CutMode::Subset {
+                    seed: 7,
+                    torn: false,
+                },
+            ];
+            for (mode, n) in modes
+                .into_iter()
+                .flat_map(|m| (1..ops).map(move |c| (m, c)))
+            {
+                let cut = format!("{n} {mode:?}");
+                let (mem, _, _) = one(Some(n), mode);
                 let fs = ext4kit_fs::fs::Filesystem::open(
                     mem.clone() as std::sync::Arc<dyn Device>,
                     Default::default(),
