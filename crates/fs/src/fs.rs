@@ -103,6 +103,7 @@ use ext4kit_format::inode::{
 use ext4kit_format::superblock::STATE_ERROR;
 use zerocopy::IntoBytes;
 
+use crate::balloc::cluster::{Clusters, Run};
 use crate::balloc::{AllocRequest, BlockAlloc};
 use crate::discard::{DiscardStats, Discarder, ReconcileStats, TrimReport, TrimRequest};
 use crate::extent::{Mapping, NodeInfo};
@@ -357,12 +358,12 @@ impl Filesystem {
         // The superblock here; the descriptors are checked (in large
         // sequential reads, never held) by the allocators' pass below.
         let info = FsInfo::load_superblock(rw.blocks())?;
-        // bigalloc is unknown to the read side's list; the internal
-        // switch lets the engine take it.
+        // bigalloc is unknown to the read side's list; the engine
+        // writes it (clusters: ARCHITECTURE, "bigalloc").
         if let Some(f) = info
             .unknown_ro_compat
             .iter()
-            .find(|f| !(opts.bigalloc_writer && f.as_str() == "bigalloc"))
+            .find(|f| f.as_str() != "bigalloc")
         {
             return Err(FsError::Unsupported(format!(
                 "read-only compatible feature {f}"
@@ -383,7 +384,7 @@ impl Filesystem {
             blocks: rw.blocks(),
             info: &info,
         })?;
-        let layout = Layout::from_superblock_with(&info.sb, opts.bigalloc_writer)?;
+        let layout = Layout::from_superblock(&info.sb)?;
         let descs = Arc::new(DescTable::new(layout.clone()));
         let dirty = Arc::new(DirtySet::default());
         let rd = rw.blocks();
@@ -980,14 +981,10 @@ impl Filesystem {
             let group = self.inode_group(inode.ino);
             let mut req = AllocRequest::new(1, group);
             req.goal = Some(self.balloc.goal_for_inode(group, false));
-            let a = self.balloc.alloc(self.rw.blocks(), &req)?;
-            let p = a.extents.first().map(|e| e.0).ok_or(FsError::NoSpace {
-                wanted: 1,
-                available: 0,
-            })?;
+            let (p, held) = self.place_block(&[], 0, &req)?;
             op.h.write_data(p, &data)?;
             let len = target.len() as u64;
-            let per512 = bs / 512;
+            let per512 = held * (bs / 512);
             if extents {
                 let m = Mapping {
                     lblk: 0,
@@ -1548,17 +1545,24 @@ impl Filesystem {
             let mut req =
                 AllocRequest::new((need - pool.len()) as u64, self.inode_group(inode.ino));
             req.goal = goal;
-            let a = self.balloc.alloc(rd, &req)?;
-            for (s, n) in a.extents {
-                pool.extend(s..s + u64::from(n));
+            let cl = self.clusters();
+            if cl.ratio() > 1 {
+                // A cluster per tree block, the block its first.
+                req.len *= cl.ratio();
+                let a = self.balloc.alloc_clusters(rd, &req)?;
+                for (s, n) in a.extents {
+                    pool.extend((s..s + u64::from(n)).step_by(cl.ratio() as usize));
+                }
+            } else {
+                let a = self.balloc.alloc(rd, &req)?;
+                for (s, n) in a.extents {
+                    pool.extend(s..s + u64::from(n));
+                }
             }
         }
-        let tid = op.h.tid();
         while pool.len() > need {
             let b = pool.pop().unwrap_or_default();
-            self.balloc.free(rd, tid, b, 1)?;
-            op.h.free_extent(b, 1);
-            op.h.revoke(b)?;
+            self.free_meta_block(op, b)?;
         }
         // Build level by level: entries of (first lblk, 12 bytes).
         let mut level: Vec<(u64, [u8; 12])> = exts
@@ -1622,13 +1626,131 @@ impl Filesystem {
         for (i, (_, e)) in level.iter().enumerate() {
             root[12 + 12 * i..24 + 12 * i].copy_from_slice(e);
         }
-        let delta = need as i64 - old_count as i64;
+        // A cluster per tree block with bigalloc.
+        let delta = (need as i64 - old_count as i64) * self.clusters().ratio() as i64;
         let per512 = i64::from(bs / 512);
         let blocks = (inode.blocks_512 as i64 + delta * per512).max(0) as u64;
         self.edit_inode(inode, |n| {
             n.i_block_bytes_mut().copy_from_slice(&root);
             n.set_blocks_512(blocks);
         })
+    }
+
+    /// One metadata block (an extent-tree block): with bigalloc it takes
+    /// a whole cluster of its own (`ext4_new_meta_blocks`), the block
+    /// being the cluster's first.
+    fn alloc_meta_block(&self, req: &AllocRequest) -> Result<u64, FsError> {
+        let a = if self.clusters().ratio() > 1 {
+            self.balloc.alloc_clusters(self.rw.blocks(), req)?
+        } else {
+            self.balloc.alloc(self.rw.blocks(), req)?
+        };
+        a.extents.first().map(|e| e.0).ok_or(FsError::NoSpace {
+            wanted: 1,
+            available: 0,
+        })
+    }
+
+    /// Free a block of [`Filesystem::alloc_meta_block`] (its cluster with
+    /// bigalloc) and revoke it.
+    fn free_meta_block(&self, op: &mut Op<'_>, blk: u64) -> Result<(), FsError> {
+        let cl = self.clusters();
+        let tid = op.h.tid();
+        if cl.ratio() > 1 {
+            let c = cl.c2b(cl.b2c(blk));
+            self.balloc
+                .free_clusters(self.rw.blocks(), tid, c, cl.ratio() as u32)?;
+            op.h.free_extent(c, cl.ratio());
+        } else {
+            self.balloc.free(self.rw.blocks(), tid, blk, 1)?;
+            op.h.free_extent(blk, 1);
+        }
+        op.h.revoke(blk)
+    }
+
+    /// Free the data blocks of `removed` (pieces of one unmapped range of
+    /// a file), `left` and `right` the extents that stay around it; the
+    /// blocks given back (whole clusters with bigalloc, only those no
+    /// remaining extent uses: [`Clusters::released_all`]).
+    pub(crate) fn free_data(
+        &self,
+        op: &mut Op<'_>,
+        removed: &[Mapping],
+        left: Option<&Mapping>,
+        right: Option<&Mapping>,
+    ) -> Result<u64, FsError> {
+        let rd = self.rw.blocks();
+        let tid = op.h.tid();
+        let cl = self.clusters();
+        let mut released = 0u64;
+        if cl.ratio() == 1 {
+            for f in removed {
+                self.balloc.free(rd, tid, f.pblk, f.len)?;
+                op.h.free_extent(f.pblk, u64::from(f.len));
+                released += u64::from(f.len);
+            }
+            return Ok(released);
+        }
+        let runs: Vec<Run> = removed.iter().filter_map(as_run).collect();
+        if runs.len() != removed.len() {
+            return Err(FsError::corrupt(
+                "extent tree",
+                "an extent past 32-bit logical blocks".to_string(),
+            ));
+        }
+        for r in cl.released_all(&runs, left.and_then(as_run), right.and_then(as_run)) {
+            let (s, e) = (cl.c2b(r.start), cl.c2b(r.end));
+            let mut at = s;
+            while at < e {
+                let n = (e - at).min(1 << 30);
+                self.balloc.free_clusters(rd, tid, at, n as u32)?;
+                op.h.free_extent(at, n);
+                at += n;
+            }
+            released += e - s;
+        }
+        Ok(released)
+    }
+
+    /// Where block `lblk` of a file goes, `maps` being its extents in
+    /// logical order (at least those around `lblk`): with bigalloc the
+    /// cluster an extent next to it already holds for its logical
+    /// cluster (nothing allocated, `Clusters::implied`), else a new
+    /// cluster with the block at `lblk`'s offset in it; without, a new
+    /// block. Returns the block and how many blocks the file newly holds
+    /// (for `i_blocks`: 0, 1 or a cluster).
+    pub(crate) fn place_block(
+        &self,
+        maps: &[Mapping],
+        lblk: u64,
+        req: &AllocRequest,
+    ) -> Result<(u64, u64), FsError> {
+        let cl = self.clusters();
+        let none = || FsError::NoSpace {
+            wanted: 1,
+            available: 0,
+        };
+        if cl.ratio() == 1 {
+            let a = self.balloc.alloc(self.rw.blocks(), req)?;
+            return Ok((a.extents.first().map(|e| e.0).ok_or_else(none)?, 1));
+        }
+        let left = maps.iter().rfind(|m| m.end() <= lblk).and_then(as_run);
+        let right = maps.iter().find(|m| m.lblk > lblk).and_then(as_run);
+        let l32 = u32::try_from(lblk)
+            .map_err(|_| FsError::InvalidRequest(format!("logical block {lblk} past 2^32")))?;
+        if let Some((p, _)) = cl.implied(l32, left, right) {
+            return Ok((p, 0));
+        }
+        let mut r = *req;
+        r.len = cl.ratio();
+        let a = self.balloc.alloc_clusters(self.rw.blocks(), &r)?;
+        let c = a.extents.first().map(|e| e.0).ok_or_else(none)?;
+        Ok((c + (lblk & cl.mask()), cl.ratio()))
+    }
+
+    /// Cluster arithmetic (bigalloc; ratio 1 without it).
+    pub(crate) fn clusters(&self) -> Clusters {
+        Clusters::new(self.descs.layout().cluster_bits).unwrap_or(Clusters::ONE)
     }
 
     fn inode_group(&self, ino: u32) -> u32 {
@@ -2018,6 +2140,7 @@ impl Filesystem {
         let unwritten_new = !write;
         let zero = matches!(mode, Fill::Alloc { zero: true });
         let l = self.descs.layout();
+        let cl = self.clusters();
         let ig = self.inode_group(ino);
         let mut groups: BTreeSet<u32> = BTreeSet::new();
         let mut allocated = 0u64;
@@ -2101,7 +2224,52 @@ impl Filesystem {
                         .tree_edit(op, &inode, &mut root, &mut delta, |t| t.goal_for(at))?
                         .unwrap_or_else(|| self.balloc.goal_for_inode(ig, true)),
                 };
-                let mut req = AllocRequest::new(h1 - at, ig);
+                // Bigalloc: a logical cluster another extent of this file
+                // holds already maps into that extent's cluster (no
+                // allocation); new ones take whole clusters, from the
+                // first block of `at`'s logical cluster, and stop before
+                // a last cluster a later extent holds.
+                let mut lbase = at;
+                let mut hend = h1;
+                if cl.ratio() > 1 {
+                    let c0 = cl.c2b(cl.b2c(at));
+                    let near = self.tree_edit(op, &inode, &mut root, &mut delta, |t| {
+                        t.range(c0, c0 + cl.ratio())
+                    })?;
+                    let left = near.iter().rfind(|e| e.end() <= at).and_then(as_run);
+                    let right = near.iter().find(|e| e.lblk > at).and_then(as_run);
+                    let l32 = u32::try_from(at).map_err(|_| {
+                        FsError::InvalidRequest(format!("logical block {at} past 2^32"))
+                    })?;
+                    if let Some((p, n)) = cl.implied(l32, left, right) {
+                        let n = (u64::from(n).min(h1 - at)) as u32;
+                        let m = Mapping {
+                            lblk: at,
+                            pblk: p,
+                            len: n,
+                            unwritten: unwritten_new,
+                        };
+                        if let Fill::Write { off, data } = mode {
+                            self.write_piece(op, &m, false, *off, data)?;
+                        }
+                        self.tree_edit(op, &inode, &mut root, &mut delta, |t| t.insert(&m))?;
+                        groups.insert(l.group_of(p));
+                        at += u64::from(n);
+                        goal = Some(p + u64::from(n));
+                        continue;
+                    }
+                    let ce = cl.c2b(cl.b2c(h1 - 1));
+                    if ce > at && h1 & cl.mask() != 0 {
+                        let tail = self.tree_edit(op, &inode, &mut root, &mut delta, |t| {
+                            t.range(h1, ce + cl.ratio())
+                        })?;
+                        if !tail.is_empty() {
+                            hend = ce;
+                        }
+                    }
+                    lbase = c0;
+                }
+                let mut req = AllocRequest::new(hend - lbase, ig);
                 req.goal = Some(g);
                 if unwritten_new {
                     req.max_extent = UNWRITTEN_MAX;
@@ -2119,7 +2287,8 @@ impl Filesystem {
                         // Short of space: what there is (the next handle
                         // meets the shortage), or the error while nothing
                         // has changed.
-                        let room = self.balloc.available_blocks().saturating_sub(req.keep_free);
+                        let room = self.balloc.available_blocks().saturating_sub(req.keep_free)
+                            & !cl.mask();
                         let smaller = (room > 0 && room < req.len).then(|| {
                             let mut r = req;
                             r.len = room;
@@ -2142,10 +2311,17 @@ impl Filesystem {
                         break 'outer;
                     }
                     groups.extend(l.group_of(s)..=l.group_of(s + u64::from(n) - 1));
+                    // Bigalloc: the piece is whole clusters from logical
+                    // `lbase` (a cluster boundary); the blocks mapped are
+                    // those from `at` to the hole's end, at the same
+                    // offsets (the rest of a first or last cluster is
+                    // held unmapped). Without bigalloc `lbase` is `at`.
+                    let skip = at - lbase;
+                    let len = (u64::from(n) - skip).min(hend - at) as u32;
                     let m = Mapping {
                         lblk: at,
-                        pblk: s,
-                        len: n,
+                        pblk: s + skip,
+                        len,
                         unwritten: unwritten_new,
                     };
                     if let Fill::Write { off, data } = mode {
@@ -2153,12 +2329,15 @@ impl Filesystem {
                     }
                     self.tree_edit(op, &inode, &mut root, &mut delta, |t| t.insert(&m))?;
                     allocated += u64::from(n);
-                    at += u64::from(n);
+                    at += u64::from(len);
+                    lbase = at;
                     goal = Some(s + u64::from(n));
                 }
             }
         }
         let per512 = bs / 512;
+        // Tree blocks take a cluster each (the ratio is 1 without bigalloc).
+        let delta = delta * cl.ratio() as i64;
         let blocks =
             (inode.blocks_512 as i64 + (allocated as i64 + delta) * per512 as i64).max(0) as u64;
         let size = match mode {
@@ -2234,7 +2413,12 @@ impl Filesystem {
         let rd = self.rw.blocks();
         let mut r = *req;
         loop {
-            let a = self.balloc.alloc(rd, &r)?;
+            // Whole clusters with bigalloc (`alloc` refuses there).
+            let a = if self.clusters().ratio() > 1 {
+                self.balloc.alloc_clusters(rd, &r)?
+            } else {
+                self.balloc.alloc(rd, &r)?
+            };
             let new = a.dirty.iter().filter(|g| !have.contains(g)).count();
             if new <= groups || r.len == 1 {
                 return Ok(a.extents);
@@ -2417,13 +2601,30 @@ impl Filesystem {
             });
         }
         let removed = self.tree_edit(op, &inode, &mut root, &mut delta, |t| t.remove(s, b))?;
-        let tid = op.h.tid();
-        let mut released = 0u64;
-        for f in &removed {
-            self.balloc.free(rd, tid, f.pblk, f.len)?;
-            op.h.free_extent(f.pblk, u64::from(f.len));
-            released += u64::from(f.len);
-        }
+        // Bigalloc: the extents that stay on either side of the cut, in
+        // the cut's first and last logical clusters (only those can share
+        // a cluster with what was removed).
+        let cl = self.clusters();
+        let (left, right) = if cl.ratio() > 1 && !removed.is_empty() {
+            let c0 = cl.c2b(cl.b2c(s));
+            let left = if c0 < s {
+                let v = self.tree_edit(op, &inode, &mut root, &mut delta, |t| t.range(c0, s))?;
+                v.last().copied()
+            } else {
+                None
+            };
+            let ce = cl.c2b(cl.b2c(b.saturating_sub(1)) + 1);
+            let right = if b < ce {
+                let v = self.tree_edit(op, &inode, &mut root, &mut delta, |t| t.range(b, ce))?;
+                v.first().copied()
+            } else {
+                None
+            };
+            (left, right)
+        } else {
+            (None, None)
+        };
+        let released = self.free_data(op, &removed, left.as_ref(), right.as_ref())?;
         let last = s <= a;
         // The orphan list around a cut in several handles: on it from the
         // first (with the new size: orphan processing truncates to
@@ -2459,6 +2660,7 @@ impl Filesystem {
             }
         }
         let per512 = (bs / 512) as i64;
+        let delta = delta * cl.ratio() as i64;
         let blocks =
             (inode.blocks_512 as i64 - released as i64 * per512 + delta * per512).max(0) as u64;
         let t = now();
@@ -2676,9 +2878,10 @@ impl Filesystem {
     /// [`tree_reserve`] for this operation, plus a deepest tree's (depth
     /// 5) for every other operation running now: each of them may take
     /// its reserve after this one allocated (handles run side by side).
+    /// In blocks; with bigalloc every tree block takes a cluster.
     fn tree_reserve(&self, i_block: &[u8; 60]) -> u64 {
         let others = u64::from(self.active.load(Ordering::Relaxed).saturating_sub(1));
-        tree_reserve(i_block) + others * 2 * (5 + 2)
+        (tree_reserve(i_block) + others * 2 * (5 + 2)) * self.clusters().ratio()
     }
 }
 
@@ -2707,19 +2910,12 @@ impl TreeIo for TreeOp<'_, '_> {
     fn alloc(&mut self, goal: u64) -> Result<u64, FsError> {
         let mut req = AllocRequest::new(1, self.group);
         req.goal = (goal != 0).then_some(goal);
-        let a = self.fs.balloc.alloc(self.fs.rw.blocks(), &req)?;
-        a.extents.first().map(|e| e.0).ok_or(FsError::NoSpace {
-            wanted: 1,
-            available: 0,
-        })
+        self.fs.alloc_meta_block(&req)
     }
 
     fn free(&mut self, blk: u64) -> Result<(), FsError> {
         self.op.tree_memo.borrow_mut().remove(&(self.ino, blk));
-        let tid = self.op.h.tid();
-        self.fs.balloc.free(self.fs.rw.blocks(), tid, blk, 1)?;
-        self.op.h.free_extent(blk, 1);
-        self.op.h.revoke(blk)
+        self.fs.free_meta_block(self.op, blk)
     }
 
     fn checked(&self, blk: u64) -> Option<Vec<u8>> {
@@ -2769,18 +2965,16 @@ impl XattrBlocks for XattrIo<'_, '_> {
         let l = self.fs.descs.layout();
         let mut req = AllocRequest::new(1, l.group_of(goal));
         req.goal = Some(goal);
-        match self.fs.balloc.alloc(self.fs.rw.blocks(), &req) {
-            Ok(a) => Ok(a.extents.first().map(|e| e.0)),
+        // A cluster of its own with bigalloc.
+        match self.fs.alloc_meta_block(&req) {
+            Ok(b) => Ok(Some(b)),
             Err(FsError::NoSpace { .. } | FsError::SpaceBusy { .. }) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
     fn free(&mut self, blk: u64) -> Result<(), FsError> {
-        let tid = self.op.h.tid();
-        self.fs.balloc.free(self.fs.rw.blocks(), tid, blk, 1)?;
-        self.op.h.free_extent(blk, 1);
-        self.op.h.revoke(blk)
+        self.fs.free_meta_block(self.op, blk)
     }
 
     fn ea_inode_create(
@@ -2934,4 +3128,14 @@ fn data_inode_writable(ino: u32, inode: &InodeInfo) -> Result<(), FsError> {
         )));
     }
     Ok(())
+}
+
+/// An extent as the cluster rules see it (`None` past 32-bit logical
+/// blocks or lengths, which no extent has).
+pub(crate) fn as_run(m: &Mapping) -> Option<Run> {
+    Some(Run {
+        lblk: u32::try_from(m.lblk).ok()?,
+        pblk: m.pblk,
+        len: m.len,
+    })
 }

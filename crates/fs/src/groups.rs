@@ -59,16 +59,10 @@ fn bad_sb(detail: impl Into<String>) -> FsError {
 }
 
 impl Layout {
-    /// Derive the layout from a parsed superblock; refuses what the
-    /// allocators do not handle (bigalloc) and impossible numbers.
+    /// Derive the layout from a parsed superblock (bigalloc: clusters of
+    /// `1 << cluster_bits` blocks); refuses what the allocators do not
+    /// handle and impossible numbers.
     pub fn from_superblock(sb: &Superblock) -> Result<Self, FsError> {
-        Self::from_superblock_with(sb, false)
-    }
-
-    /// [`Layout::from_superblock`]; `bigalloc`: take a bigalloc
-    /// filesystem (the engine's internal switch, `RwOptions::bigalloc_writer`;
-    /// the bigalloc writer is unfinished, see ARCHITECTURE).
-    pub fn from_superblock_with(sb: &Superblock, bigalloc: bool) -> Result<Self, FsError> {
         let block_size = sb
             .block_size()
             .ok_or_else(|| bad_sb("block size out of range"))?;
@@ -76,9 +70,6 @@ impl Layout {
         let inc = Incompat(sb.s_feature_incompat.get());
         let mut cluster_bits = 0;
         if ro.contains(RoCompat::BIGALLOC) {
-            if !bigalloc {
-                return Err(FsError::Unsupported("bigalloc (cluster allocation)".into()));
-            }
             let (lc, lb) = (sb.s_log_cluster_size.get(), sb.s_log_block_size.get());
             if lc < lb || lc - lb > 16 {
                 return Err(bad_sb(format!("log cluster size {lc}")));
@@ -632,8 +623,7 @@ mod tests {
         let vol = Volume::open(&dev).unwrap();
         assert_eq!(vol.info.first_data_block, 0);
         assert_eq!(vol.info.desc_block(0), 2);
-        // The allocators refuse bigalloc; the layout numbers are the same
-        // without the flag.
+        // The layout numbers are the same without the flag.
         let mut sb = vol.info.sb.clone();
         let ro = sb.s_feature_ro_compat.get() & !RoCompat::BIGALLOC.bits();
         sb.s_feature_ro_compat.set(ro);

@@ -84,6 +84,7 @@ pub const RW_RO_COMPAT: u32 = RoCompat::SPARSE_SUPER.bits()
     | RoCompat::ORPHAN_PRESENT.bits()
     | RoCompat::QUOTA.bits()
     | RoCompat::PROJECT.bits()
+    | RoCompat::BIGALLOC.bits()
     // fs-verity files are read-only per file (`fs/crypt.rs`).
     | RoCompat::VERITY.bits();
 
@@ -97,12 +98,6 @@ fn feature_names(word: Word, bits: u32) -> String {
 
 /// Can the engine write this filesystem? `Err` names the first reason.
 pub fn check_writable(sb: &Superblock) -> Result<(), FsError> {
-    check_writable_with(sb, false)
-}
-
-/// [`check_writable`]; `bigalloc`: the internal switch
-/// ([`RwOptions::bigalloc_writer`]).
-pub fn check_writable_with(sb: &Superblock, bigalloc: bool) -> Result<(), FsError> {
     let inc = sb.s_feature_incompat.get() & !RW_INCOMPAT;
     if inc != 0 {
         return Err(FsError::Unsupported(format!(
@@ -110,11 +105,7 @@ pub fn check_writable_with(sb: &Superblock, bigalloc: bool) -> Result<(), FsErro
             feature_names(Word::Incompat, inc)
         )));
     }
-    let mut handled = RW_RO_COMPAT;
-    if bigalloc {
-        handled |= RoCompat::BIGALLOC.bits();
-    }
-    let ro = sb.s_feature_ro_compat.get() & !handled;
+    let ro = sb.s_feature_ro_compat.get() & !RW_RO_COMPAT;
     if ro != 0 {
         return Err(FsError::Unsupported(format!(
             "read-only compatible feature {}",
@@ -149,12 +140,6 @@ pub struct RwOptions {
     /// What a corrupt structure met during an operation does (the mount's
     /// `-o errors=`); `None`: the superblock's `s_errors`.
     pub errors: Option<ErrorBehavior>,
-    /// Internal switch, not for users: take bigalloc filesystems. The
-    /// bigalloc writer is unfinished (ARCHITECTURE, "bigalloc"): only the
-    /// engine's own tests set it; every tool and the mount leave it off
-    /// and refuse bigalloc.
-    #[doc(hidden)]
-    pub bigalloc_writer: bool,
 }
 
 /// ext4's `errors=` behaviour. Every one of them fails the operation that
@@ -601,7 +586,7 @@ impl RwFs {
             let sb = read_superblock_with(&*dev, false).map_err(fs_err)?;
             // Multiple mount protection first, before anything is
             // written (the replay included), as ext4_fill_super.
-            check_writable_with(&sb, opts.bigalloc_writer)?;
+            check_writable(&sb)?;
             mmp = Mmp::start(dev.clone(), &sb)?;
             if !Compat(sb.s_feature_compat.get()).contains(Compat::HAS_JOURNAL) {
                 return Self::open_without_journal(dev, opts, mmp);
@@ -668,7 +653,7 @@ impl RwFs {
         // clears s_errno.
         let journal_error = j.jsb.s_errno.get() != 0;
         let sb = j.sb.clone();
-        check_writable_with(&sb, opts.bigalloc_writer)?;
+        check_writable(&sb)?;
         let bs = j.block_size;
         let geo = Geometry::of(&sb, bs, j.fs_blocks)?;
         let metadata_csum =

@@ -177,6 +177,9 @@ pub struct XattrGeometry {
     pub blocks_per_group: u32,
     pub inodes_per_group: u32,
     pub blocks_count: u64,
+    /// Blocks per cluster (bigalloc; 1 without): an xattr block holds a
+    /// cluster of its own, and EA inode values are charged in clusters.
+    pub cluster_blocks: u64,
 }
 
 impl XattrGeometry {
@@ -191,6 +194,16 @@ impl XattrGeometry {
             blocks_per_group: info.blocks_per_group,
             inodes_per_group: info.inodes_per_group,
             blocks_count: info.blocks_count,
+            cluster_blocks: if info.features.ro_compat.contains(RoCompat::BIGALLOC) {
+                1u64 << info
+                    .sb
+                    .s_log_cluster_size
+                    .get()
+                    .saturating_sub(info.sb.s_log_block_size.get())
+                    .min(31)
+            } else {
+                1
+            },
         }
     }
 
@@ -776,7 +789,7 @@ fn release_block(
         set_block_csum(geo, blk, &mut data);
         blocks.write(blk, &data)?;
     }
-    add_slot_blocks(geo, slot, -1);
+    add_slot_blocks(geo, slot, -(geo.cluster_blocks as i64));
     Ok(())
 }
 
@@ -836,7 +849,7 @@ fn block_set(
         p32(&mut td, 4, refs + 1);
         set_block_csum(geo, tb, &mut td);
         blocks.write(tb, &td)?;
-        add_slot_blocks(geo, slot, 1);
+        add_slot_blocks(geo, slot, geo.cluster_blocks as i64);
         Some(tb)
     } else if let (true, Some(cb)) = (private, cur_blk) {
         set_block_csum(geo, cb, &mut buf);
@@ -848,7 +861,7 @@ fn block_set(
         };
         set_block_csum(geo, nb, &mut buf);
         blocks.write(nb, &buf)?;
-        add_slot_blocks(geo, slot, 1);
+        add_slot_blocks(geo, slot, geo.cluster_blocks as i64);
         Some(nb)
     };
     set_slot_file_acl(geo, slot, new_blk.unwrap_or(0));
@@ -1456,7 +1469,10 @@ pub fn ea_charge(
         while !is_last(b, e) {
             let x = ent(b, e);
             if x.inum != 0 {
-                out.0 += (x.size as u64).div_ceil(bs) * bs;
+                // Rounded up to clusters with bigalloc (e2fsck's
+                // `size_to_quota_blocks`).
+                let cb = bs * geo.cluster_blocks;
+                out.0 += (x.size as u64).div_ceil(cb) * cb;
                 out.1 += 1;
             }
             e = next(b, e);
@@ -1507,7 +1523,7 @@ pub fn share_xattr_block(
     set_block_csum(geo, blk, &mut data);
     blocks.write(blk, &data)?;
     set_slot_file_acl(geo, other, blk);
-    add_slot_blocks(geo, other, 1);
+    add_slot_blocks(geo, other, geo.cluster_blocks as i64);
     if geo.csum.metadata {
         set_checksum(other, other_ino, &geo.csum);
     }
@@ -1576,6 +1592,7 @@ mod tests {
             blocks_per_group: 8192,
             inodes_per_group: 128,
             blocks_count: 8192,
+            cluster_blocks: 1,
         }
     }
 

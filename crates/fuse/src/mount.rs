@@ -171,8 +171,6 @@ fn open_backend_wrapped(
         },
         discard: opts.discard.then(DiscardOptions::default),
         errors: opts.errors,
-        // The bigalloc writer is unfinished: the mount refuses bigalloc.
-        bigalloc_writer: false,
     };
     let fs = Filesystem::open(dev, ro).map_err(fs_err(path))?;
     Ok(Backend::Rw(Arc::new(fs)))

@@ -5,9 +5,9 @@
 //! `has_unaligned_cluster_map` and its cluster count for `i_blocks`).
 //! Without bigalloc the ratio is 1 and every rule is the plain one.
 //!
-//! Not wired into the allocator and the extent writer yet: bigalloc images
-//! are still refused for writing (`rw::check_writable`); these are the
-//! rules that writer is to follow (ARCHITECTURE, "bigalloc").
+//! The engine's writer (behind the internal switch, ARCHITECTURE
+//! "bigalloc") follows them: `implied` and whole-cluster allocation in
+//! `Filesystem::fill_in`, `released_all` in its unmap and delete.
 
 use std::ops::Range;
 
@@ -38,6 +38,9 @@ impl Run {
 }
 
 impl Clusters {
+    /// No bigalloc: one block per cluster.
+    pub const ONE: Clusters = Clusters { bits: 0 };
+
     /// `s_log_cluster_size - s_log_block_size` (0 without bigalloc);
     /// `None` past what a 32-bit logical block number can hold.
     pub fn new(bits: u32) -> Option<Clusters> {
@@ -161,6 +164,39 @@ impl Clusters {
             end -= 1;
         }
         if first >= end { 0..0 } else { first..end }
+    }
+
+    /// [`Clusters::released`] for several removed pieces at once (in any
+    /// order; pieces of one unmapped range, e.g. the extents a truncate or
+    /// a delete takes), `left` and `right` the extents that stay around
+    /// the whole range: every cluster of a piece, once, except the one the
+    /// left extent ends in and the one the right extent begins in. As
+    /// ranges of clusters, sorted and merged.
+    pub fn released_all(
+        &self,
+        removed: &[Run],
+        left: Option<Run>,
+        right: Option<Run>,
+    ) -> Vec<Range<u64>> {
+        let mut cs: Vec<u64> = Vec::new();
+        for r in removed.iter().filter(|r| r.len > 0) {
+            cs.extend(self.b2c(r.pblk)..=self.b2c(r.last_pblk()));
+        }
+        cs.sort_unstable();
+        cs.dedup();
+        let keep_l = left.filter(|p| p.len > 0).map(|p| self.b2c(p.last_pblk()));
+        let keep_r = right.filter(|r| r.len > 0).map(|r| self.b2c(r.pblk));
+        let mut out: Vec<Range<u64>> = Vec::new();
+        for c in cs
+            .into_iter()
+            .filter(|&c| Some(c) != keep_l && Some(c) != keep_r)
+        {
+            match out.last_mut() {
+                Some(r) if r.end == c => r.end = c + 1,
+                _ => out.push(c..c + 1),
+            }
+        }
+        out
     }
 }
 
@@ -286,5 +322,28 @@ mod tests {
             ),
             101..102
         );
+    }
+    /// Several pieces: a cluster two of them share goes once; the
+    /// neighbours' clusters stay.
+    #[test]
+    fn released_all_dedups_and_keeps_neighbours() {
+        let removed = [run(5, 1605, 3), run(10, 1610, 10), run(40, 4808, 8)];
+        assert_eq!(
+            C16.released_all(&removed, Some(run(0, 1600, 2)), None),
+            vec![101..102, 300..301]
+        );
+        assert_eq!(
+            C16.released_all(&removed, None, None),
+            vec![100..102, 300..301]
+        );
+        assert_eq!(
+            C16.released_all(&removed, None, Some(run(48, 4816, 4))),
+            vec![100..102, 300..301]
+        );
+        assert_eq!(
+            C16.released_all(&removed, None, Some(run(44, 4812, 4))),
+            vec![100..102]
+        );
+        assert!(C16.released_all(&[], None, None).is_empty());
     }
 }

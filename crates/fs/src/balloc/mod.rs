@@ -435,14 +435,16 @@ impl BlockAlloc {
         &self.layout
     }
 
-    /// Bigalloc (only behind the engine's internal switch): the allocator
-    /// reads and renders cluster bitmaps and counts, but allocating and
-    /// freeing in whole clusters is not written yet (ARCHITECTURE,
-    /// "bigalloc"): refused, before anything changes.
+    /// Bigalloc: [`BlockAlloc::alloc`] and [`BlockAlloc::free`] work in
+    /// blocks, which a bigalloc filesystem must never be given or taken
+    /// piecemeal; its callers use [`BlockAlloc::alloc_clusters`] and
+    /// [`BlockAlloc::free_clusters`] (the engine's `place_block`,
+    /// `alloc_meta_block`, `free_data`). A guard against a caller that
+    /// does not: refused before anything changes.
     fn refuse_clusters(&self, what: &str) -> Result<(), FsError> {
         if self.layout.cluster_bits > 0 {
-            return Err(FsError::Unsupported(format!(
-                "bigalloc: {what} in clusters is not written yet"
+            return Err(FsError::InvalidRequest(format!(
+                "bigalloc: {what} one by one instead of in whole clusters"
             )));
         }
         Ok(())
@@ -697,8 +699,7 @@ impl BlockAlloc {
         self.alloc_any(rd, req)
     }
 
-    /// Bigalloc (step 2's primitive, not used by the extent writer yet):
-    /// allocate whole clusters covering `req.len` blocks, the goal taken
+    /// Bigalloc: allocate whole clusters covering `req.len` blocks, the goal taken
     /// down to its cluster's first block and the longest extent to a
     /// whole number of clusters. Every extent returned starts and ends on
     /// a cluster boundary (free space is kept in whole clusters, so the
@@ -739,7 +740,7 @@ impl BlockAlloc {
         Ok(a)
     }
 
-    /// Bigalloc (step 3's primitive, not used yet): free whole clusters
+    /// Bigalloc: free whole clusters
     /// (`start` and `len` on cluster boundaries, else `InvalidRequest`
     /// and nothing freed); what to release is the caller's
     /// (`cluster::Clusters::released`). Without bigalloc it is

@@ -75,10 +75,18 @@ impl Filesystem {
         // The blocks first: a full filesystem refuses before any change.
         let group = self.inode_group(owner);
         let mut extents = Vec::new();
+        let bigalloc = self.clusters().ratio() > 1;
         if n > 0 {
             let mut req = AllocRequest::new(n, group);
             req.goal = Some(self.balloc.goal_for_inode(group, true));
-            match self.balloc.alloc(self.rw.blocks(), &req) {
+            // Whole clusters with bigalloc (the value from block 0, the
+            // rest of its last cluster held unmapped).
+            let r = if bigalloc {
+                self.balloc.alloc_clusters(self.rw.blocks(), &req)
+            } else {
+                self.balloc.alloc(self.rw.blocks(), &req)
+            };
+            match r {
                 Ok(a) => extents = a.extents,
                 Err(FsError::NoSpace { .. } | FsError::SpaceBusy { .. }) => return Ok(None),
                 Err(e) => return Err(e),
@@ -97,7 +105,8 @@ impl Filesystem {
             Err(FsError::NoSpace { .. }) => {
                 let tid = op.h.tid();
                 for &(s, l) in &extents {
-                    self.balloc.free(self.rw.blocks(), tid, s, l)?;
+                    // Whole clusters as allocated (blocks without bigalloc).
+                    self.balloc.free_clusters(self.rw.blocks(), tid, s, l)?;
                     op.h.free_extent(s, u64::from(l));
                 }
                 return Ok(None);
@@ -116,7 +125,13 @@ impl Filesystem {
         let mut maps = Vec::new();
         let mut lblk = 0u64;
         let b = bs as usize;
+        let held: u64 = extents.iter().map(|e| u64::from(e.1)).sum();
         for &(start, len) in &extents {
+            // The value's blocks only (a last cluster's rest stays unmapped).
+            let len = (u64::from(len).min(n.saturating_sub(lblk))) as u32;
+            if len == 0 {
+                break;
+            }
             for i in 0..u64::from(len) {
                 let from = ((lblk + i) as usize) * b;
                 let to = (from + b).min(value.len());
@@ -138,7 +153,7 @@ impl Filesystem {
         self.edit_inode(&mut inode, |nd| {
             nd.i_flags.set(nd.i_flags.get() | EXT4_EA_INODE_FL);
             nd.set_size(len);
-            nd.set_blocks_512(n * (bs / 512));
+            nd.set_blocks_512(held * (bs / 512));
             // Refcount 1: high word in i_ctime, low word in i_version.
             nd.i_ctime.set(0);
             nd.i_ctime_extra.set(0);
@@ -181,11 +196,8 @@ impl Filesystem {
         // The last reference: free the value's blocks, the tree and the
         // inode, as eviction of an unlinked inode does.
         let (maps, nodes) = self.mapping(&inode)?;
-        let tid = op.h.tid();
-        let rd = self.rw.blocks();
+        self.free_data(op, &maps, None, None)?;
         for m in &maps {
-            self.balloc.free(rd, tid, m.pblk, m.len)?;
-            op.h.free_extent(m.pblk, u64::from(m.len));
             for b in m.pblk..m.pblk + u64::from(m.len) {
                 op.h.revoke(b)?;
             }
@@ -201,6 +213,6 @@ impl Filesystem {
             nd.l_i_version.set(0);
         })?;
         self.store_inode(op, &inode)?;
-        self.ialloc.free(rd, inum, false)
+        self.ialloc.free(self.rw.blocks(), inum, false)
     }
 }

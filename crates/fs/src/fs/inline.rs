@@ -89,11 +89,8 @@ impl Filesystem {
                 let group = self.inode_group(ino);
                 let mut req = AllocRequest::new(1, group);
                 req.goal = Some(self.balloc.goal_for_inode(group, !meta));
-                let a = self.balloc.alloc(self.rw.blocks(), &req)?;
-                Some(a.extents.first().map(|e| e.0).ok_or(FsError::NoSpace {
-                    wanted: 1,
-                    available: 0,
-                })?)
+                // A whole cluster with bigalloc (block 0 at its start).
+                Some(self.place_block(&[], 0, &req)?)
             }
             None => None,
         };
@@ -114,7 +111,7 @@ impl Filesystem {
                 n.set_size(0);
             }
         })?;
-        if let (Some((meta, data)), Some(p)) = (block, pblk) {
+        if let (Some((meta, data)), Some((p, held))) = (block, pblk) {
             if meta {
                 op.h.modify_new(p, |b| b.copy_from_slice(&data))?;
             } else {
@@ -127,7 +124,7 @@ impl Filesystem {
                 unwritten: false,
             };
             self.write_tree(op, inode, &[], &[m])?;
-            let blocks = inode.blocks_512 + bs / 512;
+            let blocks = inode.blocks_512 + held * (bs / 512);
             self.edit_inode(inode, |n| {
                 n.set_blocks_512(blocks);
                 if meta {

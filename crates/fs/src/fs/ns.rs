@@ -108,11 +108,8 @@ impl DirBlocks for DirIo<'_, '_> {
             .unwrap_or_else(|| self.fs.balloc.goal_for_inode(group, false));
         let mut req = AllocRequest::new(1, group);
         req.goal = Some(goal);
-        let a = self.fs.balloc.alloc(self.fs.rw.blocks(), &req)?;
-        let p = a.extents.first().map(|e| e.0).ok_or(FsError::NoSpace {
-            wanted: 1,
-            available: 0,
-        })?;
+        // Bigalloc: a directory block follows the file mapping rule.
+        let (p, held) = self.fs.place_block(&self.maps, u64::from(lblk), &req)?;
         self.op.h.modify_new(p, |_| ())?;
         self.maps.push(Mapping {
             lblk: u64::from(lblk),
@@ -134,7 +131,8 @@ impl DirBlocks for DirIo<'_, '_> {
             .tree_edit(self.op, &self.dir, &mut root, &mut delta, |t| t.insert(&m))?;
         let size = (u64::from(lblk) + 1) * bs;
         let per512 = (bs / 512) as i64;
-        let blocks = (self.dir.blocks_512 as i64 + per512 + delta * per512).max(0) as u64;
+        let delta = delta * self.fs.clusters().ratio() as i64;
+        let blocks = (self.dir.blocks_512 as i64 + (held as i64 + delta) * per512).max(0) as u64;
         self.fs.edit_inode(&mut self.dir, |n| {
             n.i_block_bytes_mut().copy_from_slice(&root);
             n.set_size(size);
@@ -454,15 +452,11 @@ impl Filesystem {
             let group = fs.inode_group(i.ino);
             let mut req = AllocRequest::new(1, group);
             req.goal = Some(fs.balloc.goal_for_inode(group, false));
-            let a = fs.balloc.alloc(fs.rw.blocks(), &req)?;
-            let p = a.extents.first().map(|e| e.0).ok_or(FsError::NoSpace {
-                wanted: 1,
-                available: 0,
-            })?;
+            let (p, held) = fs.place_block(&[], 0, &req)?;
             op.h.modify_new(p, |b| b.copy_from_slice(&block))?;
             fs.edit_inode(&mut i, |n| {
                 n.set_size(bs);
-                n.set_blocks_512(bs / 512);
+                n.set_blocks_512(held * (bs / 512));
             })?;
             let m = Mapping {
                 lblk: 0,
@@ -578,15 +572,10 @@ impl Filesystem {
     /// dtime, link count 0, inode bitmap).
     fn release_in(&self, op: &mut Op<'_>, inode: &mut InodeInfo) -> Result<(), FsError> {
         let bs = self.block_size();
-        let rd = self.rw.blocks();
-        let tid = op.h.tid();
         if inode.has_extents() {
             let (maps, nodes) = self.mapping(inode)?;
-            for m in &maps {
-                self.balloc.free(rd, tid, m.pblk, m.len)?;
-                op.h.free_extent(m.pblk, u64::from(m.len));
-            }
-            let freed: u64 = maps.iter().map(|m| u64::from(m.len)).sum();
+            // Every extent goes: nothing stays to keep a cluster.
+            let freed = self.free_data(op, &maps, None, None)?;
             let blocks = inode.blocks_512.saturating_sub(freed * (bs / 512));
             self.edit_inode(inode, |n| n.set_blocks_512(blocks))?;
             self.write_tree(op, inode, &nodes, &[])?;
@@ -618,7 +607,8 @@ impl Filesystem {
         })?;
         self.store_inode(op, inode)?;
         self.quota_note_alloc(op, ino, &inode.raw, false);
-        self.ialloc.free(rd, ino, inode.mode & S_IFMT == S_IFDIR)
+        self.ialloc
+            .free(self.rw.blocks(), ino, inode.mode & S_IFMT == S_IFDIR)
     }
 
     /// Remove `name` (not a directory) from `parent`; the inode is freed

@@ -365,16 +365,21 @@ impl QuotaBlocks for OpIo<'_, '_> {
         let fb = byte / bs;
         let end = (byte + QB) as u64;
         let mut grow = None;
+        let cl = self.fs.clusters();
         while self.t.map.len() <= fb {
             let goal = self.t.map.last().map(|&p| p + 1);
-            let g = self.fs.inode_group(self.t.ino);
-            let mut req = AllocRequest::new(1, g);
-            req.goal = goal;
-            let a = self.fs.balloc.alloc(self.fs.rw.blocks(), &req)?;
-            let p = a.extents.first().map(|e| e.0).ok_or(FsError::NoSpace {
-                wanted: 1,
-                available: 0,
-            })?;
+            let l = self.t.map.len() as u64;
+            let p = match self.t.map.last() {
+                // Bigalloc: the rest of the last block's cluster first
+                // (the file grows a block at a time, from block 0).
+                Some(&last) if l & cl.mask() != 0 => cl.c2b(cl.b2c(last)) + (l & cl.mask()),
+                _ => {
+                    let g = self.fs.inode_group(self.t.ino);
+                    let mut req = AllocRequest::new(1, g);
+                    req.goal = goal;
+                    self.fs.place_block(&[], l, &req)?.0
+                }
+            };
             self.op.h.modify_new(p, |_| {})?;
             self.t.map.push(p);
             grow = Some(());
@@ -411,10 +416,13 @@ impl OpIo<'_, '_> {
             }
         }
         let bs = fs.block_size();
-        let data_512 = self.t.map.len() as u64 * (bs / 512);
+        // Whole clusters with bigalloc (the map starts at block 0 and
+        // fills each cluster in order), and a cluster per tree block.
+        let ratio = fs.clusters().ratio();
+        let data_512 = (self.t.map.len() as u64).div_ceil(ratio) * ratio * (bs / 512);
         let size = self.t.size;
         fs.edit_inode(&mut inode, |n| n.set_size(size))?;
-        let old_tree = nodes.iter().filter(|n| n.pblk != 0).count() as u64;
+        let old_tree = nodes.iter().filter(|n| n.pblk != 0).count() as u64 * ratio;
         fs.edit_inode(&mut inode, |n| {
             n.set_blocks_512(data_512 + old_tree * (bs / 512))
         })?;

@@ -565,6 +565,7 @@ impl Pop<'_> {
                 blocks_per_group: self.l.blocks_per_group,
                 inodes_per_group: self.l.inodes_per_group,
                 blocks_count: self.l.blocks_count,
+                cluster_blocks: 1,
             };
             let mut xb = XBlocks {
                 pop: self,
@@ -1367,6 +1368,7 @@ mod tests {
             blocks_per_group: 32768,
             inodes_per_group: 8192,
             blocks_count: 65536,
+            cluster_blocks: 1,
         };
         let mut i = Inode::default();
         i.i_mode.set(S_IFREG | 0o644);
