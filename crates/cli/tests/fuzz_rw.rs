@@ -1,10 +1,12 @@
 //! A mutation fuzzer for the read-write tools and the mount (issue 24).
 //!
-//! Seed images come from six mkfs recipes (mke2fs defaults, no
+//! Seed images come from eight mkfs recipes (mke2fs defaults, no
 //! metadata_csum, 128-byte inodes without 64bit, 4 KiB blocks, a dirty
 //! journal: the default recipe with committed but not checkpointed
-//! transactions left by `Filesystem::crash`, and inline_data with small
-//! inline files, dirs and a symlink from `mke2fs -d`), each populated with the
+//! transactions left by `Filesystem::crash`, inline_data with small
+//! inline files, dirs and a symlink from `mke2fs -d`, bigalloc with 16
+//! KiB clusters of 1 KiB blocks, and casefold + quota + ea_inode with
+//! the htree directory casefolded), each populated with the
 //! same tree (nested directories, an htree directory, a file with an
 //! extent tree below its inode, an xattr block, a symlink). Each case
 //! mutates one seed: bytes of one metadata structure (superblock, group
@@ -126,6 +128,8 @@ fn build_seed(dir: &Path, recipe: &'static str) -> Seed {
         "i128-no64bit" => ("8M", &["-I", "128", "-O", "^64bit"]),
         "4k" => ("16M", &["-b", "4096"]),
         "inline" => ("8M", &["-O", "inline_data"]),
+        "bigalloc" => ("32M", &["-O", "bigalloc", "-C", "16384"]),
+        "features" => ("8M", &["-O", "casefold,quota,ea_inode"]),
         _ => unreachable!(),
     };
     let mut a = vec!["-E", "hash_seed=7f3a9e21-4c5b-4d8e-a6f7-1b2c3d4e5f60"];
@@ -157,6 +161,10 @@ fn build_seed(dir: &Path, recipe: &'static str) -> Seed {
             .unwrap();
     }
     let (h, _) = fs.mkdir(2, b"h", &dirs).unwrap();
+    if recipe == "features" {
+        fs.set_flags(h.ino, h.flags | ext4kit_fs::fs::flags::CASEFOLD_FL)
+            .unwrap();
+    }
     for i in 0..200 {
         fs.create(h.ino, &name(i, 60), &reg).unwrap();
     }
@@ -201,16 +209,13 @@ fn build_seed(dir: &Path, recipe: &'static str) -> Seed {
     let fs = Filesystem::open(open_file(&probe), RwOptions::default()).unwrap();
     let mut blocks: BTreeMap<Kind, Vec<u64>> = BTreeMap::new();
     let mut owners = HashMap::new();
-    let (csum, desc_size, first, groups) = fs.read(|f| {
-        (
-            f.info.csum,
-            usize::from(f.info.desc_size),
-            f.info.first_data_block,
-            f.info.groups,
-        )
-    });
+    let (csum, desc_size, groups) =
+        fs.read(|f| (f.info.csum, usize::from(f.info.desc_size), f.info.groups));
     blocks.insert(Kind::Superblock, vec![0]);
-    blocks.insert(Kind::Descriptors, vec![first + 1]);
+    blocks.insert(
+        Kind::Descriptors,
+        vec![ext4kit_format::layout::gdt_start(bs as u32)],
+    );
     for g in 0..groups.min(2) {
         let (bb, ib) = fs.read(|f| {
             let d = f.group_desc(g).unwrap();
@@ -1276,6 +1281,8 @@ fn fuzz_rw_tools_and_mount() {
         "4k",
         "dirty-journal",
         "inline",
+        "bigalloc",
+        "features",
     ];
     let seeds: Vec<Seed> = recipes.iter().map(|r| build_seed(dir.path(), r)).collect();
     let next = AtomicUsize::new(0);
