@@ -258,3 +258,199 @@ fn through_the_mount() {
         e2fsck_clean(&img).unwrap_or_else(|e| panic!("{n}: {e}"));
     }
 }
+
+/// Random creates, unlinks, renames and lookups under random spellings
+/// against a model keyed by the folded name (what the directory must
+/// hold, spelled as first created), in an htree of 1 KiB blocks; e2fsck
+/// clean at the end and after a reopen the same.
+#[test]
+fn random_ops_match_a_folded_model() {
+    if let Err(r) = e2fs_tools() {
+        return skip("random_ops_match_a_folded_model", &r);
+    }
+    use ext4kit_format::casefold::fold;
+    use std::collections::BTreeMap;
+    let dir = image_dir();
+    let img = mkimg(
+        dir.path(),
+        "r.img",
+        "32M",
+        &["-O", "casefold", "-b", "1024"],
+    );
+    let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+    let (cf, _) = fs.mkdir(ROOT_INO, b"cf", &file(S_IFDIR | 0o755)).unwrap();
+    fs.set_flags(cf.ino, cf.flags | CASEFOLD_FL).unwrap();
+    let bases = names(240);
+    let mut model: BTreeMap<Vec<u8>, (String, u32)> = BTreeMap::new();
+    let mut x: u64 = 0xcafe_f01d;
+    let mut rnd = |m: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    };
+    // One of the base names, in one of three spellings.
+    let spell = |k: u64, how: u64| -> String {
+        let b = &bases[k as usize];
+        match how {
+            0 => b.clone(),
+            1 => b.to_uppercase(),
+            _ => b.to_lowercase(),
+        }
+    };
+    for step in 0..2500 {
+        let (k, how) = (rnd(bases.len() as u64), rnd(3));
+        let nm = spell(k, how);
+        let key = fold(nm.as_bytes()).unwrap();
+        match rnd(4) {
+            0 | 1 => {
+                let r = fs.create(cf.ino, nm.as_bytes(), &file(S_IFREG | 0o644));
+                match model.get(&key) {
+                    Some(_) => assert!(matches!(r, Err(FsError::Exists)), "{step}: {nm}"),
+                    None => {
+                        let (i, _) = r.unwrap_or_else(|e| panic!("{step}: {nm}: {e}"));
+                        model.insert(key, (nm, i.ino));
+                    }
+                }
+            }
+            2 => {
+                let r = fs.unlink(cf.ino, nm.as_bytes());
+                match model.remove(&key) {
+                    Some(_) => {
+                        r.unwrap_or_else(|e| panic!("{step}: {nm}: {e}"));
+                    }
+                    None => assert!(matches!(r, Err(FsError::NotFound)), "{step}: {nm}"),
+                }
+            }
+            _ => {
+                let to = spell(rnd(bases.len() as u64), rnd(3));
+                let tkey = fold(to.as_bytes()).unwrap();
+                let r = fs.rename(
+                    cf.ino,
+                    nm.as_bytes(),
+                    cf.ino,
+                    to.as_bytes(),
+                    RenameFlags::default(),
+                );
+                match model.get(&key).cloned() {
+                    None => assert!(matches!(r, Err(FsError::NotFound)), "{step}: {nm}"),
+                    Some(src) => {
+                        r.unwrap_or_else(|e| panic!("{step}: {nm} -> {to}: {e}"));
+                        if tkey != key {
+                            model.remove(&key);
+                            // Over an existing entry its spelling stays.
+                            let spelled = model.get(&tkey).map_or(to, |t| t.0.clone());
+                            model.insert(tkey, (spelled, src.1));
+                        }
+                    }
+                }
+            }
+        }
+        let probe = spell(rnd(bases.len() as u64), rnd(3));
+        let want = model.get(&fold(probe.as_bytes()).unwrap()).map(|e| e.1);
+        assert_eq!(ino_of(&fs, cf.ino, &probe), want, "{step}: lookup {probe}");
+    }
+    let check = |fs: &Filesystem| {
+        let d = fs.inode(cf.ino).unwrap();
+        let mut listed: Vec<(String, u32)> = fs
+            .read(|f| f.read_dir(&d))
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.name != b"." && e.name != b"..")
+            .map(|e| (String::from_utf8(e.name).unwrap(), e.ino))
+            .collect();
+        listed.sort();
+        let mut want: Vec<(String, u32)> = model.values().cloned().collect();
+        want.sort();
+        assert_eq!(listed, want);
+    };
+    check(&fs);
+    assert!(fs.inode(cf.ino).unwrap().is_htree());
+    fs.close().unwrap();
+    e2fsck_clean(&img).unwrap();
+    let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+    check(&fs);
+    fs.close().unwrap();
+}
+
+/// A create, an unlink and a rename under other spellings in a
+/// casefolded htree, cut at every write (two cut modes): each is all or
+/// nothing after the replay, and e2fsck is clean.
+#[test]
+fn power_cut_at_every_write() {
+    let what = "casefold power_cut_at_every_write";
+    if let Err(e) = e2fs_tools() {
+        return skip(what, &e);
+    }
+    use ext4kit_device::{CutMode, Device, MemDevice};
+    use std::sync::Arc;
+    let dir = image_dir();
+    let img = mkimg(dir.path(), "c.img", "8M", &["-O", "casefold", "-b", "1024"]);
+    {
+        let fs = Filesystem::open(open_file(&img), RwOptions::default()).unwrap();
+        let (cf, _) = fs.mkdir(ROOT_INO, b"cf", &file(S_IFDIR | 0o755)).unwrap();
+        fs.set_flags(cf.ino, cf.flags | CASEFOLD_FL).unwrap();
+        for nm in names(120) {
+            fs.create(cf.ino, nm.as_bytes(), &file(S_IFREG | 0o644))
+                .unwrap();
+        }
+        fs.close().unwrap();
+    }
+    let base = MemDevice::from_bytes(fs::read(&img).unwrap());
+    let run = |dev: Arc<dyn Device>| -> Result<(), String> {
+        let e = |e: FsError| e.to_string();
+        let fs = Filesystem::open(dev, RwOptions::default()).map_err(e)?;
+        let cf = fs.lookup(ROOT_INO, b"cf").map_err(e)?.ok_or("no cf")?.ino;
+        fs.create(cf, "NEW_Größe".as_bytes(), &file(S_IFREG | 0o644))
+            .map_err(e)?;
+        fs.unlink(cf, b"FILE_0008").map_err(e)?;
+        fs.rename(
+            cf,
+            "STRASSE-1".as_bytes(),
+            cf,
+            b"Moved",
+            RenameFlags::default(),
+        )
+        .map_err(e)?;
+        fs.close().map_err(e)
+    };
+    let one = |cut: Option<u64>, mode: CutMode| run_cut(&base, cut, mode, run);
+    let (_, r, ops) = one(None, CutMode::DropAll);
+    r.unwrap();
+    let out = dir.path().join("cut.img");
+    for mode in [
+        CutMode::DropAll,
+        CutMode::Subset {
+            seed: 19,
+            torn: false,
+        },
+    ] {
+        for cut in 1..ops {
+            let (mem, _, _) = one(Some(cut), mode);
+            {
+                let fs = Filesystem::open(mem.clone() as Arc<dyn Device>, RwOptions::default())
+                    .unwrap_or_else(|e| panic!("cut {cut} {mode:?}: {e}"));
+                let cf = ino_of(&fs, ROOT_INO, "cf").unwrap();
+                // The rename: exactly one of the two names.
+                let (old, moved) = (ino_of(&fs, cf, "straße-1"), ino_of(&fs, cf, "MOVED"));
+                assert!(
+                    old.is_some() != moved.is_some(),
+                    "cut {cut} {mode:?}: rename"
+                );
+                // Every other name is still there under any spelling.
+                for nm in names(120).iter().filter(|n| !n.starts_with("straße-1")) {
+                    if nm == "File_0008" {
+                        continue;
+                    }
+                    assert!(
+                        ino_of(&fs, cf, &respell(nm)).is_some(),
+                        "cut {cut} {mode:?}: {nm}"
+                    );
+                }
+                fs.close().unwrap();
+            }
+            fs::write(&out, mem.to_bytes()).unwrap();
+            e2fsck_clean(&out).unwrap_or_else(|e| panic!("cut {cut} {mode:?}: {e}"));
+        }
+    }
+}
