@@ -454,27 +454,20 @@ fn power_cut_at_every_write() {
     assert!(checked >= 20, "{checked}");
 }
 
-/// Online lazy init on bigalloc (issue 20): a 1 KiB-block image with
-/// 4 KiB clusters (4 groups of 32 MiB) gets files written in whole
-/// clusters before, while and after the worker zeroes every table; each
+/// Files written before, while and after the online worker zeroes every
+/// table of a `mke2fs ARGS` image of 128 MiB with `groups` groups: each
 /// group ends flagged with a zero table, the files read back, e2fsck is
 /// clean.
-#[test]
-fn bigalloc_zeroed_online_with_files() {
+fn zeroed_online_with_files(what: &str, args: &[&str], groups: u32) {
     if let Err(e) = e2fs_tools() {
-        return skip("bigalloc_zeroed_online_with_files", &e);
+        return skip(what, &e);
     }
     let dir = image_dir();
-    let img = garbage_image(
-        dir.path(),
-        "ba.img",
-        128 * MIB,
-        &["-b", "1024", "-O", "bigalloc", "-C", "4096"],
-    );
-    let (flagged, groups) = check_zeroed_file(&img);
+    let img = garbage_image(dir.path(), "z.img", 128 * MIB, args);
+    let (flagged, g) = check_zeroed_file(&img);
     assert!(
-        groups == 4 && flagged < groups,
-        "{flagged} of {groups} zeroed by mke2fs"
+        g == groups && flagged < g,
+        "{flagged} of {g} zeroed by mke2fs"
     );
     let fs = Arc::new(Filesystem::open(open_file(&img), RwOptions::default()).unwrap());
     let mut model: Vec<(u32, Vec<u8>)> = Vec::new();
@@ -502,4 +495,26 @@ fn bigalloc_zeroed_online_with_files() {
     unwrap_fs(fs).close().unwrap();
     assert_eq!(check_zeroed_file(&img), (groups, groups));
     e2fsck_clean(&img).unwrap();
+}
+
+/// Online lazy init on meta_bg (issue 20): 1 KiB blocks, 16 groups of
+/// 8 MiB in meta groups of 16 descriptors.
+#[test]
+fn meta_bg_zeroed_online_with_files() {
+    zeroed_online_with_files(
+        "meta_bg_zeroed_online_with_files",
+        &["-b", "1024", "-O", "meta_bg,^resize_inode"],
+        16,
+    );
+}
+
+/// Online lazy init on bigalloc (issue 20): 1 KiB blocks with 4 KiB
+/// clusters (4 groups of 32 MiB), files in whole clusters.
+#[test]
+fn bigalloc_zeroed_online_with_files() {
+    zeroed_online_with_files(
+        "bigalloc_zeroed_online_with_files",
+        &["-b", "1024", "-O", "bigalloc", "-C", "4096"],
+        4,
+    );
 }
