@@ -293,7 +293,10 @@ fn json_keys_are_stable() {
         "itable_blocks_per_group",
         "journal_blocks",
         "journal_bytes",
+        // An external journal's device number and UUID (session 19).
+        "journal_device",
         "journal_inode",
+        "journal_uuid",
         "label",
         "lazyinit_refusal",
         "last_check_time",
