@@ -1,12 +1,12 @@
 //! A mutation fuzzer for the read-write tools and the mount (issue 24).
 //!
-//! Seed images come from eight mkfs recipes (mke2fs defaults, no
+//! Seed images come from nine mkfs recipes (mke2fs defaults, no
 //! metadata_csum, 128-byte inodes without 64bit, 4 KiB blocks, a dirty
 //! journal: the default recipe with committed but not checkpointed
 //! transactions left by `Filesystem::crash`, inline_data with small
 //! inline files, dirs and a symlink from `mke2fs -d`, bigalloc with 16
 //! KiB clusters of 1 KiB blocks, and casefold + quota + ea_inode with
-//! the htree directory casefolded), each populated with the
+//! the htree directory casefolded, mmp + fast_commit), each populated with the
 //! same tree (nested directories, an htree directory, a file with an
 //! extent tree below its inode, an xattr block, a symlink). Each case
 //! mutates one seed: bytes of one metadata structure (superblock, group
@@ -130,6 +130,10 @@ fn build_seed(dir: &Path, recipe: &'static str) -> Seed {
         "inline" => ("8M", &["-O", "inline_data"]),
         "bigalloc" => ("32M", &["-O", "bigalloc", "-C", "16384"]),
         "features" => ("8M", &["-O", "casefold,quota,ea_inode"]),
+        "mmp-fc" => (
+            "8M",
+            &["-O", "mmp,fast_commit", "-E", "mmp_update_interval=1"],
+        ),
         _ => unreachable!(),
     };
     let mut a = vec!["-E", "hash_seed=7f3a9e21-4c5b-4d8e-a6f7-1b2c3d4e5f60"];
@@ -1283,6 +1287,7 @@ fn fuzz_rw_tools_and_mount() {
         "inline",
         "bigalloc",
         "features",
+        "mmp-fc",
     ];
     let seeds: Vec<Seed> = recipes.iter().map(|r| build_seed(dir.path(), r)).collect();
     let next = AtomicUsize::new(0);
