@@ -2244,6 +2244,101 @@ fn metadata_round_trips_are_saved() {
     e2fsck_clean(&img).unwrap();
 }
 
+/// Write-only opens are served with `FOPEN_DIRECT_IO` (killpriv v2, no
+/// writeback cache: `ops.rs::direct_write`), so the kernel asks no
+/// GETXATTR of `security.capability` before their first write (the
+/// cached path asked one per file: the CREATE's attributes clear
+/// `S_NOSEC`). What the kernel then leaves to the mount is done as ext4
+/// does it, one script on a kernel loop mount and on the mount compared:
+/// `security.capability` removed by any write (root's too, write-only or
+/// read-write open) and by a chown, set-user-ID cleared by another
+/// user's write, and a write-only O_DSYNC write durable when it returns
+/// (kill -9 right after it, idle commit off, `commit=30`).
+#[test]
+fn write_only_opens_ask_no_capability_and_kill_it_as_ext4() {
+    let what = "write_only_opens_ask_no_capability_and_kill_it_as_ext4";
+    if let Err(e) = fuse_available().and_then(|()| kernel_mount_available()) {
+        return skip(what, &e);
+    }
+    for t in ["setcap", "getcap", "setpriv"] {
+        if !have(t) {
+            return skip(what, &format!("{t} not found"));
+        }
+    }
+    let dir = image_dir();
+    let img = mkfs(dir.path(), "128M");
+    let script = "set -e; mkdir t; chmod 777 t; cd t
+        for f in a b c e; do printf 0 > $f; done; chmod 4757 e
+        for f in a b c e; do setcap cap_net_raw+ep $f; done
+        printf x >> a
+        exec 3<>b; printf y >&3; exec 3>&-
+        chown 65534 c
+        setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'printf z >> e'
+        for f in a b c e; do echo \"$f $(getcap $f | wc -l) $(stat -c '%a %s %u' $f)\"; done";
+    let run = |root: &Path| -> String {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(root)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let twin = KernelTwin::new(&img, dir.path().join("kernel.img"), None).unwrap();
+    let want = run(twin.path());
+    twin.unmount().unwrap();
+    // Every capability gone on ext4 (the second field: getcap's lines).
+    assert!(
+        want.lines().all(|l| l.split(' ').nth(1) == Some("0")),
+        "{want}"
+    );
+    let m = FuseMount::with_env(
+        &img,
+        &["commit=30", "allow_other"],
+        &[("EXT4KIT_IDLE_COMMIT", "0")],
+    )
+    .unwrap();
+    let p = |s: &str| m.path().join(s);
+    assert_eq!(run(m.path()), want);
+    // No GETXATTR for a file created and written write-only.
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    let before = request_counts(m.path());
+    let mut f = File::create(p("w")).unwrap();
+    for k in 0..50u64 {
+        f.write_all(&pattern(3000, k)).unwrap();
+    }
+    drop(f);
+    let after = request_counts(m.path());
+    let gx = n(&after, "getxattr") - n(&before, "getxattr");
+    assert_eq!(gx, 0, "GETXATTRs for a write-only file");
+    assert_eq!(
+        fs::read(p("w")).unwrap(),
+        (0..50u64)
+            .flat_map(|k| pattern(3000, k))
+            .collect::<Vec<u8>>()
+    );
+    // O_DSYNC on a write-only (direct) open: durable at the return.
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DSYNC)
+        .open(p("dsync"))
+        .unwrap();
+    f.write_all(&pattern(5000, 7)).unwrap();
+    m.kill9();
+    let m = FuseMount::new(&img, &[]).unwrap();
+    assert_eq!(fs::read(m.path().join("dsync")).unwrap(), pattern(5000, 7));
+    m.unmount().unwrap();
+    e2fsck_clean(&img).unwrap();
+}
+
 /// A file's (mtime, ctime) as nanoseconds since the epoch.
 fn mc_times(md: &fs::Metadata) -> (i128, i128) {
     let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);

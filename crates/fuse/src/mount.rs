@@ -461,7 +461,8 @@ pub(crate) struct Negotiated {
 ///   it the superblock is `SB_NOSEC`, so it asks once per inode and then
 ///   trusts `S_NOSEC`, and the mount clears set-user-ID/set-group-ID on
 ///   writes, truncates and chowns itself (the capability xattr is still
-///   removed by the kernel);
+///   removed by the kernel, but for write-only opens, which are served
+///   with `FOPEN_DIRECT_IO` and clear it here: `ops.rs::direct_write`);
 /// - the writeback cache (`writeback_cache`, read-write mounts only);
 /// - more background requests in flight than fuser's 16 (readahead and
 ///   writeback of several files at once keep the worker threads busy).

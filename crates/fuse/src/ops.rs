@@ -184,6 +184,61 @@ impl FuseFs {
         FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
     }
 
+    /// The flags of a file opened (OPEN, CREATE) with open(2) `flags`:
+    /// [`Self::open_flags`], plus `FOPEN_DIRECT_IO` for a write-only
+    /// open ([`Self::direct_write`]).
+    fn file_flags(&self, flags: i32) -> FopenFlags {
+        if self.direct_write(flags) {
+            self.open_flags() | FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            self.open_flags()
+        }
+    }
+
+    /// A file opened write-only (`flags`: open(2)'s, or a WRITE's, which
+    /// carry the file's) is served with `FOPEN_DIRECT_IO` under killpriv
+    /// v2 without the writeback cache. Why: the kernel's cached write
+    /// path (`fuse_cache_write_iter` → `kiocb_modified` →
+    /// `file_remove_privs`) asks a GETXATTR of `security.capability`
+    /// unless the inode is `S_NOSEC`, and every attribute refresh (the
+    /// CREATE's reply among them, `fuse_change_attributes_common`)
+    /// clears `S_NOSEC`: one GETXATTR per file that tar writes. The
+    /// direct path (`fuse_direct_write_iter`) makes no such check; it
+    /// marks the WRITE `FUSE_WRITE_KILL_SUIDGID` for a caller without
+    /// CAP_FSETID and leaves the rest to the server, so a WRITE of such a
+    /// handle removes `security.capability` here
+    /// ([`Self::kill_capability`]) and commits when it carries O_DSYNC
+    /// (the direct path sends no FSYNC for O_SYNC, O_DSYNC, RWF_DSYNC or
+    /// a `sync` mount). Write-only only: such a handle reads nothing and
+    /// cannot be mmapped (mmap needs read access), so the page cache
+    /// loses nothing but the written pages (the direct write drops them
+    /// for other opens, `invalidate_inode_pages2_range`).
+    fn direct_write(&self, flags: i32) -> bool {
+        self.killpriv && !self.writeback && flags & libc::O_ACCMODE == libc::O_WRONLY
+    }
+
+    /// Remove `security.capability` of `ino` before a write of a direct
+    /// handle ([`Self::direct_write`]), as ext4's write does
+    /// (`file_remove_privs`: any caller, root too). One read of the
+    /// inode's xattrs when there is none.
+    fn kill_capability(&self, ino: u32) -> R<()> {
+        const CAPS: &[u8] = b"security.capability";
+        let has = self
+            .s
+            .backend
+            .read_inode(ino, |f, i| f.xattrs(i))
+            .map_err(|e| errno(&e))?
+            .iter()
+            .any(|a| a.name == CAPS);
+        if has {
+            match self.xattr_set(ino, CAPS, None, 0) {
+                Ok(()) | Err(Errno::ENODATA) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     /// The flags of an open directory: the kernel keeps the listing it
     /// read (`FOPEN_CACHE_DIR`, kept across opens with
     /// `FOPEN_KEEP_CACHE`) and answers the next readdir of the directory
@@ -1593,7 +1648,7 @@ impl FuseFs {
             let h = self.open_handle(ino, flags);
             self.s.state().add_handle(h)
         };
-        let f = self.atime_open_flags(ino, flags, self.open_flags());
+        let f = self.atime_open_flags(ino, flags, self.file_flags(flags));
         Ok(Opened {
             fh,
             flags: f.bits(),
@@ -1635,7 +1690,16 @@ impl FuseFs {
     ) -> R<u32> {
         let pid = Some(req.pid).filter(|&p| p != 0);
         let i = ext4_ino(INodeNo(ino))?;
+        let direct = self.direct_write(flags) && !cached;
+        if direct {
+            self.kill_capability(i)?;
+        }
         let n = self.do_write(i, fh, offset, data, kill, flags, pid)?;
+        if direct && flags & libc::O_DSYNC != 0 {
+            // What the kernel's generic_write_sync would have asked with
+            // an FSYNC (O_SYNC includes O_DSYNC's bit).
+            self.fsync_ino(i)?;
+        }
         if (n as usize) < data.len() && cached {
             // A write-back of pages (`FUSE_WRITE_CACHE`: writeback cache,
             // mmap): the kernel looks only at the error of the reply, not
@@ -1889,7 +1953,7 @@ impl FuseFs {
         };
         let opened = Opened {
             fh,
-            flags: self.open_flags().bits(),
+            flags: self.file_flags(flags).bits(),
         };
         Ok((self.in_dir(self.entry_of(&i), parent), opened))
     }
