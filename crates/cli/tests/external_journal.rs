@@ -279,21 +279,6 @@ fn images_with_an_external_journal_are_written_and_stay_clean() {
     }
 }
 
-/// `EXT4_IOC_SHUTDOWN` with `EXT4_GOING_FLAGS_NOLOGFLUSH` after an fsync
-/// of the mount point: the log keeps what was committed, nothing more.
-fn shutdown_nologflush(mnt: &Path) {
-    run_ok(
-        tool("python3")
-            .arg("-c")
-            .arg(
-                "import os,fcntl,struct,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.fsync(fd); \
-         fcntl.ioctl(fd,0x8004587D,struct.pack('I',2))",
-            )
-            .arg(mnt),
-    )
-    .unwrap();
-}
-
 #[test]
 fn a_dirty_kernel_external_journal_is_replayed_like_the_kernel() {
     let what = "a_dirty_kernel_external_journal_is_replayed_like_the_kernel";

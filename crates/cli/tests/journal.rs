@@ -616,21 +616,6 @@ fn fsync(p: &Path) {
     fs::File::open(p).unwrap().sync_all().unwrap();
 }
 
-/// `EXT4_IOC_SHUTDOWN` with `EXT4_GOING_FLAGS_NOLOGFLUSH`: the log keeps
-/// what was committed, nothing more reaches the disk.
-fn shutdown_nologflush(mnt: &Path) {
-    run_ok(
-        tool("python3")
-            .arg("-c")
-            .arg(
-                "import os,fcntl,struct,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.fsync(fd); \
-         fcntl.ioctl(fd,0x8004587D,struct.pack('I',2))",
-            )
-            .arg(mnt),
-    )
-    .unwrap();
-}
-
 /// The same shutdown without the fsync of the mount point first (a
 /// directory fsync would commit the fast commits' transaction fully).
 fn shutdown_nologflush_now(mnt: &Path) {

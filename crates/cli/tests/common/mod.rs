@@ -779,6 +779,22 @@ pub fn mkimg(dir: &Path, name: &str, size: &str, args: &[&str]) -> PathBuf {
     img
 }
 
+/// `EXT4_IOC_SHUTDOWN` with `EXT4_GOING_FLAGS_NOLOGFLUSH` after an fsync
+/// of the mount point: the log keeps what was committed, nothing more
+/// reaches the disk.
+pub fn shutdown_nologflush(mnt: &Path) {
+    run_ok(
+        tool("python3")
+            .arg("-c")
+            .arg(
+                "import os,fcntl,struct,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.fsync(fd); \
+         fcntl.ioctl(fd,0x8004587D,struct.pack('I',2))",
+            )
+            .arg(mnt),
+    )
+    .unwrap();
+}
+
 /// Superblock fields that say when and how much was written, and the
 /// checksum over them: the only bytes allowed to differ from e2fsck's.
 pub fn mask_superblock(img: &Path) {
