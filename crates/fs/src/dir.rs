@@ -43,13 +43,38 @@ const MAX_DIR_BLOCKS: u64 = 1 << 31;
 /// Mask of the block number in a dx_entry (the kernel's `dx_get_block`).
 const DX_BLOCK_MASK: u32 = 0x0fff_ffff;
 
-/// Whether a directory entry's name `entry` is the name `asked` (folded in
-/// a casefolded directory: `cf`).
-pub fn names_match(cf: bool, entry: &[u8], asked: &[u8]) -> bool {
-    if cf {
-        ext4kit_format::casefold::same(entry, asked)
-    } else {
-        entry == asked
+/// A name looked for in a directory, folded once (in a casefolded one)
+/// for the comparisons with every entry.
+pub struct NameKey<'a> {
+    asked: &'a [u8],
+    /// The folded name in a casefolded directory (`None` outside one, or
+    /// when the name is not UTF-8: then only the same bytes match).
+    folded: Option<Vec<u8>>,
+}
+
+impl<'a> NameKey<'a> {
+    /// `asked` in a directory that is casefolded when `cf`.
+    pub fn new(cf: bool, asked: &'a [u8]) -> NameKey<'a> {
+        let folded = if cf {
+            ext4kit_format::casefold::fold(asked)
+        } else {
+            None
+        };
+        NameKey { asked, folded }
+    }
+
+    /// What a casefolded directory hashes for the name.
+    pub fn hash_input(&self) -> &[u8] {
+        self.folded.as_deref().unwrap_or(self.asked)
+    }
+
+    /// Whether a directory entry's name `entry` is this name.
+    pub fn matches(&self, entry: &[u8]) -> bool {
+        entry == self.asked
+            || self
+                .folded
+                .as_ref()
+                .is_some_and(|f| ext4kit_format::casefold::fold(entry).as_ref() == Some(f))
     }
 }
 
@@ -501,30 +526,26 @@ impl Fs<'_> {
         if self.is_dx(dir) && name != b"." && name != b".." {
             return self.dx_lookup(dir, name);
         }
-        let cf = self.casefolded(dir);
+        let key = NameKey::new(self.casefolded(dir), name);
         Ok(self
             .read_dir(dir)?
             .into_iter()
-            .find(|e| names_match(cf, &e.name, name)))
+            .find(|e| key.matches(&e.name)))
     }
 
     fn dx_lookup(&self, dir: &InodeInfo, name: &[u8]) -> Result<Option<Entry>, FsError> {
         let db = self.dir_blocks(dir, false)?;
         let root = self.dir_block(dir, &db, 0)?;
         let (_, node, version, levels) = self.dx_root(dir, &root)?;
-        let cf = self.casefolded(dir);
-        let key = if cf {
-            ext4kit_format::casefold::hash_input(name)
-        } else {
-            std::borrow::Cow::Borrowed(name)
-        };
-        let h = dirhash::dirhash(version, &key, &self.info.hash_seed).ok_or_else(|| {
-            bad(
-                dir.ino,
-                "htree root",
-                format!("unknown hash version {version}"),
-            )
-        })?;
+        let key = NameKey::new(self.casefolded(dir), name);
+        let h =
+            dirhash::dirhash(version, key.hash_input(), &self.info.hash_seed).ok_or_else(|| {
+                bad(
+                    dir.ino,
+                    "htree root",
+                    format!("unknown hash version {version}"),
+                )
+            })?;
         let hash = dirhash::kernel_major(h);
         let pick = |n: &htree::DxNode| n.entries.partition_point(|e| e.0 <= hash).max(1) - 1;
         let mut frames: Vec<(htree::DxNode, usize)> = Vec::new();
@@ -550,7 +571,7 @@ impl Fs<'_> {
             let buf = self.dir_block(dir, &db, lblk)?;
             let mut entries = Vec::new();
             self.leaf_entries(dir, &buf, lblk, &mut entries)?;
-            if let Some(e) = entries.into_iter().find(|e| names_match(cf, &e.name, name)) {
+            if let Some(e) = entries.into_iter().find(|e| key.matches(&e.name)) {
                 return Ok(Some(e));
             }
             // The next leaf holds more of this hash only if its index
@@ -578,5 +599,25 @@ impl Fs<'_> {
             }
         }
         Err(bad(dir.ino, "htree", "the index loops"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NameKey;
+
+    #[test]
+    fn name_keys_match_folded_names_and_only_bytes_otherwise() {
+        let k = NameKey::new(true, "STRASSE".as_bytes());
+        assert!(k.matches("straße".as_bytes()) && k.matches(b"Strasse"));
+        assert!(!k.matches(b"strase"));
+        assert_eq!(k.hash_input(), b"strasse");
+        // Not UTF-8: only the same bytes.
+        let bad = NameKey::new(true, b"\xffA");
+        assert!(bad.matches(b"\xffA") && !bad.matches(b"\xffa"));
+        assert_eq!(bad.hash_input(), b"\xffA");
+        // Outside a casefolded directory: bytes.
+        let plain = NameKey::new(false, b"A");
+        assert!(plain.matches(b"A") && !plain.matches(b"a"));
     }
 }

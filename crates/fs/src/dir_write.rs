@@ -402,9 +402,9 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
     }
 
     fn find_in(&self, buf: &[u8], recs: &[Rec], name: &[u8]) -> Option<usize> {
-        let cf = self.p.casefold.is_some();
+        let key = crate::dir::NameKey::new(self.p.casefold.is_some(), name);
         recs.iter()
-            .position(|r| r.ino != 0 && crate::dir::names_match(cf, Self::name_of(buf, r), name))
+            .position(|r| r.ino != 0 && key.matches(Self::name_of(buf, r)))
     }
 
     fn ft(&self, ft: u8) -> u8 {
@@ -451,17 +451,14 @@ impl<'a, D: DirBlocks + ?Sized> DirWriter<'a, D> {
         if let Some(f) = self.hash_override {
             return Ok(f(name) & !1);
         }
-        let key = if self.p.casefold.is_some() {
-            ext4kit_format::casefold::hash_input(name)
-        } else {
-            std::borrow::Cow::Borrowed(name)
-        };
-        let h = dirhash::dirhash(version, &key, &self.p.hash_seed).ok_or_else(|| {
-            FsError::Unsupported(format!(
-                "directory inode {} uses hash version {version}",
-                self.p.ino
-            ))
-        })?;
+        let key = crate::dir::NameKey::new(self.p.casefold.is_some(), name);
+        let h =
+            dirhash::dirhash(version, key.hash_input(), &self.p.hash_seed).ok_or_else(|| {
+                FsError::Unsupported(format!(
+                    "directory inode {} uses hash version {version}",
+                    self.p.ino
+                ))
+            })?;
         Ok(dirhash::kernel_major(h))
     }
 
